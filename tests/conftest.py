@@ -1,0 +1,78 @@
+"""Shared fixtures: Hydra composition (as the app composes), CLI subprocess runs, /dev/shm and process checks."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from hydra import compose, initialize_config_dir
+from omegaconf import DictConfig
+
+CONF_DIR = Path(__file__).resolve().parent.parent / "rltrain" / "conf"
+REPO = Path(__file__).resolve().parent.parent
+
+
+def compose_cfg(overrides: list[str] | None = None) -> DictConfig:
+    """Compose ``train.yaml`` with overrides, exactly as ``rltrain`` would (hydra node included)."""
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        return compose(config_name="train", overrides=list(overrides or []), return_hydra_config=False)
+
+
+@pytest.fixture
+def cfg_factory():
+    return compose_cfg
+
+
+def run_cli(args: list[str], *, cwd: Path, timeout: float = 300, env: dict | None = None,
+            module: str = "rltrain") -> subprocess.CompletedProcess:
+    """Run ``python -m rltrain <args>`` (same code as the console script) in ``cwd``."""
+    full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
+    full_env.pop("HYDRA_FULL_ERROR", None)
+    return subprocess.run([sys.executable, "-m", module, *args], cwd=cwd, capture_output=True, text=True,
+                          timeout=timeout, env=full_env)
+
+
+@pytest.fixture
+def cli(tmp_path):
+    def _run(*args: str, timeout: float = 300, env: dict | None = None) -> subprocess.CompletedProcess:
+        return run_cli(list(args), cwd=tmp_path, timeout=timeout, env=env)
+
+    return _run
+
+
+def shm_entries() -> set[str]:
+    try:
+        return {p for p in os.listdir("/dev/shm") if p.startswith(("sem.mp-", "psm_", "torch_", "wnsm_"))}
+    except FileNotFoundError:
+        return set()
+
+
+def child_pids(pid: int | None = None) -> set[int]:
+    """PIDs of the (recursive) children of ``pid`` (default: this process)."""
+    pid = pid or os.getpid()
+    out: set[int] = set()
+    try:
+        kids = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
+    except FileNotFoundError:
+        return out
+    for k in map(int, kids):
+        out.add(k)
+        out |= child_pids(k)
+    return out
+
+
+@pytest.fixture
+def no_leaks():
+    """Asserts that the test leaves no new /dev/shm entries and no child processes behind."""
+    before_shm = shm_entries()
+    yield
+    import time
+
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and (child_pids() or shm_entries() - before_shm):
+        time.sleep(0.2)
+    assert not child_pids(), f"orphan child processes: {child_pids()}"
+    assert not (shm_entries() - before_shm), f"leaked /dev/shm entries: {shm_entries() - before_shm}"
