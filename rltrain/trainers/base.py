@@ -51,8 +51,10 @@ class TrainLoop:
     """Collect -> learn until ``total_env_steps``; logs, evaluates and checkpoints on its cadence."""
 
     def __init__(self, cfg: dict, run_dir: Path, *, seeds: SeedTree, device: torch.device, algo_factory,
-                 stop: StopFlag, sync: Sync | None = None, is_main: bool = True, title: str = "training"):
+                 stop: StopFlag, sync: Sync | None = None, is_main: bool = True, title: str = "training",
+                 progress_factory=ProgressDisplay):
         self.cfg, self.run_dir, self.seeds, self.device, self.stop = cfg, Path(run_dir), seeds, device, stop
+        self.progress_factory = progress_factory  # the parallel trainer's agents send progress to their parent
         self.sync = sync or Sync()
         self.is_main, self.title = is_main, title
         env_cfg = cfg["env"]
@@ -123,7 +125,7 @@ class TrainLoop:
         nxt = {k: _next_multiple(start_steps, e) for k, e in every.items()}
         target = cfg.get("target_return")
         max_wall = cfg.get("max_wall_time_s")
-        progress = ProgressDisplay(total, mode=cfg["logger"]["progress"] if self.is_main else "off",
+        progress = self.progress_factory(total, mode=cfg["logger"]["progress"] if self.is_main else "off",
                                    interval_s=cfg["logger"]["progress_interval_s"], initial=start_steps,
                                    title=self.title)
         t0, wall0 = time.perf_counter(), self.counters["wall_time"]

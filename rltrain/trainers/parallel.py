@@ -1,0 +1,300 @@
+"""Trainer ``parallel``: K independent agents, one process each, aggregated like a proper experiment.
+
+The skrl ParallelTrainer idea (several agents, each on its own scope of environments), but the agents do not
+step in lockstep: each agent process runs the very same ``TrainLoop`` as ``trainer=sequential``, on its own
+envs (``scopes``), device and seed, and writes a complete run dir ``agent_<k>/``. Agent k's root seed is
+``worker_root(seed, (k,))`` (a SeedSequence child, recorded in ``seeds.json``), so ``trainer=sequential
+seed=<that seed>`` reproduces it exactly: parallelism changes placement, never results.
+
+The parent only supervises (``workers.WorkerGroup``): it shows one progress table fed by the agents'
+messages, reports a failed agent by index with its traceback (or the signal that killed it), stops everyone
+on Ctrl-C / SIGTERM (each agent checkpoints), and finally aggregates the final eval returns (mean, median,
+IQM, bootstrap 95% CI; see ``rltrain.stats``) into ``summary.json`` and draws ``learning_curves.png``.
+"""
+
+from __future__ import annotations
+
+import copy
+import sys
+import time
+from dataclasses import dataclass
+from functools import partial
+from pathlib import Path
+
+import yaml
+
+from rltrain.build import algo_factory, pick_device, validate
+from rltrain.errors import ConfigError
+from rltrain.seeding import derive, worker_root, write_seeds
+from rltrain.signals import StopFlag
+from rltrain.stats import aggregate
+from rltrain.trainers.agents_display import AgentsDisplay
+from rltrain.trainers.base import Trainer, TrainLoop, resume_command, write_summary
+from rltrain.trainers.workers import Done, Exited, Failed, Started, Unresponsive, WorkerContext, WorkerGroup
+
+SEQUENTIAL = {"_target_": "rltrain.trainers.sequential.SequentialTrainer", "_partial_": True}
+FAILURE_POLICIES = ("continue", "abort")
+
+
+# -- messages and the agent process ---------------------------------------------------------------------------
+@dataclass(frozen=True)
+class AgentJob:
+    """Everything an agent process needs: its complete plain config (as a sequential run's) and run dir."""
+
+    index: int
+    cfg: dict
+    run_dir: str
+    progress_interval_s: float
+
+
+@dataclass(frozen=True)
+class AgentProgress:
+    """agent -> parent, at most every ``progress_interval_s`` (and at the end)."""
+
+    index: int
+    env_steps: int
+    total: int
+    sps: float
+    episode_return: float | None
+
+
+class _MessageProgress:
+    """Stands in for ``ProgressDisplay`` inside an agent: sends throttled ``AgentProgress`` messages."""
+
+    def __init__(self, ctx: WorkerContext, interval_s: float, total: int, *, initial: int = 0, **_):
+        self.ctx, self.interval_s, self.total = ctx, interval_s, total
+        self._last = 0.0
+        self._latest = AgentProgress(ctx.index, initial, total, 0.0, None)
+
+    def update(self, env_steps: int, *, sps: float, episode_return: float | None) -> None:
+        self._latest = AgentProgress(self.ctx.index, env_steps, self.total, sps, episode_return)
+        now = time.monotonic()
+        if now - self._last >= self.interval_s:
+            self._last = now
+            self.ctx.send(self._latest)
+
+    def close(self, summary: dict | None = None) -> None:
+        self.ctx.send(self._latest)
+
+
+class _AgentStop(StopFlag):
+    """The ``StopFlag`` an agent's TrainLoop polls: set by the parent's ``Stop`` message (or a direct SIGTERM)."""
+
+    def __init__(self, ctx: WorkerContext):
+        super().__init__()
+        self.ctx = ctx
+
+    @property
+    def requested(self) -> bool:
+        if self.signum is None and self.ctx.stop_requested:
+            self.reason, self.signum = self.ctx.stop_reason, 0
+        return self.signum is not None
+
+
+def agent_main(ctx: WorkerContext, job: AgentJob) -> dict:
+    """One agent, in its own process: exactly what ``SequentialTrainer.fit`` does, minus signal handling."""
+    import torch
+
+    cfg = job.cfg
+    torch.set_num_threads(int(cfg["torch_threads"]))
+    run_dir = Path(job.run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / "config.yaml").write_text(yaml.safe_dump(cfg, sort_keys=False))
+    seeds = derive(cfg["seed"], cfg["env"]["num_envs"])
+    write_seeds(run_dir / "seeds.json", cfg["seed"], {"main": seeds}, drawn=False)
+    loop = TrainLoop(cfg, run_dir, seeds=seeds, device=pick_device(cfg["device"]), algo_factory=algo_factory(cfg),
+                     stop=_AgentStop(ctx), title=f"agent_{job.index}",
+                     progress_factory=partial(_MessageProgress, ctx, job.progress_interval_s))
+    return loop.run()
+
+
+# -- composing the agents' configs ----------------------------------------------------------------------------
+def compose_agent_overrides(per_agent: list[list[str]]) -> list[dict]:
+    """Each agent's config: the command line's overrides + its own, composed by Hydra, as plain dicts.
+
+    Inside the ``rltrain`` app the command line's overrides are taken from Hydra's runtime config; called
+    from Python (no app running) the agents' overrides apply on top of ``train.yaml``'s defaults.
+    """
+    from hydra import compose, initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+    from hydra.core.hydra_config import HydraConfig
+    from omegaconf import OmegaConf
+
+    from rltrain.conf import __file__ as conf_init
+
+    base: list[str] = []
+    if HydraConfig.initialized():
+        # trainer.* overrides belong to the parent (and agent_overrides would be parsed twice)
+        base = [o for o in HydraConfig.get().overrides.task if not o.lstrip("+~").startswith("trainer")]
+
+    def _compose(extra: list[str]) -> dict:
+        try:
+            cfg = compose(config_name="train", overrides=base + list(extra))
+        except Exception as err:  # a bad override: name the agent's list, in one line
+            raise ConfigError(f"trainer.agent_overrides {extra}: {str(err).splitlines()[0]}") from None
+        return OmegaConf.to_container(cfg, resolve=True)  # type: ignore[return-value]
+
+    if GlobalHydra.instance().is_initialized():
+        return [_compose(o) for o in per_agent]
+    with initialize_config_dir(config_dir=str(Path(conf_init).parent), version_base="1.3"):
+        return [_compose(o) for o in per_agent]
+
+
+# -- the parent ------------------------------------------------------------------------------------------------
+class ParallelTrainer(Trainer):
+    def __init__(self, *, cfg: dict, run_dir: Path, num_agents: int = 2, scopes: list[int] | None = None,
+                 devices: list[str] | None = None, agent_overrides: list[list[str]] | None = None,
+                 start_method: str = "spawn", on_agent_failure: str = "continue",
+                 heartbeat_timeout_s: float = 120.0, shutdown_grace_s: float = 60.0):
+        self.cfg, self.run_dir = cfg, Path(run_dir)
+        if num_agents < 1:
+            raise ConfigError(f"trainer.num_agents={num_agents} must be >= 1")
+        for key, value in (("scopes", scopes), ("agent_overrides", agent_overrides)):
+            if value is not None and len(value) != num_agents:
+                raise ConfigError(f"trainer.{key} has {len(value)} entries; trainer.num_agents={num_agents} "
+                                  f"needs one per agent")
+        if scopes is not None and any(s <= 0 for s in scopes):
+            raise ConfigError(f"trainer.scopes={scopes}: every agent needs at least one env")
+        if on_agent_failure not in FAILURE_POLICIES:
+            raise ConfigError(f"trainer.on_agent_failure={on_agent_failure!r} is not one of: continue, abort")
+        self.devices = list(devices or [cfg["device"]])
+        for dev in self.devices:
+            pick_device(dev)  # fails here, in one line, for an unknown or unavailable device
+        self.num_agents, self.scopes, self.agent_overrides = num_agents, scopes, agent_overrides
+        self.start_method, self.on_agent_failure = start_method, on_agent_failure
+        self.heartbeat_timeout_s, self.shutdown_grace_s = heartbeat_timeout_s, shutdown_grace_s
+
+    def agent_configs(self) -> list[dict]:
+        """Agent k: the parent config (+ its overrides), its own seed, env count, device; trainer=sequential."""
+        k_range = range(self.num_agents)
+        bases = compose_agent_overrides(self.agent_overrides) if self.agent_overrides else \
+            [copy.deepcopy(self.cfg) for _ in k_range]
+        root = int(self.cfg["seed"])
+        out = []
+        for k, base in zip(k_range, bases, strict=True):
+            c = copy.deepcopy(base)
+            c["seed"], c["seed_drawn"] = worker_root(root, (k,)), False
+            if self.scopes:
+                c["env"]["num_envs"] = int(self.scopes[k])
+            c["device"] = self.devices[k % len(self.devices)]
+            c["trainer"] = dict(SEQUENTIAL)
+            resume = c.get("resume") or "never"
+            if resume not in ("never", "auto"):  # a parent run dir (or checkpoint dir): each agent its own
+                c["resume"] = str(Path(resume) / f"agent_{k}")
+            validate(c)
+            algo_factory(c)  # unknown / mistyped algo keys fail now, before any process starts
+            out.append(c)
+        return out
+
+    def fit(self) -> dict:
+        cfg, K = self.cfg, self.num_agents
+        agent_cfgs = self.agent_configs()
+        trees = {f"agent_{k}": derive(c["seed"], c["env"]["num_envs"]) for k, c in enumerate(agent_cfgs)}
+        write_seeds(self.run_dir / "seeds.json", cfg["seed"], trees, drawn=cfg["seed_drawn"])
+        interval = float(cfg["logger"]["progress_interval_s"])
+        jobs = [AgentJob(k, c, str(self.run_dir / f"agent_{k}"), min(interval, 1.0)) for k, c in enumerate(agent_cfgs)]
+        records = [{"index": k, "run_dir": f"agent_{k}", "seed": c["seed"], "num_envs": c["env"]["num_envs"],
+                    "device": c["device"], "algo": c["algo"]["_target_"].rsplit(".", 1)[-1],
+                    "overrides": (self.agent_overrides or [[]] * K)[k], "status": "starting"}
+                   for k, c in enumerate(agent_cfgs)]
+        display = AgentsDisplay([c["total_env_steps"] for c in agent_cfgs], mode=cfg["logger"]["progress"],
+                                interval_s=interval)
+        stop = StopFlag().install()
+        t0 = time.perf_counter()
+        aborted: str | None = None
+        try:
+            with WorkerGroup(start_method=self.start_method, heartbeat_timeout_s=self.heartbeat_timeout_s,
+                             name="rltrain-agent") as group:
+                for job in jobs:
+                    group.start(agent_main, job)
+                stopping = False
+                while group.alive:
+                    if (stop.requested or aborted) and not stopping:
+                        stopping = True
+                        group.stop_all(stop.reason or aborted or "stop")
+                        display.note(f"stopping all agents ({stop.reason or aborted}); each writes a checkpoint")
+                    for ev in group.poll(timeout=0.25):
+                        failed = self._on_event(ev, records, display, group)
+                        if failed is not None and self.on_agent_failure == "abort" and not aborted:
+                            aborted = f"agent {failed} failed"
+                    display.refresh()
+                group.shutdown(grace_s=self.shutdown_grace_s)
+        finally:
+            stop.uninstall()
+            display.close()
+        return self._summarize(records, stop, aborted, time.perf_counter() - t0)
+
+    def _on_event(self, ev, records: list[dict], display: AgentsDisplay, group: WorkerGroup) -> int | None:
+        """Update the records/display; returns the agent index when this event is a failure."""
+        if isinstance(ev, AgentProgress):
+            display.update(ev.index, env_steps=ev.env_steps, sps=ev.sps, episode_return=ev.episode_return)
+        elif isinstance(ev, Started):
+            records[ev.index]["status"] = "running"
+            display.set_status(ev.index, "running")
+        elif isinstance(ev, Done):
+            rec = records[ev.index]
+            rec.update({k: ev.result.get(k) for k in ("status", "final_eval_return", "final_eval_return_std",
+                                                        "best_eval_return", "total_env_steps", "sps", "wall_time_s",
+                                                        "solved_at_env_steps", "checkpoint", "stop_reason")})
+            display.set_status(ev.index, rec["status"])
+        elif isinstance(ev, (Failed, Exited)):
+            error = ev.error if isinstance(ev, Failed) else ev.description
+            records[ev.index].update(status="failed", error=error)
+            if isinstance(ev, Failed):
+                records[ev.index]["traceback"] = ev.traceback
+            display.set_status(ev.index, "failed")
+            detail = ev.traceback.rstrip() if isinstance(ev, Failed) else ""
+            print(f"rltrain: agent {ev.index} failed: {error}" + (f"\n{detail}" if detail else ""), file=sys.stderr,
+                  flush=True)
+            return ev.index
+        elif isinstance(ev, Unresponsive):
+            print(f"rltrain: agent {ev.index} sent nothing for {ev.silent_s:.0f}s; killing it", file=sys.stderr)
+            group.kill(ev.index)  # its Exited event follows and marks it failed
+        return None
+
+    def _summarize(self, records: list[dict], stop: StopFlag, aborted: str | None, wall: float) -> dict:
+        from rltrain.plots import plot_learning_curves, read_curve
+
+        finals = [r.get("final_eval_return") for r in records if r["status"] == "completed"]
+        agg = aggregate(finals)
+        n_failed = sum(r["status"] == "failed" for r in records)
+        interrupted = stop.requested and not aborted
+        if interrupted:
+            status = "interrupted"
+        elif n_failed and (aborted or agg["n"] == 0):
+            status = "failed"
+        elif n_failed:
+            status = "partial"  # on_agent_failure=continue: the aggregate covers the agents that completed
+        else:
+            status = "completed"
+        curves = None
+        panels = {name: {f"agent_{r['index']}": read_curve(self.run_dir / r["run_dir"] / "metrics.csv", col)
+                         for r in records}
+                  for name, col in (("training return", "rollout/episode_return"), ("eval return", "eval/return_mean"))}
+        try:
+            curves = plot_learning_curves(panels, self.run_dir / "learning_curves.png",
+                                          title=f"{self.num_agents} agents, {self.cfg['env']['id']}").name
+        except Exception as err:  # a figure must never cost the run its summary
+            print(f"rltrain: could not draw learning curves: {err}", file=sys.stderr)
+        summary = {
+            "status": status,
+            "trainer": "parallel",
+            "num_agents": self.num_agents,
+            "start_method": self.start_method,
+            "seed": self.cfg["seed"],
+            "env_id": self.cfg["env"]["id"],
+            "final_eval_return": agg["mean"],  # what the CLI returns to sweepers (aggregate mean)
+            "aggregate": agg,
+            "agents": records,
+            "failed_agents": [r["index"] for r in records if r["status"] == "failed"],
+            "wall_time_s": wall,
+            "learning_curves": curves,
+            "exit_code": stop.exit_code if interrupted else 1 if status == "failed" else 0,
+        }
+        if interrupted:
+            summary["stop_reason"] = stop.reason
+            summary["resume_command"] = resume_command(self.run_dir)
+        elif aborted:
+            summary["stop_reason"] = f"on_agent_failure=abort: {aborted}"
+        write_summary(self.run_dir, summary)
+        return summary
