@@ -74,6 +74,8 @@ class TrainLoop:
         self.solved: dict | None = None
         self.ckpt = CheckpointManager(self.run_dir / "checkpoints", keep_last=cfg["checkpoint"]["keep_last"])
         self.loggers: list[MetricLogger] = []
+        self.last_learn: Metrics = {}
+        self._sps = math.nan
 
     # -- resume -------------------------------------------------------------------------------------------
     def maybe_resume(self) -> Path | None:
@@ -154,9 +156,11 @@ class TrainLoop:
                 if target is not None and self.solved is None and recent is not None and recent >= target:
                     self.solved = {"env_steps": steps, "seconds": self.counters["wall_time"]}
                 now = time.perf_counter()
-                if self.is_main and (steps >= nxt["log"] or steps >= total or self.solved):
+                self.last_learn = learn_metrics
+                if self.is_main and steps >= nxt["log"] and steps < total and not self.solved:
                     sps = (steps - sps_steps) / max(now - sps_t, 1e-9)
                     sps_t, sps_steps = now, steps
+                    self._sps = sps
                     row = self._row(learn_metrics, sps)
                     if every["eval"] and steps >= nxt["eval"]:
                         row.update(self._evaluate())
@@ -226,17 +230,20 @@ class TrainLoop:
     def _finish(self, status: str, *, start_steps: int = 0, t0: float | None = None, error: str | None = None) -> dict:
         steps = self.counters["env_steps"]
         final: tuple[float, float] | None = None
+        elapsed = (time.perf_counter() - t0) if t0 is not None else math.nan
+        sps = (steps - start_steps) / elapsed if elapsed and elapsed > 0 else math.nan
         if status == "completed" and self.is_main:
-            # the final evaluation always runs (also after an early stop at target_return)
+            # the final evaluation always runs (also after an early stop at target_return); its row is the last
             row = self._evaluate()
             final = (row["eval/return_mean"], row["eval/return_std"])
-            self._log(steps, {**self._row({}, math.nan), **row})
-        elif self.last_eval is not None:
+            self._log(steps, {**self._row(self.last_learn, sps), **row})
+        else:
+            if self.is_main and status == "interrupted" and self.last_learn:
+                self._log(steps, self._row(self.last_learn, sps))
             final = self.last_eval
         ckpt = None
         if self.is_main and status in ("completed", "interrupted"):
             ckpt = self.save(kind="final" if status == "completed" else "step")
-        elapsed = (time.perf_counter() - t0) if t0 is not None else math.nan
         summary = {
             "status": status,
             "algo": self.algo.name,
@@ -249,7 +256,7 @@ class TrainLoop:
             "updates": self.counters["updates"],
             "episodes": self.counters["episodes"],
             "wall_time_s": self.counters["wall_time"],
-            "sps": (steps - start_steps) / elapsed if elapsed and elapsed > 0 else None,
+            "sps": sps if math.isfinite(sps) else None,
             "solved_at_env_steps": self.solved["env_steps"] if self.solved else None,
             "solved_at_seconds": self.solved["seconds"] if self.solved else None,
             "world_size": self.sync.world_size,
