@@ -73,7 +73,7 @@ def plot_learning_curves(panels: Mapping[str, Mapping[str, tuple[np.ndarray, np.
         ax.set_xlabel("env steps")
         ax.set_ylabel("return")
         ax.grid(alpha=0.3)
-        if runs:
+        if ax.get_legend_handles_labels()[0]:
             ax.legend(fontsize=7)
     if title:
         fig.suptitle(title)

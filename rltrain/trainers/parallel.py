@@ -61,15 +61,15 @@ class AgentProgress:
 class _MessageProgress:
     """Stands in for ``ProgressDisplay`` inside an agent: sends throttled ``AgentProgress`` messages."""
 
-    def __init__(self, ctx: WorkerContext, interval_s: float, total: int, *, initial: int = 0, **_):
-        self.ctx, self.interval_s, self.total = ctx, interval_s, total
+    def __init__(self, ctx: WorkerContext, send_every_s: float, total: int, *, initial: int = 0, **_):
+        self.ctx, self.send_every_s, self.total = ctx, send_every_s, total
         self._last = 0.0
         self._latest = AgentProgress(ctx.index, initial, total, 0.0, None)
 
     def update(self, env_steps: int, *, sps: float, episode_return: float | None) -> None:
         self._latest = AgentProgress(self.ctx.index, env_steps, self.total, sps, episode_return)
         now = time.monotonic()
-        if now - self._last >= self.interval_s:
+        if now - self._last >= self.send_every_s:
             self._last = now
             self.ctx.send(self._latest)
 
