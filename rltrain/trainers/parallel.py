@@ -15,6 +15,7 @@ IQM, bootstrap 95% CI; see ``rltrain.stats``) into ``summary.json`` and draws ``
 from __future__ import annotations
 
 import copy
+import json
 import sys
 import time
 from dataclasses import dataclass
@@ -109,6 +110,26 @@ def agent_main(ctx: WorkerContext, job: AgentJob) -> dict:
 
 
 # -- composing the agents' configs ----------------------------------------------------------------------------
+def override_list(entry: list[str] | dict) -> list[str]:
+    """One agent's overrides: a list of Hydra override strings, or a dict ``{dotted.key: value}``.
+
+    The dict form needs no quoting on the command line: ``trainer.agent_overrides=[{algo.lr:1e-3},{}]``.
+    """
+    if isinstance(entry, dict):
+        return [f"{k}={json.dumps(v) if isinstance(v, str) else _hydra_value(v)}" for k, v in entry.items()]
+    return [str(o) for o in entry]
+
+
+def _hydra_value(v) -> str:
+    if isinstance(v, bool):
+        return str(v).lower()
+    if v is None:
+        return "null"
+    if isinstance(v, (list, tuple)):
+        return "[" + ",".join(json.dumps(x) if isinstance(x, str) else _hydra_value(x) for x in v) + "]"
+    return str(v)
+
+
 def compose_agent_overrides(per_agent: list[list[str]]) -> list[dict]:
     """Each agent's config: the command line's overrides + its own, composed by Hydra, as plain dicts.
 
@@ -143,7 +164,7 @@ def compose_agent_overrides(per_agent: list[list[str]]) -> list[dict]:
 # -- the parent ------------------------------------------------------------------------------------------------
 class ParallelTrainer(Trainer):
     def __init__(self, *, cfg: dict, run_dir: Path, num_agents: int = 2, scopes: list[int] | None = None,
-                 devices: list[str] | None = None, agent_overrides: list[list[str]] | None = None,
+                 devices: list[str] | None = None, agent_overrides: list[list[str] | dict] | None = None,
                  start_method: str = "spawn", on_agent_failure: str = "continue",
                  heartbeat_timeout_s: float = 120.0, shutdown_grace_s: float = 60.0):
         self.cfg, self.run_dir = cfg, Path(run_dir)
@@ -160,7 +181,8 @@ class ParallelTrainer(Trainer):
         self.devices = list(devices or [cfg["device"]])
         for dev in self.devices:
             pick_device(dev)  # fails here, in one line, for an unknown or unavailable device
-        self.num_agents, self.scopes, self.agent_overrides = num_agents, scopes, agent_overrides
+        self.agent_overrides = [override_list(e) for e in agent_overrides] if agent_overrides else None
+        self.num_agents, self.scopes = num_agents, scopes
         self.start_method, self.on_agent_failure = start_method, on_agent_failure
         self.heartbeat_timeout_s, self.shutdown_grace_s = heartbeat_timeout_s, shutdown_grace_s
 
