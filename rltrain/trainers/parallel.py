@@ -238,7 +238,7 @@ class ParallelTrainer(Trainer):
                     for ev in group.poll(timeout=0.25):
                         failed = self._on_event(ev, records, display, group)
                         if failed is not None and self.on_agent_failure == "abort" and not aborted:
-                            aborted = f"agent {failed} failed"
+                            aborted = f"on_agent_failure=abort: agent {failed} failed"
                     display.refresh()
                 group.shutdown(grace_s=self.shutdown_grace_s)
         finally:
@@ -317,6 +317,6 @@ class ParallelTrainer(Trainer):
             summary["stop_reason"] = stop.reason
             summary["resume_command"] = resume_command(self.run_dir)
         elif aborted:
-            summary["stop_reason"] = f"on_agent_failure=abort: {aborted}"
+            summary["stop_reason"] = aborted
         write_summary(self.run_dir, summary)
         return summary

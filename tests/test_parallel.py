@@ -1,0 +1,112 @@
+"""Trainer ``parallel`` end to end, with real agent processes (``python -m rltrain`` subprocesses).
+
+Every test also checks that no process (agents, resource tracker) and no /dev/shm entry outlives the run.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+from rltrain.metrics import WALL_CLOCK_PREFIX
+from tests.conftest import REPO
+
+SMOKE = ["debug=smoke", "logger=quiet", "trainer=parallel"]
+ENV = {"PYTHONPATH": str(REPO)}  # agents import tests.faulty_envs
+
+
+def summary(path) -> dict:
+    return json.loads((path / "summary.json").read_text())
+
+
+def non_wall_columns(path) -> list[dict]:
+    with open(path, newline="") as f:
+        return [{k: v for k, v in row.items() if not k.startswith(WALL_CLOCK_PREFIX)} for row in csv.DictReader(f)]
+
+
+def test_agent_equals_sequential_run_with_its_seed_and_overrides_apply(cli, tmp_path, orphan_watch):
+    out = cli(*SMOKE, "trainer.num_agents=2", "trainer.scopes=[2,3]",
+              "trainer.agent_overrides=[{algo.lr:1e-3},{algo.lr:3e-4,algo.hidden_sizes:[32,32]}]",
+              "hydra.run.dir=par", timeout=600)
+    assert out.returncode == 0, out.stderr
+    par = tmp_path / "par"
+    s = summary(par)
+    assert s["status"] == "completed" and s["aggregate"]["n"] == 2
+    assert s["final_eval_return"] == s["aggregate"]["mean"]
+    assert (par / "learning_curves.png").read_bytes()[:4] == b"\x89PNG"
+    seeds = json.loads((par / "seeds.json").read_text())["workers"]
+    import yaml
+
+    cfg0 = yaml.safe_load((par / "agent_0" / "config.yaml").read_text())
+    cfg1 = yaml.safe_load((par / "agent_1" / "config.yaml").read_text())
+    assert (cfg0["algo"]["lr"], cfg0["env"]["num_envs"], cfg0["algo"]["hidden_sizes"]) == (1e-3, 2, [64, 64])
+    assert (cfg1["algo"]["lr"], cfg1["env"]["num_envs"], cfg1["algo"]["hidden_sizes"]) == (3e-4, 3, [32, 32])
+    assert cfg1["seed"] == seeds["agent_1"]["root"] == s["agents"][1]["seed"] != cfg0["seed"]
+    for name in ("metrics.csv", "summary.json", "seeds.json", "checkpoints/final.pt"):
+        assert (par / "agent_1" / name).exists(), name
+    # agent 1 == a sequential run with agent 1's derived seed, env count and overrides
+    out = cli("debug=smoke", "logger=quiet", f"seed={cfg1['seed']}", "env.num_envs=3", "algo.lr=3e-4",
+              "algo.hidden_sizes=[32,32]", "hydra.run.dir=seq", timeout=600)
+    assert out.returncode == 0, out.stderr
+    par_rows, seq_rows = non_wall_columns(par / "agent_1" / "metrics.csv"), non_wall_columns(tmp_path / "seq" / "metrics.csv")
+    assert len(par_rows) >= 4 and par_rows == seq_rows
+    assert summary(tmp_path / "seq")["final_eval_return"] == s["agents"][1]["final_eval_return"]
+
+
+def test_raising_and_killed_agents_are_reported_and_the_others_finish(cli, tmp_path, orphan_watch):
+    out = cli(*SMOKE, "trainer.num_agents=3",
+              "trainer.agent_overrides=[{},{env.id:tests.faulty_envs:raising_cartpole},"
+              "{env.id:tests.faulty_envs:sigkill_cartpole}]", "hydra.run.dir=run", timeout=600, env=ENV)
+    assert out.returncode == 0, out.stderr  # continue: the run is still useful
+    s = summary(tmp_path / "run")
+    assert s["status"] == "partial" and s["failed_agents"] == [1, 2]
+    assert s["agents"][0]["status"] == "completed" and s["aggregate"]["n"] == 1
+    assert s["final_eval_return"] == s["agents"][0]["final_eval_return"]
+    assert "RuntimeError: faulty env" in s["agents"][1]["error"]
+    assert "faulty_envs.py" in s["agents"][1]["traceback"]
+    assert s["agents"][2]["error"] == "killed by signal SIGKILL"
+    assert "rltrain: agent 1 failed: RuntimeError" in out.stderr and "faulty_envs.py" in out.stderr
+    assert "rltrain: agent 2 failed: killed by signal SIGKILL" in out.stderr
+
+
+def test_abort_stops_the_other_agents_with_a_checkpoint(cli, tmp_path, orphan_watch):
+    out = cli(*SMOKE, "trainer.num_agents=2", "trainer.on_agent_failure=abort",
+              "trainer.agent_overrides=[{total_env_steps:10000000},{env.id:tests.faulty_envs:raising_cartpole}]",
+              "hydra.run.dir=run", timeout=600, env=ENV)
+    assert out.returncode == 1, out.stderr
+    s = summary(tmp_path / "run")
+    assert s["status"] == "failed" and s["failed_agents"] == [1]
+    assert s["agents"][0]["status"] == "interrupted" and "abort" in s["agents"][0]["stop_reason"]
+    assert s["agents"][0]["total_env_steps"] < 10_000_000
+    assert list((tmp_path / "run" / "agent_0" / "checkpoints").glob("step_*.pt"))
+
+
+def test_sigint_stops_all_agents_with_checkpoints(tmp_path, orphan_watch):
+    # a new session, signalled as a group: what Ctrl-C in a terminal does (every process gets SIGINT)
+    proc = subprocess.Popen([sys.executable, "-m", "rltrain", *SMOKE, "trainer.num_agents=2",
+                             "total_env_steps=10000000", "logger.progress=plain", "hydra.run.dir=run"],
+                            cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    deadline = time.monotonic() + 300
+    running = set()
+    while len(running) < 2 and time.monotonic() < deadline:  # both agents are training
+        line = proc.stdout.readline()
+        if not line:
+            break
+        if "steps (" in line and not line.split("]")[1].strip().startswith("0/"):
+            running.add(line.split("]")[0])
+    assert len(running) == 2, proc.stderr.read() if proc.poll() is not None else "agents never started"
+    os.killpg(proc.pid, signal.SIGINT)
+    _, err = proc.communicate(timeout=180)
+    assert proc.returncode == 130, err
+    assert "resume=auto" in err
+    s = summary(tmp_path / "run")
+    assert s["status"] == "interrupted" and s["stop_reason"] == "SIGINT"
+    for k in (0, 1):
+        assert s["agents"][k]["status"] == "interrupted"
+        assert list((tmp_path / "run" / f"agent_{k}" / "checkpoints").glob("step_*.pt"))
