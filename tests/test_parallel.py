@@ -14,7 +14,7 @@ import sys
 import time
 
 from rltrain.metrics import WALL_CLOCK_PREFIX
-from tests.conftest import REPO
+from tests.conftest import REPO, run_cli
 
 SMOKE = ["debug=smoke", "logger=quiet", "trainer=parallel"]
 ENV = {"PYTHONPATH": str(REPO)}  # agents import tests.faulty_envs
@@ -110,3 +110,16 @@ def test_sigint_stops_all_agents_with_checkpoints(tmp_path, orphan_watch):
     for k in (0, 1):
         assert s["agents"][k]["status"] == "interrupted"
         assert list((tmp_path / "run" / f"agent_{k}" / "checkpoints").glob("step_*.pt"))
+    # resume=auto: every agent continues from its own checkpoint, here to a slightly larger budget
+    steps = [s["agents"][k]["total_env_steps"] for k in (0, 1)]
+    budget = max(steps) + 512
+    out = run_cli([*SMOKE, "trainer.num_agents=2", f"total_env_steps={budget}", "hydra.run.dir=run",
+                   "resume=auto"], cwd=tmp_path, timeout=600)
+    assert out.returncode == 0, out.stderr
+    s = summary(tmp_path / "run")
+    assert s["status"] == "completed"
+    for k in (0, 1):
+        agent = summary(tmp_path / "run" / f"agent_{k}")
+        assert agent["status"] == "completed" and agent["total_env_steps"] >= budget
+        first = non_wall_columns(tmp_path / "run" / f"agent_{k}" / "metrics.csv")[0]
+        assert int(float(first["env_steps"])) < steps[k]  # rows from before the stop were kept

@@ -356,7 +356,9 @@ class WorkerGroup:
         return self
 
     def __exit__(self, *exc) -> None:
-        self.shutdown(grace_s=0.0 if exc[0] is not None and exc[0] is not KeyboardInterrupt else 30.0)
+        # an error in the parent: no grace; a second Ctrl-C: a short one (the agents are already stopping)
+        grace = 30.0 if exc[0] is None else 5.0 if exc[0] is KeyboardInterrupt else 0.0
+        self.shutdown(grace_s=grace)
 
 
 def _main_thread() -> bool:
