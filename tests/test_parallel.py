@@ -122,4 +122,4 @@ def test_sigint_stops_all_agents_with_checkpoints(tmp_path, orphan_watch):
         agent = summary(tmp_path / "run" / f"agent_{k}")
         assert agent["status"] == "completed" and agent["total_env_steps"] >= budget
         first = non_wall_columns(tmp_path / "run" / f"agent_{k}" / "metrics.csv")[0]
-        assert int(float(first["env_steps"])) < steps[k]  # rows from before the stop were kept
+        assert int(float(first["env_steps"])) <= steps[k]  # rows from before the stop were kept
