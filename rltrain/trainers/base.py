@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import shlex
 import sys
 import time
@@ -44,7 +45,10 @@ def write_summary(run_dir: Path, summary: dict) -> None:
 def resume_command(run_dir: Path) -> str:
     """The exact command that continues this run in the same directory."""
     args = [a for a in sys.argv[1:] if not a.startswith(("resume=", "hydra.run.dir="))]
-    return shlex.join(["rltrain", *args, f"hydra.run.dir={run_dir}", "resume=auto"])
+    path = str(run_dir)
+    if not re.fullmatch(r"[\w./-]+", path):
+        path = f"'{path}'"  # Hydra's override grammar needs quotes around '=', ',', spaces...
+    return shlex.join(["rltrain", *args, f"hydra.run.dir={path}", "resume=auto"])
 
 
 class TrainLoop:
