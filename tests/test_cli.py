@@ -180,7 +180,7 @@ def test_rltrain_eval_on_run_dir_and_checkpoint(cli, tmp_path):
 def test_rltrain_eval_video_needs_extra_or_records(cli, tmp_path):
     assert cli(*SMOKE, "total_env_steps=512").returncode == 0
     run_dir = _run_dir(tmp_path)
-    res = subprocess.run([sys.executable, "-m", "rltrain.evaluate", str(run_dir), "--episodes", "1", "--video"],
+    res = subprocess.run([sys.executable, "-m", "rltrain.evaluate", str(run_dir), "eval.episodes=1", "eval.video=true"],
                          capture_output=True, text=True, timeout=180)
     try:
         import moviepy  # noqa: F401
@@ -189,3 +189,13 @@ def test_rltrain_eval_video_needs_extra_or_records(cli, tmp_path):
         return
     assert res.returncode == 0, res.stderr
     assert list((run_dir / "videos").glob("*.mp4"))
+
+
+def test_rich_progress_mode_runs_and_prints_summary_table(tmp_path, capsys):
+    from rltrain.build import run
+    from tests.conftest import compose_cfg
+
+    summary = run(compose_cfg(["debug=smoke", "total_env_steps=512", "logger.progress=rich"]), tmp_path)
+    assert summary["status"] == "completed"
+    out = capsys.readouterr().out
+    assert "rltrain summary" in out and "final_eval_return" in out

@@ -204,11 +204,13 @@ class TrainLoop:
         row.update(learn_metrics)
         return row
 
-    def _evaluate(self) -> Metrics:
+    def _evaluate(self, *, final: bool = False) -> Metrics:
         ecfg = self.cfg["eval"]
+        video = self.run_dir / "videos" if final and ecfg.get("video") else None
         rets = evaluate(self.algo.policy, self.spec.env_id, episodes=int(ecfg["episodes"]),
                         eval_seed=self.seeds.eval_seed, deterministic=bool(ecfg["deterministic"]),
-                        env_kwargs=self.env_kwargs, max_episode_steps=self.max_episode_steps, device=self.device)
+                        env_kwargs=self.env_kwargs, max_episode_steps=self.max_episode_steps, device=self.device,
+                        video_dir=video)
         mean, std = float(rets.mean()), float(rets.std())
         self.last_eval = (mean, std)
         if mean > self.best_eval:
@@ -236,7 +238,7 @@ class TrainLoop:
         sps = (steps - start_steps) / elapsed if elapsed and elapsed > 0 else math.nan
         if status == "completed" and self.is_main:
             # the final evaluation always runs (also after an early stop at target_return); its row is the last
-            row = self._evaluate()
+            row = self._evaluate(final=True)
             final = (row["eval/return_mean"], row["eval/return_std"])
             self._log(steps, {**self._row(self.last_learn, sps), **row})
         else:
