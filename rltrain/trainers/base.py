@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import shlex
 import sys
 import time
@@ -44,7 +45,10 @@ def write_summary(run_dir: Path, summary: dict) -> None:
 def resume_command(run_dir: Path) -> str:
     """The exact command that continues this run in the same directory."""
     args = [a for a in sys.argv[1:] if not a.startswith(("resume=", "hydra.run.dir="))]
-    return shlex.join(["rltrain", *args, f"hydra.run.dir={run_dir}", "resume=auto"])
+    path = str(run_dir)
+    if not re.fullmatch(r"[\w./-]+", path):
+        path = f"'{path}'"  # Hydra's override grammar needs quotes around '=', ',', spaces...
+    return shlex.join(["rltrain", *args, f"hydra.run.dir={path}", "resume=auto"])
 
 
 class TrainLoop:
@@ -202,11 +206,13 @@ class TrainLoop:
         row.update(learn_metrics)
         return row
 
-    def _evaluate(self) -> Metrics:
+    def _evaluate(self, *, final: bool = False) -> Metrics:
         ecfg = self.cfg["eval"]
+        video = self.run_dir / "videos" if final and ecfg.get("video") else None
         rets = evaluate(self.algo.policy, self.spec.env_id, episodes=int(ecfg["episodes"]),
                         eval_seed=self.seeds.eval_seed, deterministic=bool(ecfg["deterministic"]),
-                        env_kwargs=self.env_kwargs, max_episode_steps=self.max_episode_steps, device=self.device)
+                        env_kwargs=self.env_kwargs, max_episode_steps=self.max_episode_steps, device=self.device,
+                        video_dir=video)
         mean, std = float(rets.mean()), float(rets.std())
         self.last_eval = (mean, std)
         if mean > self.best_eval:
@@ -234,7 +240,7 @@ class TrainLoop:
         sps = (steps - start_steps) / elapsed if elapsed and elapsed > 0 else math.nan
         if status == "completed" and self.is_main:
             # the final evaluation always runs (also after an early stop at target_return); its row is the last
-            row = self._evaluate()
+            row = self._evaluate(final=True)
             final = (row["eval/return_mean"], row["eval/return_std"])
             self._log(steps, {**self._row(self.last_learn, sps), **row})
         else:
