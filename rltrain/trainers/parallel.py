@@ -244,7 +244,13 @@ class ParallelTrainer(Trainer):
         finally:
             stop.uninstall()
             display.close()
-        return self._summarize(records, stop, aborted, time.perf_counter() - t0)
+        summary = self._summarize(records, stop, aborted, time.perf_counter() - t0)
+        agg = summary["aggregate"]
+        if cfg["logger"]["progress"] != "off" and agg["n"]:
+            print(f"[parallel] {summary['status']}: final eval return over {agg['n']} agents: mean {agg['mean']:.2f} "
+                  f"(95% CI {agg['ci95_mean'][0]:.2f}..{agg['ci95_mean'][1]:.2f}), median {agg['median']:.2f}, "
+                  f"IQM {agg['iqm']:.2f}; {self.run_dir / 'summary.json'}", flush=True)
+        return summary
 
     def _on_event(self, ev, records: list[dict], display: AgentsDisplay, group: WorkerGroup) -> int | None:
         """Update the records/display; returns the agent index when this event is a failure."""
