@@ -1,0 +1,211 @@
+"""Every algorithm: act() shapes, one learn() on a synthetic rollout, bitwise checkpoint round trips,
+build-time action-space checks, the Sync hook, and the replay buffer."""
+
+from __future__ import annotations
+
+import io
+
+import numpy as np
+import pytest
+import torch
+
+from rltrain.algos.a2c import A2C
+from rltrain.algos.base import Sync
+from rltrain.algos.dqn import DQN
+from rltrain.algos.impala import IMPALA
+from rltrain.algos.ppo import PPO
+from rltrain.algos.sac import SAC
+from rltrain.buffers import ReplayBuffer
+from rltrain.errors import ConfigError
+from rltrain.types import EnvSpec, Rollout
+
+CARTPOLE = EnvSpec("CartPole-v1", (4,), "discrete", (), n_actions=2)
+PENDULUM = EnvSpec("Pendulum-v1", (3,), "box", (1,), action_low=(-2.0,), action_high=(2.0,))
+CPU = torch.device("cpu")
+T, N = 8, 3
+# small, fast settings; off-policy algorithms update on the first learn() call
+OFF = {"learning_starts": 0, "batch_size": 16, "train_frequency": 1, "buffer_size": 100, "hidden_sizes": [32, 32]}
+CASES = [
+    ("ppo", PPO, CARTPOLE, {"rollout_len": T, "num_minibatches": 2}),
+    ("ppo_box", PPO, PENDULUM, {"rollout_len": T, "num_minibatches": 2, "norm_obs": True}),
+    ("a2c", A2C, CARTPOLE, {"rollout_len": T}),
+    ("a2c_box_gae", A2C, PENDULUM, {"rollout_len": T, "gae_lambda": 0.95, "norm_obs": True, "norm_reward": True}),
+    ("impala", IMPALA, CARTPOLE, {"rollout_len": T}),
+    ("impala_box", IMPALA, PENDULUM, {"rollout_len": T, "optimizer": "adam", "norm_reward": True}),
+    ("dqn", DQN, CARTPOLE, {**OFF, "rollout_len": T}),
+    ("dqn_double_polyak", DQN, CARTPOLE, {**OFF, "rollout_len": T, "double_dqn": True, "tau": 0.5,
+                                          "target_network_frequency": 1, "max_grad_norm": 10.0}),
+    ("sac", SAC, PENDULUM, {**OFF, "rollout_len": T, "policy_frequency": 2}),
+    ("sac_fixed_alpha", SAC, PENDULUM, {**OFF, "rollout_len": T, "autotune": False}),
+]
+IDS = [c[0] for c in CASES]
+
+
+def make(cls, spec, kw, seed=0, **extra):
+    torch.manual_seed(seed)
+    return cls(spec, num_envs=N, device=CPU, **kw, **extra)
+
+
+def synthetic_rollout(algo, spec: EnvSpec, seed: int = 0) -> Rollout:
+    """A rollout acted by ``algo.policy`` on random observations, with a termination and a truncation."""
+    rng = np.random.default_rng(seed)
+    obs = rng.normal(size=(T, N, *spec.obs_shape)).astype(np.float32)
+    with torch.no_grad():
+        out = algo.policy.act(torch.from_numpy(obs.reshape(T * N, *spec.obs_shape)))
+    terminated = np.zeros((T, N), bool)
+    truncated = np.zeros((T, N), bool)
+    terminated[2, 0], truncated[5, 1] = True, True
+    return Rollout(obs=obs, actions=out.action.numpy().reshape(T, N, *spec.action_shape),
+                   log_probs=out.log_prob.numpy().reshape(T, N), rewards=rng.normal(size=(T, N)).astype(np.float32),
+                   terminated=terminated, truncated=truncated,
+                   next_obs=rng.normal(size=(T, N, *spec.obs_shape)).astype(np.float32),
+                   policy_version=np.zeros(T, np.int64))
+
+
+def flat_params(algo) -> list[torch.Tensor]:
+    return [p.detach().clone() for p in algo.policy.parameters()]
+
+
+@pytest.mark.parametrize(("name", "cls", "spec", "kw"), CASES, ids=IDS)
+def test_act_shapes(name, cls, spec, kw):
+    algo = make(cls, spec, kw)
+    for batch in (5, 1):
+        obs = torch.randn(batch, *spec.obs_shape)
+        for det in (False, True):
+            out = algo.policy.act(obs, deterministic=det, generator=torch.Generator().manual_seed(0))
+            assert out.action.shape == (batch, *spec.action_shape)
+            assert out.log_prob.shape == (batch,)
+            assert torch.isfinite(out.log_prob).all()
+            if spec.action_kind == "discrete":
+                assert out.action.dtype == torch.int64 and ((out.action >= 0) & (out.action < spec.n_actions)).all()
+            if name.startswith("sac"):  # squashed into the bounds
+                assert (out.action.abs() <= 2.0).all()
+
+
+@pytest.mark.parametrize(("name", "cls", "spec", "kw"), CASES, ids=IDS)
+def test_one_learn_is_finite_and_changes_parameters(name, cls, spec, kw):
+    algo = make(cls, spec, kw)
+    before = flat_params(algo)
+    metrics = algo.learn(synthetic_rollout(algo, spec), progress=0.1)
+    assert metrics and all(np.isfinite(v) for v in metrics.values()), metrics
+    after = flat_params(algo)
+    assert any(not torch.equal(a, b) for a, b in zip(before, after, strict=True)), "no parameter moved"
+
+
+def _roundtrip(state: dict) -> dict:
+    buf = io.BytesIO()
+    torch.save(state, buf)
+    buf.seek(0)
+    return torch.load(buf, weights_only=True)
+
+
+def _assert_same(a, b, path="state"):
+    if isinstance(a, torch.Tensor):
+        assert torch.equal(a, b), path
+    elif isinstance(a, dict):
+        assert a.keys() == b.keys(), path
+        for k in a:
+            _assert_same(a[k], b[k], f"{path}.{k}")
+    elif isinstance(a, (list, tuple)):
+        for i, (x, y) in enumerate(zip(a, b, strict=True)):
+            _assert_same(x, y, f"{path}[{i}]")
+    else:
+        assert a == b or (isinstance(a, float) and np.isnan(a) and np.isnan(b)), path
+
+
+@pytest.mark.parametrize(("name", "cls", "spec", "kw"), CASES, ids=IDS)
+def test_checkpoint_roundtrip_is_bitwise_and_resumes_identically(name, cls, spec, kw):
+    extra = {"checkpoint_buffer": True} if cls in (DQN, SAC) else {}
+    a = make(cls, spec, kw, seed=0, **extra)
+    a.learn(synthetic_rollout(a, spec, seed=1), progress=0.1)
+    state = _roundtrip(a.state_dict())
+    b = make(cls, spec, kw, seed=123, **extra)  # different init: everything must come from the state
+    b.load_state_dict(state)
+    _assert_same(a.state_dict(), b.state_dict())
+    if extra:
+        assert state["replay_buffer"]["size"] == T * N
+    # the same next update from both (same RNG) gives bitwise identical weights
+    ro = synthetic_rollout(a, spec, seed=2)
+    for algo in (a, b):
+        torch.manual_seed(7)
+        np.random.seed(7)
+        algo.learn(ro, progress=0.2)
+    for p, q in zip(a.policy.state_dict().values(), b.policy.state_dict().values(), strict=True):
+        assert torch.equal(p, q)
+
+
+@pytest.mark.parametrize("cls", [DQN, SAC])
+def test_replay_buffer_leaves_checkpoint_unless_enabled(cls):
+    spec = CARTPOLE if cls is DQN else PENDULUM
+    a = make(cls, spec, {**OFF, "rollout_len": T})
+    a.learn(synthetic_rollout(a, spec), progress=0.0)
+    assert "replay_buffer" not in a.state_dict()
+    b = make(cls, spec, {**OFF, "rollout_len": T})
+    b.load_state_dict(_roundtrip(a.state_dict()))
+    assert len(b.buffer) == 0  # resumed without data: learn() waits until a batch is there again
+    assert b.learn(synthetic_rollout(b, spec), progress=0.0)
+
+
+def test_action_space_mismatch_names_the_fix():
+    with pytest.raises(ConfigError, match=r"^algo=dqn needs a Discrete action space; env.id=Pendulum-v1 is "
+                                          r"Box\(shape=\(1,\)\); try env=cartpole$"):
+        DQN(PENDULUM, num_envs=1, device=CPU)
+    with pytest.raises(ConfigError, match=r"^algo=sac needs a Box action space; env.id=CartPole-v1 is "
+                                          r"Discrete\(2\); try env=pendulum$"):
+        SAC(CARTPOLE, num_envs=1, device=CPU)
+    assert DQN.on_policy is False and SAC.on_policy is False and A2C.on_policy and IMPALA.on_policy
+
+
+class CountingSync(Sync):
+    def __init__(self):
+        self.grad_calls = 0
+
+    def grads(self, params):
+        assert all(p.grad is not None for p in params if p.requires_grad)
+        self.grad_calls += 1
+
+
+@pytest.mark.parametrize(("name", "cls", "spec", "kw"), [c for c in CASES if c[0] in ("a2c", "impala", "dqn", "sac")],
+                         ids=["a2c", "impala", "dqn", "sac"])
+def test_gradients_go_through_the_sync_hook(name, cls, spec, kw):
+    sync = CountingSync()
+    algo = make(cls, spec, kw, sync=sync)
+    algo.learn(synthetic_rollout(algo, spec), progress=0.0)
+    assert sync.grad_calls >= 1
+
+
+def test_impala_is_on_policy_under_its_own_rollout():
+    """Fresh rollout from the learner's own weights: every importance ratio is 1 (V-trace = n-step)."""
+    algo = make(IMPALA, CARTPOLE, {"rollout_len": T})
+    metrics = algo.learn(synthetic_rollout(algo, CARTPOLE), progress=0.0)
+    assert metrics["train/rho_mean"] == pytest.approx(1.0, abs=1e-5)
+    assert metrics["train/rho_clip_frac"] == 0.0
+
+
+def test_dqn_epsilon_schedule_and_warmup():
+    algo = make(DQN, CARTPOLE, {**OFF, "rollout_len": T, "learning_starts": 50, "exploration_fraction": 0.5,
+                                "start_e": 1.0, "end_e": 0.1})
+    assert algo.wants_random_actions(49) and not algo.wants_random_actions(50)
+    assert algo.learn(synthetic_rollout(algo, CARTPOLE), progress=0.25)["train/epsilon"] == pytest.approx(0.55)
+    assert "loss/q" not in algo.learn(synthetic_rollout(algo, CARTPOLE), progress=0.25)  # 48 < 50 steps
+    assert algo.learn(synthetic_rollout(algo, CARTPOLE), progress=0.9)["train/epsilon"] == pytest.approx(0.1)
+
+
+def test_replay_buffer_ring():
+    buf = ReplayBuffer(5, (2,), (), np.dtype(np.int64), device=CPU)
+    for i in range(7):
+        buf.add(np.full((1, 2), i, np.float32), np.array([i]), np.array([i], np.float32),
+                np.full((1, 2), i + 1, np.float32), np.array([i == 6], np.float32))
+    assert len(buf) == 5 and buf.pos == 2
+    assert sorted(buf.actions.tolist()) == [2, 3, 4, 5, 6]
+    batch = buf.sample(64)
+    assert batch.obs.shape == (64, 2) and batch.actions.shape == (64,)
+    assert torch.equal(batch.next_obs[:, 0], batch.obs[:, 0] + 1)
+    assert torch.equal(batch.terminated, (batch.actions == 6).float())
+    big = np.arange(12)
+    buf.add(np.zeros((12, 2), np.float32), big, np.zeros(12, np.float32), np.zeros((12, 2), np.float32),
+            np.zeros(12, np.float32))
+    assert sorted(buf.actions.tolist()) == [7, 8, 9, 10, 11]
+    other = ReplayBuffer(5, (2,), (), np.dtype(np.int64), device=CPU)
+    other.load_state_dict(_roundtrip(buf.state_dict()))
+    assert np.array_equal(other.actions, buf.actions) and other.pos == buf.pos and len(other) == 5
