@@ -117,3 +117,30 @@ def test_numpy_actor_matches_torch_given_the_same_noise(spec):
         # and the behaviour log-prob the learner recomputes agrees with the collector's
         np.testing.assert_allclose(pol.evaluate(torch.from_numpy(obs), torch.from_numpy(action))[0].numpy(), logp,
                                    rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("spec", [DISCRETE, BOX], ids=["discrete", "box"])
+def test_inference_act_numpy_matches_torch_and_sees_weight_changes(spec):
+    """act() under inference mode on CPU goes through a cached numpy actor: same actions, same RNG use,
+    and the cache notices weights changed behind its back (numpy update, copy_ into .data)."""
+    fast, ref = make(spec), make(spec, numpy_update=False)
+    obs = torch.randn(7, *spec.obs_shape)
+    for step in range(2):
+        ref.policy.load_state_dict(fast.policy.state_dict())
+        for det in (True, False):
+            g1, g2 = torch.Generator().manual_seed(3), torch.Generator().manual_seed(3)
+            with torch.inference_mode():
+                a = fast.policy.act(obs, deterministic=det, generator=g1)
+                b = ref.policy.act(obs, deterministic=det, generator=g2)
+            torch.testing.assert_close(a.action, b.action)
+            torch.testing.assert_close(a.log_prob, b.log_prob, rtol=1e-5, atol=1e-5)
+            assert torch.equal(g1.get_state(), g2.get_state())
+        if step == 0:
+            fast.learn(synthetic_rollout(spec), progress=0.0)
+    with torch.no_grad():
+        for p in fast.params:
+            p.data.copy_(torch.randn_like(p))  # does not bump p._version: the cache must still notice
+    ref.policy.load_state_dict(fast.policy.state_dict())
+    with torch.inference_mode():
+        np.testing.assert_allclose(fast.policy.act(obs, deterministic=True).log_prob.numpy(),
+                                   ref.policy.act(obs, deterministic=True).log_prob.numpy(), rtol=1e-5, atol=1e-5)

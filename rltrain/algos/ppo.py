@@ -55,6 +55,9 @@ class ActorCritic(Policy):
         self.nets = TwinMLP(obs_dim, hidden_sizes, (self.act_dim, 1), activation=activation, out_stds=(0.01, 1.0))
         if not self.discrete:
             self.log_std = nn.Parameter(torch.full((self.act_dim,), float(init_log_std)))
+        # set by PPO when every parameter lives in one flat CPU buffer: enables numpy inference in act()
+        self.flat_params: Tensor | None = None
+        self._snapshot: tuple[np.ndarray, tuple, NumpyActor] | None = None
 
     def forward(self, obs: Tensor) -> tuple[Tensor, Tensor]:
         """obs [B, *obs_shape] -> (logits or Gaussian mean [B, A], value [B])."""
@@ -63,6 +66,8 @@ class ActorCritic(Policy):
 
     def act(self, obs: Tensor, *, deterministic: bool = False,
             generator: torch.Generator | None = None) -> ActOutput:
+        if not torch.is_grad_enabled() and obs.device.type == "cpu" and self._flat_is_live():
+            return self._act_numpy(obs, deterministic, generator)
         out, _ = self(obs)
         if self.discrete:
             return ActOutput(*categorical_sample(out, deterministic, generator))
@@ -80,6 +85,32 @@ class ActorCritic(Policy):
         else:
             logp, ent = gaussian_logp_entropy(out, self.log_std, action)
         return logp, ent, value
+
+    def _flat_is_live(self) -> bool:
+        flat = self.flat_params
+        return flat is not None and flat.device.type == "cpu" and flat.data_ptr() == self.nets.weights[0].data_ptr()
+
+    def _act_numpy(self, obs: Tensor, deterministic: bool, generator: torch.Generator | None) -> ActOutput:
+        """``act`` without autograd on CPU through a cached numpy copy of the actor (evaluation acts one
+        observation at a time, where torch's per-op overhead is ~5x the arithmetic). The noise is drawn
+        from the same torch generator, with the same shape, as the torch path draws it."""
+        flat = self.flat_params.numpy()  # type: ignore[union-attr]
+        norm_key = (self.obs_norm._mean32, self.obs_norm._std32)
+        snap = self._snapshot
+        # valid while the weights hold the same values, however they were changed (numpy, copy_, load)
+        if snap is None or snap[1][0] is not norm_key[0] or snap[1][1] is not norm_key[1] or \
+                not np.array_equal(snap[0], flat):
+            snap = self._snapshot = (flat.copy(), norm_key, self.numpy_actor())  # type: ignore[assignment]
+        actor = snap[2]
+        out = actor.forward(obs.numpy())
+        if deterministic:
+            noise = np.zeros_like(out)
+            action = out.argmax(-1) if self.discrete else out.astype(np.float32)
+        else:
+            draw = torch.rand if self.discrete else torch.randn
+            noise = draw(out.shape, generator=generator).numpy()
+            action = actor.action(out, actor.perturb(noise))
+        return ActOutput(torch.from_numpy(action), torch.from_numpy(actor.log_prob(out, action, noise)))
 
     def numpy_actor(self) -> NumpyActor | None:
         """A numpy snapshot of the acting branch, or None when the weights live on an accelerator."""
@@ -155,6 +186,7 @@ class PPO(Algorithm):
         if self.numpy_update:
             single_thread_blas()
             self.flat = FlatParams(self.params)
+            self.policy.flat_params = self.flat.flat
             self.optimizer = FlatAdam(self.flat, lr=lr)
             self._numpy_step = NumpyPPOStep(
                 self.flat, len(self.policy.nets.weights), activation=activation, discrete=self.policy.discrete,
