@@ -1,0 +1,215 @@
+"""Throughput and time-to-solve, side by side, as one markdown table.
+
+    python scripts/bench_throughput.py                  # every section
+    python scripts/bench_throughput.py --only env,train # some sections
+    python scripts/bench_throughput.py --quick          # smaller budgets, one seed (a smoke check)
+
+Sections (add yours: write ``def section_<name>(args) -> list[Row]`` and register it in ``SECTIONS``):
+  env    the raw env ceiling: our ``VecEnv`` (same env id and num_envs as the training case), random actions
+  train  rltrain's PPO at CleanRL's CartPole settings (experiment=ppo_cleanrl) through the real ``TrainLoop``,
+         steps/s measured over a fixed number of steps after a warm-up, and its ratio to the env ceiling
+  solve  whole-process ``rltrain target_return=475 seed=s`` for seeds 1 2 3: wall time (median) and when
+         the rolling mean of 20 training episodes reached 475
+
+Both wall-clock and CPU-time (this process) rates are printed: on a shared machine wall time measures the
+neighbours too, CPU time is the cost of our own code. Timings are not asserted anywhere; compare ratios.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+ENV_ID, NUM_ENVS = "CartPole-v1", 4
+
+
+@dataclass
+class Row:
+    """One line of the table. ``wall_sps`` / ``cpu_sps`` in env steps per second; ``ratio`` vs the ceiling."""
+
+    section: str
+    case: str
+    wall_sps: float | None = None
+    cpu_sps: float | None = None
+    ratio: str = ""
+    notes: str = ""
+    extra: dict = field(default_factory=dict)
+
+
+def _clock() -> tuple[float, float]:
+    return time.perf_counter(), time.process_time()
+
+
+# -- env: the ceiling ------------------------------------------------------------------------------------
+def section_env(args) -> list[Row]:
+    import numpy as np
+
+    from rltrain.envs import make_vector_env
+
+    steps = 20_000 if args.quick else 100_000
+    venv = make_vector_env(ENV_ID, NUM_ENVS, list(range(NUM_ENVS)))
+    venv.reset()
+    actions = np.random.default_rng(0).integers(0, 2, (steps // NUM_ENVS, NUM_ENVS))
+    for a in actions[:500]:  # warm-up
+        venv.step(a)
+    (w0, c0) = _clock()
+    for a in actions:
+        venv.step(a)
+    (w1, c1) = _clock()
+    venv.close()
+    n = len(actions) * NUM_ENVS
+    args.ceiling = (n / (w1 - w0), n / (c1 - c0))
+    return [Row("env", f"VecEnv {ENV_ID} x{NUM_ENVS}, random actions", n / (w1 - w0), n / (c1 - c0), "1.00",
+                f"{n} steps")]
+
+
+# -- train: PPO at CleanRL's settings through the TrainLoop -----------------------------------------------
+def measure_train(overrides: list[str], *, warmup: int, measure: int) -> tuple[float, float, dict]:
+    """(wall SPS, CPU SPS, summary) of ``TrainLoop.run`` between the end of ``warmup`` steps and the end.
+
+    The loop is the real one (collector, learn, bookkeeping, logging); evaluation and checkpoints are
+    off during the measured span, and rollout starts are timestamped by wrapping ``collector.collect``.
+    """
+    import torch
+
+    from rltrain.build import algo_factory, pick_device, prepare
+    from rltrain.seeding import derive
+    from rltrain.signals import StopFlag
+    from rltrain.trainers.base import TrainLoop
+    from tests.conftest import compose_cfg
+
+    with tempfile.TemporaryDirectory() as tmp:
+        cfg = compose_cfg([*overrides, "logger=quiet", "eval.every_env_steps=0", "checkpoint.every_env_steps=0",
+                           "eval.episodes=1", f"total_env_steps={warmup + measure}"])
+        cfg = prepare(cfg, Path(tmp))
+        torch.set_num_threads(int(cfg["torch_threads"]))
+        loop = TrainLoop(cfg, Path(tmp), seeds=derive(cfg["seed"], cfg["env"]["num_envs"]),
+                         device=pick_device(cfg["device"]), algo_factory=algo_factory(cfg), stop=StopFlag())
+        marks: list[tuple[int, float, float]] = []
+        collect = loop.collector.collect
+
+        def timed_collect(*a, **kw):
+            marks.append((loop.counters["env_steps"], *_clock()))
+            return collect(*a, **kw)
+
+        loop.collector.collect = timed_collect  # type: ignore[method-assign]
+        loop.algo.learn = _wrap_end(loop.algo.learn, marks, loop)  # type: ignore[method-assign]
+        summary = loop.run()
+    start = next(m for m in marks if m[0] >= warmup)
+    end = marks[-1]
+    n = end[0] - start[0]
+    return n / (end[1] - start[1]), n / (end[2] - start[2]), summary
+
+
+def _wrap_end(learn: Callable, marks: list, loop) -> Callable:
+    """Marks the end of the last learn() too, so the measured span covers whole iterations."""
+
+    def timed_learn(rollout, **kw):
+        out = learn(rollout, **kw)
+        marks.append((loop.counters["env_steps"] + rollout.num_steps, *_clock()))
+        return out
+
+    return timed_learn
+
+
+def section_train(args) -> list[Row]:
+    warmup, measure = (4096, 20_480) if args.quick else (10_240, 102_400)
+    wall, cpu, _ = measure_train(["experiment=ppo_cleanrl"], warmup=warmup, measure=measure)
+    ceiling = getattr(args, "ceiling", None)
+    ratio = f"{wall / ceiling[0]:.2f} (cpu {cpu / ceiling[1]:.2f})" if ceiling else ""
+    return [Row("train", "PPO experiment=ppo_cleanrl (4 envs x 128, 4 epochs x 4 mb, 64x64 tanh)", wall, cpu, ratio,
+                f"{measure} steps after {warmup} warm-up")]
+
+
+# -- solve: whole-process time to a rolling-20 return of 475 ------------------------------------------------
+def run_cli(cli_args: list[str], cwd: Path) -> tuple[float, float, dict]:
+    """Run ``python -m rltrain <args>`` in ``cwd``; (wall s, child CPU s, summary.json)."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    t0 = time.perf_counter()
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    proc = subprocess.run([sys.executable, "-m", "rltrain", *cli_args, f"hydra.run.dir={cwd}/run"], cwd=cwd,
+                          capture_output=True, text=True, env=env, timeout=900)
+    wall = time.perf_counter() - t0
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    if proc.returncode != 0:
+        raise RuntimeError(f"rltrain {' '.join(cli_args)} failed:\n{proc.stderr[-2000:]}")
+    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    return wall, cpu, json.loads((cwd / "run" / "summary.json").read_text())
+
+
+def section_solve(args) -> list[Row]:
+    seeds = [1] if args.quick else [1, 2, 3]
+    rows, walls, cpus = [], [], []
+    for seed in seeds:
+        with tempfile.TemporaryDirectory() as tmp:
+            wall, cpu, s = run_cli(["target_return=475", f"seed={seed}", "logger=quiet", *args.solve_args], Path(tmp))
+        walls.append(wall)
+        cpus.append(cpu)
+        solved = s["solved_at_env_steps"]
+        rows.append(Row("solve", f"rltrain target_return=475 seed={seed}", notes=(
+            f"whole process {wall:.1f} s wall / {cpu:.1f} s CPU; solved at "
+            + (f"{solved} steps, {s['solved_at_seconds']:.1f} s in the loop" if solved else "NOT solved")
+            + f"; final eval {s['final_eval_return']:.1f}")))
+    rows.append(Row("solve", f"median over seeds {seeds}",
+                    notes=f"**{statistics.median(walls):.1f} s wall / {statistics.median(cpus):.1f} s CPU**"))
+    return rows
+
+
+SECTIONS: dict[str, Callable[[argparse.Namespace], list[Row]]] = {
+    "env": section_env,
+    "train": section_train,
+    "solve": section_solve,
+}
+
+
+def fmt(x: float | None) -> str:
+    return "" if x is None else f"{x:,.0f}"
+
+
+def print_table(rows: list[Row]) -> None:
+    print("| section | case | steps/s (wall) | steps/s (CPU) | ratio to env ceiling | notes |")
+    print("|---|---|---:|---:|---|---|")
+    for r in rows:
+        print(f"| {r.section} | {r.case} | {fmt(r.wall_sps)} | {fmt(r.cpu_sps)} | {r.ratio} | {r.notes} |")
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--only", default=",".join(SECTIONS), help=f"comma-separated sections: {', '.join(SECTIONS)}")
+    p.add_argument("--quick", action="store_true", help="smaller budgets and one seed")
+    p.add_argument("--solve-args", nargs="*", default=[], help="extra overrides for the solve runs")
+    args = p.parse_args(argv)
+    only = [s.strip() for s in args.only.split(",") if s.strip()]
+    unknown = [s for s in only if s not in SECTIONS]
+    if unknown:
+        p.error(f"unknown section(s) {unknown}; valid: {', '.join(SECTIONS)}")
+    import torch
+
+    torch.set_num_threads(1)
+    rows: list[Row] = []
+    if "train" in only and "env" not in only:
+        section_env(argparse.Namespace(**{**vars(args), "quick": True}))  # the ceiling for the ratio only
+    for name in only:
+        t0 = time.perf_counter()
+        new = SECTIONS[name](args)
+        print(f"[{name}] done in {time.perf_counter() - t0:.1f} s", file=sys.stderr, flush=True)
+        rows += new
+    print_table(rows)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
