@@ -13,6 +13,7 @@ Ranks come from our own local spawn (``trainer.world_size``), from torchrun or f
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import math
 import os
 import sys
@@ -29,7 +30,7 @@ from torch import Tensor
 
 from rltrain.algos.base import Sync
 from rltrain.build import algo_factory, pick_device, resolve_target
-from rltrain.checkpoint import load_checkpoint
+from rltrain.checkpoint import CheckpointManager, load_checkpoint
 from rltrain.errors import ConfigError
 from rltrain.seeding import derive, seed_process, write_seeds
 from rltrain.signals import StopFlag
@@ -140,8 +141,9 @@ class TorchDistSync(Sync):
 def init_distributed(launch: LaunchInfo, *, backend: str, device: torch.device, timeout_s: float) -> TorchDistSync:
     """Join the process group (gloo for scalars and objects; nccl for gradients when chosen)."""
     timeout = timedelta(seconds=timeout_s)
-    dist.init_process_group("gloo", init_method=f"tcp://{launch.master_addr}:{launch.master_port}",
-                            rank=launch.rank, world_size=launch.world_size, timeout=timeout)
+    launch.export()  # env:// also reuses torchrun's own store (TORCHELASTIC_USE_AGENT_STORE)
+    dist.init_process_group("gloo", init_method="env://", rank=launch.rank, world_size=launch.world_size,
+                            timeout=timeout)
     sync = TorchDistSync(rank=launch.rank, world_size=launch.world_size, timeout_s=timeout_s,
                          grad_device=torch.device("cpu"))
     devices = sync.gather_object(str(device))
@@ -195,22 +197,7 @@ class DistTrainLoop(TrainLoop):
         return Path(payload["path"]) if payload["path"] else None
 
     def _check_layout(self, path: Path) -> str | None:
-        """Resume needs the same global batch (ranks x envs x steps); else the arithmetic and a fix."""
-        meta = load_checkpoint(path)[0]["meta"]
-        old = meta.get("layout") or {"world_size": 1, "num_envs": meta["config"]["env"]["num_envs"],
-                                     "rollout_len": meta["config"]["algo"].get("rollout_len", self.algo.rollout_len)}
-        new = self.layout()
-        g_old = old["world_size"] * old["num_envs"] * old["rollout_len"]
-        g_new = new["world_size"] * new["num_envs"] * new["rollout_len"]
-        if g_old == g_new:
-            return None
-        envs = old["world_size"] * old["num_envs"]
-        fix = (f"with {new['world_size']} ranks use env.num_envs={envs // new['world_size']}"
-               if envs % new["world_size"] == 0 and old["rollout_len"] == new["rollout_len"] else
-               f"use a world size that divides {envs} envs: {[d for d in range(1, envs + 1) if envs % d == 0]}")
-        return (f"resume={path}: the checkpoint's global batch is {old['world_size']} rank(s) x {old['num_envs']} "
-                f"envs x {old['rollout_len']} steps = {g_old}, this run's is {new['world_size']} x {new['num_envs']} "
-                f"x {new['rollout_len']} = {g_new}; {fix}")
+        return layout_mismatch(load_checkpoint(path)[0]["meta"], self.layout(), path)
 
     def _finish(self, status: str, *, start_steps: int = 0, t0: float | None = None, error: str | None = None) -> dict:
         elapsed = time.perf_counter() - t0 if t0 is not None else math.nan
@@ -219,9 +206,36 @@ class DistTrainLoop(TrainLoop):
         summary.update(backend=self.sync.backend, launcher=self.launch.source)
         if status != "failed":  # no collectives on the failure path: peers may be gone
             summary["rank_sps"] = self.sync.gather_object(own_steps / elapsed if elapsed > 0 else None)
+            # the replicas must be bitwise identical; recorded so anyone can check it after the fact
+            summary["rank_param_sha256"] = self.sync.gather_object(param_digest(self.algo.policy))
             if self.is_main:
                 write_summary(self.run_dir, summary)
         return summary
+
+
+def layout_mismatch(meta: dict, new: dict, path: Path) -> str | None:
+    """Resume needs the same global batch (ranks x envs x steps); else the arithmetic and a fix."""
+    old = meta.get("layout") or {"world_size": 1, "num_envs": meta["config"]["env"]["num_envs"],
+                                 "rollout_len": meta["config"]["algo"].get("rollout_len", new["rollout_len"])}
+    g_old = old["world_size"] * old["num_envs"] * old["rollout_len"]
+    g_new = new["world_size"] * new["num_envs"] * new["rollout_len"]
+    if g_old == g_new:
+        return None
+    envs = old["world_size"] * old["num_envs"]
+    fix = (f"with {new['world_size']} ranks use env.num_envs={envs // new['world_size']}"
+           if envs % new["world_size"] == 0 and old["rollout_len"] == new["rollout_len"] else
+           f"use a world size that divides {envs} envs: {[d for d in range(1, envs + 1) if envs % d == 0]}")
+    return (f"resume={path}: the checkpoint's global batch is {old['world_size']} rank(s) x {old['num_envs']} "
+            f"envs x {old['rollout_len']} steps = {g_old}, this run's is {new['world_size']} x {new['num_envs']} "
+            f"x {new['rollout_len']} = {g_new}; {fix}")
+
+
+def param_digest(module: torch.nn.Module) -> str:
+    """sha256 (16 hex digits) of all parameters and buffers, in state_dict order."""
+    h = hashlib.sha256()
+    for v in module.state_dict().values():
+        h.update(v.detach().cpu().contiguous().numpy().tobytes())
+    return h.hexdigest()[:16]
 
 
 def _to_cpu(obj):
@@ -272,7 +286,6 @@ def failure_of(rank: int, err: BaseException) -> RankFailed:
 def _spawned_rank(launch: LaunchInfo, cfg: dict, run_dir: str, backend: str, timeout_s: float, conn) -> None:
     """Entry point of a locally spawned rank: report a summary or a failure on ``conn``, then exit."""
     os.setpgrp()  # the supervisor forwards Ctrl-C once; the terminal must not deliver it a second time
-    launch.export()
     code = 0
     try:
         conn.send(RankDone(launch.rank, run_rank(launch, cfg, Path(run_dir), backend=backend, timeout_s=timeout_s)))
@@ -319,10 +332,23 @@ class DistributedSimulatorTrainer(Trainer):
             print(f"rltrain: rank {launch.rank} failed: {failure.message}", file=sys.stderr, flush=True)
             return {"status": "failed", "error": failure.message, "failed_rank": launch.rank, "exit_code": 1}
 
+    def _precheck_resume(self) -> None:
+        """Refuse a mismatched resume before spawning anything (rank 0 checks again when joined)."""
+        spec, rollout_len = self.cfg.get("resume") or "never", self.cfg["algo"].get("rollout_len")
+        if spec == "never" or rollout_len is None:
+            return
+        path = CheckpointManager(self.run_dir / "checkpoints").latest() if spec == "auto" else Path(spec)
+        if path is not None:
+            new = {"world_size": self.world_size, "num_envs": self.cfg["env"]["num_envs"], "rollout_len": rollout_len}
+            error = layout_mismatch(load_checkpoint(path)[0]["meta"], new, path)
+            if error:
+                raise ConfigError(error)
+
     def _spawn_and_supervise(self) -> dict:
         import multiprocessing as mp
         import signal
 
+        self._precheck_resume()
         ctx = mp.get_context("spawn")  # fork is unsafe once torch threads exist
         port = free_port(self.master_addr)
         procs, conns, writers = [], [], []
