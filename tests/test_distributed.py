@@ -129,16 +129,15 @@ def test_torchrun_two_nodes_on_localhost(tmp_path, no_leaks):
 @pytest.mark.parametrize(("mode", "expect"), [("raise", "rank 1 failed: RuntimeError: injected fault on rank 1"),
                                               ("kill", "rank 1 was killed by SIGKILL")])
 def test_a_failing_rank_stops_the_job(cli, tmp_path, no_leaks, mode, expect):
-    timeout_s = 20
-    t0 = time.monotonic()
+    timeout_s, stamp = 20, tmp_path / "fault.time"
     r = cli(*FAST, "total_env_steps=100000", f"trainer.timeout_s={timeout_s}",
             "env.id=tests.fault_env:faulty_cartpole", "env.max_episode_steps=500",
             "+env.kwargs.fault_rank=1", f"+env.kwargs.mode={mode}", "+env.kwargs.after_steps=150",
-            timeout=120, env=TEST_ENV)
-    elapsed = time.monotonic() - t0
+            f"+env.kwargs.stamp={stamp}", timeout=180, env=TEST_ENV)
+    reaction = time.time() - float(stamp.read_text())  # from the fault to the whole job's exit
     assert r.returncode == 1, r.stderr[-3000:]
     assert expect in r.stderr, r.stderr[-3000:]
-    assert elapsed < timeout_s + 30  # spawn and imports included; the fault itself is noticed at once
+    assert reaction < timeout_s, reaction
     s = summary(tmp_path / "run")
     assert s["status"] == "failed" and s["failed_rank"] == 1
 
