@@ -35,6 +35,10 @@ class Sync:
         """Element-wise mean over workers (logged scalars)."""
         return x
 
+    def any(self, flag: bool) -> bool:
+        """True when ``flag`` is true on any worker: stop decisions must be agreed, or ranks deadlock."""
+        return flag
+
 
 class Policy(nn.Module, ABC):
     """The only object shipped to actors / agent processes. Acts on a batch of raw observations."""

@@ -140,11 +140,11 @@ class TrainLoop:
         status = "completed"
         try:
             while self.counters["env_steps"] < total:
-                if self.stop.requested:
-                    status = "interrupted"
-                    break
-                if max_wall and time.perf_counter() - t0 >= max_wall:
-                    self.stop.request("max_wall_time")
+                over_wall = bool(max_wall and time.perf_counter() - t0 >= max_wall)
+                # agreed over workers (one tiny all-reduce when distributed): every rank stops at the same update
+                if self.sync.any(self.stop.requested or over_wall):
+                    if not self.stop.requested:
+                        self.stop.request("max_wall_time" if over_wall else "peer_stopped")
                     status = "interrupted"
                     break
                 steps = self.counters["env_steps"]
@@ -166,6 +166,8 @@ class TrainLoop:
                     sps_t, sps_steps = now, steps
                     self._sps = sps
                     row = self._row(learn_metrics, sps)
+                    if recent is not None:  # pooled over workers; min/max/length stay this worker's
+                        row["rollout/episode_return"] = recent
                     if every["eval"] and steps >= nxt["eval"]:
                         row.update(self._evaluate())
                         nxt["eval"] = _next_multiple(steps, every["eval"])
@@ -188,10 +190,10 @@ class TrainLoop:
 
     # -- pieces of the loop -------------------------------------------------------------------------------
     def _recent_return(self) -> float | None:
+        """Mean of the recent episode returns, pooled over workers (so ranks agree on ``target_return``)."""
         window = self.collector.recent_returns
-        if len(window) < window.maxlen:  # type: ignore[operator]
-            return float(np.mean(window)) if window else None
-        return float(np.mean(window))
+        total, count = self.sync.sum(np.array([sum(window), len(window)], np.float64))
+        return float(total / count) if count else None
 
     def _row(self, learn_metrics: Metrics, sps: float) -> Metrics:
         rets = list(self.collector.recent_returns)

@@ -1,0 +1,226 @@
+"""Where the ranks of ``distributed_simulator`` come from: our own local spawn, torchrun, or SLURM.
+
+``detect_launch`` reads the environment once. torchrun exports RANK / WORLD_SIZE / LOCAL_RANK /
+MASTER_ADDR / MASTER_PORT; a SLURM step (srun, or submitit's ``tasks_per_node``) exports SLURM_PROCID /
+SLURM_NTASKS / SLURM_LOCALID / SLURM_NODELIST, from which the rendezvous address is derived (first host of
+the node list, a port from the job id) so every task finds the same one without talking first.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import socket
+import subprocess
+import time
+from dataclasses import dataclass
+
+from rltrain.errors import ConfigError
+
+SLURM_PORT_BASE, SLURM_PORT_SPAN = 15000, 20000  # job ids map into [15000, 35000): below the ephemeral range
+
+
+@dataclass(frozen=True)
+class LaunchInfo:
+    """One rank's place in the job. ``source`` is ``local`` (we spawned it), ``torchrun`` or ``slurm``."""
+
+    rank: int
+    world_size: int
+    local_rank: int
+    master_addr: str
+    master_port: int
+    source: str
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    def export(self) -> None:
+        """Set the torch.distributed variables in this process (user env code may read RANK, too)."""
+        os.environ.update(RANK=str(self.rank), WORLD_SIZE=str(self.world_size), LOCAL_RANK=str(self.local_rank),
+                          MASTER_ADDR=self.master_addr, MASTER_PORT=str(self.master_port))
+
+
+def _int_env(env: dict, key: str) -> int:
+    try:
+        return int(env[key])
+    except ValueError:
+        raise ConfigError(f"environment variable {key}={env[key]!r} is not an integer") from None
+
+
+def detect_launch(env: dict | None = None) -> LaunchInfo | None:
+    """The rank this process already is (torchrun or a multi-task SLURM step), or None: spawn our own.
+
+    A SLURM allocation with a single task is not a distributed launch: ``trainer.world_size`` ranks are
+    then spawned locally inside it.
+    """
+    env = dict(os.environ if env is None else env)
+    if "RANK" in env and "WORLD_SIZE" in env:
+        missing = [k for k in ("MASTER_ADDR", "MASTER_PORT") if k not in env]
+        if missing:
+            raise ConfigError(f"RANK/WORLD_SIZE are set but {', '.join(missing)} not: launch with torchrun, "
+                              "or unset RANK to let trainer=distributed_simulator spawn its own ranks")
+        return LaunchInfo(rank=_int_env(env, "RANK"), world_size=_int_env(env, "WORLD_SIZE"),
+                          local_rank=_int_env(env, "LOCAL_RANK") if "LOCAL_RANK" in env else 0,
+                          master_addr=env["MASTER_ADDR"], master_port=_int_env(env, "MASTER_PORT"),
+                          source="torchrun")
+    ntasks_key = "SLURM_STEP_NUM_TASKS" if "SLURM_STEP_NUM_TASKS" in env else "SLURM_NTASKS"
+    if "SLURM_PROCID" in env and ntasks_key in env and _int_env(env, ntasks_key) > 1:
+        nodelist = env.get("SLURM_STEP_NODELIST") or env.get("SLURM_JOB_NODELIST") or env.get("SLURM_NODELIST")
+        if not nodelist:
+            raise ConfigError("SLURM_PROCID is set but no SLURM_NODELIST: cannot find the rendezvous host")
+        job_id = _int_env(env, "SLURM_JOB_ID") if "SLURM_JOB_ID" in env else 0
+        port = _int_env(env, "MASTER_PORT") if "MASTER_PORT" in env else SLURM_PORT_BASE + job_id % SLURM_PORT_SPAN
+        return LaunchInfo(rank=_int_env(env, "SLURM_PROCID"), world_size=_int_env(env, ntasks_key),
+                          local_rank=_int_env(env, "SLURM_LOCALID") if "SLURM_LOCALID" in env else 0,
+                          master_addr=env.get("MASTER_ADDR") or first_host(nodelist), master_port=port,
+                          source="slurm")
+    return None
+
+
+def first_host(nodelist: str) -> str:
+    """First host of a SLURM node list: ``scontrol show hostnames`` when available, else our parser."""
+    if shutil.which("scontrol"):
+        try:
+            out = subprocess.run(["scontrol", "show", "hostnames", nodelist], capture_output=True, text=True,
+                                 timeout=10, check=True).stdout.split()
+            if out:
+                return out[0]
+        except (subprocess.SubprocessError, OSError):
+            pass
+    return expand_nodelist(nodelist)[0]
+
+
+def expand_nodelist(nodelist: str) -> list[str]:
+    """``gpu[01-03,07],login1`` -> ``[gpu01, gpu02, gpu03, gpu07, login1]`` (SLURM's compressed host lists;
+    several bracket groups in one name, e.g. ``r[1-2]n[3-4]``, expand as a product)."""
+    hosts: list[str] = []
+    for item in re.findall(r"[^,\[]+(?:\[[^\]]*\][^,\[]*)*", nodelist):
+        hosts.extend(_expand_one(item.strip()))
+    if not hosts:
+        raise ConfigError(f"cannot parse the SLURM node list {nodelist!r}")
+    return hosts
+
+
+def _expand_one(item: str) -> list[str]:
+    m = re.match(r"^([^\[]*)\[([^\]]*)\](.*)$", item)
+    if not m:
+        return [item] if item else []
+    prefix, ranges, rest = m.groups()
+    out = []
+    for part in ranges.split(","):
+        lo, _, hi = part.partition("-")
+        width = len(lo)
+        for i in range(int(lo), int(hi or lo) + 1):
+            out.extend(f"{prefix}{i:0{width}d}{tail}" for tail in _expand_one(rest) or [""])
+    return out
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port free right now on ``host`` (the rendezvous port of a local spawn)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
+
+
+# -- local spawn: start W ranks, watch them, stop them all if one fails ----------------------------------
+@dataclass(frozen=True)
+class RankDone:
+    """A rank finished its loop (completed or interrupted); rank 0's summary is the run's."""
+
+    rank: int
+    summary: dict
+
+
+@dataclass(frozen=True)
+class RankFailed:
+    """A rank raised. ``kind``: ``config`` (bad input), ``error`` (its own failure), ``peer`` (a collective
+    failed because another rank is gone), ``died`` (exited without a word: killed or crashed)."""
+
+    rank: int
+    kind: str
+    message: str
+    traceback: str = ""
+
+
+def describe_exit(code: int | None) -> str:
+    if code is None:
+        return "did not exit"
+    if code < 0:
+        import signal
+
+        try:
+            return f"was killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"was killed by signal {-code}"
+    return f"exited with code {code} without reporting"
+
+
+def primary_failure(failures: list[RankFailed]) -> RankFailed:
+    """The root cause: a rank that failed on its own beats ranks that only lost contact with it."""
+    own = [f for f in failures if f.kind != "peer"]
+    return (own or failures)[0]
+
+
+def supervise(procs: list, conns: list, *, timeout_s: float, poll_s: float = 0.5
+              ) -> tuple[dict[int, RankDone], list[RankFailed]]:
+    """Wait for every rank; after the first failure give the others ``timeout_s`` to notice, then
+    terminate (SIGTERM, then SIGKILL) whatever is left, so a dead peer never hangs the job."""
+    from multiprocessing.connection import wait
+
+
+    done: dict[int, RankDone] = {}
+    failed: dict[int, RankFailed] = {}
+    order: list[int] = []
+    exited: set[int] = set()
+    open_conns = dict(enumerate(conns))
+    first_failure: float | None = None
+
+    def drain(r: int) -> None:
+        conn = open_conns.get(r)
+        try:
+            while conn is not None and conn.poll():
+                msg = conn.recv()
+                if isinstance(msg, RankDone):
+                    done[r] = msg
+                elif isinstance(msg, RankFailed) and r not in failed:
+                    failed[r] = msg
+                    order.append(r)
+        except (EOFError, OSError):
+            open_conns.pop(r).close()
+
+    while len(exited) < len(procs):
+        wait([c for c in open_conns.values()] + [p.sentinel for r, p in enumerate(procs) if r not in exited],
+             timeout=poll_s)
+        for r, p in enumerate(procs):
+            drain(r)
+            if r not in exited and not p.is_alive():
+                p.join()
+                exited.add(r)
+                drain(r)  # it may have written its last message just before exiting
+                if r not in done and r not in failed:
+                    failed[r] = RankFailed(r, "died" if p.exitcode else "error", describe_exit(p.exitcode))
+                    order.append(r)
+        if failed and first_failure is None:
+            first_failure = time.monotonic()
+        if first_failure is not None and time.monotonic() - first_failure > timeout_s:
+            _terminate([p for r, p in enumerate(procs) if r not in exited])
+            for r in range(len(procs)):
+                if r not in exited:
+                    exited.add(r)
+                    failed.setdefault(r, RankFailed(r, "peer", f"did not stop within trainer.timeout_s={timeout_s:g}"))
+    for c in open_conns.values():
+        c.close()
+    return done, [failed[r] for r in order] + [f for r, f in failed.items() if r not in order]
+
+
+def _terminate(procs: list, grace_s: float = 5.0) -> None:
+    for p in procs:
+        if p.is_alive():
+            p.terminate()
+    for p in procs:
+        p.join(grace_s)
+        if p.is_alive():
+            p.kill()
+            p.join(grace_s)

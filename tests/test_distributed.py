@@ -1,0 +1,178 @@
+"""trainer=distributed_simulator: real processes, real gloo (and nccl when a GPU is there).
+
+Covers: launch detection (torchrun / SLURM variables, node lists), the equivalence of W ranks x n envs with
+one process x W*n envs on the same data, identical replicas after training, local spawn / torchrun launch
+paths, resume rules, faults (a rank that raises, a rank SIGKILLed) and Ctrl-C.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from rltrain.trainers.launch import LaunchInfo, detect_launch, expand_nodelist, free_port
+from tests.conftest import REPO
+
+# 2 ranks x 2 envs x 64 steps = 256 env steps per update: 8 updates in 2048 steps
+FAST = ["trainer=distributed_simulator", "total_env_steps=2048", "algo.rollout_len=64", "env.num_envs=2",
+        "eval.every_env_steps=0", "eval.episodes=1", "log.every_env_steps=512", "checkpoint.every_env_steps=1024",
+        "logger.progress=plain", "logger.progress_interval_s=1", "trainer.timeout_s=30", "hydra.run.dir=run"]
+TEST_ENV = {"PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
+
+
+def summary(run: Path) -> dict:
+    return json.loads((run / "summary.json").read_text())
+
+
+# -- launch detection ---------------------------------------------------------------------------------------
+def test_nodelist_expansion():
+    assert expand_nodelist("node01") == ["node01"]
+    assert expand_nodelist("gpu[01-03,07],login1") == ["gpu01", "gpu02", "gpu03", "gpu07", "login1"]
+    assert expand_nodelist("r[1-2]n[3-4]") == ["r1n3", "r1n4", "r2n3", "r2n4"]
+
+
+def test_detect_torchrun_and_slurm(monkeypatch):
+    assert detect_launch({}) is None
+    assert detect_launch({"SLURM_PROCID": "0", "SLURM_NTASKS": "1", "SLURM_NODELIST": "a1"}) is None  # 1 task: spawn
+    tr = detect_launch({"RANK": "3", "WORLD_SIZE": "4", "LOCAL_RANK": "1", "MASTER_ADDR": "h", "MASTER_PORT": "29400"})
+    assert tr == LaunchInfo(3, 4, 1, "h", 29400, "torchrun")
+    monkeypatch.setenv("PATH", "/nonexistent")  # no scontrol: our own parser
+    sl = detect_launch({"SLURM_PROCID": "5", "SLURM_NTASKS": "8", "SLURM_LOCALID": "1",
+                        "SLURM_NODELIST": "gpu[07-10]", "SLURM_JOB_ID": "123456"})
+    assert sl == LaunchInfo(5, 8, 1, "gpu07", 15000 + 123456 % 20000, "slurm")
+
+
+# -- equivalence: 2 ranks x n envs == 1 process x 2n envs on the same data ------------------------------------
+def test_two_ranks_equal_one_process_with_twice_the_envs(tmp_path, no_leaks):
+    from tests.dist_equiv import N_PER_RANK, make_ppo, make_rollout
+
+    port = free_port()  # plain subprocesses, no multiprocessing: pytest must not own a resource tracker
+    env = {**os.environ, **TEST_ENV}
+    procs = [subprocess.Popen([sys.executable, "-m", "tests.dist_equiv", str(r), str(port), str(tmp_path / f"r{r}.pt")],
+                              env=env, cwd=REPO) for r in range(2)]
+    assert [p.wait(timeout=90) for p in procs] == [0, 0]
+    single = make_ppo(2 * N_PER_RANK)
+    m1 = single.learn(make_rollout(2 * N_PER_RANK), progress=0.0)
+    ranks = [torch.load(tmp_path / f"r{r}.pt", weights_only=True) for r in range(2)]
+    for key, ref in single.policy.state_dict().items():
+        assert torch.equal(ranks[0]["policy"][key], ranks[1]["policy"][key]), key  # replicas bitwise equal
+        torch.testing.assert_close(ranks[0]["policy"][key], ref, rtol=1e-5, atol=1e-6, msg=key)
+    initial = make_ppo(N_PER_RANK).policy.state_dict()["actor.0.weight"]
+    assert not torch.equal(ranks[0]["policy"]["actor.0.weight"], initial)  # an update did happen
+    for key in ("loss/policy", "loss/value", "loss/entropy"):  # means of equal-sized halves = the global mean
+        assert ranks[0]["metrics"][key] == pytest.approx(m1[key], rel=1e-5, abs=1e-6)
+
+
+# -- launch paths, identical replicas, resume ------------------------------------------------------------------
+def test_local_spawn_trains_identical_replicas_and_resumes(cli, tmp_path, no_leaks):
+    r = cli(*FAST, "trainer.world_size=2", timeout=180, env=TEST_ENV)
+    assert r.returncode == 0, r.stderr[-3000:]
+    s = summary(tmp_path / "run")
+    assert s["status"] == "completed" and s["world_size"] == 2 and s["backend"] == "gloo"
+    assert s["launcher"] == "local" and s["total_env_steps"] == 2048 and s["updates"] == 8
+    assert len(s["rank_sps"]) == 2 and all(v > 0 for v in s["rank_sps"])
+    assert len(set(s["rank_param_sha256"])) == 1, s["rank_param_sha256"]
+    seeds = json.loads((tmp_path / "run" / "seeds.json").read_text())["workers"]
+    assert set(seeds) == {"rank_0", "rank_1"}
+    assert not set(seeds["rank_0"]["env_seeds"]) & set(seeds["rank_1"]["env_seeds"])
+    assert (tmp_path / "run" / "checkpoints" / "final.pt").exists()
+
+    # same global batch (2 x 2 envs x 64 = 1 x 4 x 64): resumes on one rank
+    r = cli(*FAST, "trainer.world_size=1", "env.num_envs=4", "total_env_steps=3072", "resume=auto",
+            timeout=180, env=TEST_ENV)
+    assert r.returncode == 0, r.stderr[-3000:]
+    s = summary(tmp_path / "run")
+    assert s["status"] == "completed" and s["total_env_steps"] == 3072 and s["updates"] == 12
+
+    # a different global batch is refused, with the arithmetic and the fix
+    r = cli(*FAST, "trainer.world_size=1", "total_env_steps=4096", "resume=auto", timeout=180, env=TEST_ENV)
+    assert r.returncode == 2, r.stderr[-3000:]
+    assert "global batch" in r.stderr and "1 x 2 x 64 = 128" in r.stderr and "env.num_envs=4" in r.stderr
+
+
+def _torchrun(args: list[str], cwd: Path, *, nnodes: int = 1, node_rank: int = 0, port: int) -> subprocess.Popen:
+    cmd = [sys.executable, "-m", "torch.distributed.run", f"--nnodes={nnodes}", f"--node_rank={node_rank}",
+           f"--nproc_per_node={2 if nnodes == 1 else 1}", "--master_addr=127.0.0.1", f"--master_port={port}",
+           "-m", "rltrain", *args]
+    env = {**os.environ, **TEST_ENV, "PYTHONUNBUFFERED": "1"}
+    return subprocess.Popen(cmd, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+
+
+def test_torchrun_two_processes(tmp_path, no_leaks):
+    p = _torchrun(FAST, tmp_path, port=free_port())
+    out, _ = p.communicate(timeout=180)
+    assert p.returncode == 0, out[-3000:]
+    s = summary(tmp_path / "run")
+    assert s["launcher"] == "torchrun" and s["world_size"] == 2 and s["total_env_steps"] == 2048
+    assert len(set(s["rank_param_sha256"])) == 1
+
+
+@pytest.mark.slow
+def test_torchrun_two_nodes_on_localhost(tmp_path, no_leaks):
+    port = free_port()
+    nodes = [_torchrun(FAST, tmp_path, nnodes=2, node_rank=k, port=port) for k in range(2)]
+    outs = [n.communicate(timeout=240)[0] for n in nodes]
+    assert [n.returncode for n in nodes] == [0, 0], outs[0][-2000:] + outs[1][-2000:]
+    s = summary(tmp_path / "run")
+    assert s["world_size"] == 2 and len(set(s["rank_param_sha256"])) == 1
+
+
+# -- faults and Ctrl-C -------------------------------------------------------------------------------------
+@pytest.mark.parametrize(("mode", "expect"), [("raise", "rank 1 failed: RuntimeError: injected fault on rank 1"),
+                                              ("kill", "rank 1 was killed by SIGKILL")])
+def test_a_failing_rank_stops_the_job(cli, tmp_path, no_leaks, mode, expect):
+    timeout_s, stamp = 20, tmp_path / "fault.time"
+    r = cli(*FAST, "total_env_steps=100000", f"trainer.timeout_s={timeout_s}",
+            "env.id=tests.fault_env:faulty_cartpole", "env.max_episode_steps=500",
+            "+env.kwargs.fault_rank=1", f"+env.kwargs.mode={mode}", "+env.kwargs.after_steps=150",
+            f"+env.kwargs.stamp={stamp}", timeout=180, env=TEST_ENV)
+    reaction = time.time() - float(stamp.read_text())  # from the fault to the whole job's exit
+    assert r.returncode == 1, r.stderr[-3000:]
+    assert expect in r.stderr, r.stderr[-3000:]
+    assert reaction < timeout_s, reaction
+    s = summary(tmp_path / "run")
+    assert s["status"] == "failed" and s["failed_rank"] == 1
+
+
+def test_ctrl_c_checkpoints_and_stops_all_ranks(tmp_path, no_leaks):
+    run = tmp_path / "run"
+    env = {**os.environ, **TEST_ENV, "PYTHONUNBUFFERED": "1"}
+    env.pop("HYDRA_FULL_ERROR", None)
+    with open(tmp_path / "out.txt", "w") as out:
+        p = subprocess.Popen([sys.executable, "-m", "rltrain", *FAST, "total_env_steps=10000000",
+                              "checkpoint.every_env_steps=0"], cwd=tmp_path, stdout=out, stderr=subprocess.STDOUT,
+                             env=env)
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and p.poll() is None:  # wait until training is under way
+            csv = run / "metrics.csv"
+            if csv.exists() and len(csv.read_text().splitlines()) >= 3:
+                break
+            time.sleep(0.2)
+        p.send_signal(signal.SIGINT)
+        rc = p.wait(timeout=60)
+    text = (tmp_path / "out.txt").read_text()
+    assert rc == 130, text[-3000:]
+    s = summary(run)
+    assert s["status"] == "interrupted" and s["stop_reason"] == "SIGINT" and "resume=auto" in s["resume_command"]
+    assert len(set(s["rank_param_sha256"])) == 1  # both ranks stopped at the same update
+    assert list((run / "checkpoints").glob("step_*.pt"))
+
+
+# -- GPU ---------------------------------------------------------------------------------------------------
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_nccl_on_gpus(cli, tmp_path, no_leaks):
+    world = min(torch.cuda.device_count(), 2)  # nccl needs one GPU per rank
+    r = cli(*FAST, f"trainer.world_size={world}", "device=cuda", "trainer.backend=nccl", timeout=300, env=TEST_ENV)
+    assert r.returncode == 0, r.stderr[-3000:]
+    s = summary(tmp_path / "run")
+    assert s["backend"] == "nccl" and s["world_size"] == world and s["status"] == "completed"
+    assert len(set(s["rank_param_sha256"])) == 1
