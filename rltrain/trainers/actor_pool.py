@@ -1,72 +1,56 @@
-"""Learner-side supervision of actor processes: start, read, watch, restart, stop.
+"""Learner-side supervision of the actors on top of ``workers.WorkerGroup``: restart or abort policy.
 
-Every read waits on the actors' pipes *and* their process sentinels with a timeout, so a dead actor is
-seen the moment it dies (SIGKILL included) and the learner never hangs on a silent one; an actor that is
-alive but sends nothing (not even its heartbeat thread's beat) for ``actor_timeout_s`` is killed and
-handled as failed. Shutdown is explicit: a closing flag in the shared weights plus a ``Stop`` message,
-join with a deadline while draining pipes (a sender blocked on a full pipe must be able to finish), then
-terminate, then kill.
+``WorkerGroup`` reports what happened (a rollout, a heartbeat, ``Failed`` with the actor's traceback,
+``Exited`` for a process that died without a word, e.g. SIGKILL, ``Unresponsive`` for a silent one); this
+pool maps worker indices to actor slots and applies ``on_actor_failure``: restart the slot as a new
+generation (fresh, recorded seed) up to ``max_restarts`` times, or raise ``ActorFailure``.
 """
 
 from __future__ import annotations
 
-import contextlib
 import logging
-import multiprocessing as mp
-import signal
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
-from multiprocessing.connection import Connection, wait
+from dataclasses import dataclass
 
-from rltrain.trainers.actor_loop import (
-    ActorFailed,
-    ActorSpec,
-    Credit,
-    Heartbeat,
-    Hello,
-    RolloutMsg,
-    Stop,
-    actor_main,
-)
+from rltrain.trainers.actor_loop import ActorSpec, Credit, RolloutMsg, actor_main
+from rltrain.trainers.workers import Done, Exited, Failed, Heartbeat, Started, Unresponsive, WorkerGroup
 
 log = logging.getLogger("rltrain.actors")
 
 
 class ActorFailure(RuntimeError):
-    """An actor died or raised and the policy (``on_actor_failure``) says stop."""
+    """An actor died or raised and ``on_actor_failure`` (or ``max_restarts``) says stop."""
 
 
 @dataclass
 class ActorSlot:
-    """One actor position; survives restarts (``generation`` counts starts)."""
+    """One actor position; survives restarts (``generation`` counts its starts)."""
 
     actor_id: int
     generation: int = 0
     restarts: int = 0
-    proc: mp.process.BaseProcess | None = None
-    conn: Connection | None = None
-    last_seen: float = field(default_factory=time.monotonic)
+    index: int = -1  # its current WorkerGroup index
+    last_seen: float = 0.0
     steps: int = 0
     episodes: int = 0
     sps: float = 0.0  # collection SPS of its last rollout
     version: int = -1
-    error: str | None = None
 
 
 class ActorPool:
     def __init__(self, make_spec: Callable[[int, int], ActorSpec], num_actors: int, *, start_method: str,
                  on_failure: str, max_restarts: int, actor_timeout_s: float,
                  on_restart: Callable[[ActorSpec], None] | None = None):
-        self.ctx = mp.get_context(start_method)
+        self.group = WorkerGroup(start_method=start_method, heartbeat_s=1.0, heartbeat_timeout_s=actor_timeout_s,
+                                 name="rltrain-actor")
         self.make_spec, self.on_restart = make_spec, on_restart
-        self.on_failure, self.max_restarts, self.actor_timeout_s = on_failure, max_restarts, actor_timeout_s
+        self.on_failure, self.max_restarts = on_failure, max_restarts
         self.slots = [ActorSlot(k) for k in range(num_actors)]
+        self.by_index: dict[int, ActorSlot] = {}
         self.total_restarts = 0
         self.stopping = False
-        self._rr = 0
 
-    # -- lifecycle ------------------------------------------------------------------------------------------
     def start(self, generations: list[int] | None = None) -> None:
         for slot in self.slots:
             slot.generation = generations[slot.actor_id] if generations else 0
@@ -74,132 +58,55 @@ class ActorPool:
 
     def _spawn(self, slot: ActorSlot) -> None:
         spec = self.make_spec(slot.actor_id, slot.generation)
-        parent, child = self.ctx.Pipe(duplex=True)
-        proc = self.ctx.Process(target=actor_main, args=(spec, child), name=f"actor-{slot.actor_id}", daemon=True)
-        proc.start()
-        child.close()  # only the actor holds its end: its death shows as EOF here
-        slot.proc, slot.conn, slot.last_seen, slot.error = proc, parent, time.monotonic(), None
+        slot.index = self.group.start(actor_main, spec)
+        slot.last_seen = time.monotonic()
+        self.by_index[slot.index] = slot
         if self.on_restart and slot.generation > 0:
             self.on_restart(spec)
 
-    def stop(self, timeout_s: float = 10.0) -> None:
-        """Stop every actor and join it; never leaves a child behind."""
+    def stop(self) -> None:
+        """Stop message, join, then terminate / kill: no actor outlives this call."""
         self.stopping = True
-        for slot in self.slots:
-            if slot.conn is not None:
-                with contextlib.suppress(OSError):
-                    slot.conn.send(Stop())
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline and any(s.proc is not None and s.proc.is_alive() for s in self.slots):
-            conns = [s.conn for s in self.slots if s.conn is not None]
-            for conn in wait(conns, timeout=0.05) if conns else []:
-                try:
-                    conn.recv()  # drain: an actor blocked in send must get to see its Stop
-                except (EOFError, OSError):
-                    self._close_conn(conn)
-        for slot in self.slots:
-            self._reap(slot)
-
-    def _close_conn(self, conn: Connection) -> None:
-        for slot in self.slots:
-            if slot.conn is conn:
-                slot.conn.close()
-                slot.conn = None
-
-    @staticmethod
-    def _reap(slot: ActorSlot) -> None:
-        proc = slot.proc
-        if proc is not None:
-            proc.join(0.5)
-            if proc.is_alive():
-                proc.terminate()
-                proc.join(2.0)
-            if proc.is_alive():
-                proc.kill()
-                proc.join(2.0)
-            proc.close()
-        if slot.conn is not None:
-            slot.conn.close()
-        slot.proc, slot.conn = None, None
+        self.group.shutdown(grace_s=10.0, term_s=5.0)
 
     # -- reading ----------------------------------------------------------------------------------------------
-    def poll(self, timeout_s: float, *, max_rollouts: int) -> list[RolloutMsg]:
-        """Up to ``max_rollouts`` rollouts that arrived within ``timeout_s``; handles heartbeats, errors and
-        deaths on the way. ``max_rollouts == 0`` only watches the processes (the queue is full)."""
+    def poll(self, timeout_s: float) -> list[RolloutMsg]:
+        """Rollouts that arrived within ``timeout_s``; failures are handled (restart) or raised (abort)."""
         out: list[RolloutMsg] = []
-        live = [s for s in self.slots if s.proc is not None]
-        waitables: list = [s.proc.sentinel for s in live]  # type: ignore[union-attr]
-        if max_rollouts > 0:
-            waitables += [s.conn for s in live if s.conn is not None]
-        ready = set(wait(waitables, timeout=timeout_s))
-        dead = [s for s in live if s.proc.sentinel in ready]  # type: ignore[union-attr]
-        # round robin, one message per actor per pass: a fast actor must not starve a slow one
-        talking = [s for s in live if s.conn is not None and (s.conn in ready or s in dead)]
-        self._rr = (self._rr + 1) % max(len(talking), 1)
-        talking = talking[self._rr:] + talking[: self._rr]
-        while talking:
-            for slot in list(talking):
-                if len(out) >= max_rollouts and slot not in dead:
-                    talking.remove(slot)
+        for ev in list(self.group.poll(timeout_s)):
+            if isinstance(ev, RolloutMsg):
+                slot: ActorSlot | None = self.slots[ev.actor_id]
+                if ev.generation != slot.generation:  # type: ignore[union-attr]
+                    continue  # sent by a generation already replaced
+            else:
+                slot = self.by_index.get(ev.index)
+                if slot is None or slot.index != ev.index:
                     continue
-                try:
-                    if not slot.conn.poll(0):  # type: ignore[union-attr]
-                        talking.remove(slot)
-                        continue
-                    msg = slot.conn.recv()  # type: ignore[union-attr]
-                except (EOFError, OSError):
-                    talking.remove(slot)
-                    continue
-                self._handle(slot, msg, out)
-        for slot in dead:  # after draining: a raised actor's traceback arrives before its sentinel
-            self._failed(slot, self._death_reason(slot))
-        if max_rollouts > 0:
-            self._check_heartbeats()
+            slot.last_seen = time.monotonic()
+            if isinstance(ev, RolloutMsg):
+                slot.steps += ev.num_steps
+                slot.episodes = ev.episodes
+                slot.sps = ev.num_steps / max(ev.collect_s, 1e-9)
+                slot.version = ev.version
+                out.append(ev)
+            elif isinstance(ev, Failed):
+                log.error("actor %d (generation %d) raised:\n%s", slot.actor_id, slot.generation, ev.traceback)
+                self._failed(slot, f"actor {slot.actor_id} raised {ev.error}")
+            elif isinstance(ev, Exited):
+                self._failed(slot, f"actor {slot.actor_id} {ev.description}")
+            elif isinstance(ev, Unresponsive):
+                self.group.kill(ev.index)
+                self._failed(slot, f"actor {slot.actor_id} sent nothing for {ev.silent_s:.0f}s "
+                                   f"(trainer.actor_timeout_s={self.group.heartbeat_timeout_s:g}); killed")
+            elif isinstance(ev, Done):
+                self._failed(slot, f"actor {slot.actor_id} returned before it was asked to stop")
+            elif isinstance(ev, (Started, Heartbeat)):
+                pass
         return out
-
-    def _handle(self, slot: ActorSlot, msg: object, out: list[RolloutMsg]) -> None:
-        slot.last_seen = time.monotonic()
-        if isinstance(msg, RolloutMsg):
-            if msg.generation != slot.generation:
-                return
-            slot.steps += msg.num_steps
-            slot.episodes = msg.episodes
-            slot.sps = msg.num_steps / max(msg.collect_s, 1e-9)
-            slot.version = msg.version
-            out.append(msg)
-        elif isinstance(msg, ActorFailed):
-            slot.error = msg.traceback
-            log.error("actor %d (generation %d) raised:\n%s", msg.actor_id, msg.generation, msg.traceback)
-        elif isinstance(msg, (Hello, Heartbeat)):
-            pass
-
-    def _death_reason(self, slot: ActorSlot) -> str:
-        proc = slot.proc
-        proc.join(1.0)  # type: ignore[union-attr]
-        code = proc.exitcode  # type: ignore[union-attr]
-        if slot.error:
-            last = slot.error.strip().splitlines()[-1]
-            return f"actor {slot.actor_id} raised {last}"
-        if code is not None and code < 0:
-            return f"actor {slot.actor_id} was killed by {signal.Signals(-code).name} (exit code {code})"
-        return f"actor {slot.actor_id} exited with code {code}"
-
-    def _check_heartbeats(self) -> None:
-        now = time.monotonic()
-        for slot in self.slots:
-            if slot.proc is None or slot.conn is None:
-                continue
-            if slot.conn.poll(0):  # unread messages: it is talking, we are the slow ones
-                continue
-            if now - slot.last_seen > self.actor_timeout_s:
-                slot.proc.kill()
-                self._failed(slot, f"actor {slot.actor_id} sent nothing for {now - slot.last_seen:.0f}s "
-                                   f"(trainer.actor_timeout_s={self.actor_timeout_s:g}); killed")
 
     def _failed(self, slot: ActorSlot, reason: str) -> None:
         if self.stopping:
             return
-        self._reap(slot)
         if self.on_failure == "restart" and slot.restarts < self.max_restarts:
             slot.restarts += 1
             self.total_restarts += 1
@@ -215,9 +122,8 @@ class ActorPool:
     def grant(self, msg: RolloutMsg) -> None:
         """``msg`` left the learner's queue: its actor (if still that generation) may send one more."""
         slot = self.slots[msg.actor_id]
-        if slot.conn is not None and slot.generation == msg.generation:
-            with contextlib.suppress(OSError):  # it died; its sentinel reports that
-                slot.conn.send(Credit(1))
+        if slot.generation == msg.generation:
+            self.group.send(slot.index, Credit(1))  # False if it died: its Exited event reports that
 
     # -- display ----------------------------------------------------------------------------------------------
     def rows(self) -> list[str]:

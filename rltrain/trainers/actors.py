@@ -246,7 +246,7 @@ class LearnerLoop(TrainLoop):
                     break
             if self.stop.requested:
                 return []
-            msgs = pool.poll(0.2, max_rollouts=self.capacity)  # credits bound what can arrive
+            msgs = pool.poll(0.2)  # credits bound what can arrive
             self._received_steps += sum(m.num_steps for m in msgs)
             self.queue.extend(msgs)
         self._window.setdefault("dequeue_wait_s", []).append(time.perf_counter() - t0)
