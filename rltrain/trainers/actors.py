@@ -365,13 +365,16 @@ class SubprocessActorsTrainer(Trainer):
             if loop is not None:
                 loop.shutdown()
             stop.uninstall()
+        summary.update({"num_actors": self.num_actors, "policy_version": loop.counters["updates"],
+                        "restarts": loop.pool.total_restarts if loop.pool else 0,
+                        "dropped_rollouts": int(loop.stats["dropped_rollouts"])})
         if loop.failure:
             summary["error"] = loop.failure
+        write_summary(self.run_dir, summary)
+        if loop.failure:
             summary["exit_code"] = 1
-            write_summary(self.run_dir, summary)
         else:
             summary["exit_code"] = stop.exit_code if summary["status"] == "interrupted" else 0
-        summary["restarts"] = loop.pool.total_restarts if loop.pool else 0
         return summary
 
     def _make_spec(self, weights, actor_id: int, generation: int, *, rollout_len: int) -> ActorSpec:
