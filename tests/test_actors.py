@@ -191,7 +191,8 @@ def test_raising_actor_traceback_reaches_learner_and_log(cli, tmp_path, orphan_w
 def _start(tmp_path: Path, *args: str) -> subprocess.Popen:
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     return subprocess.Popen([sys.executable, "-m", "rltrain", *FAST, "hydra.run.dir=run", *args], cwd=tmp_path,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+                            start_new_session=True)  # its own process group, as a shell job
 
 
 def _actor_pids(pid: int) -> list[int]:
@@ -251,10 +252,14 @@ def test_sigkilled_actor(tmp_path, orphan_watch, policy):
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
 def test_signal_checkpoints_then_resume_continues(tmp_path, orphan_watch, signum):
     run = tmp_path / "run"
-    proc = _start(tmp_path, "total_env_steps=1000000", "trainer.start_method=forkserver")
+    method = "fork" if signum == signal.SIGTERM else "forkserver"
+    proc = _start(tmp_path, "total_env_steps=1000000", f"trainer.start_method={method}")
     try:
         _wait_training(proc, run)
-        os.kill(proc.pid, signum)
+        if signum == signal.SIGINT:
+            os.killpg(proc.pid, signum)  # Ctrl-C: the terminal signals the whole process group
+        else:
+            os.kill(proc.pid, signum)  # a batch system's SIGTERM to the learner only
         _, err = proc.communicate(timeout=120)
     finally:
         if proc.poll() is None:
@@ -266,7 +271,7 @@ def test_signal_checkpoints_then_resume_continues(tmp_path, orphan_watch, signum
         return
     steps, updates = first["total_env_steps"], first["updates"]
     resumed = subprocess.run([sys.executable, "-m", "rltrain", *FAST, "hydra.run.dir=run", "resume=auto",
-                              f"total_env_steps={steps + 512}", "trainer.start_method=forkserver"],
+                              f"total_env_steps={steps + 512}", "trainer.start_method=fork"],
                              cwd=tmp_path, capture_output=True, text=True, timeout=180)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     second = summary(run)
