@@ -1,0 +1,183 @@
+"""Deep Q-Network (Mnih et al. 2015) with an optional Double-DQN target (van Hasselt et al. 2016).
+
+Reads like CleanRL's dqn.py: epsilon-greedy acting with a linear schedule, a preallocated replay buffer,
+a target network (hard copy every ``target_network_frequency`` env steps, or Polyak with ``tau < 1``),
+``learning_starts`` uniform-random warm-up, ``gradient_steps`` updates every ``train_frequency`` env
+steps. Every step count here is in env steps over all envs (and all distributed workers), so a setting
+means the same whatever ``env.num_envs`` is.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Sequence
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from rltrain.algos.base import Algorithm, Policy, Sync, make_adam, positive
+from rltrain.buffers import ReplayBuffer
+from rltrain.errors import ConfigError
+from rltrain.nets import mlp
+from rltrain.types import ActOutput, EnvSpec, Metrics, Rollout
+
+
+class QPolicy(Policy):
+    """Q(s, .) MLP and epsilon-greedy acting. ``epsilon`` is a buffer so it ships to actors with the weights."""
+
+    def __init__(self, spec: EnvSpec, *, hidden_sizes: Sequence[int], activation: str):
+        super().__init__()
+        self.n_actions = spec.n_actions
+        self.q = mlp(int(np.prod(spec.obs_shape)), hidden_sizes, spec.n_actions, activation=activation)
+        self.register_buffer("epsilon", torch.tensor(1.0))
+
+    def forward(self, obs: Tensor) -> Tensor:
+        """obs [B, *obs_shape] -> Q-values [B, n_actions]."""
+        return self.q(obs.flatten(1))
+
+    def act(self, obs: Tensor, *, deterministic: bool = False,
+            generator: torch.Generator | None = None) -> ActOutput:
+        greedy = self(obs).argmax(-1)
+        if deterministic:
+            return ActOutput(greedy, torch.zeros(greedy.shape))
+        eps = float(self.epsilon)
+        explore = torch.rand(greedy.shape, generator=generator) < eps
+        uniform = torch.randint(0, self.n_actions, greedy.shape, generator=generator)
+        action = torch.where(explore, uniform, greedy)
+        # behaviour probability of the chosen action under epsilon-greedy (for logging / off-policy checks)
+        prob = eps / self.n_actions + (1.0 - eps) * (action == greedy).float()
+        return ActOutput(action, prob.log())
+
+
+class DQN(Algorithm):
+    name = "dqn"
+    on_policy = False
+    action_kinds = ("discrete",)
+
+    def __init__(
+        self,
+        spec: EnvSpec,
+        *,
+        num_envs: int,
+        device: torch.device,
+        sync: Sync | None = None,
+        rollout_len: int = 1,  # steps per env between two learn() calls
+        lr: float = 2.5e-4,  # Adam learning rate
+        buffer_size: int = 10_000,  # replay capacity (transitions)
+        batch_size: int = 128,
+        gamma: float = 0.99,
+        tau: float = 1.0,  # target update rate: 1.0 = hard copy, < 1 = Polyak averaging
+        target_network_frequency: int = 500,  # env steps between target updates
+        start_e: float = 1.0,  # epsilon at the start ...
+        end_e: float = 0.05,  # ... and after exploration_fraction of the budget
+        exploration_fraction: float = 0.5,
+        learning_starts: int = 10_000,  # env steps of uniform-random acting before the first update
+        train_frequency: int = 10,  # env steps between two rounds of updates
+        gradient_steps: int = 1,  # gradient steps per round
+        double_dqn: bool = False,  # select the next action with the online net, value it with the target
+        max_grad_norm: float | None = None,  # clip the global gradient norm (None: no clipping)
+        hidden_sizes: Sequence[int] = (120, 84),
+        activation: str = "relu",
+        checkpoint_buffer: bool = False,  # put the replay buffer into state_dict (checkpoint.replay_buffer)
+    ):
+        super().__init__(spec, num_envs=num_envs, device=device, sync=sync)
+        for key, value in [("algo.rollout_len", rollout_len), ("algo.lr", lr), ("algo.batch_size", batch_size),
+                           ("algo.tau", tau), ("algo.target_network_frequency", target_network_frequency),
+                           ("algo.train_frequency", train_frequency), ("algo.gradient_steps", gradient_steps),
+                           ("algo.exploration_fraction", exploration_fraction)]:
+            positive(key, value)
+        positive("algo.learning_starts", learning_starts, allow_zero=True)
+        if not 0 <= end_e <= 1 or not 0 <= start_e <= 1 or tau > 1:
+            raise ConfigError(f"algo.start_e={start_e}, algo.end_e={end_e} must lie in [0, 1] and "
+                              f"algo.tau={tau} in (0, 1]")
+        self.rollout_len = rollout_len
+        self.lr, self.batch_size, self.gamma, self.tau = lr, batch_size, gamma, tau
+        self.target_network_frequency, self.train_frequency = target_network_frequency, train_frequency
+        self.start_e, self.end_e, self.exploration_fraction = start_e, end_e, exploration_fraction
+        self.learning_starts, self.gradient_steps = learning_starts, gradient_steps
+        self.double_dqn, self.max_grad_norm, self.checkpoint_buffer = double_dqn, max_grad_norm, checkpoint_buffer
+
+        self.policy = QPolicy(spec, hidden_sizes=list(hidden_sizes), activation=activation).to(device)
+        self.target = copy.deepcopy(self.policy).requires_grad_(False)
+        self.params = list(self.policy.parameters())
+        self.optimizer = make_adam(self.params, lr, eps=1e-8)
+        self.buffer = ReplayBuffer(buffer_size, spec.obs_shape, spec.action_shape, spec.action_dtype, device=device)
+        # counters in env steps over all workers; checkpointed so resume keeps the schedules
+        self.env_steps = 0
+        self.pending_updates = 0.0  # rounds of updates owed (train_frequency may not divide the batch)
+        self.last_target_sync = 0
+
+    def wants_random_actions(self, env_steps: int) -> bool:
+        return env_steps < self.learning_starts
+
+    def learn(self, rollout: Rollout, *, progress: float) -> Metrics:
+        self.buffer.add_rollout(rollout)
+        self.env_steps += rollout.num_steps * self.sync.world_size
+        # linear epsilon schedule over the first exploration_fraction of the budget (CleanRL)
+        frac = min(progress / self.exploration_fraction, 1.0)
+        self.policy.epsilon.fill_(self.start_e + frac * (self.end_e - self.start_e))
+        metrics: Metrics = {"train/epsilon": float(self.policy.epsilon)}
+        if self.env_steps < self.learning_starts or len(self.buffer) < self.batch_size:
+            return metrics
+
+        self.pending_updates += rollout.num_steps * self.sync.world_size / self.train_frequency
+        rounds = int(self.pending_updates)
+        self.pending_updates -= rounds
+        stats: list[Tensor] = []
+        for _ in range(rounds * self.gradient_steps):
+            stats.append(self._update())
+
+        # target network: hard copy (tau = 1) or Polyak average, every target_network_frequency env steps
+        if self.env_steps - self.last_target_sync >= self.target_network_frequency:
+            self.last_target_sync = self.env_steps
+            with torch.no_grad():
+                for p_t, p in zip(self.target.parameters(), self.policy.parameters(), strict=True):
+                    p_t.copy_(p) if self.tau == 1.0 else p_t.lerp_(p, self.tau)
+        if stats:
+            s = self.sync.mean(torch.stack(stats).mean(0).cpu().numpy())
+            metrics.update({"loss/q": float(s[0]), "train/q_mean": float(s[1]), "train/updates_per_learn":
+                            float(len(stats))})
+        return metrics
+
+    def _update(self) -> Tensor:
+        """One TD step on a uniform minibatch; returns detached [td_loss, mean Q(s, a)]."""
+        b = self.buffer.sample(self.batch_size)
+        with torch.no_grad():
+            next_q_target = self.target(b.next_obs)
+            if self.double_dqn:
+                # Double DQN: the online net picks a', the target net values it (reduces overestimation)
+                next_a = self.policy(b.next_obs).argmax(-1, keepdim=True)
+                next_q = next_q_target.gather(-1, next_a).squeeze(-1)
+            else:
+                next_q = next_q_target.max(-1).values
+            td_target = b.rewards + self.gamma * next_q * (1.0 - b.terminated)
+        q = self.policy(b.obs).gather(-1, b.actions.long().unsqueeze(-1)).squeeze(-1)
+        loss = F.mse_loss(q, td_target)
+        self.optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        self.sync.grads(self.params)
+        if self.max_grad_norm is not None:
+            nn.utils.clip_grad_norm_(self.params, self.max_grad_norm, foreach=True)
+        self.optimizer.step()
+        return torch.stack([loss.detach(), q.detach().mean()])
+
+    def state_dict(self) -> dict:
+        state = {"policy": self.policy.state_dict(), "target": self.target.state_dict(),
+                 "optimizer": self.optimizer.state_dict(),
+                 "counters": {"env_steps": self.env_steps, "pending_updates": self.pending_updates,
+                              "last_target_sync": self.last_target_sync}}
+        if self.checkpoint_buffer:
+            state["replay_buffer"] = self.buffer.state_dict()
+        return state
+
+    def load_state_dict(self, state: dict) -> None:
+        self.policy.load_state_dict(state["policy"])
+        self.target.load_state_dict(state["target"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        c = state["counters"]
+        self.env_steps, self.pending_updates = int(c["env_steps"]), float(c["pending_updates"])
+        self.last_target_sync = int(c["last_target_sync"])
+        if "replay_buffer" in state:
+            self.buffer.load_state_dict(state["replay_buffer"])

@@ -1,0 +1,235 @@
+"""Soft Actor-Critic (Haarnoja et al. 2018, "SAC: Algorithms and Applications") for Box actions.
+
+Reads like CleanRL's sac_continuous_action.py: twin Q networks with Polyak-averaged targets (clipped
+double-Q, Fujimoto et al. 2018), a squashed Gaussian actor (tanh, with the change-of-variables log-det
+correction), and automatic entropy tuning towards ``target_entropy = -dim(A)``. Updates are driven like
+DQN's: ``gradient_steps`` updates every ``train_frequency`` env steps after ``learning_starts`` steps of
+uniform-random warm-up (all counts in env steps over all envs and workers).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from rltrain.algos.base import Algorithm, Policy, Sync, make_adam, positive
+from rltrain.buffers import ReplayBuffer
+from rltrain.errors import ConfigError
+from rltrain.nets import ACTIVATIONS, mlp
+from rltrain.types import ActOutput, EnvSpec, Metrics, Rollout
+
+LOG_STD_MIN, LOG_STD_MAX = -5.0, 2.0  # the actor's log-std range (CleanRL, SpinningUp)
+_LOG_SQRT_2PI = 0.5 * math.log(2 * math.pi)
+
+
+class SquashedGaussianActor(Policy):
+    """pi(a|s) = scale * tanh(u) + bias with u ~ N(mu(s), sigma(s)); log-probs include the tanh Jacobian."""
+
+    def __init__(self, spec: EnvSpec, *, hidden_sizes: Sequence[int], activation: str):
+        super().__init__()
+        obs_dim, act_dim = int(np.prod(spec.obs_shape)), int(np.prod(spec.action_shape))
+        self.torso = mlp(obs_dim, hidden_sizes[:-1], hidden_sizes[-1], activation=activation)
+        self.torso.append(ACTIVATIONS[activation]())
+        self.mean = nn.Linear(hidden_sizes[-1], act_dim)
+        self.log_std = nn.Linear(hidden_sizes[-1], act_dim)
+        low, high = np.asarray(spec.action_low, np.float32), np.asarray(spec.action_high, np.float32)
+        self.register_buffer("scale", torch.from_numpy((high - low) / 2.0))
+        self.register_buffer("bias", torch.from_numpy((high + low) / 2.0))
+
+    def sample(self, obs: Tensor, *, deterministic: bool = False,
+               generator: torch.Generator | None = None) -> tuple[Tensor, Tensor]:
+        """obs [B, *obs_shape] -> (action [B, A] in the env's bounds, log pi(action|obs) [B]); differentiable."""
+        h = self.torso(obs.flatten(1))
+        mu = self.mean(h)
+        # squash log-std smoothly into [LOG_STD_MIN, LOG_STD_MAX] (keeps gradients, unlike a clamp)
+        log_std = LOG_STD_MIN + 0.5 * (LOG_STD_MAX - LOG_STD_MIN) * (torch.tanh(self.log_std(h)) + 1)
+        eps = torch.zeros_like(mu) if deterministic else torch.randn(mu.shape, generator=generator,
+                                                                      device=mu.device)
+        u = mu + log_std.exp() * eps  # reparameterised: gradients flow through mu and sigma
+        logp_u = (-0.5 * eps**2 - log_std - _LOG_SQRT_2PI).sum(-1)
+        # log|d tanh(u)/du| = log(1 - tanh(u)^2) = 2 (log 2 - u - softplus(-2u)), stable for large |u|
+        log_det = (2.0 * (math.log(2.0) - u - F.softplus(-2.0 * u))).sum(-1) + torch.log(self.scale).sum()
+        return torch.tanh(u) * self.scale + self.bias, logp_u - log_det
+
+    def act(self, obs: Tensor, *, deterministic: bool = False,
+            generator: torch.Generator | None = None) -> ActOutput:
+        return ActOutput(*self.sample(obs, deterministic=deterministic, generator=generator))
+
+
+class QNet(nn.Module):
+    """Q(s, a) MLP over the concatenated observation and action."""
+
+    def __init__(self, spec: EnvSpec, *, hidden_sizes: Sequence[int], activation: str):
+        super().__init__()
+        in_dim = int(np.prod(spec.obs_shape)) + int(np.prod(spec.action_shape))
+        self.q = mlp(in_dim, hidden_sizes, 1, activation=activation)
+
+    def forward(self, obs: Tensor, action: Tensor) -> Tensor:
+        """obs [B, ...], action [B, A] -> Q [B]."""
+        return self.q(torch.cat([obs.flatten(1), action], -1)).squeeze(-1)
+
+
+class SAC(Algorithm):
+    name = "sac"
+    on_policy = False
+    action_kinds = ("box",)
+
+    def __init__(
+        self,
+        spec: EnvSpec,
+        *,
+        num_envs: int,
+        device: torch.device,
+        sync: Sync | None = None,
+        rollout_len: int = 1,  # steps per env between two learn() calls
+        buffer_size: int = 1_000_000,  # replay capacity (transitions)
+        batch_size: int = 256,
+        gamma: float = 0.99,
+        tau: float = 0.005,  # Polyak rate of the target critics
+        policy_lr: float = 3e-4,
+        q_lr: float = 1e-3,
+        learning_starts: int = 5_000,  # env steps of uniform-random acting before the first update
+        train_frequency: int = 1,  # env steps between two rounds of updates
+        gradient_steps: int = 1,  # gradient steps per round
+        policy_frequency: int = 1,  # actor/alpha update every k critic steps (TD3-style delay; 1 = every)
+        alpha: float = 0.2,  # entropy coefficient (initial value when autotune)
+        autotune: bool = True,  # learn alpha so that E[-log pi] tracks target_entropy
+        target_entropy_scale: float = 1.0,  # target_entropy = -scale * dim(A)
+        hidden_sizes: Sequence[int] = (256, 256),
+        activation: str = "relu",
+        checkpoint_buffer: bool = False,  # put the replay buffer into state_dict (checkpoint.replay_buffer)
+    ):
+        super().__init__(spec, num_envs=num_envs, device=device, sync=sync)
+        for key, value in [("algo.rollout_len", rollout_len), ("algo.batch_size", batch_size), ("algo.tau", tau),
+                           ("algo.policy_lr", policy_lr), ("algo.q_lr", q_lr), ("algo.alpha", alpha),
+                           ("algo.train_frequency", train_frequency), ("algo.gradient_steps", gradient_steps),
+                           ("algo.policy_frequency", policy_frequency)]:
+            positive(key, value)
+        positive("algo.learning_starts", learning_starts, allow_zero=True)
+        if tau > 1 or not hidden_sizes:
+            raise ConfigError(f"algo.tau={tau} must lie in (0, 1] and algo.hidden_sizes must not be empty")
+        self.rollout_len, self.batch_size, self.gamma, self.tau = rollout_len, batch_size, gamma, tau
+        self.learning_starts, self.train_frequency = learning_starts, train_frequency
+        self.gradient_steps, self.policy_frequency = gradient_steps, policy_frequency
+        self.checkpoint_buffer = checkpoint_buffer
+
+        net = {"hidden_sizes": list(hidden_sizes), "activation": activation}
+        self.policy = SquashedGaussianActor(spec, **net).to(device)
+        self.qf1, self.qf2 = QNet(spec, **net).to(device), QNet(spec, **net).to(device)
+        self.qf1_target, self.qf2_target = QNet(spec, **net).to(device), QNet(spec, **net).to(device)
+        self.qf1_target.load_state_dict(self.qf1.state_dict())
+        self.qf2_target.load_state_dict(self.qf2.state_dict())
+        self.qf1_target.requires_grad_(False)
+        self.qf2_target.requires_grad_(False)
+        self.q_params = [*self.qf1.parameters(), *self.qf2.parameters()]
+        self.actor_params = list(self.policy.parameters())
+        self.q_optimizer = make_adam(self.q_params, q_lr, eps=1e-8)
+        self.actor_optimizer = make_adam(self.actor_params, policy_lr, eps=1e-8)
+        self.autotune = autotune
+        self.target_entropy = -target_entropy_scale * float(np.prod(spec.action_shape))
+        self.log_alpha = torch.tensor(math.log(alpha), device=device, requires_grad=autotune)
+        self.alpha_optimizer = make_adam([self.log_alpha], q_lr, eps=1e-8)
+        self.buffer = ReplayBuffer(buffer_size, spec.obs_shape, spec.action_shape, spec.action_dtype, device=device)
+        self.env_steps = 0
+        self.pending_updates = 0.0
+        self.critic_steps = 0
+
+    def wants_random_actions(self, env_steps: int) -> bool:
+        return env_steps < self.learning_starts
+
+    def learn(self, rollout: Rollout, *, progress: float) -> Metrics:
+        self.buffer.add_rollout(rollout)
+        self.env_steps += rollout.num_steps * self.sync.world_size
+        if self.env_steps < self.learning_starts or len(self.buffer) < self.batch_size:
+            return {}
+        self.pending_updates += rollout.num_steps * self.sync.world_size / self.train_frequency
+        rounds = int(self.pending_updates)
+        self.pending_updates -= rounds
+        stats = [self._update() for _ in range(rounds * self.gradient_steps)]
+        if not stats:
+            return {}
+        s = self.sync.mean(torch.stack(stats).mean(0).cpu().numpy())
+        return {"loss/q": float(s[0]), "loss/actor": float(s[1]), "loss/alpha": float(s[2]),
+                "train/alpha": float(s[3]), "train/entropy": float(s[4]), "train/q_mean": float(s[5])}
+
+    def _update(self) -> Tensor:
+        """One SAC step; returns detached [q_loss, actor_loss, alpha_loss, alpha, entropy, mean Q]."""
+        b = self.buffer.sample(self.batch_size)
+        alpha = self.log_alpha.detach().exp()
+
+        # 1. Critics: soft Bellman target from the clipped double-Q of the target nets.
+        with torch.no_grad():
+            next_a, next_logp = self.policy.sample(b.next_obs)
+            min_next_q = torch.min(self.qf1_target(b.next_obs, next_a), self.qf2_target(b.next_obs, next_a))
+            target = b.rewards + self.gamma * (1.0 - b.terminated) * (min_next_q - alpha * next_logp)
+        q1, q2 = self.qf1(b.obs, b.actions), self.qf2(b.obs, b.actions)
+        q_loss = F.mse_loss(q1, target) + F.mse_loss(q2, target)
+        self.q_optimizer.zero_grad(set_to_none=True)
+        q_loss.backward()
+        self.sync.grads(self.q_params)
+        self.q_optimizer.step()
+        self.critic_steps += 1
+
+        # 2. Actor (and alpha), possibly delayed: maximise E[min Q(s, a~pi) - alpha log pi(a|s)].
+        actor_loss = alpha_loss = torch.zeros((), device=self.device)
+        entropy = torch.zeros((), device=self.device)
+        if self.critic_steps % self.policy_frequency == 0:
+            for _ in range(self.policy_frequency):  # compensate the delay (CleanRL)
+                a, logp = self.policy.sample(b.obs)
+                min_q = torch.min(self.qf1(b.obs, a), self.qf2(b.obs, a))
+                actor_loss = (alpha * logp - min_q).mean()
+                self.actor_optimizer.zero_grad(set_to_none=True)
+                actor_loss.backward()
+                self.sync.grads(self.actor_params)
+                self.actor_optimizer.step()
+                entropy = -logp.detach().mean()
+                if self.autotune:
+                    # gradient pushes alpha up when the entropy is below target, down when above
+                    alpha_loss = -(self.log_alpha * (logp.detach() + self.target_entropy)).mean()
+                    self.alpha_optimizer.zero_grad(set_to_none=True)
+                    alpha_loss.backward()
+                    self.sync.grads([self.log_alpha])
+                    self.alpha_optimizer.step()
+                    alpha = self.log_alpha.detach().exp()
+
+        # 3. Polyak-average the target critics.
+        with torch.no_grad():
+            for net, tgt in ((self.qf1, self.qf1_target), (self.qf2, self.qf2_target)):
+                for p, p_t in zip(net.parameters(), tgt.parameters(), strict=True):
+                    p_t.lerp_(p, self.tau)
+        return torch.stack([q_loss.detach(), actor_loss.detach(), alpha_loss.detach(), alpha, entropy,
+                            q1.detach().mean()])
+
+    def state_dict(self) -> dict:
+        state = {
+            "policy": self.policy.state_dict(),
+            "qf1": self.qf1.state_dict(), "qf2": self.qf2.state_dict(),
+            "qf1_target": self.qf1_target.state_dict(), "qf2_target": self.qf2_target.state_dict(),
+            "log_alpha": self.log_alpha.detach().clone(),
+            "q_optimizer": self.q_optimizer.state_dict(), "actor_optimizer": self.actor_optimizer.state_dict(),
+            "alpha_optimizer": self.alpha_optimizer.state_dict(),
+            "counters": {"env_steps": self.env_steps, "pending_updates": self.pending_updates,
+                         "critic_steps": self.critic_steps},
+        }
+        if self.checkpoint_buffer:
+            state["replay_buffer"] = self.buffer.state_dict()
+        return state
+
+    def load_state_dict(self, state: dict) -> None:
+        self.policy.load_state_dict(state["policy"])
+        for name in ("qf1", "qf2", "qf1_target", "qf2_target"):
+            getattr(self, name).load_state_dict(state[name])
+        with torch.no_grad():
+            self.log_alpha.copy_(state["log_alpha"])
+        for name in ("q_optimizer", "actor_optimizer", "alpha_optimizer"):
+            getattr(self, name).load_state_dict(state[name])
+        c = state["counters"]
+        self.env_steps, self.pending_updates = int(c["env_steps"]), float(c["pending_updates"])
+        self.critic_steps = int(c["critic_steps"])
+        if "replay_buffer" in state:
+            self.buffer.load_state_dict(state["replay_buffer"])
