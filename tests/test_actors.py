@@ -280,3 +280,15 @@ def test_signal_checkpoints_then_resume_continues(tmp_path, orphan_watch, signum
     assert rows and min(float(r["actors/policy_version"]) for r in rows) > updates  # the version continued
     seeds = json.loads((run / "seeds.json").read_text())["workers"]
     assert "actor_0_gen_1" in seeds  # resumed actors are new processes with fresh, recorded seeds
+
+
+@pytest.mark.parametrize("algo", ["impala", "dqn"])
+def test_other_algorithms_under_actors(cli, tmp_path, orphan_watch, algo):
+    # impala: V-trace over lagged actor data; dqn: actors feed the learner's replay buffer (Ape-X style),
+    # warm-up random actions follow the learner's env steps published in the shared weights' header
+    base = [a for a in FAST if not a.startswith(("algo.num_minibatches", "algo.update_epochs"))]
+    out = cli(*base, "total_env_steps=1024", "hydra.run.dir=run", f"algo={algo}", "trainer.start_method=fork",
+              timeout=180)
+    assert out.returncode == 0, out.stderr[-3000:]
+    s = summary(tmp_path / "run")
+    assert s["status"] == "completed" and s["algo"] == algo and s["updates"] >= 2
