@@ -51,7 +51,8 @@ def check_kwargs(cls: type, params: dict, group: str) -> None:
     """Unknown keys and wrong types, checked against ``cls.__init__``'s keyword-only signature."""
     sig = inspect.signature(cls.__init__)
     hints = typing.get_type_hints(cls.__init__)
-    valid = [n for n, p in sig.parameters.items() if n not in RESERVED and p.kind == p.KEYWORD_ONLY]
+    reserved = RESERVED if group == "algo" else {"self", "cfg", "run_dir"}  # a trainer may have a `sync` key
+    valid = [n for n, p in sig.parameters.items() if n not in reserved and p.kind == p.KEYWORD_ONLY]
     for key, value in params.items():
         if key not in valid:
             raise ConfigError(f"{group}.{key}: unknown key{close_matches(key, valid)} (valid: {', '.join(valid)})")

@@ -68,10 +68,7 @@ class TrainLoop:
         self.spec = env_spec(make_env(env_cfg["id"], self.env_kwargs, max_episode_steps=self.max_episode_steps),
                              env_cfg["id"])
         self.algo: Algorithm = algo_factory(self.spec, num_envs=env_cfg["num_envs"], device=device, sync=self.sync)
-        self.venv = make_vector_env(env_cfg["id"], env_cfg["num_envs"], seeds.env_seeds, kwargs=self.env_kwargs,
-                                    max_episode_steps=self.max_episode_steps,
-                                    vectorization=env_cfg.get("vectorization", "sync"))
-        self.collector = RolloutCollector(self.venv, self.algo.policy, self.spec, device=device)
+        self.venv, self.collector = self._make_collector(env_cfg)
         self.counters = {"env_steps": 0, "updates": 0, "episodes": 0, "wall_time": 0.0}
         self.best_eval = -math.inf
         self.last_eval: tuple[float, float] | None = None
@@ -80,6 +77,13 @@ class TrainLoop:
         self.loggers: list[MetricLogger] = []
         self.last_learn: Metrics = {}
         self._sps = math.nan
+
+    def _make_collector(self, env_cfg: dict):
+        """This worker's envs and collector (the subprocess_actors learner has neither: actors collect)."""
+        venv = make_vector_env(env_cfg["id"], env_cfg["num_envs"], self.seeds.env_seeds, kwargs=self.env_kwargs,
+                               max_episode_steps=self.max_episode_steps,
+                               vectorization=env_cfg.get("vectorization", "sync"))
+        return venv, RolloutCollector(venv, self.algo.policy, self.spec, device=self.device)
 
     # -- resume -------------------------------------------------------------------------------------------
     def maybe_resume(self) -> Path | None:
@@ -116,8 +120,8 @@ class TrainLoop:
     def save(self, kind: str = "step") -> Path | None:
         if not self.is_main:
             return None
-        return self.ckpt.save(self.checkpoint_state(), self.counters["env_steps"], envs=self.venv.get_state(),
-                              kind=kind)
+        envs = self.venv.get_state() if self.venv is not None else None
+        return self.ckpt.save(self.checkpoint_state(), self.counters["env_steps"], envs=envs, kind=kind)
 
     # -- the loop -----------------------------------------------------------------------------------------
     def run(self) -> dict:
@@ -131,9 +135,7 @@ class TrainLoop:
         nxt = {k: _next_multiple(start_steps, e) for k, e in every.items()}
         target = cfg.get("target_return")
         max_wall = cfg.get("max_wall_time_s")
-        progress = self.progress_factory(total, mode=cfg["logger"]["progress"] if self.is_main else "off",
-                                   interval_s=cfg["logger"]["progress_interval_s"], initial=start_steps,
-                                   title=self.title)
+        progress = self._make_progress(total, start_steps)
         t0, wall0 = time.perf_counter(), self.counters["wall_time"]
         sps_t, sps_steps = t0, start_steps
         learn_metrics: Metrics = {}
@@ -147,13 +149,7 @@ class TrainLoop:
                         self.stop.request("max_wall_time" if over_wall else "peer_stopped")
                     status = "interrupted"
                     break
-                steps = self.counters["env_steps"]
-                rollout = self.collector.collect(self.algo.rollout_len, policy_version=self.counters["updates"],
-                                                 random_actions=self.algo.wants_random_actions(steps))
-                learn_metrics = self.algo.learn(rollout, progress=steps / total)
-                self.counters["env_steps"] += rollout.num_steps * self.sync.world_size
-                self.counters["updates"] += 1
-                self.counters["episodes"] = self.collector.episodes
+                learn_metrics = self._iterate(total) or learn_metrics
                 self.counters["wall_time"] = wall0 + time.perf_counter() - t0
                 steps = self.counters["env_steps"]
                 recent = self._recent_return()
@@ -189,6 +185,22 @@ class TrainLoop:
         return summary
 
     # -- pieces of the loop -------------------------------------------------------------------------------
+    def _iterate(self, total: int) -> Metrics:
+        """One collect -> learn step; advances the counters. Returns the learner's metrics."""
+        steps = self.counters["env_steps"]
+        rollout = self.collector.collect(self.algo.rollout_len, policy_version=self.counters["updates"],
+                                         random_actions=self.algo.wants_random_actions(steps))
+        learn_metrics = self.algo.learn(rollout, progress=steps / total)
+        self.counters["env_steps"] += rollout.num_steps * self.sync.world_size
+        self.counters["updates"] += 1
+        self.counters["episodes"] = self.collector.episodes
+        return learn_metrics
+
+    def _make_progress(self, total: int, start_steps: int) -> ProgressDisplay:
+        return self.progress_factory(total, mode=self.cfg["logger"]["progress"] if self.is_main else "off",
+                                     interval_s=self.cfg["logger"]["progress_interval_s"], initial=start_steps,
+                                     title=self.title)
+
     def _recent_return(self) -> float | None:
         """Mean of the recent episode returns, pooled over workers (so ranks agree on ``target_return``)."""
         window = self.collector.recent_returns
@@ -279,7 +291,8 @@ class TrainLoop:
             write_summary(self.run_dir, summary)
             for lg in self.loggers:
                 lg.close()
-        self.venv.close()
+        if self.venv is not None:
+            self.venv.close()
         return summary
 
 

@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import multiprocessing as mp
 import os
+import queue
 import signal
 import sys
 import threading
@@ -128,6 +129,7 @@ class WorkerContext:
         self._conn = conn
         self._send_lock = threading.Lock()  # the main thread and the heartbeat thread both send
         self._stop = threading.Event()
+        self._inbox: queue.SimpleQueue[Any] = queue.SimpleQueue()  # parent -> worker messages other than Stop
         self.stop_reason: str | None = None
         self.parent_gone = False
 
@@ -141,6 +143,13 @@ class WorkerContext:
 
     def wait_stop(self, timeout: float) -> bool:
         return self._stop.wait(timeout)
+
+    def recv(self, timeout: float = 0.0) -> Any | None:
+        """The parent's next message other than ``Stop`` (e.g. flow-control credits), or None after ``timeout``."""
+        try:
+            return self._inbox.get(timeout=timeout) if timeout > 0 else self._inbox.get_nowait()
+        except queue.Empty:
+            return None
 
     def send(self, msg: Any) -> None:
         """Send a dataclass message to the parent. A gone parent turns into a stop request, not an error."""
@@ -164,6 +173,8 @@ class WorkerContext:
                 return
             if isinstance(msg, Stop):
                 self.request_stop(msg.reason)
+            else:
+                self._inbox.put(msg)
 
     def _heartbeat(self, every_s: float) -> None:
         while not self._stop.wait(every_s) and not self.parent_gone:

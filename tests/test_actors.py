@@ -1,0 +1,294 @@
+"""trainer=subprocess_actors: shared weights, batching, preemption, failures, signals, resume.
+
+Every end-to-end test runs the real CLI (real actor processes) with ``orphan_watch``: no process and no
+/dev/shm entry may outlive it.
+"""
+
+from __future__ import annotations
+
+import json
+import multiprocessing as mp
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from rltrain.metrics import read_metrics
+from rltrain.trainers.actors import merge_rollouts
+from rltrain.trainers.shm_weights import SharedWeights
+from rltrain.types import Rollout
+from tests.conftest import REPO, child_pids
+
+FAST = ["trainer=subprocess_actors", "debug=smoke", "env.num_envs=2", "algo.rollout_len=32", "algo.num_minibatches=2",
+        "algo.update_epochs=1", "eval.every_env_steps=0", "eval.episodes=1", "checkpoint.every_env_steps=0",
+        "log.every_env_steps=256", "logger.progress=plain"]
+
+
+TESTS_ON_PATH = {"PYTHONPATH": str(REPO)}  # env.id=tests.actor_envs:... from the run's cwd
+
+
+def summary(run_dir: Path) -> dict:
+    return json.loads((run_dir / "summary.json").read_text())
+
+
+# -- shared-memory weights ------------------------------------------------------------------------------------
+def _reader(handle, conn, stop):
+    weights = SharedWeights.attach(handle)
+    last, versions = -1, []
+    while not stop.is_set():
+        update = weights.read_if_newer(last)
+        if update:
+            last, state = update
+            # a torn read would mix two versions: every element equals its version
+            assert float(state["w"].min()) == float(state["w"].max()) == float(last)
+            if not versions:
+                conn.send(last)  # attached and reading
+            versions.append(last)
+        time.sleep(0.0005)
+    conn.send(versions)
+    weights.close()
+
+
+def _publish(weights: SharedWeights, v: int) -> None:
+    weights.publish({"w": torch.full((1000,), float(v)), "b": torch.zeros(3, dtype=torch.int64)}, version=v,
+                    env_steps=v)
+
+
+def test_shared_weights_versions_and_no_leak(no_leaks):
+    # in its own process: multiprocessing's resource tracker (a child) lives as long as its parent
+    out = subprocess.run([sys.executable, "-c", "from tests.test_actors import shm_scenario; shm_scenario()"],
+                         cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert not Path(out.stdout.strip().splitlines()[-1]).exists()
+
+
+def shm_scenario() -> None:
+    state = {"w": torch.zeros(1000), "b": torch.zeros(3, dtype=torch.int64)}
+    with SharedWeights.create(state) as weights:
+        path = Path("/dev/shm") / weights.handle.name
+        assert path.exists()
+        reader = SharedWeights.attach(weights.handle)
+        assert reader.read_if_newer(0) is None  # the version did not move: no copy
+        weights.publish({"w": torch.full((1000,), 7.0), "b": torch.ones(3, dtype=torch.int64)}, version=7,
+                        env_steps=99)
+        version, got = reader.read_if_newer(0)
+        assert version == 7 and reader.env_steps == 99 and torch.equal(got["b"], torch.ones(3, dtype=torch.int64))
+        reader.close()
+        ctx = mp.get_context("fork")
+        stop = ctx.Event()
+        pipes = [ctx.Pipe() for _ in range(2)]
+        procs = [ctx.Process(target=_reader, args=(weights.handle, pipes[k][1], stop)) for k in range(2)]
+        for p in procs:
+            p.start()
+        for parent, _ in pipes:
+            assert parent.poll(60) and parent.recv() == 7
+        for v in range(8, 40):
+            _publish(weights, v)
+            time.sleep(0.005)
+        os.kill(procs[0].pid, signal.SIGKILL)  # a reader killed mid-loop cannot wedge the writer
+        _publish(weights, 40)
+        time.sleep(0.2)
+        stop.set()
+        assert pipes[1][0].poll(60)
+        versions = pipes[1][0].recv()
+        for p in procs:
+            p.join(30)
+        assert procs[1].exitcode == 0 and procs[0].exitcode == -signal.SIGKILL
+        assert versions[-1] == 40 and versions == sorted(set(versions))  # only forward, each version once
+        for a, b in pipes:
+            a.close()
+            b.close()
+    assert not path.exists()
+    print(path)
+
+
+def test_merge_rollouts_concatenates_envs():
+    def ro(n: int, version: int) -> Rollout:
+        T = 4
+        return Rollout(obs=np.zeros((T, n, 3), np.float32), actions=np.zeros((T, n), np.int64),
+                       log_probs=np.zeros((T, n), np.float32), rewards=np.full((T, n), version, np.float32),
+                       terminated=np.zeros((T, n), bool), truncated=np.zeros((T, n), bool),
+                       next_obs=np.zeros((T, n, 3), np.float32), policy_version=np.full(T, version, np.int64),
+                       episode_returns=[float(version)])
+
+    batch = merge_rollouts([ro(2, 1), ro(3, 5)])
+    assert batch.shape == (4, 5) and batch.obs.shape == (4, 5, 3)
+    assert batch.policy_version.shape == (4, 5)
+    assert (batch.policy_version[:, :2] == 1).all() and (batch.policy_version[:, 2:] == 5).all()
+    assert batch.episode_returns == [1.0, 5.0]
+
+
+# -- end to end -----------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("extra", [
+    ["trainer.start_method=fork", "trainer.compress=lz4", "trainer.max_policy_lag=0"],
+    pytest.param(["trainer.start_method=spawn", "trainer.compress=zlib"], marks=pytest.mark.slow),
+])
+def test_async_run_logs_lag_and_seeds(cli, tmp_path, orphan_watch, extra):
+    out = cli(*FAST, "total_env_steps=1024", "hydra.run.dir=run", *extra, timeout=180)
+    assert out.returncode == 0, out.stderr[-3000:]
+    run = tmp_path / "run"
+    s = summary(run)
+    assert s["status"] == "completed" and s["total_env_steps"] >= 1024 and s["restarts"] == 0
+    rows = read_metrics(run / "metrics.csv")
+    for col in ("actors/policy_lag_min", "actors/policy_lag_mean", "actors/policy_lag_max", "actors/queue_fill",
+                "actors/dequeue_wait_s", "time/actor_sps", "time/learner_sps", "actors/policy_version"):
+        assert col in rows[0], col
+    lags = [float(r["actors/policy_lag_max"]) for r in rows if r["actors/policy_lag_max"]]
+    assert lags and min(lags) >= 0
+    if "trainer.max_policy_lag=0" in extra:
+        assert max(lags) == 0  # older data was dropped (and counted), never learned from
+    seeds = json.loads((run / "seeds.json").read_text())["workers"]
+    assert {"learner", "actor_0_gen_0", "actor_1_gen_0"} <= set(seeds)
+    assert seeds["actor_0_gen_0"]["env_seeds"] != seeds["actor_1_gen_0"]["env_seeds"]
+    assert "actor 0:" in out.stdout and "lag min/mean/max" in out.stdout  # per-actor progress rows
+
+
+@pytest.mark.parametrize("preempt,expect_max", [("trainer.preemption.fraction_samples=0.5", 2.0),
+                                                ("trainer.preemption.fraction_workers=0.5", 2.0)])
+def test_sync_preemption_thresholds(cli, tmp_path, orphan_watch, preempt, expect_max):
+    # actor 1 sleeps 20 ms per step: without preemption every batch would wait for it
+    out = cli(*FAST, "total_env_steps=1024", "hydra.run.dir=run", "trainer.sync=true", "trainer.batch_rollouts=4",
+              "trainer.start_method=fork", "env.id=tests.actor_envs:SlowActorCartPole",
+              "+env.kwargs.delay_s=0.02", preempt, timeout=180, env=TESTS_ON_PATH)
+    assert out.returncode == 0, out.stderr[-3000:]
+    rows = read_metrics(tmp_path / "run" / "metrics.csv")
+    sizes = [float(r["actors/batch_rollouts"]) for r in rows if r["actors/batch_rollouts"]]
+    assert sizes and max(sizes) <= expect_max < 4  # never a full batch of 4: the threshold ended the wait
+    assert float(rows[-1]["actors/preempted_batches"]) > 0
+    lags = [float(r["actors/policy_lag_max"]) for r in rows if r["actors/policy_lag_max"]]
+    assert max(lags) == 0  # sync: only current-version data is learned from
+
+
+def test_sync_without_preemption_waits_for_full_batches(cli, tmp_path, orphan_watch):
+    out = cli(*FAST, "total_env_steps=512", "hydra.run.dir=run", "trainer.sync=true", "trainer.batch_rollouts=4",
+              "trainer.start_method=fork", timeout=180)
+    assert out.returncode == 0, out.stderr[-3000:]
+    rows = read_metrics(tmp_path / "run" / "metrics.csv")
+    sizes = [float(r["actors/batch_rollouts"]) for r in rows if r["actors/batch_rollouts"]]
+    assert sizes and min(sizes) == 4.0 and float(rows[-1]["actors/preempted_batches"]) == 0
+
+
+def test_raising_actor_traceback_reaches_learner_and_log(cli, tmp_path, orphan_watch):
+    out = cli(*FAST, "total_env_steps=100000", "hydra.run.dir=run", "trainer.on_actor_failure=abort",
+              "trainer.start_method=fork", "env.id=tests.actor_envs:RaisingCartPole", timeout=180,
+              env=TESTS_ON_PATH)
+    assert out.returncode == 1, out.stderr[-3000:]
+    console = out.stdout + out.stderr  # Hydra's console log handler writes to stdout
+    assert "RuntimeError: boom from the env" in console and "Traceback" in console
+    logs = "".join(p.read_text() for p in (tmp_path / "run").glob("*.log"))
+    assert "boom from the env" in logs and "Traceback" in logs
+    s = summary(tmp_path / "run")
+    assert s["status"] == "interrupted" and "boom" in s["error"] and "on_actor_failure=abort" in s["error"]
+    assert s["checkpoint"] and Path(s["checkpoint"]).exists()
+
+
+def _start(tmp_path: Path, *args: str) -> subprocess.Popen:
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    return subprocess.Popen([sys.executable, "-m", "rltrain", *FAST, "hydra.run.dir=run", *args], cwd=tmp_path,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+                            start_new_session=True)  # its own process group, as a shell job
+
+
+def _actor_pids(pid: int) -> list[int]:
+    """Forked actors are the learner's children; skip multiprocessing's resource tracker."""
+    pids = []
+    for p in sorted(child_pids(pid)):
+        try:
+            cmd = Path(f"/proc/{p}/cmdline").read_text()
+        except FileNotFoundError:
+            continue
+        if "resource_tracker" not in cmd and "forkserver" not in cmd:
+            pids.append(p)
+    return pids
+
+
+def _wait_for(pred, timeout: float = 120.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not pred():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.1)
+
+
+def _wait_training(proc: subprocess.Popen, run: Path) -> None:
+    _wait_for(lambda: (run / "metrics.csv").exists() or proc.poll() is not None)
+    assert proc.poll() is None, proc.communicate()[1][-3000:]
+
+
+@pytest.mark.parametrize("policy", ["restart", "abort"])
+def test_sigkilled_actor(tmp_path, orphan_watch, policy):
+    budget = "total_env_steps=4096" if policy == "restart" else "total_env_steps=1000000"
+    proc = _start(tmp_path, budget, "trainer.start_method=fork", f"trainer.on_actor_failure={policy}")
+    try:
+        _wait_training(proc, tmp_path / "run")
+        victim = _actor_pids(proc.pid)[0]
+        os.kill(victim, signal.SIGKILL)
+        killed_at = time.monotonic()
+        _, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    s = summary(tmp_path / "run")
+    if policy == "restart":
+        assert proc.returncode == 0, err[-3000:]
+        assert s["status"] == "completed" and s["restarts"] == 1
+        log = "".join(p.read_text() for p in (tmp_path / "run").glob("*.log"))
+        assert "SIGKILL" in log and "restarting it" in log
+        seeds = json.loads((tmp_path / "run" / "seeds.json").read_text())["workers"]
+        gen1 = [k for k in seeds if k.endswith("_gen_1")]
+        assert len(gen1) == 1 and seeds[gen1[0]]["env_seeds"] != seeds[gen1[0].replace("_gen_1", "_gen_0")]["env_seeds"]
+    else:
+        assert time.monotonic() - killed_at < 60  # detected via the sentinel, then a clean stop with checkpoint
+        assert proc.returncode == 1, err[-3000:]
+        assert "killed by signal SIGKILL" in s["error"] and "on_actor_failure=abort" in s["error"]
+        assert Path(s["checkpoint"]).exists()
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
+def test_signal_checkpoints_then_resume_continues(tmp_path, orphan_watch, signum):
+    run = tmp_path / "run"
+    method = "fork" if signum == signal.SIGTERM else "forkserver"
+    proc = _start(tmp_path, "total_env_steps=1000000", f"trainer.start_method={method}")
+    try:
+        _wait_training(proc, run)
+        if signum == signal.SIGINT:
+            os.killpg(proc.pid, signum)  # Ctrl-C: the terminal signals the whole process group
+        else:
+            os.kill(proc.pid, signum)  # a batch system's SIGTERM to the learner only
+        _, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == {signal.SIGTERM: 143, signal.SIGINT: 130}[signum], err[-3000:]
+    first = summary(run)
+    assert first["status"] == "interrupted" and Path(first["checkpoint"]).exists()
+    if signum == signal.SIGINT:
+        return
+    steps, updates = first["total_env_steps"], first["updates"]
+    resumed = subprocess.run([sys.executable, "-m", "rltrain", *FAST, "hydra.run.dir=run", "resume=auto",
+                              f"total_env_steps={steps + 512}", "trainer.start_method=fork"],
+                             cwd=tmp_path, capture_output=True, text=True, timeout=180)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    second = summary(run)
+    assert second["total_env_steps"] >= steps + 512 and second["updates"] > updates
+    rows = [r for r in read_metrics(run / "metrics.csv") if int(float(r["env_steps"])) > steps]
+    assert rows and min(float(r["actors/policy_version"]) for r in rows) > updates  # the version continued
+    seeds = json.loads((run / "seeds.json").read_text())["workers"]
+    assert "actor_0_gen_1" in seeds  # resumed actors are new processes with fresh, recorded seeds
+
+
+@pytest.mark.parametrize("algo", ["impala", "dqn"])
+def test_other_algorithms_under_actors(cli, tmp_path, orphan_watch, algo):
+    # impala: V-trace over lagged actor data; dqn: actors feed the learner's replay buffer (Ape-X style),
+    # warm-up random actions follow the learner's env steps published in the shared weights' header
+    base = [a for a in FAST if not a.startswith(("algo.num_minibatches", "algo.update_epochs"))]
+    out = cli(*base, "total_env_steps=1024", "hydra.run.dir=run", f"algo={algo}", "trainer.start_method=fork",
+              timeout=180)
+    assert out.returncode == 0, out.stderr[-3000:]
+    s = summary(tmp_path / "run")
+    assert s["status"] == "completed" and s["algo"] == algo and s["updates"] >= 2
