@@ -76,3 +76,33 @@ def no_leaks():
         time.sleep(0.2)
     assert not child_pids(), f"orphan child processes: {child_pids()}"
     assert not (shm_entries() - before_shm), f"leaked /dev/shm entries: {shm_entries() - before_shm}"
+
+
+@pytest.fixture
+def orphan_watch(no_leaks):
+    """``no_leaks`` that also sees grandchildren whose parent died: the test process becomes a child
+    subreaper (Linux prctl), so orphans are re-parented to it instead of init. Zombies (processes that did
+    exit, e.g. a resource tracker after its parent) are reaped here; live orphans are left for ``no_leaks``."""
+    import contextlib
+    import ctypes
+    import time
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(36, 1, 0, 0, 0)  # PR_SET_CHILD_SUBREAPER
+    yield
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline:
+        zombies = [p for p in child_pids() if _state(p) == "Z"]
+        for pid in zombies:
+            with contextlib.suppress(ChildProcessError):
+                os.waitpid(pid, os.WNOHANG)
+        if not child_pids():
+            break
+        time.sleep(0.1)
+
+
+def _state(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (FileNotFoundError, IndexError):
+        return "?"

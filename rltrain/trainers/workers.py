@@ -1,0 +1,363 @@
+"""Start, supervise and stop worker processes: the process plumbing every multi-process trainer shares.
+
+One parent, N workers. Each worker gets its own duplex ``Pipe`` (not one shared ``Queue``): a worker that is
+SIGKILLed while writing can then only break its own channel, never leave a lock held that the other workers'
+writes would wait on forever, and pipes leave nothing in ``/dev/shm``. Everything on a pipe is a typed
+dataclass (``Started``, ``Heartbeat``, ``Done``, ``Failed``, ``Stop`` and whatever dataclasses the trainer
+defines for its own traffic), never a bare string.
+
+The worker side::
+
+    def agent_main(ctx: WorkerContext, job: MyJob) -> dict:   # module-level: spawn pickles it by name
+        while not ctx.stop_requested: ...; ctx.send(MyProgress(...))
+        return {"plain": "result"}                            # -> Done(index, result)
+
+The parent side::
+
+    with WorkerGroup(start_method="spawn") as group:
+        for k, job in enumerate(jobs):
+            group.start(agent_main, job)
+        while group.alive:
+            for event in group.poll(timeout=0.5):   # Started/Heartbeat/Done/Failed/Exited/Unresponsive/your msgs
+                ...
+    # __exit__ = shutdown(): Stop message, join(timeout), terminate, join, kill, join; pipes closed.
+
+Supervision: the parent waits on the pipes *and* each ``Process.sentinel`` at once, so a worker that dies
+without a word (SIGKILL, OOM killer, segfault) is reported at once as ``Exited`` with its exit code / signal.
+A worker that raises sends ``Failed`` with its formatted traceback, then exits 1. Workers send a
+``Heartbeat`` every ``heartbeat_s`` from a thread; a worker silent for ``heartbeat_timeout_s`` is reported
+``Unresponsive`` (the parent decides what to do, e.g. ``kill(index)``).
+
+Signals: workers ignore SIGINT (set before the child starts, so also during the spawn bootstrap): Ctrl-C
+reaches the whole foreground process group, and the parent alone decides how to stop (a ``Stop`` message
+to each worker, which the worker sees as ``ctx.stop_requested``). SIGTERM sent to a worker directly (e.g. by
+a batch system) also sets ``stop_requested`` when ``graceful_sigterm=True``.
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import signal
+import sys
+import threading
+import time
+import traceback
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from multiprocessing.connection import Connection, wait
+from typing import Any
+
+from rltrain.errors import ConfigError
+
+START_METHODS = ("spawn", "forkserver", "fork")
+
+
+# -- messages -------------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Started:
+    """worker -> parent: the worker's target is about to run."""
+
+    index: int
+    pid: int
+
+
+@dataclass(frozen=True)
+class Heartbeat:
+    """worker -> parent, every ``heartbeat_s`` from a background thread."""
+
+    index: int
+    time: float
+
+
+@dataclass(frozen=True)
+class Done:
+    """worker -> parent: the target returned ``result`` (plain, picklable)."""
+
+    index: int
+    result: Any
+
+
+@dataclass(frozen=True)
+class Failed:
+    """worker -> parent: the target raised; ``traceback`` is the worker's formatted traceback."""
+
+    index: int
+    error: str
+    traceback: str
+
+
+@dataclass(frozen=True)
+class Stop:
+    """parent -> worker: finish at the next safe point (``ctx.stop_requested`` turns true)."""
+
+    reason: str
+
+
+@dataclass(frozen=True)
+class Exited:
+    """Synthesised by the parent: the process ended without ``Done``/``Failed`` (killed, crashed, os._exit)."""
+
+    index: int
+    exitcode: int | None
+
+    @property
+    def description(self) -> str:
+        if self.exitcode is not None and self.exitcode < 0:
+            try:
+                return f"killed by signal {signal.Signals(-self.exitcode).name}"
+            except ValueError:
+                return f"killed by signal {-self.exitcode}"
+        return f"exited with code {self.exitcode} without reporting a result"
+
+
+@dataclass(frozen=True)
+class Unresponsive:
+    """Synthesised by the parent: no message from a running worker for ``silent_s`` seconds."""
+
+    index: int
+    silent_s: float
+
+
+# -- the worker side ------------------------------------------------------------------------------------------
+class WorkerContext:
+    """What a worker's target gets: its index, ``send``, and whether the parent asked it to stop."""
+
+    def __init__(self, index: int, conn: Connection):
+        self.index = index
+        self._conn = conn
+        self._send_lock = threading.Lock()  # the main thread and the heartbeat thread both send
+        self._stop = threading.Event()
+        self.stop_reason: str | None = None
+        self.parent_gone = False
+
+    @property
+    def stop_requested(self) -> bool:
+        return self._stop.is_set()
+
+    def request_stop(self, reason: str) -> None:
+        self.stop_reason = self.stop_reason or reason
+        self._stop.set()
+
+    def wait_stop(self, timeout: float) -> bool:
+        return self._stop.wait(timeout)
+
+    def send(self, msg: Any) -> None:
+        """Send a dataclass message to the parent. A gone parent turns into a stop request, not an error."""
+        try:
+            with self._send_lock:
+                self._conn.send(msg)
+        except (BrokenPipeError, ConnectionResetError, EOFError, OSError):
+            self.parent_gone = True
+            self.request_stop("parent gone")
+
+    def _listen(self) -> None:
+        # every read has a timeout, so the thread also notices a closed pipe promptly
+        while not self.parent_gone:
+            try:
+                if not self._conn.poll(0.5):
+                    continue
+                msg = self._conn.recv()
+            except (EOFError, OSError):
+                self.parent_gone = True
+                self.request_stop("parent gone")
+                return
+            if isinstance(msg, Stop):
+                self.request_stop(msg.reason)
+
+    def _heartbeat(self, every_s: float) -> None:
+        while not self._stop.wait(every_s) and not self.parent_gone:
+            self.send(Heartbeat(self.index, time.time()))
+
+
+def _bootstrap(target: Callable[..., Any], index: int, conn: Connection, payload: Any, heartbeat_s: float,
+               graceful_sigterm: bool) -> None:
+    """Runs in the child: signals, threads, one torch thread, then ``target(ctx, payload)``."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    ctx = WorkerContext(index, conn)
+    if graceful_sigterm:
+        signal.signal(signal.SIGTERM, lambda s, f: ctx.request_stop("SIGTERM"))
+    if "torch" in sys.modules:  # the target's module (unpickled before we run) imported it
+        # small nets on few cores: more threads only contend with the other workers
+        sys.modules["torch"].set_num_threads(1)
+    threading.Thread(target=ctx._listen, name="rltrain-listen", daemon=True).start()
+    if heartbeat_s > 0:
+        threading.Thread(target=ctx._heartbeat, args=(heartbeat_s,), name="rltrain-heartbeat", daemon=True).start()
+    ctx.send(Started(index, os.getpid()))
+    code = 0
+    try:
+        result = target(ctx, payload)
+        ctx.send(Done(index, result))
+    except BaseException as err:  # noqa: BLE001 - everything is reported to the parent, then we exit non-zero
+        ctx.send(Failed(index, f"{type(err).__name__}: {err}", traceback.format_exc()))
+        code = 1
+    finally:
+        ctx._stop.set()  # ends the heartbeat thread
+        with ctx._send_lock:
+            conn.close()
+    if code:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)  # skip interpreter teardown of half-broken state; the pipe is already flushed
+
+
+# -- the parent side ------------------------------------------------------------------------------------------
+def check_start_method(method: str) -> str:
+    """Validate a start method; ``fork`` after CUDA is initialised would hand children a broken CUDA context."""
+    if method not in START_METHODS:
+        raise ConfigError(f"start_method={method!r} is not one of: {', '.join(START_METHODS)}")
+    if method == "fork":
+        import torch
+
+        if torch.cuda.is_initialized():
+            raise ConfigError("start_method=fork: CUDA is already initialised in this process and cannot be "
+                              "used in forked children; use start_method=spawn or forkserver")
+    return method
+
+
+@dataclass(eq=False)  # hashable by identity
+class _Worker:
+    index: int
+    process: Any  # multiprocessing.process.BaseProcess
+    conn: Connection
+    last_seen: float
+    started: bool = False
+    finished: bool = False  # Done/Failed/Exited reported
+    extra: dict = field(default_factory=dict)
+
+
+class WorkerGroup:
+    """Starts workers with one start method, multiplexes their messages, and shuts them down for sure."""
+
+    def __init__(self, *, start_method: str = "spawn", heartbeat_s: float = 1.0,
+                 heartbeat_timeout_s: float | None = 60.0, start_timeout_s: float = 300.0,
+                 graceful_sigterm: bool = True, name: str = "rltrain-worker"):
+        self.ctx = mp.get_context(check_start_method(start_method))
+        self.heartbeat_s, self.heartbeat_timeout_s = heartbeat_s, heartbeat_timeout_s
+        self.start_timeout_s, self.graceful_sigterm, self.name = start_timeout_s, graceful_sigterm, name
+        self.workers: list[_Worker] = []
+        self._closed = False
+        self._reported_silent: set[int] = set()
+
+    # -- starting -------------------------------------------------------------------------------------------
+    def start(self, target: Callable[[WorkerContext, Any], Any], payload: Any) -> int:
+        """Start one worker running ``target(ctx, payload)``; returns its index. Both must pickle (spawn)."""
+        index = len(self.workers)
+        parent_conn, child_conn = self.ctx.Pipe(duplex=True)
+        proc = self.ctx.Process(target=_bootstrap, name=f"{self.name}-{index}", daemon=True,
+                                args=(target, index, child_conn, payload, self.heartbeat_s, self.graceful_sigterm))
+        # SIG_IGN survives fork and exec: the child ignores Ctrl-C from its very first instruction
+        previous = signal.signal(signal.SIGINT, signal.SIG_IGN) if _main_thread() else None
+        try:
+            proc.start()
+        finally:
+            if previous is not None:
+                signal.signal(signal.SIGINT, previous)
+        child_conn.close()  # the parent keeps only its end, so a dead child reads as EOF
+        self.workers.append(_Worker(index, proc, parent_conn, time.monotonic()))
+        return index
+
+    # -- supervising ----------------------------------------------------------------------------------------
+    @property
+    def alive(self) -> bool:
+        """True while some worker has not reported its end (Done, Failed or Exited)."""
+        return any(not w.finished for w in self.workers)
+
+    def poll(self, timeout: float = 0.5) -> Iterator[Any]:
+        """Yield the messages and synthesised events that arrived within ``timeout`` seconds."""
+        pending = [w for w in self.workers if not w.finished]
+        if not pending:
+            return
+        handles: dict[Any, _Worker] = {}
+        for w in pending:
+            handles[w.conn] = w
+            handles[w.process.sentinel] = w
+        ready = wait(list(handles), timeout=timeout)
+        now = time.monotonic()
+        for w in dict.fromkeys(handles[h] for h in ready):
+            yield from self._drain(w, now)
+            if not w.finished and not w.process.is_alive():
+                yield from self._drain(w, now)  # messages written just before exit
+                if not w.finished:
+                    w.process.join(timeout=1.0)
+                    w.finished = True
+                    yield Exited(w.index, w.process.exitcode)
+        yield from self._check_silent(now)
+
+    def _drain(self, w: _Worker, now: float) -> Iterator[Any]:
+        while not w.finished:
+            try:
+                if not w.conn.poll(0):
+                    return
+                msg = w.conn.recv()
+            except (EOFError, OSError):
+                return  # closed: the sentinel tells how it ended
+            w.last_seen = now
+            if isinstance(msg, Started):
+                w.started = True
+            if isinstance(msg, (Done, Failed)):
+                w.finished = True
+                w.process.join(timeout=5.0)
+            yield msg
+
+    def _check_silent(self, now: float) -> Iterator[Unresponsive]:
+        for w in self.workers:
+            if w.finished or w.index in self._reported_silent:
+                continue
+            limit = self.heartbeat_timeout_s if w.started else self.start_timeout_s
+            if limit is not None and now - w.last_seen > limit:
+                self._reported_silent.add(w.index)
+                yield Unresponsive(w.index, now - w.last_seen)
+
+    # -- stopping -------------------------------------------------------------------------------------------
+    def send(self, index: int, msg: Any) -> bool:
+        w = self.workers[index]
+        if w.finished:
+            return False
+        try:
+            w.conn.send(msg)
+            return True
+        except (BrokenPipeError, ConnectionResetError, OSError):
+            return False
+
+    def stop_all(self, reason: str) -> None:
+        for w in self.workers:
+            self.send(w.index, Stop(reason))
+
+    def kill(self, index: int) -> None:
+        proc = self.workers[index].process
+        if proc.is_alive():
+            proc.kill()
+
+    def shutdown(self, *, grace_s: float = 30.0, term_s: float = 5.0) -> None:
+        """Stop message, join with ``grace_s``, SIGTERM, join ``term_s``, SIGKILL, join; close every pipe.
+
+        Safe to call twice and from ``finally``: after it returns, no worker process is left running.
+        """
+        if self._closed:
+            return
+        self._closed = True
+        self.stop_all("shutdown")
+        deadline = time.monotonic() + grace_s
+        for w in self.workers:
+            w.process.join(timeout=max(deadline - time.monotonic(), 0.0))
+        for escalate, wait_s in ((lambda p: p.terminate(), term_s), (lambda p: p.kill(), 5.0)):
+            alive = [w.process for w in self.workers if w.process.is_alive()]
+            for p in alive:
+                escalate(p)
+            for p in alive:
+                p.join(timeout=wait_s)
+        for w in self.workers:
+            w.conn.close()
+            if w.process.exitcode is not None:
+                w.process.close()  # releases the sentinel fd
+
+    def __enter__(self) -> WorkerGroup:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.shutdown(grace_s=0.0 if exc[0] is not None and exc[0] is not KeyboardInterrupt else 30.0)
+
+
+def _main_thread() -> bool:
+    return threading.current_thread() is threading.main_thread()

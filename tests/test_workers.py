@@ -1,0 +1,72 @@
+"""Process plumbing: results, forwarded tracebacks, killed workers, stop messages, escalation to SIGKILL.
+
+Each scenario runs in its own process (tests/workers_scenarios.py) and the test checks that no worker,
+no helper process and no /dev/shm entry outlives it.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from rltrain.errors import ConfigError
+from rltrain.trainers.workers import check_start_method
+from tests.conftest import REPO
+
+
+def scenario(name: str, method: str = "spawn") -> dict:
+    out = subprocess.run([sys.executable, "-m", "tests.workers_scenarios", name, method], cwd=REPO,
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def kinds(report: dict, index: int) -> list[str]:
+    return [e["type"] for e in report["events"] if e["index"] == index]
+
+
+@pytest.mark.parametrize("method", ["spawn", "forkserver", "fork"])
+def test_results_come_back(method, orphan_watch):
+    rep = scenario("ok", method)
+    for k in (0, 1):
+        assert kinds(rep, k) == ["Started", "Done"]
+    assert [e["result"]["sum"] for e in rep["events"] if e["type"] == "Done"] == [10, 10]
+    assert rep["exitcodes"] == [0, 0] and rep["alive"] == []
+
+
+def test_raising_worker_sends_its_traceback(orphan_watch):
+    rep = scenario("raise")
+    failed = [e for e in rep["events"] if e["type"] == "Failed"]
+    assert len(failed) == 2
+    assert "RuntimeError: boom in worker" in failed[0]["error"]
+    assert "workers_scenarios.py" in failed[0]["traceback"] and "in raising" in failed[0]["traceback"]
+    assert rep["exitcodes"] == [1, 1] and rep["alive"] == []
+
+
+def test_sigkilled_worker_is_reported_and_the_other_stops_cleanly(orphan_watch):
+    rep = scenario("sigkill")
+    assert kinds(rep, 1) == ["Started", "Exited"]
+    exited = next(e for e in rep["events"] if e["type"] == "Exited")
+    assert exited["exitcode"] == -9 and exited["description"] == "killed by signal SIGKILL"
+    done = next(e for e in rep["events"] if e["type"] == "Done")
+    assert done["result"] == {"stopped": "test stop"}
+    assert rep["alive"] == []
+
+
+def test_stop_message_reaches_workers(orphan_watch):
+    rep = scenario("stop")
+    assert [e["result"] for e in rep["events"] if e["type"] == "Done"] == [{"stopped": "test stop"}] * 2
+
+
+def test_shutdown_escalates_to_sigkill(orphan_watch):
+    rep = scenario("stubborn")
+    assert rep["alive"] == []
+    assert rep["shutdown_s"] < 15
+
+
+def test_unknown_start_method_is_a_config_error():
+    with pytest.raises(ConfigError, match="start_method"):
+        check_start_method("threads")
