@@ -71,9 +71,10 @@ def one_line(err: BaseException) -> str:
     text = str(err)
     cause = err.__cause__
     missing = re.search(r"Could not find '([^']+)'", text)
-    if missing and missing.group(1) in PLUGIN_EXTRAS:
-        extra = PLUGIN_EXTRAS[missing.group(1)]
-        return f"{missing.group(1).rpartition('/')[2]} needs the '{extra}' extra: pip install 'rltrain[{extra}]'"
+    plugin = re.search(r"Could not (?:find|load) '(hydra/(?:launcher|sweeper)/[^']+)'", text)
+    if plugin and plugin.group(1) in PLUGIN_EXTRAS:
+        extra = PLUGIN_EXTRAS[plugin.group(1)]
+        return f"{plugin.group(1).rpartition('/')[2]} needs the '{extra}' extra: pip install 'rltrain[{extra}]'"
     if missing:
         group, _, option = missing.group(1).rpartition("/")
         options = re.findall(r"^\t(\S+)$", text, re.M)
