@@ -62,6 +62,7 @@ def test_slurm_two_tasks_become_two_ranks(tmp_path):
     assert res.returncode == 0, res.stderr[-3000:]
     s = by_job_num(tmp_path / "sweep")[0]
     assert s["status"] == "completed" and s["world_size"] == 2
+    assert s.get("launcher") == "slurm"  # the two SLURM tasks were the ranks (not a local spawn of 2)
 
 
 def test_slurm_preempted_job_is_requeued_and_resumes(tmp_path):
