@@ -114,7 +114,11 @@ class SweepCallback(Callback):
         launcher = str(config.hydra.launcher.get("_target_", ""))
         task_overrides = list(config.hydra.overrides.task)
         choices = [str(config.hydra.runtime.choices.get("trainer"))] + _sweep_values(task_overrides, "trainer")
-        check_nesting(launcher, choices, task_overrides)
+        try:
+            check_nesting(launcher, choices, task_overrides)
+        except ConfigError as err:  # Hydra turns a callback's exception into a warning: exit ourselves
+            print(f"rltrain: error: {err}", file=sys.stderr)
+            sys.exit(2)
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
         sweep_dir = Path(str(config.hydra.sweep.dir))

@@ -150,6 +150,12 @@ def test_parallel_launchers_refuse_multi_process_trainers_unless_asked():
     check_nesting("hydra._internal.core_plugins.basic_launcher.BasicLauncher", ["parallel"], [])  # one at a time
 
 
+def test_joblib_refusal_stops_the_sweep_before_any_job(cli, tmp_path):
+    res = cli("-m", "hydra/launcher=joblib", "trainer=sequential,distributed_simulator", *TINY)
+    assert res.returncode == 2 and "allow_nested_processes=true" in res.stderr, res.stderr[-2000:]
+    assert not (tmp_path / "outputs").exists() or not list((tmp_path / "outputs").rglob("summary.json"))
+
+
 def test_check_prints_layout_seeds_batch_and_output_without_training(tmp_path):
     res = subprocess.run([sys.executable, "-m", "rltrain.check", "debug=smoke", "env.num_envs=8"], cwd=tmp_path,
                          capture_output=True, text=True, timeout=120, env={**ENV, "COLUMNS": "200"})
