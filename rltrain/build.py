@@ -192,7 +192,7 @@ def load_policy(path: Path, *, device: str = "cpu"):
     if path.is_dir():
         ckdir = path / "checkpoints" if (path / "checkpoints").is_dir() else path
         path = ckdir / "final.pt" if (ckdir / "final.pt").exists() else (CheckpointManager(ckdir).latest() or ckdir)
-    state, _ = load_checkpoint(path)
+    state, _ = load_checkpoint(path, key="checkpoint")
     cfg = state["meta"]["config"]
     env = cfg["env"]
     spec = env_spec(make_env(env["id"], env.get("kwargs") or {}, max_episode_steps=env.get("max_episode_steps")),

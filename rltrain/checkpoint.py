@@ -75,21 +75,21 @@ class CheckpointManager:
         return best_path
 
 
-def load_checkpoint(path: Path) -> tuple[dict, bytes | None]:
+def load_checkpoint(path: Path, *, key: str = "resume") -> tuple[dict, bytes | None]:
     """Load a checkpoint file (or the latest in a run dir / checkpoints dir) and its env sidecar."""
     path = Path(path)
     if path.is_dir():
         found = CheckpointManager(path / "checkpoints" if (path / "checkpoints").is_dir() else path).latest()
         if found is None:
-            raise ConfigError(f"resume={path}: no checkpoint found in that directory")
+            raise ConfigError(f"{key}={path}: no checkpoint found in that directory")
         path = found
     if not path.exists():
-        raise ConfigError(f"resume={path}: no such file or directory")
+        raise ConfigError(f"{key}={path}: no such file or directory")
     try:
         state = torch.load(path, weights_only=True, map_location="cpu")
     except Exception as err:
-        raise ConfigError(f"resume={path}: not an rltrain checkpoint ({type(err).__name__})") from None
+        raise ConfigError(f"{key}={path}: not an rltrain checkpoint ({type(err).__name__})") from None
     if not isinstance(state, dict) or "algo" not in state or "counters" not in state:
-        raise ConfigError(f"resume={path}: not an rltrain checkpoint (missing 'algo'/'counters')")
+        raise ConfigError(f"{key}={path}: not an rltrain checkpoint (missing 'algo'/'counters')")
     sidecar = path.with_suffix(".envs.pkl")
     return state, (sidecar.read_bytes() if sidecar.exists() else None)

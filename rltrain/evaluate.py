@@ -11,6 +11,7 @@ import argparse
 import sys
 from pathlib import Path
 
+import gymnasium as gym
 import numpy as np
 import torch
 
@@ -60,6 +61,11 @@ def _record_video(env, video_dir: Path):
         import moviepy  # noqa: F401
     except ImportError:
         raise ConfigError("eval.video=true needs moviepy: pip install 'rltrain[video]'") from None
+    try:
+        env.reset(seed=0)
+        env.render()
+    except gym.error.DependencyNotInstalled as err:
+        raise ConfigError(f"eval.video=true cannot render this env ({err}): pip install 'rltrain[video]'") from None
     from gymnasium.wrappers import RecordVideo
 
     return RecordVideo(env, str(video_dir), episode_trigger=lambda _: True, disable_logger=True)
@@ -74,7 +80,24 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--video", action="store_true", help="record every episode to <run dir>/videos (needs moviepy)")
     p.add_argument("--seed", type=int, default=None, help="eval seed base (default: the run's eval seed)")
     p.add_argument("--device", default="cpu")
+    p.add_argument("overrides", nargs="*", metavar="eval.KEY=VALUE",
+                   help="the training config's spelling also works: eval.episodes=5 eval.video=true "
+                        "eval.deterministic=false")
     args = p.parse_args(argv)
+    for item in args.overrides:
+        key, _, value = item.partition("=")
+        flag = value.strip().lower() in ("1", "true", "yes", "on")
+        if key == "eval.episodes" and value.lstrip("-").isdigit():
+            args.episodes = int(value)
+        elif key == "eval.video":
+            args.video = flag
+        elif key == "eval.deterministic":
+            args.stochastic = not flag
+        elif key == "eval.seed" and value.isdigit():
+            args.seed = int(value)
+        else:
+            p.error(f"unknown override {item!r} (valid: eval.episodes=N, eval.video=BOOL, eval.deterministic=BOOL, "
+                    "eval.seed=N)")
     try:
         from rltrain.build import load_policy
 

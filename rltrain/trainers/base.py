@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import shlex
 import sys
 import time
@@ -44,7 +45,10 @@ def write_summary(run_dir: Path, summary: dict) -> None:
 def resume_command(run_dir: Path) -> str:
     """The exact command that continues this run in the same directory."""
     args = [a for a in sys.argv[1:] if not a.startswith(("resume=", "hydra.run.dir="))]
-    return shlex.join(["rltrain", *args, f"hydra.run.dir={run_dir}", "resume=auto"])
+    path = str(run_dir)
+    if not re.fullmatch(r"[\w./-]+", path):
+        path = f"'{path}'"  # Hydra's override grammar needs quotes around '=', ',', spaces...
+    return shlex.join(["rltrain", *args, f"hydra.run.dir={path}", "resume=auto"])
 
 
 class TrainLoop:
@@ -72,6 +76,8 @@ class TrainLoop:
         self.solved: dict | None = None
         self.ckpt = CheckpointManager(self.run_dir / "checkpoints", keep_last=cfg["checkpoint"]["keep_last"])
         self.loggers: list[MetricLogger] = []
+        self.last_learn: Metrics = {}
+        self._sps = math.nan
 
     # -- resume -------------------------------------------------------------------------------------------
     def maybe_resume(self) -> Path | None:
@@ -152,9 +158,11 @@ class TrainLoop:
                 if target is not None and self.solved is None and recent is not None and recent >= target:
                     self.solved = {"env_steps": steps, "seconds": self.counters["wall_time"]}
                 now = time.perf_counter()
-                if self.is_main and (steps >= nxt["log"] or steps >= total or self.solved):
+                self.last_learn = learn_metrics
+                if self.is_main and steps >= nxt["log"] and steps < total and not self.solved:
                     sps = (steps - sps_steps) / max(now - sps_t, 1e-9)
                     sps_t, sps_steps = now, steps
+                    self._sps = sps
                     row = self._row(learn_metrics, sps)
                     if every["eval"] and steps >= nxt["eval"]:
                         row.update(self._evaluate())
@@ -196,11 +204,13 @@ class TrainLoop:
         row.update(learn_metrics)
         return row
 
-    def _evaluate(self) -> Metrics:
+    def _evaluate(self, *, final: bool = False) -> Metrics:
         ecfg = self.cfg["eval"]
+        video = self.run_dir / "videos" if final and ecfg.get("video") else None
         rets = evaluate(self.algo.policy, self.spec.env_id, episodes=int(ecfg["episodes"]),
                         eval_seed=self.seeds.eval_seed, deterministic=bool(ecfg["deterministic"]),
-                        env_kwargs=self.env_kwargs, max_episode_steps=self.max_episode_steps, device=self.device)
+                        env_kwargs=self.env_kwargs, max_episode_steps=self.max_episode_steps, device=self.device,
+                        video_dir=video)
         mean, std = float(rets.mean()), float(rets.std())
         self.last_eval = (mean, std)
         if mean > self.best_eval:
@@ -224,17 +234,20 @@ class TrainLoop:
     def _finish(self, status: str, *, start_steps: int = 0, t0: float | None = None, error: str | None = None) -> dict:
         steps = self.counters["env_steps"]
         final: tuple[float, float] | None = None
+        elapsed = (time.perf_counter() - t0) if t0 is not None else math.nan
+        sps = (steps - start_steps) / elapsed if elapsed and elapsed > 0 else math.nan
         if status == "completed" and self.is_main:
-            # the final evaluation always runs (also after an early stop at target_return)
-            row = self._evaluate()
+            # the final evaluation always runs (also after an early stop at target_return); its row is the last
+            row = self._evaluate(final=True)
             final = (row["eval/return_mean"], row["eval/return_std"])
-            self._log(steps, {**self._row({}, math.nan), **row})
-        elif self.last_eval is not None:
+            self._log(steps, {**self._row(self.last_learn, sps), **row})
+        else:
+            if self.is_main and status == "interrupted" and self.last_learn:
+                self._log(steps, self._row(self.last_learn, sps))
             final = self.last_eval
         ckpt = None
         if self.is_main and status in ("completed", "interrupted"):
             ckpt = self.save(kind="final" if status == "completed" else "step")
-        elapsed = (time.perf_counter() - t0) if t0 is not None else math.nan
         summary = {
             "status": status,
             "algo": self.algo.name,
@@ -247,7 +260,7 @@ class TrainLoop:
             "updates": self.counters["updates"],
             "episodes": self.counters["episodes"],
             "wall_time_s": self.counters["wall_time"],
-            "sps": (steps - start_steps) / elapsed if elapsed and elapsed > 0 else None,
+            "sps": sps if math.isfinite(sps) else None,
             "solved_at_env_steps": self.solved["env_steps"] if self.solved else None,
             "solved_at_seconds": self.solved["seconds"] if self.solved else None,
             "world_size": self.sync.world_size,

@@ -1,0 +1,201 @@
+"""The ``rltrain`` command as a user runs it: a subprocess, real files, real exit codes."""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from tests.conftest import REPO
+
+SMOKE = ["debug=smoke", "logger.progress=plain"]
+
+
+def _run_dir(root: Path) -> Path:
+    dirs = [p.parent for p in root.glob("outputs/runs/*/*/config.yaml")]
+    assert len(dirs) == 1, dirs
+    return dirs[0]
+
+
+def test_smoke_run_writes_every_artefact(cli, tmp_path):
+    res = cli(*SMOKE, "seed=3")
+    assert res.returncode == 0, res.stderr
+    run_dir = _run_dir(tmp_path)
+    for name in (".hydra/config.yaml", ".hydra/overrides.yaml", "config.yaml", "seeds.json", "metrics.csv",
+                 "summary.json", "checkpoints/final.pt", "checkpoints/best.pt"):
+        assert (run_dir / name).exists(), name
+    assert list((run_dir / "tensorboard").glob("events.out.tfevents.*"))
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["status"] == "completed"
+    assert summary["total_env_steps"] >= 2048
+    for key in ("final_eval_return", "wall_time_s", "sps"):
+        assert isinstance(summary[key], float), key
+    seeds = json.loads((run_dir / "seeds.json").read_text())
+    assert seeds["root_seed"] == 3 and len(seeds["workers"]["main"]["env_seeds"]) == 4
+    header = (run_dir / "metrics.csv").read_text().splitlines()[0].split(",")
+    for col in ("env_steps", "time/wall", "time/sps", "rollout/episode_return", "rollout/episode_return_min",
+                "rollout/episode_return_max", "loss/policy", "loss/value", "loss/entropy", "train/approx_kl",
+                "train/clip_frac", "train/lr", "eval/return_mean"):
+        assert col in header, col
+    # plain progress lines off a TTY, and a summary line
+    assert "[training]" in res.stdout and "[summary]" in res.stdout
+    # TensorBoard scalars use slash namespaces
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    acc = EventAccumulator(str(run_dir / "tensorboard"))
+    acc.Reload()
+    assert {"rollout/episode_return", "loss/policy", "time/sps", "eval/return_mean"} <= set(acc.Tags()["scalars"])
+
+
+def test_seed_null_draws_and_records(cli, tmp_path):
+    res = cli(*SMOKE, "seed=null", "total_env_steps=512")
+    assert res.returncode == 0, res.stderr
+    seeds = json.loads((_run_dir(tmp_path) / "seeds.json").read_text())
+    assert seeds["drawn"] is True and isinstance(seeds["root_seed"], int)
+
+
+BAD_INPUTS = [
+    (["env.id=CartPol-v1"], "did you mean 'CartPole-v1'"),
+    (["algo=nope"], "unknown option algo=nope (valid: "),
+    (["trainer=nope"], "unknown option trainer=nope"),
+    (["algo.lrr=0.1"], "unknown key 'algo.lrr'"),
+    (["+algo.lrr=0.1"], "algo.lrr: unknown key; did you mean 'lr'?"),
+    (["algo.lr=fast"], "algo.lr='fast' has the wrong type: expected float"),
+    (["algo.update_epochs=2.5"], "algo.update_epochs=2.5 has the wrong type: expected int"),
+    (["total_env_steps=-5"], "total_env_steps=-5 must be a positive integer"),
+    (["total_env_steps=0"], "total_env_steps=0 must be a positive integer"),
+    (["env.num_envs=0"], "env.num_envs=0 must be a positive integer"),
+    (["algo.rollout_len=-1"], "algo.rollout_len=-1 must be > 0"),
+    (["algo.num_minibatches=3"], "does not divide the batch: algo.rollout_len (64) x env.num_envs (4) = 256"),
+    (["resume=/no/such/ckpt.pt"], "resume=/no/such/ckpt.pt: no such checkpoint"),
+    (["device=cuda"], "CUDA is not available"),
+    (["device=tpu"], "device='tpu' is not one of"),
+    (["env.id=no_such_pkg.mod:Env"], "cannot import 'no_such_pkg.mod:Env'"),
+    (["max_wall_time=soon"], "max_wall_time='soon' is not a duration"),
+]
+
+
+@pytest.mark.parametrize(("args", "expected"), BAD_INPUTS, ids=[a[0] for a, _ in BAD_INPUTS])
+def test_bad_input_is_one_clear_line(cli, args, expected):
+    if args == ["device=cuda"] and torch.cuda.is_available():
+        pytest.skip("CUDA is available here")
+    res = cli(*SMOKE, *args, timeout=120)
+    assert res.returncode == 2, (res.returncode, res.stderr)
+    lines = [ln for ln in res.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1, res.stderr
+    assert lines[0].startswith("rltrain: error: ")
+    assert expected in lines[0], lines[0]
+    assert "Traceback" not in res.stderr
+
+
+def test_resume_path_that_is_not_a_checkpoint(cli, tmp_path):
+    bogus = tmp_path / "bogus.pt"
+    bogus.write_bytes(b"not a checkpoint")
+    res = cli(*SMOKE, f"resume={bogus}")
+    assert res.returncode == 2
+    assert res.stderr.strip() == f"rltrain: error: resume={bogus}: not an rltrain checkpoint (UnpicklingError)" or \
+        "not an rltrain checkpoint" in res.stderr
+
+
+def test_missing_box2d_extra_is_named(cli):
+    pytest.importorskip("gymnasium")
+    try:
+        import Box2D  # noqa: F401
+
+        pytest.skip("box2d is installed here")
+    except ImportError:
+        pass
+    res = cli(*SMOKE, "env=lunarlander")
+    assert res.returncode == 2
+    assert "pip install 'rltrain[box2d]'" in res.stderr and len(res.stderr.strip().splitlines()) == 1
+
+
+def test_user_env_by_import_path_with_kwargs(cli, tmp_path):
+    res = cli(*SMOKE, "env.id=tests.faulty_envs:make_counting", "+env.kwargs.length=7", "total_env_steps=512",
+              env={"PYTHONPATH": str(REPO)})
+    assert res.returncode == 0, res.stderr
+    summary = json.loads((_run_dir(tmp_path) / "summary.json").read_text())
+    assert summary["env_id"] == "tests.faulty_envs:make_counting"
+    assert summary["final_eval_return"] <= 7.0  # one reward per step at most, 7 steps per episode
+
+
+def test_help_and_cfg_job(cli):
+    res = cli("--help")
+    assert res.returncode == 0 and "== Configuration groups ==" in res.stdout and "rltrain: train" in res.stdout and "algo: " in res.stdout
+    res = cli("--cfg", "job", "algo.lr=0.001")
+    assert res.returncode == 0 and "lr: 0.001" in res.stdout
+
+
+def test_sigint_checkpoints_and_prints_resume_command(tmp_path, no_leaks):
+    env = {**os.environ, "PYTHONPATH": str(REPO), "PYTHONUNBUFFERED": "1"}
+    env.pop("HYDRA_FULL_ERROR", None)
+    args = [sys.executable, "-m", "rltrain", "env.id=tests.faulty_envs:SlowEnv", "total_env_steps=1000000",
+            "logger.progress=plain", "logger.progress_interval_s=0.2", "algo.rollout_len=16", "algo.num_minibatches=2"]
+    proc = subprocess.Popen(args, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and not list(tmp_path.glob("outputs/runs/*/*/metrics.csv")):
+        time.sleep(0.2)
+    time.sleep(1.0)
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, err
+    run_dir = _run_dir(tmp_path)
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["status"] == "interrupted" and summary["stop_reason"] == "SIGINT"
+    assert "resume=auto" in err and f"hydra.run.dir={run_dir}" in err
+    assert "Traceback" not in err
+    steps = summary["total_env_steps"]
+    assert steps > 0 and list((run_dir / "checkpoints").glob("step_*.pt"))
+    # the printed command resumes: counters continue from the checkpoint
+    cmd = shlex.split(summary["resume_command"])[1:]
+    cmd = [c for c in cmd if not c.startswith("total_env_steps=")] + [f"total_env_steps={steps + 64}"]
+    res = subprocess.run([sys.executable, "-m", "rltrain", *cmd], cwd=tmp_path, env=env, capture_output=True,
+                         text=True, timeout=120)
+    assert res.returncode == 0, res.stderr
+    resumed = json.loads((run_dir / "summary.json").read_text())
+    assert resumed["status"] == "completed" and resumed["total_env_steps"] >= steps + 64
+
+
+def test_rltrain_eval_on_run_dir_and_checkpoint(cli, tmp_path):
+    assert cli(*SMOKE).returncode == 0
+    run_dir = _run_dir(tmp_path)
+    for target in (run_dir, run_dir / "checkpoints" / "best.pt"):
+        res = subprocess.run([sys.executable, "-m", "rltrain.evaluate", str(target), "--episodes", "3"],
+                             capture_output=True, text=True, timeout=120)
+        assert res.returncode == 0, res.stderr
+        assert "episodes: 3  mean return:" in res.stdout
+    res = subprocess.run([sys.executable, "-m", "rltrain.evaluate", str(tmp_path / "nothing")],
+                         capture_output=True, text=True, timeout=60)
+    assert res.returncode == 2 and res.stderr.startswith("rltrain-eval: error:")
+
+
+def test_rltrain_eval_video_needs_extra_or_records(cli, tmp_path):
+    assert cli(*SMOKE, "total_env_steps=512").returncode == 0
+    run_dir = _run_dir(tmp_path)
+    res = subprocess.run([sys.executable, "-m", "rltrain.evaluate", str(run_dir), "eval.episodes=1", "eval.video=true"],
+                         capture_output=True, text=True, timeout=180)
+    try:
+        import moviepy  # noqa: F401
+    except ImportError:
+        assert res.returncode == 2 and "pip install 'rltrain[video]'" in res.stderr
+        return
+    assert res.returncode == 0, res.stderr
+    assert list((run_dir / "videos").glob("*.mp4"))
+
+
+def test_rich_progress_mode_runs_and_prints_summary_table(tmp_path, capsys):
+    from rltrain.build import run
+    from tests.conftest import compose_cfg
+
+    summary = run(compose_cfg(["debug=smoke", "total_env_steps=512", "logger.progress=rich"]), tmp_path)
+    assert summary["status"] == "completed"
+    out = capsys.readouterr().out
+    assert "rltrain summary" in out and "final_eval_return" in out
