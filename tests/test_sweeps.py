@@ -192,6 +192,16 @@ def test_max_wall_time_checkpoints_stops_and_resumes(cli, tmp_path):
     assert s["status"] == "completed" and s["resumed_from_env_steps"] == steps
 
 
+def test_max_wall_time_in_a_sweep_stops_the_job_not_the_sweep(cli, tmp_path):
+    res = cli("-m", "seed=1,2", "debug=smoke", "logger=quiet", "total_env_steps=10000000", "max_wall_time=1s",
+              "hydra.sweep.dir=sweep")
+    assert res.returncode == 0, res.stderr[-2000:]
+    jobs = by_job_num(tmp_path / "sweep")
+    assert sorted(jobs) == [0, 1]
+    assert all(s["status"] == "interrupted" and s["stop_reason"] == "max_wall_time" for s in jobs.values())
+    assert "interrupted: " in res.stderr and "0/2 jobs completed" in res.stderr
+
+
 def test_sigusr2_checkpoints_at_a_safe_point_and_resumes_in_the_same_dir(tmp_path, no_leaks):
     cmd = [sys.executable, "-m", "rltrain", "debug=smoke", "logger=quiet", "total_env_steps=10000000",
            "hydra.run.dir=run"]
