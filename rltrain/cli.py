@@ -31,21 +31,39 @@ def _sweep_value(summary: dict) -> float:
 @hydra.main(config_path="conf", config_name="train", version_base="1.3")
 def task(cfg: DictConfig) -> float:
     from hydra.core.hydra_config import HydraConfig
+    from hydra.types import RunMode
 
     from rltrain.build import run
+    from rltrain.sweeps import hand_over_signal, record_failure, stopped_by_signal
 
-    run_dir = Path(HydraConfig.get().runtime.output_dir)
+    hc = HydraConfig.get()
+    run_dir = Path(hc.runtime.output_dir)
+    multirun = hc.mode == RunMode.MULTIRUN
     try:
         summary = run(cfg, run_dir)
     except ConfigError as err:
-        print(f"rltrain: error: {err}", file=sys.stderr)
-        sys.exit(2)
-    if summary.get("exit_code"):
-        if summary.get("resume_command"):
-            print(f"rltrain: stopped ({summary.get('stop_reason')}); checkpoint written. Resume with:\n  "
-                  f"{summary['resume_command']}", file=sys.stderr)
-        sys.exit(summary["exit_code"])
+        if not multirun:
+            print(f"rltrain: error: {err}", file=sys.stderr)
+            sys.exit(2)
+        # one bad job (e.g. a swept value out of range) must not end the sweep: record it, go on
+        print(f"rltrain: job {hc.job.num} failed: {err}", file=sys.stderr)
+        record_failure(run_dir, err)
+        return FAILED_RETURN
+    except Exception as err:
+        if not multirun:
+            raise
+        print(f"rltrain: job {hc.job.num} failed: {type(err).__name__}: {err} (traceback in {run_dir}/error.txt)",
+              file=sys.stderr)
+        record_failure(run_dir, err)
+        return FAILED_RETURN
+    if summary.get("exit_code") and (not multirun or stopped_by_signal(summary)):
+        hand_over_signal(summary)  # exits (or, under submitit, requeues)
     return _sweep_value(summary)
+
+
+# Hydra plugins behind optional extras: a missing one names the extra instead of listing the valid options.
+PLUGIN_EXTRAS = {"hydra/launcher/joblib": "joblib", "hydra/launcher/submitit_slurm": "slurm",
+                 "hydra/launcher/submitit_local": "slurm", "hydra/sweeper/optuna": "sweep"}
 
 
 def one_line(err: BaseException) -> str:
@@ -53,6 +71,10 @@ def one_line(err: BaseException) -> str:
     text = str(err)
     cause = err.__cause__
     missing = re.search(r"Could not find '([^']+)'", text)
+    plugin = re.search(r"Could not (?:find|load) '(hydra/(?:launcher|sweeper)/[^']+)'", text)
+    if plugin and plugin.group(1) in PLUGIN_EXTRAS:
+        extra = PLUGIN_EXTRAS[plugin.group(1)]
+        return f"{plugin.group(1).rpartition('/')[2]} needs the '{extra}' extra: pip install 'rltrain[{extra}]'"
     if missing:
         group, _, option = missing.group(1).rpartition("/")
         options = re.findall(r"^\t(\S+)$", text, re.M)
@@ -81,6 +103,10 @@ def main() -> None:
     os.environ["HYDRA_FULL_ERROR"] = "1"
     try:
         task()
+        from rltrain.sweeps import SweepCallback
+
+        if SweepCallback.failed_jobs:
+            sys.exit(1)  # a sweep with failed jobs fails as a whole (each job's summary.json says why)
     except ConfigError as err:
         print(f"rltrain: error: {err}", file=sys.stderr)
         sys.exit(2)

@@ -10,7 +10,9 @@ from __future__ import annotations
 import signal
 import threading
 
-EXIT_CODES = {signal.SIGINT: 130, signal.SIGTERM: 143}
+EXIT_CODES = {signal.SIGINT: 130, signal.SIGTERM: 143, signal.SIGUSR2: 140}
+# SIGUSR2: SLURM/submitit's "time limit or preemption is near" signal (sbatch --signal=USR2@<delay_s>)
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGUSR2)
 
 
 class StopFlag:
@@ -19,7 +21,7 @@ class StopFlag:
         self.reason: str | None = None
         self._previous: dict[int, object] = {}
 
-    def install(self, signums: tuple[int, ...] = (signal.SIGINT, signal.SIGTERM)) -> StopFlag:
+    def install(self, signums: tuple[int, ...] = STOP_SIGNALS) -> StopFlag:
         if threading.current_thread() is not threading.main_thread():
             return self  # signals can only be handled on the main thread (e.g. joblib workers)
         for s in signums:

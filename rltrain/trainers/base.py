@@ -280,6 +280,7 @@ class TrainLoop:
             "solved_at_env_steps": self.solved["env_steps"] if self.solved else None,
             "solved_at_seconds": self.solved["seconds"] if self.solved else None,
             "world_size": self.sync.world_size,
+            "resumed_from_env_steps": start_steps or None,
             "checkpoint": str(ckpt) if ckpt else None,
         }
         if status == "interrupted":
