@@ -10,6 +10,9 @@ Sections (add yours: write ``def section_<name>(args) -> list[Row]`` and registe
          steps/s measured over a fixed number of steps after a warm-up, and its ratio to the env ceiling
   solve  whole-process ``rltrain target_return=475 seed=s`` for seeds 1 2 3: wall time (median) and when
          the rolling mean of 20 training episodes reached 475
+  parallel     2 agents under ``trainer=parallel`` vs the same agents one after the other (wall-time ratio)
+  distributed  ``trainer=distributed_simulator`` SPS at world_size 1 and 2, equal work per rank (scaling)
+  actors       ``trainer=subprocess_actors`` IMPALA SPS with 1/2/4 actors, CartPole and a 200 us/step CartPole
 
 Both wall-clock and CPU-time (this process) rates are printed: on a shared machine wall time measures the
 neighbours too, CPU time is the cost of our own code. Timings are not asserted anywhere; compare ratios.
@@ -168,10 +171,57 @@ def section_solve(args) -> list[Row]:
     return rows
 
 
+# -- the multi-process trainers (their own scripts hold the details; these rows put them side by side) --------
+def _script(name: str):
+    sys.path.insert(0, str(REPO / "scripts"))
+    return __import__(name)
+
+
+def section_parallel(args) -> list[Row]:
+    """trainer=parallel with 2 agents vs the same 2 agents one after the other (whole processes)."""
+    bp = _script("bench_parallel")
+    ceiling = bp.cpu_ceiling(agents=2, seconds=2.0 if args.quick else 5.0)
+    r = bp.bench_parallel(agents=2, steps=20_000 if args.quick else 50_000)
+    return [Row("parallel", "2 agents, trainer=parallel vs one after the other", ratio=f"{r['ratio']:.2f} (target <= 0.6)",
+                notes=(f"{r['parallel_s']:.1f} s vs {r['one_after_another_s']:.1f} s wall; per-agent train SPS "
+                       f"{r['train_sps_parallel_agents']} vs {r['train_sps_sequential']}; same results: "
+                       f"{r['same_results']}; busy-loop ceiling of this machine now {ceiling:.2f}"))]
+
+
+def section_distributed(args) -> list[Row]:
+    """trainer=distributed_simulator, world_size 1 and 2 at equal work per rank (SPS inside the loop)."""
+    bd = _script("bench_distributed")
+    ns = argparse.Namespace(num_envs=4, rollout_len=128, steps_per_rank=10_240 if args.quick else 40_960)
+    rows, base = [], None
+    for world in (1, 2):
+        s = bd.run(world, ns)
+        base = base or float(s["sps"])
+        rows.append(Row("distributed", f"world_size={world} ({s['backend']}), 4 envs x 128 steps per rank",
+                        wall_sps=float(s["sps"]), ratio=f"x{float(s['sps']) / base:.2f} vs 1 rank (target >= 1.6 at 2)",
+                        notes="per rank: " + ", ".join(f"{v:,.0f}" for v in s["rank_sps"])))
+    return rows
+
+
+def section_actors(args) -> list[Row]:
+    """trainer=subprocess_actors (IMPALA), 1/2/4 actors on CartPole-v1 and on a CartPole with 200 us/step."""
+    ba = _script("bench_actors")
+    steps = {"cartpole": 20_000, "busy": 8_000} if args.quick else None
+    rows = []
+    for r in ba.bench("impala", ("cartpole", "busy"), (1, 2, 4), steps):
+        target = " (target >= 1.5 at 2 actors)" if r["env"] == "busy" and r["actors"] == 2 else ""
+        rows.append(Row("actors", f"impala, {r['env']}, {r['actors']} actor(s)", wall_sps=r["sps"],
+                        ratio=f"x{r['scaling_vs_1']:.2f} vs 1 actor{target}",
+                        notes=f"{r['steps']} steps, {r['wall_s']:.1f} s wall"))
+    return rows
+
+
 SECTIONS: dict[str, Callable[[argparse.Namespace], list[Row]]] = {
     "env": section_env,
     "train": section_train,
     "solve": section_solve,
+    "parallel": section_parallel,
+    "distributed": section_distributed,
+    "actors": section_actors,
 }
 
 

@@ -73,6 +73,7 @@ def no_leaks():
 
     deadline = time.monotonic() + 10
     while time.monotonic() < deadline and (child_pids() or shm_entries() - before_shm):
+        _reap_zombies()  # exited processes re-parented to us (see orphan_watch) are gone, not orphans
         time.sleep(0.2)
     assert not child_pids(), f"orphan child processes: {child_pids()}"
     assert not (shm_entries() - before_shm), f"leaked /dev/shm entries: {shm_entries() - before_shm}"
@@ -83,22 +84,29 @@ def orphan_watch(no_leaks):
     """``no_leaks`` that also sees grandchildren whose parent died: the test process becomes a child
     subreaper (Linux prctl), so orphans are re-parented to it instead of init. Zombies (processes that did
     exit, e.g. a resource tracker after its parent) are reaped here; live orphans are left for ``no_leaks``."""
-    import contextlib
     import ctypes
     import time
 
     libc = ctypes.CDLL(None, use_errno=True)
     libc.prctl(36, 1, 0, 0, 0)  # PR_SET_CHILD_SUBREAPER
-    yield
-    deadline = time.monotonic() + 5
-    while time.monotonic() < deadline:
-        zombies = [p for p in child_pids() if _state(p) == "Z"]
-        for pid in zombies:
-            with contextlib.suppress(ChildProcessError):
-                os.waitpid(pid, os.WNOHANG)
-        if not child_pids():
-            break
-        time.sleep(0.1)
+    try:
+        yield
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline:
+            _reap_zombies()
+            if not child_pids():
+                break
+            time.sleep(0.1)
+    finally:
+        libc.prctl(36, 0, 0, 0, 0)  # later tests see orphans of their own only
+
+
+def _reap_zombies() -> None:
+    import contextlib
+
+    for pid in [p for p in child_pids() if _state(p) == "Z"]:
+        with contextlib.suppress(ChildProcessError):
+            os.waitpid(pid, os.WNOHANG)
 
 
 def _state(pid: int) -> str:
