@@ -80,10 +80,13 @@ BAD_INPUTS = [
     (["device=tpu"], "device='tpu' is not one of"),
     (["env.id=no_such_pkg.mod:Env"], "cannot import 'no_such_pkg.mod:Env'"),
     (["max_wall_time=soon"], "max_wall_time='soon' is not a duration"),
+    (["algo=sac"], "algo=sac needs a Box action space; env.id=CartPole-v1 is Discrete(2); try env=pendulum"),
+    (["algo=dqn", "env=pendulum"], "algo=dqn needs a Discrete action space; env.id=Pendulum-v1 is Box"),
+    (["algo=dqn", "trainer=distributed_simulator"], "algo=dqn is off-policy and its replay updates are not all-reduced"),
 ]
 
 
-@pytest.mark.parametrize(("args", "expected"), BAD_INPUTS, ids=[a[0] for a, _ in BAD_INPUTS])
+@pytest.mark.parametrize(("args", "expected"), BAD_INPUTS, ids=[" ".join(a) for a, _ in BAD_INPUTS])
 def test_bad_input_is_one_clear_line(cli, args, expected):
     if args == ["device=cuda"] and torch.cuda.is_available():
         pytest.skip("CUDA is available here")

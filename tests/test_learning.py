@@ -23,3 +23,26 @@ def test_target_return_stops_early_and_records_when(tmp_path):
     assert summary["total_env_steps"] == summary["solved_at_env_steps"] < 100_000
     assert summary["solved_at_seconds"] > 0
     assert summary["final_eval_return"] is not None  # the final evaluation still runs
+
+
+# Each algorithm on its easiest preset, cut short: the mean of the last 20 training episodes must reach a
+# level a random policy never does (CartPole: ~22 random, 200 here; Pendulum: ~-1200 random, -600 here),
+# within a budget well under the preset's. Seeded, so the outcome is the same on every run of this machine.
+LEARNS = [
+    ("a2c_cartpole", 80_000, 200.0),
+    ("dqn_cartpole", 40_000, 200.0),
+    ("impala_cartpole", 80_000, 200.0),
+    ("sac_pendulum", 8_000, -600.0),
+]
+
+
+@pytest.mark.learning
+@pytest.mark.slow
+@pytest.mark.parametrize(("preset", "budget", "level"), LEARNS, ids=[p for p, _, _ in LEARNS])
+def test_each_algorithm_learns_its_easiest_preset(tmp_path, preset, budget, level):
+    summary = run(compose_cfg([f"experiment={preset}", "logger=quiet", "seed=1", f"total_env_steps={budget}",
+                               f"target_return={level}", "eval.every_env_steps=0", "checkpoint.every_env_steps=0"]),
+                  tmp_path)
+    assert summary["status"] == "completed", summary
+    assert summary["solved_at_env_steps"] is not None, summary  # the training return reached the level
+    assert summary["final_eval_return"] > level - 100, summary  # and the policy it stopped with holds it

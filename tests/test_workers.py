@@ -70,3 +70,18 @@ def test_shutdown_escalates_to_sigkill(orphan_watch):
 def test_unknown_start_method_is_a_config_error():
     with pytest.raises(ConfigError, match="start_method"):
         check_start_method("threads")
+
+
+def test_fork_is_refused_once_cuda_is_initialised(monkeypatch):
+    import torch
+
+    from rltrain.errors import ConfigError
+    from rltrain.trainers.workers import check_start_method
+
+    assert check_start_method("fork") == "fork"
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
+    with pytest.raises(ConfigError, match="^start_method=fork: CUDA is already initialised"):
+        check_start_method("fork")
+    assert check_start_method("spawn") == "spawn"
+    with pytest.raises(ConfigError, match="is not one of: spawn, forkserver, fork"):
+        check_start_method("thread")

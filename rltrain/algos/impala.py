@@ -49,9 +49,9 @@ class IMPALA(Algorithm):
         rho_bar: float = 1.0,  # clip of the importance weights in the value targets
         c_bar: float = 1.0,  # clip of the trace-cutting coefficients
         pg_rho_bar: float = 1.0,  # clip of the importance weights in the policy gradient
-        ent_coef: float = 0.01,
+        ent_coef: float = 0.0,  # the paper uses 0.01 on Atari; see conf/algo/impala.yaml
         vf_coef: float = 0.5,  # "baseline cost"
-        max_grad_norm: float = 40.0,
+        max_grad_norm: float = 0.5,  # the paper clips at 40 (Atari reward scale)
         norm_adv: bool = False,  # normalise the V-trace policy-gradient advantages over the batch
         hidden_sizes: Sequence[int] = (64, 64),
         activation: str = "tanh",
