@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from rltrain.algos.base import Algorithm, RewardScaler, Sync, make_adam, positive
+from rltrain.algos.base import ActorCriticState, Algorithm, RewardScaler, Sync, make_adam, positive
 from rltrain.algos.ppo import ActorCritic
 from rltrain.errors import ConfigError
 from rltrain.nets import RunningNorm
@@ -32,7 +32,7 @@ def make_optimizer(name: str, params: list, lr: float, eps: float) -> torch.opti
     raise ConfigError(f"algo.optimizer={name!r} is not one of: rmsprop, adam")
 
 
-class A2C(Algorithm):
+class A2C(ActorCriticState, Algorithm):
     name = "a2c"
     on_policy = True
 
@@ -122,15 +122,3 @@ class A2C(Algorithm):
         s = self.sync.mean(np.array([pg_loss.item(), v_loss.item(), ent.item(), explained]))
         return {"loss/policy": float(s[0]), "loss/value": float(s[1]), "loss/entropy": float(s[2]),
                 "train/explained_variance": float(s[3]), "train/lr": lr}
-
-    def state_dict(self) -> dict:
-        state = {"policy": self.policy.state_dict(), "optimizer": self.optimizer.state_dict()}
-        if self.reward_scaler:
-            state["reward_scaler"] = self.reward_scaler.state_dict()
-        return state
-
-    def load_state_dict(self, state: dict) -> None:
-        self.policy.load_state_dict(state["policy"])
-        self.optimizer.load_state_dict(state["optimizer"])
-        if self.reward_scaler and "reward_scaler" in state:
-            self.reward_scaler.load_state_dict(state["reward_scaler"])

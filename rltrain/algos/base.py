@@ -142,3 +142,25 @@ class RewardScaler:
     def load_state_dict(self, state: dict) -> None:
         self.norm.load_state_dict(state["norm"])
         self.disc = state["disc"].numpy().copy()
+
+
+class ActorCriticState:
+    """``state_dict`` / ``load_state_dict`` shared by the on-policy learners (ppo, a2c, impala): the policy
+    (normaliser statistics included), the optimiser and, when reward scaling is on, its running statistics.
+    Mixed in before ``Algorithm`` so it provides the abstract methods."""
+
+    policy: torch.nn.Module
+    optimizer: torch.optim.Optimizer
+    reward_scaler: RewardScaler | None
+
+    def state_dict(self) -> dict:
+        state = {"policy": self.policy.state_dict(), "optimizer": self.optimizer.state_dict()}
+        if self.reward_scaler:
+            state["reward_scaler"] = self.reward_scaler.state_dict()
+        return state
+
+    def load_state_dict(self, state: dict) -> None:
+        self.policy.load_state_dict(state["policy"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        if self.reward_scaler and "reward_scaler" in state:
+            self.reward_scaler.load_state_dict(state["reward_scaler"])

@@ -21,7 +21,7 @@ import torch
 from torch import nn
 
 from rltrain.algos.a2c import make_optimizer
-from rltrain.algos.base import Algorithm, RewardScaler, Sync, positive
+from rltrain.algos.base import ActorCriticState, Algorithm, RewardScaler, Sync, positive
 from rltrain.algos.ppo import ActorCritic
 from rltrain.errors import ConfigError
 from rltrain.nets import RunningNorm
@@ -29,7 +29,7 @@ from rltrain.returns import vtrace
 from rltrain.types import EnvSpec, Metrics, Rollout
 
 
-class IMPALA(Algorithm):
+class IMPALA(ActorCriticState, Algorithm):
     name = "impala"
     on_policy = True  # learns from (nearly) current-policy data; V-trace absorbs bounded lag
 
@@ -124,15 +124,3 @@ class IMPALA(Algorithm):
         return {"loss/policy": float(s[0]), "loss/value": float(s[1]), "loss/entropy": float(s[2]),
                 "train/rho_mean": float(s[3]), "train/rho_clip_frac": float(s[4]),
                 "train/policy_version_spread": float(s[5]), "train/lr": lr}
-
-    def state_dict(self) -> dict:
-        state = {"policy": self.policy.state_dict(), "optimizer": self.optimizer.state_dict()}
-        if self.reward_scaler:
-            state["reward_scaler"] = self.reward_scaler.state_dict()
-        return state
-
-    def load_state_dict(self, state: dict) -> None:
-        self.policy.load_state_dict(state["policy"])
-        self.optimizer.load_state_dict(state["optimizer"])
-        if self.reward_scaler and "reward_scaler" in state:
-            self.reward_scaler.load_state_dict(state["reward_scaler"])

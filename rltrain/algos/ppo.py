@@ -14,7 +14,7 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from rltrain.algos.base import Algorithm, Policy, RewardScaler, Sync, make_adam, positive
+from rltrain.algos.base import ActorCriticState, Algorithm, Policy, RewardScaler, Sync, make_adam, positive
 from rltrain.algos.ppo_fast import (
     SUPPORTED_ACTIVATIONS,
     FlatAdam,
@@ -124,7 +124,7 @@ class ActorCritic(Policy):
                           obs_clip=norm.clip)
 
 
-class PPO(Algorithm):
+class PPO(ActorCriticState, Algorithm):
     name = "ppo"
 
     def __init__(
@@ -319,17 +319,3 @@ class PPO(Algorithm):
             approx_kl = ((ratio - 1) - log_ratio).mean()
             clip_frac = ((ratio - 1.0).abs() > self.clip_coef).float().mean()
             return torch.stack([pg_loss, v_loss, ent, approx_kl, clip_frac])
-
-    def state_dict(self) -> dict:
-        state = {"policy": self.policy.state_dict(), "optimizer": self.optimizer.state_dict()}
-        if self.reward_scaler:
-            state["reward_scaler"] = self.reward_scaler.state_dict()
-        return state
-
-    def load_state_dict(self, state: dict) -> None:
-        self.policy.load_state_dict(state["policy"])
-        self.optimizer.load_state_dict(state["optimizer"])
-        if self.reward_scaler and "reward_scaler" in state:
-            self.reward_scaler.load_state_dict(state["reward_scaler"])
-
-
