@@ -13,6 +13,8 @@ Sections (add yours: write ``def section_<name>(args) -> list[Row]`` and registe
   parallel     2 agents under ``trainer=parallel`` vs the same agents one after the other (wall-time ratio)
   distributed  ``trainer=distributed_simulator`` SPS at world_size 1 and 2, equal work per rank (scaling)
   actors       ``trainer=subprocess_actors`` IMPALA SPS with 1/2/4 actors, CartPole and a 200 us/step CartPole
+  sb3          Stable-Baselines3 at the same moment (needs --sb3-python): time to solve (zoo settings) and
+               PPO SPS at CleanRL settings, side by side; not in the default set
 
 Both wall-clock and CPU-time (this process) rates are printed: on a shared machine wall time measures the
 neighbours too, CPU time is the cost of our own code. Timings are not asserted anywhere; compare ratios.
@@ -216,6 +218,43 @@ def section_actors(args) -> list[Row]:
     return rows
 
 
+def section_sb3(args) -> list[Row]:
+    """Stable-Baselines3 beside rltrain at the same moment (this machine's speed drifts ~2x over a day):
+    time to solve, interleaved seed by seed (SB3 with rl-baselines3-zoo's CartPole settings, rltrain with its
+    defaults), and PPO SPS at CleanRL's settings. Needs ``--sb3-python``: a Python with stable-baselines3."""
+    if not args.sb3_python:
+        return [Row("sb3", "skipped", notes="pass --sb3-python /path/to/python (a venv with stable-baselines3)")]
+    driver = str(REPO / "scripts" / "peers" / "sb3_ppo.py")
+
+    def sb3(*cli: str) -> tuple[float, dict]:
+        t0 = time.perf_counter()
+        out = subprocess.run([args.sb3_python, driver, *cli], capture_output=True, text=True, timeout=900)
+        if out.returncode != 0:
+            raise RuntimeError(f"sb3_ppo.py {' '.join(cli)} failed:\n{out.stderr[-2000:]}")
+        return time.perf_counter() - t0, json.loads(out.stdout.strip().splitlines()[-1])
+
+    seeds = [1] if args.quick else [1, 2, 3]
+    ours, theirs, rows = [], [], []
+    for seed in seeds:
+        with tempfile.TemporaryDirectory() as tmp:
+            wall, _, s = run_cli(["target_return=475", f"seed={seed}", "logger=quiet"], Path(tmp))
+        ours.append(wall)
+        t_wall, t = sb3("solve", str(seed))
+        theirs.append(t_wall)
+        rows.append(Row("sb3", f"time to solve, seed={seed}", notes=(
+            f"rltrain {wall:.1f} s (solved at {s['solved_at_env_steps']} steps) vs SB3 zoo {t_wall:.1f} s "
+            f"(solved at {t['solved_at_env_steps']} steps, {t['loop_s']:.1f} s in learn)")))
+    mo, mt = statistics.median(ours), statistics.median(theirs)
+    rows.append(Row("sb3", "time to solve, median (whole process)", ratio=f"{mo / mt:.2f} (rltrain / SB3)",
+                    notes=f"**rltrain {mo:.1f} s vs SB3 zoo {mt:.1f} s**"))
+    warmup, measure = (4096, 20_480) if args.quick else (10_240, 102_400)
+    our_sps, _, _ = measure_train(["experiment=ppo_cleanrl"], warmup=warmup, measure=measure)
+    _, t = sb3("sps")
+    rows.append(Row("sb3", "PPO SPS at CleanRL settings: rltrain vs SB3", wall_sps=our_sps,
+                    ratio=f"x{our_sps / t['sps']:.2f} vs SB3", notes=f"SB3 {t['sps']:,.0f} steps/s"))
+    return rows
+
+
 SECTIONS: dict[str, Callable[[argparse.Namespace], list[Row]]] = {
     "env": section_env,
     "train": section_train,
@@ -223,6 +262,7 @@ SECTIONS: dict[str, Callable[[argparse.Namespace], list[Row]]] = {
     "parallel": section_parallel,
     "distributed": section_distributed,
     "actors": section_actors,
+    "sb3": section_sb3,
 }
 
 
@@ -239,9 +279,11 @@ def print_table(rows: list[Row]) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--only", default=",".join(SECTIONS), help=f"comma-separated sections: {', '.join(SECTIONS)}")
+    p.add_argument("--only", default=",".join(k for k in SECTIONS if k != "sb3"), help=f"comma-separated sections: {', '.join(SECTIONS)}")
     p.add_argument("--quick", action="store_true", help="smaller budgets and one seed")
     p.add_argument("--solve-args", nargs="*", default=[], help="extra overrides for the solve runs")
+    p.add_argument("--sb3-python", default=os.environ.get("RLTRAIN_SB3_PYTHON"),
+                   help="a Python with stable-baselines3, for the sb3 section (or set RLTRAIN_SB3_PYTHON)")
     args = p.parse_args(argv)
     only = [s.strip() for s in args.only.split(",") if s.strip()]
     unknown = [s for s in only if s not in SECTIONS]

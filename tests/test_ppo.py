@@ -144,3 +144,58 @@ def test_inference_act_numpy_matches_torch_and_sees_weight_changes(spec):
     with torch.inference_mode():
         np.testing.assert_allclose(fast.policy.act(obs, deterministic=True).log_prob.numpy(),
                                    ref.policy.act(obs, deterministic=True).log_prob.numpy(), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("numpy_update", [True, False], ids=["numpy", "torch"])
+def test_values_reuse_obs_and_match_a_full_forward(numpy_update):
+    """learn()'s V(obs) / V(next_obs) evaluate only the successors that are not the next row's obs (rollout
+    end, truncations) and still equal a forward over every obs and every next_obs; a rollout where next_obs
+    is not obs shifted (the synthetic one) takes the full path and agrees too."""
+    from rltrain.collect import RolloutCollector
+    from rltrain.envs import env_spec, make_env, make_vector_env
+
+    spec = env_spec(make_env("CartPole-v1"), "CartPole-v1")
+    torch.manual_seed(0)
+    algo = PPO(spec, num_envs=4, device=CPU, rollout_len=64, num_minibatches=4, hidden_sizes=(16, 16),
+               norm_obs=True, numpy_update=numpy_update)
+    algo.policy.obs_norm.update_from_moments(algo.policy.obs_norm.moments(
+        np.random.default_rng(0).normal(0, 0.5, (50, 4)), 1))
+    venv = make_vector_env("CartPole-v1", 4, [1, 2, 3, 4], max_episode_steps=20)  # truncations every 20 steps
+    real = RolloutCollector(venv, algo.policy, spec, device=CPU).collect(64)
+    venv.close()
+    assert real.truncated.any() and real.terminated.any()
+    for rollout in (real, synthetic_rollout(spec, T=64)):
+        T, N = rollout.rewards.shape
+        with torch.no_grad():
+            full = algo.policy.value(torch.from_numpy(np.concatenate([rollout.obs, rollout.next_obs]).reshape(2 * T * N, 4)))
+        full = full.numpy().reshape(2, T, N)
+        values, next_values = algo._values(rollout)
+        np.testing.assert_allclose(values, full[0], rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(next_values, np.where(rollout.terminated, 0.0, full[1]), rtol=1e-5, atol=1e-6)
+
+
+def test_target_kl_decision_is_taken_on_the_workers_mean():
+    """Early stopping on approx KL uses the KL averaged over workers (Sync.mean), never a rank's own: ranks
+    that stopped at different epochs would wait on each other's gradient all-reduce forever."""
+    from rltrain.algos.base import Sync
+
+    class FixedKL(Sync):
+        def __init__(self, kl: float):
+            self.kl, self.asked = kl, 0
+
+        def mean(self, x):
+            if np.size(x) == 1:  # the KL decision (metrics are a longer vector)
+                self.asked += 1
+                return np.full_like(x, self.kl)
+            return x
+
+    for kl, epochs in ((1.0, 1), (0.0, 3)):
+        torch.manual_seed(0)
+        sync = FixedKL(kl)
+        algo = PPO(DISCRETE, num_envs=4, device=CPU, rollout_len=16, num_minibatches=2, update_epochs=3,
+                   hidden_sizes=(16, 16), target_kl=0.01, sync=sync)
+        steps = []
+        inner = algo._numpy_step_and_update
+        algo._numpy_step_and_update = lambda *b, inner=inner, steps=steps: steps.append(1) or inner(*b)
+        algo.learn(synthetic_rollout(DISCRETE), progress=0.0)
+        assert len(steps) == 2 * epochs and sync.asked == epochs

@@ -134,6 +134,35 @@ class NumpyPPOStep:
             self.log_std, self.g_log_std = flat.views[2 * n_layers], flat.grads[2 * n_layers]
         self.c, self.clip_vloss = np.float32(clip_coef), clip_vloss
         self.ent_coef, self.vf_coef = np.float32(ent_coef), np.float32(vf_coef)
+        self._g_buf: np.ndarray | None = None
+        self._arange: np.ndarray | None = None
+        self._ones_row: np.ndarray | None = None
+
+    def _g_out(self, shape: tuple[int, ...]) -> np.ndarray:
+        """The output-gradient buffer, zeroed once per shape: each step writes the same entries (actor
+        columns of net 0, column 0 of net 1) and the padding stays zero."""
+        if self._g_buf is None or self._g_buf.shape != shape:
+            self._g_buf = np.zeros(shape, np.float32)
+        return self._g_buf
+
+    def _rows(self, B: int) -> np.ndarray:
+        if self._arange is None or len(self._arange) != B:
+            self._arange = np.arange(B)
+        return self._arange
+
+    def _ones(self, B: int) -> np.ndarray:
+        if self._ones_row is None or self._ones_row.shape[1] != B:
+            self._ones_row = np.ones((1, B), np.float32)
+        return self._ones_row
+
+    def value(self, x: np.ndarray) -> np.ndarray:
+        """x [B, in] normalised obs -> V [B]: the critic alone (net 1), no activations kept."""
+        h = x
+        for i in range(self.L):
+            h = np.matmul(h, self.w[i][1]) + self.b[i][1]
+            if i < self.L - 1:
+                h = np.tanh(h, out=h) if self.tanh else np.maximum(h, 0, out=h)
+        return h[:, 0]
 
     def __call__(self, x: np.ndarray, act: np.ndarray, old_logp: np.ndarray, neg_adv: np.ndarray,
                  ret: np.ndarray, old_val: np.ndarray) -> np.ndarray:
@@ -151,18 +180,19 @@ class NumpyPPOStep:
                 h = np.tanh(h) if self.tanh else np.maximum(h, 0, dtype=np.float32)
                 acts.append(h)
         out, value = h[0, :, :A], h[1, :, 0]
-        g_out = np.zeros_like(h)
+        g_out = self._g_out(h.shape)
 
         # policy: log-probs, entropy and their gradients w.r.t. the actor's outputs
         if self.discrete:
-            m = out.max(-1, keepdims=True)
+            # ufunc.reduce instead of ndarray.max/.sum: same result without their Python wrappers
+            m = np.maximum.reduce(out, axis=-1, keepdims=True)
             e = np.exp(out - m)
-            z = e.sum(-1, keepdims=True)
+            z = np.add.reduce(e, axis=-1, keepdims=True)
             p = e / z
             logp_all = out - m - np.log(z)
-            rows = np.arange(B)
+            rows = self._rows(B)
             logp = logp_all[rows, act]
-            entropy = -(p * logp_all).sum(-1)
+            entropy = -np.add.reduce(p * logp_all, axis=-1)
         else:
             log_std = self.log_std
             std = np.exp(log_std)
@@ -172,10 +202,10 @@ class NumpyPPOStep:
         log_ratio = logp - old_logp
         ratio = np.exp(log_ratio)
         l1 = neg_adv * ratio
-        l2 = neg_adv * np.clip(ratio, 1 - c, 1 + c)
+        l2 = neg_adv * np.minimum(np.maximum(ratio, 1 - c), 1 + c)  # np.clip's wrapper costs ~5x this
         pg_loss = np.maximum(l1, l2).sum() * inv_b
         # torch.maximum splits the gradient evenly on ties; clamp passes it on [lo, hi] inclusive
-        w1 = np.where(l1 > l2, 1.0, np.where(l1 == l2, 0.5, 0.0)).astype(np.float32)
+        w1 = _tie_weights(l1, l2)
         inside = (ratio >= 1 - c) & (ratio <= 1 + c)
         g_ratio = neg_adv * (w1 + (1 - w1) * inside) * inv_b
         g_logp = g_ratio * ratio
@@ -193,10 +223,10 @@ class NumpyPPOStep:
         d = value - ret
         if self.clip_vloss:
             dv = value - old_val
-            dc = old_val + np.clip(dv, -c, c) - ret
+            dc = old_val + np.minimum(np.maximum(dv, -c), c) - ret
             u1, u2 = d * d, dc * dc
             v_loss = 0.5 * np.maximum(u1, u2).sum() * inv_b
-            wv = np.where(u1 > u2, 1.0, np.where(u1 == u2, 0.5, 0.0)).astype(np.float32)
+            wv = _tie_weights(u1, u2)
             inside_v = (dv >= -c) & (dv <= c)
             g_out[1, :, 0] = (self.vf_coef * inv_b) * (wv * d + (1 - wv) * dc * inside_v)
         else:
@@ -208,14 +238,21 @@ class NumpyPPOStep:
         for i in range(self.L - 1, -1, -1):
             a = acts[i]
             np.matmul(a.swapaxes(-1, -2), g, out=self.gw[i])
-            g.sum(1, keepdims=True, out=self.gb[i])
+            np.matmul(self._ones(B), g, out=self.gb[i])  # the batch sum as a BLAS product: ~3x faster here
             if i > 0:
                 g = np.matmul(g, self.w[i].swapaxes(-1, -2))
                 g *= (1 - a * a) if self.tanh else (a > 0)
         ent = entropy.sum() * inv_b
         approx_kl = ((ratio - 1) - log_ratio).sum() * inv_b  # k3 estimator (Schulman, "Approximating KL")
-        clip_frac = np.count_nonzero(np.abs(ratio - 1) > c) * inv_b
+        clip_frac = (B - np.count_nonzero(inside)) * inv_b  # |ratio - 1| > c
         return np.array([pg_loss, v_loss, ent, approx_kl, clip_frac], np.float32)
+
+
+def _tie_weights(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """d max(a, b) / da as torch computes it: 1 where a > b, 0.5 on ties, 0 where a < b (float32)."""
+    w = (a > b).astype(np.float32)
+    w += np.float32(0.5) * (a == b)
+    return w
 
 
 def clip_grad_norm(flat: FlatParams, max_norm: float) -> float:
