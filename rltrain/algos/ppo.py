@@ -198,8 +198,7 @@ class PPO(ActorCriticState, Algorithm):
 
     def learn(self, rollout: Rollout, *, progress: float) -> Metrics:
         T, N = rollout.shape
-        dev, pol = self.device, self.policy
-        obs = torch.from_numpy(rollout.obs.reshape(T * N, *self.spec.obs_shape)).to(dev)
+        pol = self.policy
         rewards = self.reward_scaler(rollout, self.sync) if self.reward_scaler else rollout.rewards
 
         # 1. Values of every observation and every true successor.
@@ -220,6 +219,7 @@ class PPO(ActorCriticState, Algorithm):
             batches = self._minibatches(self._normalised_obs(rollout.obs), rollout, adv, ret, values)
             step = self._numpy_step_and_update
         else:
+            obs = torch.from_numpy(rollout.obs.reshape(T * N, *self.spec.obs_shape)).to(self.device)
             batches = self._minibatches(obs, rollout, adv, ret, values)
             step = self._minibatch_step
         for epoch in range(self.update_epochs):
