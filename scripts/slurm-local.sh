@@ -120,6 +120,20 @@ alive() {
 # give up early (after a 10 s grace period for the PID file to appear) when
 # the daemon is no longer running, so a crash is reported at once instead of
 # after the full timeout.
+# start_daemon PIDFILE NAME LOGFILE CMD...: run CMD (a daemon that detaches itself and writes PIDFILE)
+# unless NAME already runs from PIDFILE; on failure show LOGFILE and stop.
+start_daemon() {
+    local pidfile=$1 name=$2 logfile=$3
+    shift 3
+    if running "$pidfile" "$name" >/dev/null; then
+        log "$name already running"
+        return 0
+    fi
+    log "starting $name"
+    rm -f "$pidfile"
+    "$@" || { show_log "$logfile"; die "$name failed to start"; }
+}
+
 wait_daemon() {
     local pidfile=$1 name=$2 timeout=$3 what=$4
     shift 4
@@ -238,15 +252,8 @@ start_munge() {
     chown munge:munge "$MUNGE_KEY"
     chmod 600 "$MUNGE_KEY"
 
-    if running "$MUNGE_PID" munged >/dev/null; then
-        log "munged already running"
-    else
-        log "starting munged"
-        rm -f "$MUNGE_PID"
-        # munged forks into the background itself and writes the PID file.
-        runuser -u munge -- munged --pid-file="$MUNGE_PID" ||
-            { show_log /var/log/munge/munged.log; die "munged failed to start"; }
-    fi
+    # munged forks into the background itself and writes the PID file.
+    start_daemon "$MUNGE_PID" munged /var/log/munge/munged.log runuser -u munge -- munged --pid-file="$MUNGE_PID"
     wait_daemon "$MUNGE_PID" munged "$WAIT_TIMEOUT" "munge to work" sh -c 'munge -n | unmunge' ||
         { show_log /var/log/munge/munged.log; die "munge does not work"; }
 }
@@ -329,14 +336,8 @@ EOF
 }
 
 start_slurmdbd() {
-    if running "$SLURMDBD_PID" slurmdbd >/dev/null; then
-        log "slurmdbd already running"
-    else
-        log "starting slurmdbd"
-        rm -f "$SLURMDBD_PID"
-        # Daemonises itself and writes PidFile.
-        slurmdbd || { show_log "$SLURM_LOG/slurmdbd.log"; die "slurmdbd failed to start"; }
-    fi
+    # Daemonises itself and writes PidFile.
+    start_daemon "$SLURMDBD_PID" slurmdbd "$SLURM_LOG/slurmdbd.log" slurmdbd
     # First start creates the tables, which takes a few seconds.
     wait_daemon "$SLURMDBD_PID" slurmdbd "$WAIT_TIMEOUT" "slurmdbd" sacctmgr -n -P list cluster ||
         { show_log "$SLURM_LOG/slurmdbd.log"; die "slurmdbd did not answer"; }
@@ -439,15 +440,9 @@ EOF
 }
 
 start_slurmctld() {
-    if running "$SLURMCTLD_PID" slurmctld >/dev/null; then
-        log "slurmctld already running"
-    else
-        log "starting slurmctld"
-        rm -f "$SLURMCTLD_PID"
-        # Daemonises itself (as SlurmUser) and writes SlurmctldPidFile; state
-        # in StateSaveLocation is recovered across down/up.
-        slurmctld || { show_log "$SLURM_LOG/slurmctld.log"; die "slurmctld failed to start"; }
-    fi
+    # Daemonises itself (as SlurmUser) and writes SlurmctldPidFile; state
+    # in StateSaveLocation is recovered across down/up.
+    start_daemon "$SLURMCTLD_PID" slurmctld "$SLURM_LOG/slurmctld.log" slurmctld
     wait_daemon "$SLURMCTLD_PID" slurmctld "$WAIT_TIMEOUT" "slurmctld" scontrol ping ||
         { show_log "$SLURM_LOG/slurmctld.log"; die "slurmctld did not answer"; }
     # scontrol ping succeeds as soon as the port is open; check the daemon kept running.
@@ -456,13 +451,7 @@ start_slurmctld() {
 }
 
 start_slurmd() {
-    if running "$SLURMD_PID" slurmd >/dev/null; then
-        log "slurmd already running"
-    else
-        log "starting slurmd"
-        rm -f "$SLURMD_PID"
-        slurmd || { show_log "$SLURM_LOG/slurmd.log"; die "slurmd failed to start"; }
-    fi
+    start_daemon "$SLURMD_PID" slurmd "$SLURM_LOG/slurmd.log" slurmd
 }
 
 node_state() { sinfo -h -N -o %T 2>/dev/null | head -n1; }
