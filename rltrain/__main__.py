@@ -1,3 +1,3 @@
-from rltrain.cli import main
+from rltrain.cli.train import main
 
 main()

@@ -49,7 +49,7 @@ def run_one(algo: str, env: str, actors: int, steps: int, *, batch_rollouts: int
     """Train ``steps`` env steps; returns SPS over the training loop (actors started, final eval excluded)."""
     from hydra import compose, initialize_config_dir
 
-    from rltrain.build import run
+    from rltrain.cli.build import run
 
     env_id, kwargs = ENVS[env]
     overrides = [f"algo={algo}", "trainer=subprocess_actors", f"trainer.num_actors={actors}",

@@ -62,7 +62,7 @@ def _clock() -> tuple[float, float]:
 def section_env(args) -> list[Row]:
     import numpy as np
 
-    from rltrain.envs import make_vector_env
+    from rltrain.envs.make import make_vector_env
 
     steps = 20_000 if args.quick else 100_000
     venv = make_vector_env(ENV_ID, NUM_ENVS, list(range(NUM_ENVS)))
@@ -90,10 +90,10 @@ def measure_train(overrides: list[str], *, warmup: int, measure: int) -> tuple[f
     """
     import torch
 
-    from rltrain.build import algo_factory, pick_device, prepare
-    from rltrain.seeding import derive
-    from rltrain.signals import StopFlag
-    from rltrain.trainers.base import TrainLoop
+    from rltrain.cli.build import algo_factory, pick_device, prepare
+    from rltrain.run.seeding import derive
+    from rltrain.run.signals import StopFlag
+    from rltrain.trainers.loop import TrainLoop
     from tests.conftest import compose_cfg
 
     with tempfile.TemporaryDirectory() as tmp:

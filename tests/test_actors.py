@@ -19,10 +19,10 @@ import numpy as np
 import pytest
 import torch
 
-from rltrain.metrics import read_metrics
-from rltrain.trainers.actors import merge_rollouts
-from rltrain.trainers.shm_weights import SharedWeights
-from rltrain.types import Rollout
+from rltrain.data.structs import Rollout
+from rltrain.run.metrics import read_metrics
+from rltrain.trainers.actors.learner import merge_rollouts
+from rltrain.trainers.actors.shared_weights import SharedWeights
 from tests.conftest import REPO, child_pids
 
 FAST = ["trainer=subprocess_actors", "debug=smoke", "env.num_envs=2", "algo.rollout_len=32", "algo.num_minibatches=2",
@@ -30,7 +30,7 @@ FAST = ["trainer=subprocess_actors", "debug=smoke", "env.num_envs=2", "algo.roll
         "log.every_env_steps=256", "logger.progress=plain"]
 
 
-TESTS_ON_PATH = {"PYTHONPATH": str(REPO)}  # env.id=tests.actor_envs:... from the run's cwd
+TESTS_ON_PATH = {"PYTHONPATH": str(REPO)}  # env.id=tests.helpers.actor_envs:... from the run's cwd
 
 
 def summary(run_dir: Path) -> dict:
@@ -154,7 +154,7 @@ def test_async_run_logs_lag_and_seeds(cli, tmp_path, orphan_watch, extra):
 def test_sync_preemption_thresholds(cli, tmp_path, orphan_watch, preempt, expect_max):
     # actor 1 sleeps 20 ms per step: without preemption every batch would wait for it
     out = cli(*FAST, "total_env_steps=1024", "hydra.run.dir=run", "trainer.sync=true", "trainer.batch_rollouts=4",
-              "trainer.start_method=fork", "env.id=tests.actor_envs:SlowActorCartPole",
+              "trainer.start_method=fork", "env.id=tests.helpers.actor_envs:SlowActorCartPole",
               "+env.kwargs.delay_s=0.02", preempt, timeout=180, env=TESTS_ON_PATH)
     assert out.returncode == 0, out.stderr[-3000:]
     rows = read_metrics(tmp_path / "run" / "metrics.csv")
@@ -176,7 +176,7 @@ def test_sync_without_preemption_waits_for_full_batches(cli, tmp_path, orphan_wa
 
 def test_raising_actor_traceback_reaches_learner_and_log(cli, tmp_path, orphan_watch):
     out = cli(*FAST, "total_env_steps=100000", "hydra.run.dir=run", "trainer.on_actor_failure=abort",
-              "trainer.start_method=fork", "env.id=tests.actor_envs:RaisingCartPole", timeout=180,
+              "trainer.start_method=fork", "env.id=tests.helpers.actor_envs:RaisingCartPole", timeout=180,
               env=TESTS_ON_PATH)
     assert out.returncode == 1, out.stderr[-3000:]
     console = out.stdout + out.stderr  # Hydra's console log handler writes to stdout

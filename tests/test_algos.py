@@ -15,9 +15,9 @@ from rltrain.algos.dqn import DQN
 from rltrain.algos.impala import IMPALA
 from rltrain.algos.ppo import PPO
 from rltrain.algos.sac import SAC
-from rltrain.buffers import ReplayBuffer
+from rltrain.data.replay import ReplayBuffer
+from rltrain.data.structs import EnvSpec, Rollout
 from rltrain.errors import ConfigError
-from rltrain.types import EnvSpec, Rollout
 
 CARTPOLE = EnvSpec("CartPole-v1", (4,), "discrete", (), n_actions=2)
 PENDULUM = EnvSpec("Pendulum-v1", (3,), "box", (1,), action_low=(-2.0,), action_high=(2.0,))

@@ -122,11 +122,11 @@ def test_missing_box2d_extra_is_named(cli):
 
 
 def test_user_env_by_import_path_with_kwargs(cli, tmp_path):
-    res = cli(*SMOKE, "env.id=tests.faulty_envs:make_counting", "+env.kwargs.length=7", "total_env_steps=512",
+    res = cli(*SMOKE, "env.id=tests.helpers.faulty_envs:make_counting", "+env.kwargs.length=7", "total_env_steps=512",
               env={"PYTHONPATH": str(REPO)})
     assert res.returncode == 0, res.stderr
     summary = json.loads((_run_dir(tmp_path) / "summary.json").read_text())
-    assert summary["env_id"] == "tests.faulty_envs:make_counting"
+    assert summary["env_id"] == "tests.helpers.faulty_envs:make_counting"
     assert summary["final_eval_return"] <= 7.0  # one reward per step at most, 7 steps per episode
 
 
@@ -140,7 +140,7 @@ def test_help_and_cfg_job(cli):
 def test_sigint_checkpoints_and_prints_resume_command(tmp_path, no_leaks):
     env = {**os.environ, "PYTHONPATH": str(REPO), "PYTHONUNBUFFERED": "1"}
     env.pop("HYDRA_FULL_ERROR", None)
-    args = [sys.executable, "-m", "rltrain", "env.id=tests.faulty_envs:SlowEnv", "total_env_steps=1000000",
+    args = [sys.executable, "-m", "rltrain", "env.id=tests.helpers.faulty_envs:SlowEnv", "total_env_steps=1000000",
             "logger.progress=plain", "logger.progress_interval_s=0.2", "algo.rollout_len=16", "algo.num_minibatches=2"]
     proc = subprocess.Popen(args, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 60
@@ -171,11 +171,11 @@ def test_rltrain_eval_on_run_dir_and_checkpoint(cli, tmp_path):
     assert cli(*SMOKE).returncode == 0
     run_dir = _run_dir(tmp_path)
     for target in (run_dir, run_dir / "checkpoints" / "best.pt"):
-        res = subprocess.run([sys.executable, "-m", "rltrain.evaluate", str(target), "--episodes", "3"],
+        res = subprocess.run([sys.executable, "-m", "rltrain.cli.evaluate", str(target), "--episodes", "3"],
                              capture_output=True, text=True, timeout=120)
         assert res.returncode == 0, res.stderr
         assert "episodes: 3  mean return:" in res.stdout
-    res = subprocess.run([sys.executable, "-m", "rltrain.evaluate", str(tmp_path / "nothing")],
+    res = subprocess.run([sys.executable, "-m", "rltrain.cli.evaluate", str(tmp_path / "nothing")],
                          capture_output=True, text=True, timeout=60)
     assert res.returncode == 2 and res.stderr.startswith("rltrain-eval: error:")
 
@@ -183,7 +183,7 @@ def test_rltrain_eval_on_run_dir_and_checkpoint(cli, tmp_path):
 def test_rltrain_eval_video_needs_extra_or_records(cli, tmp_path):
     assert cli(*SMOKE, "total_env_steps=512").returncode == 0
     run_dir = _run_dir(tmp_path)
-    res = subprocess.run([sys.executable, "-m", "rltrain.evaluate", str(run_dir), "eval.episodes=1", "eval.video=true"],
+    res = subprocess.run([sys.executable, "-m", "rltrain.cli.evaluate", str(run_dir), "eval.episodes=1", "eval.video=true"],
                          capture_output=True, text=True, timeout=180)
     try:
         import moviepy  # noqa: F401
@@ -195,7 +195,7 @@ def test_rltrain_eval_video_needs_extra_or_records(cli, tmp_path):
 
 
 def test_rich_progress_mode_runs_and_prints_summary_table(tmp_path, capsys):
-    from rltrain.build import run
+    from rltrain.cli.build import run
     from tests.conftest import compose_cfg
 
     summary = run(compose_cfg(["debug=smoke", "total_env_steps=512", "logger.progress=rich"]), tmp_path)

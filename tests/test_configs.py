@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from rltrain.build import check_kwargs, hparams, resolve_target, validate
+from rltrain.cli.build import check_kwargs, hparams, resolve_target, validate
 from tests.conftest import CONF_DIR, compose_cfg
 
 GROUPS = sorted(p for p in CONF_DIR.iterdir() if p.is_dir() and not p.name.startswith(("_", "hydra")))

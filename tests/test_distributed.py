@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from rltrain.trainers.launch import LaunchInfo, detect_launch, expand_nodelist, free_port
+from rltrain.trainers.rendezvous import LaunchInfo, detect_launch, expand_nodelist, free_port
 from tests.conftest import REPO
 
 # 2 ranks x 2 envs x 64 steps = 256 env steps per update: 8 updates in 2048 steps
@@ -52,11 +52,11 @@ def test_detect_torchrun_and_slurm(monkeypatch):
 
 # -- equivalence: 2 ranks x n envs == 1 process x 2n envs on the same data ------------------------------------
 def test_two_ranks_equal_one_process_with_twice_the_envs(tmp_path, no_leaks):
-    from tests.dist_equiv import N_PER_RANK, make_ppo, make_rollout
+    from tests.helpers.dist_equiv import N_PER_RANK, make_ppo, make_rollout
 
     port = free_port()  # plain subprocesses, no multiprocessing: pytest must not own a resource tracker
     env = {**os.environ, **TEST_ENV}
-    procs = [subprocess.Popen([sys.executable, "-m", "tests.dist_equiv", str(r), str(port), str(tmp_path / f"r{r}.pt")],
+    procs = [subprocess.Popen([sys.executable, "-m", "tests.helpers.dist_equiv", str(r), str(port), str(tmp_path / f"r{r}.pt")],
                               env=env, cwd=REPO) for r in range(2)]
     assert [p.wait(timeout=90) for p in procs] == [0, 0]
     single = make_ppo(2 * N_PER_RANK)
@@ -131,7 +131,7 @@ def test_torchrun_two_nodes_on_localhost(tmp_path, no_leaks):
 def test_a_failing_rank_stops_the_job(cli, tmp_path, no_leaks, mode, expect):
     timeout_s, stamp = 20, tmp_path / "fault.time"
     r = cli(*FAST, "total_env_steps=100000", f"trainer.timeout_s={timeout_s}",
-            "env.id=tests.fault_env:faulty_cartpole", "env.max_episode_steps=500",
+            "env.id=tests.helpers.faulty_envs:faulty_cartpole", "env.max_episode_steps=500",
             "+env.kwargs.fault_rank=1", f"+env.kwargs.mode={mode}", "+env.kwargs.after_steps=150",
             f"+env.kwargs.stamp={stamp}", timeout=180, env=TEST_ENV)
     reaction = time.time() - float(stamp.read_text())  # from the fault to the whole job's exit

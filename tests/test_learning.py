@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from rltrain.build import run
+from rltrain.cli.build import run
 from tests.conftest import compose_cfg
 
 

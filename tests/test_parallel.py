@@ -13,11 +13,11 @@ import subprocess
 import sys
 import time
 
-from rltrain.metrics import WALL_CLOCK_PREFIX
+from rltrain.run.metrics import WALL_CLOCK_PREFIX
 from tests.conftest import REPO, run_cli
 
 SMOKE = ["debug=smoke", "logger=quiet", "trainer=parallel"]
-ENV = {"PYTHONPATH": str(REPO)}  # agents import tests.faulty_envs
+ENV = {"PYTHONPATH": str(REPO)}  # agents import tests.helpers.faulty_envs
 
 
 def summary(path) -> dict:
@@ -60,8 +60,8 @@ def test_agent_equals_sequential_run_with_its_seed_and_overrides_apply(cli, tmp_
 
 def test_raising_and_killed_agents_are_reported_and_the_others_finish(cli, tmp_path, orphan_watch):
     out = cli(*SMOKE, "trainer.num_agents=3",
-              "trainer.agent_overrides=[{},{env.id:tests.faulty_envs:raising_cartpole},"
-              "{env.id:tests.faulty_envs:sigkill_cartpole}]", "hydra.run.dir=run", timeout=600, env=ENV)
+              "trainer.agent_overrides=[{},{env.id:tests.helpers.faulty_envs:raising_cartpole},"
+              "{env.id:tests.helpers.faulty_envs:sigkill_cartpole}]", "hydra.run.dir=run", timeout=600, env=ENV)
     assert out.returncode == 0, out.stderr  # continue: the run is still useful
     s = summary(tmp_path / "run")
     assert s["status"] == "partial" and s["failed_agents"] == [1, 2]
@@ -76,7 +76,7 @@ def test_raising_and_killed_agents_are_reported_and_the_others_finish(cli, tmp_p
 
 def test_abort_stops_the_other_agents_with_a_checkpoint(cli, tmp_path, orphan_watch):
     out = cli(*SMOKE, "trainer.num_agents=2", "trainer.on_agent_failure=abort",
-              "trainer.agent_overrides=[{total_env_steps:10000000},{env.id:tests.faulty_envs:raising_cartpole}]",
+              "trainer.agent_overrides=[{total_env_steps:10000000},{env.id:tests.helpers.faulty_envs:raising_cartpole}]",
               "hydra.run.dir=run", timeout=600, env=ENV)
     assert out.returncode == 1, out.stderr
     s = summary(tmp_path / "run")

@@ -7,8 +7,8 @@ import pytest
 import torch
 
 from rltrain.algos.ppo import PPO
-from rltrain.nets import categorical_sample, gaussian_sample
-from rltrain.types import EnvSpec, Rollout
+from rltrain.data.structs import EnvSpec, Rollout
+from rltrain.models.layers import categorical_sample, gaussian_sample
 
 DISCRETE = EnvSpec("Synthetic-discrete", (4,), "discrete", (), n_actions=3)
 BOX = EnvSpec("Synthetic-box", (3,), "box", (2,), action_low=(-1.0, -1.0), action_high=(1.0, 1.0))
@@ -151,8 +151,8 @@ def test_values_reuse_obs_and_match_a_full_forward(numpy_update):
     """learn()'s V(obs) / V(next_obs) evaluate only the successors that are not the next row's obs (rollout
     end, truncations) and still equal a forward over every obs and every next_obs; a rollout where next_obs
     is not obs shifted (the synthetic one) takes the full path and agrees too."""
-    from rltrain.collect import RolloutCollector
-    from rltrain.envs import env_spec, make_env, make_vector_env
+    from rltrain.envs.make import env_spec, make_env, make_vector_env
+    from rltrain.trainers.collector import RolloutCollector
 
     spec = env_spec(make_env("CartPole-v1"), "CartPole-v1")
     torch.manual_seed(0)

@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from rltrain.build import run
-from rltrain.checkpoint import CheckpointManager, load_checkpoint
-from rltrain.metrics import WALL_CLOCK_PREFIX, read_metrics
+from rltrain.cli.build import run
+from rltrain.run.checkpoint import CheckpointManager, load_checkpoint
+from rltrain.run.metrics import WALL_CLOCK_PREFIX, read_metrics
 from tests.conftest import compose_cfg
 
 BASE = ["debug=smoke", "logger=quiet", "algo.anneal_lr=false", "eval.every_env_steps=1024"]
@@ -63,8 +63,8 @@ def test_checkpoint_round_trip_loads_weights_only(tmp_path):
     assert "final.pt" in names and "best.pt" in names
     assert len([n for n in names if n.startswith("step_")]) <= 3
     # loading into a fresh algorithm restores the same parameters
-    from rltrain.build import algo_factory
-    from rltrain.envs import env_spec, make_env
+    from rltrain.cli.build import algo_factory
+    from rltrain.envs.make import env_spec, make_env
 
     spec = env_spec(make_env("CartPole-v1"), "CartPole-v1")
     algo = algo_factory(state["meta"]["config"])(spec, num_envs=4, device=torch.device("cpu"))

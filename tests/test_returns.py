@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from rltrain.returns import gae, nstep_returns, vtrace
+from rltrain.data.returns import gae, nstep_returns, vtrace
 
 T, N, GAMMA = 12, 5, 0.9
 

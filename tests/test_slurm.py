@@ -11,7 +11,7 @@ import sys
 import pytest
 
 from tests.conftest import CONF_DIR, run_cli
-from tests.sweep_helpers import ENV, TINY, by_job_num, csv_rows, wait_for
+from tests.helpers.sweeps import ENV, TINY, by_job_num, csv_rows, wait_for
 
 
 def slurm_responds() -> bool:
@@ -46,7 +46,7 @@ def test_slurm_array_of_two_returns_both_results(tmp_path):
 
 
 def test_slurm_failing_job_reports_failure(tmp_path):
-    res = run_cli(["-m", *SLURM, "env.id=tests.crashenv:cartpole", "+env.kwargs.crash_after=10", *TINY,
+    res = run_cli(["-m", *SLURM, "env.id=tests.helpers.faulty_envs:crashing_cartpole", "+env.kwargs.crash_after=10", *TINY,
                    "hydra.sweep.dir=sweep"], cwd=tmp_path, env=ENV, timeout=300)
     assert res.returncode == 1, res.stderr[-3000:]
     s = by_job_num(tmp_path / "sweep")[0]

@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from rltrain.plots import plot_learning_curves
-from rltrain.stats import aggregate, align_curves, bootstrap_ci, iqm
+from rltrain.run.plots import plot_learning_curves
+from rltrain.run.stats import aggregate, align_curves, bootstrap_ci, iqm
 
 
 def test_iqm_drops_a_quarter_at_each_end():

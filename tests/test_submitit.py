@@ -11,13 +11,13 @@ import sys
 import pytest
 
 from tests.conftest import run_cli
-from tests.sweep_helpers import ENV, TINY, by_job_num, csv_rows, send, submitit_task_pids, wait_for
+from tests.helpers.sweeps import ENV, TINY, by_job_num, csv_rows, send, submitit_task_pids, wait_for
 
 pytestmark = pytest.mark.skipif(importlib.util.find_spec("submitit") is None, reason="needs the 'slurm' extra")
 
 
 def test_local_array_collects_results_and_reports_a_failing_job(tmp_path):
-    res = run_cli(["-m", "hydra/launcher=local", "env.id=tests.crashenv:cartpole", "+env.kwargs.crash_after=-1,10",
+    res = run_cli(["-m", "hydra/launcher=local", "env.id=tests.helpers.faulty_envs:crashing_cartpole", "+env.kwargs.crash_after=-1,10",
                    *TINY, "hydra.sweep.dir=sweep"], cwd=tmp_path, env=ENV, timeout=300)
     assert res.returncode == 1, res.stderr[-3000:]
     jobs = by_job_num(tmp_path / "sweep")

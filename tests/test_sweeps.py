@@ -13,13 +13,13 @@ import sys
 import pytest
 import yaml
 
-from rltrain.build import parse_duration
+from rltrain.cli.build import parse_duration
 from rltrain.errors import ConfigError
-from rltrain.sweeps import check_nesting
+from rltrain.sweeps.callbacks import check_nesting
 from tests.conftest import run_cli
-from tests.sweep_helpers import ENV, TINY, by_job_num, csv_rows, wait_for
+from tests.helpers.sweeps import ENV, TINY, by_job_num, csv_rows, wait_for
 
-CRASH = ["env.id=tests.crashenv:cartpole"]
+CRASH = ["env.id=tests.helpers.faulty_envs:crashing_cartpole"]
 
 
 @pytest.fixture(scope="module")
@@ -54,7 +54,7 @@ def test_multirun_runs_every_job_and_survives_a_failing_one(sweep):
 def test_report_groups_by_config_and_aggregates_seeds(sweep, tmp_path):
     sweep_tmp, _ = sweep
     out = tmp_path / "report.md"
-    res = subprocess.run([sys.executable, "-m", "rltrain.report", str(sweep_tmp / "sweep"), "--out", str(out),
+    res = subprocess.run([sys.executable, "-m", "rltrain.cli.report", str(sweep_tmp / "sweep"), "--out", str(out),
                           "--json"], capture_output=True, text=True, timeout=120)
     assert res.returncode == 0, res.stderr
     rows = {r["group"]: r for r in json.loads(res.stdout)}
@@ -78,7 +78,7 @@ def test_report_on_a_parallel_run_dir_reads_agent_subdirs(sweep, tmp_path):
     for k, num in enumerate((0, 2)):
         shutil.copytree(next((sweep_tmp / "sweep").glob(f"{num}_*")), run / f"agent_{k}")
     (run / "summary.json").write_text(json.dumps({"status": "completed"}))
-    res = subprocess.run([sys.executable, "-m", "rltrain.report", str(run), "--json"], capture_output=True,
+    res = subprocess.run([sys.executable, "-m", "rltrain.cli.report", str(run), "--json"], capture_output=True,
                          text=True, timeout=120)
     assert res.returncode == 0, res.stderr
     rows = json.loads(res.stdout)
@@ -95,7 +95,7 @@ def test_a_config_error_in_one_job_does_not_end_the_sweep(cli):
 
 
 def test_task_returns_a_finite_float_never_nan():
-    from rltrain.cli import FAILED_RETURN, _sweep_value
+    from rltrain.cli.train import FAILED_RETURN, _sweep_value
 
     assert _sweep_value({"final_eval_return": 12.5}) == 12.5
     for bad in ({"final_eval_return": None}, {"final_eval_return": float("nan")}, {}):
@@ -157,7 +157,7 @@ def test_joblib_refusal_stops_the_sweep_before_any_job(cli, tmp_path):
 
 
 def test_check_prints_layout_seeds_batch_and_output_without_training(tmp_path):
-    res = subprocess.run([sys.executable, "-m", "rltrain.check", "debug=smoke", "env.num_envs=8"], cwd=tmp_path,
+    res = subprocess.run([sys.executable, "-m", "rltrain.cli.check", "debug=smoke", "env.num_envs=8"], cwd=tmp_path,
                          capture_output=True, text=True, timeout=120, env={**ENV, "COLUMNS": "200"})
     assert res.returncode == 0, res.stderr
     out = res.stdout
@@ -165,7 +165,7 @@ def test_check_prints_layout_seeds_batch_and_output_without_training(tmp_path):
                    "root seed", "eval seed", "outputs/runs/", "valid"):
         assert needle in out, needle
     assert not (tmp_path / "outputs").exists()  # nothing ran
-    bad = subprocess.run([sys.executable, "-m", "rltrain.check", "-m", "seed=1,2", "env.num_envs=4,0"],
+    bad = subprocess.run([sys.executable, "-m", "rltrain.cli.check", "-m", "seed=1,2", "env.num_envs=4,0"],
                          cwd=tmp_path, capture_output=True, text=True, timeout=120, env={**ENV, "COLUMNS": "200"})
     assert bad.returncode == 2
     assert "env.num_envs=0 must be a positive integer" in bad.stdout and "2/4 job(s) valid" in bad.stdout

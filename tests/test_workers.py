@@ -1,6 +1,6 @@
 """Process plumbing: results, forwarded tracebacks, killed workers, stop messages, escalation to SIGKILL.
 
-Each scenario runs in its own process (tests/workers_scenarios.py) and the test checks that no worker,
+Each scenario runs in its own process (tests/helpers/supervise_scenarios.py) and the test checks that no worker,
 no helper process and no /dev/shm entry outlives it.
 """
 
@@ -13,12 +13,12 @@ import sys
 import pytest
 
 from rltrain.errors import ConfigError
-from rltrain.trainers.workers import check_start_method
+from rltrain.trainers.supervise import check_start_method
 from tests.conftest import REPO
 
 
 def scenario(name: str, method: str = "spawn") -> dict:
-    out = subprocess.run([sys.executable, "-m", "tests.workers_scenarios", name, method], cwd=REPO,
+    out = subprocess.run([sys.executable, "-m", "tests.helpers.supervise_scenarios", name, method], cwd=REPO,
                          capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     return json.loads(out.stdout.strip().splitlines()[-1])
@@ -76,7 +76,7 @@ def test_fork_is_refused_once_cuda_is_initialised(monkeypatch):
     import torch
 
     from rltrain.errors import ConfigError
-    from rltrain.trainers.workers import check_start_method
+    from rltrain.trainers.supervise import check_start_method
 
     assert check_start_method("fork") == "fork"
     monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)

@@ -1,4 +1,4 @@
-"""rltrain's Optuna sweeper (Hydra instantiates plugins only from ``hydra_plugins``; logic in rltrain.sweepers)."""
+"""rltrain's Optuna sweeper (Hydra instantiates plugins only from ``hydra_plugins``; logic in rltrain.sweeps.replicates)."""
 
 try:  # the 'sweep' extra; without it Hydra's plugin scan must not fail
     from hydra_plugins.hydra_optuna_sweeper.optuna_sweeper import OptunaSweeper as _OptunaSweeper
@@ -6,7 +6,7 @@ except ImportError:
     _OptunaSweeper = None
 
 if _OptunaSweeper is not None:
-    from rltrain.sweepers import Replicated
+    from rltrain.sweeps.replicates import Replicated
 
     class ReplicatedOptunaSweeper(Replicated, _OptunaSweeper):
         pass

@@ -16,11 +16,11 @@ import torch.nn.functional as F
 from torch import nn
 
 from rltrain.algos.base import ActorCriticState, Algorithm, RewardScaler, Sync, make_adam, positive
-from rltrain.algos.ppo import ActorCritic
+from rltrain.data.returns import gae, nstep_returns
+from rltrain.data.structs import EnvSpec, Metrics, Rollout
 from rltrain.errors import ConfigError
-from rltrain.nets import RunningNorm
-from rltrain.returns import gae, nstep_returns
-from rltrain.types import EnvSpec, Metrics, Rollout
+from rltrain.models.actor_critic import ActorCritic
+from rltrain.models.layers import RunningNorm
 
 
 def make_optimizer(name: str, params: list, lr: float, eps: float) -> torch.optim.Optimizer:

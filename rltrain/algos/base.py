@@ -12,10 +12,10 @@ from typing import ClassVar
 
 import numpy as np
 import torch
-from torch import Tensor, nn
+from torch import Tensor
 
+from rltrain.data.structs import EnvSpec, Metrics, Policy, Rollout
 from rltrain.errors import ConfigError
-from rltrain.types import ActOutput, EnvSpec, Metrics, Rollout
 
 
 class Sync:
@@ -38,15 +38,6 @@ class Sync:
     def any(self, flag: bool) -> bool:
         """True when ``flag`` is true on any worker: stop decisions must be agreed, or ranks deadlock."""
         return flag
-
-
-class Policy(nn.Module, ABC):
-    """The only object shipped to actors / agent processes. Acts on a batch of raw observations."""
-
-    @abstractmethod
-    def act(self, obs: Tensor, *, deterministic: bool = False,
-            generator: torch.Generator | None = None) -> ActOutput:
-        """obs [N, *obs_shape] float32 -> ActOutput(action [N, ...], log_prob [N])."""
 
 
 class Algorithm(ABC):
@@ -116,7 +107,7 @@ class RewardScaler:
     """
 
     def __init__(self, gamma: float, num_envs: int):
-        from rltrain.nets import RunningNorm
+        from rltrain.models.layers import RunningNorm
 
         self.gamma = gamma
         self.norm = RunningNorm(())

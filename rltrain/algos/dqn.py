@@ -17,11 +17,11 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from rltrain.algos.base import Algorithm, Policy, Sync, make_adam, positive
-from rltrain.buffers import ReplayBuffer
+from rltrain.algos.base import Algorithm, Sync, make_adam, positive
+from rltrain.data.replay import ReplayBuffer
+from rltrain.data.structs import ActOutput, EnvSpec, Metrics, Policy, Rollout
 from rltrain.errors import ConfigError
-from rltrain.nets import mlp
-from rltrain.types import ActOutput, EnvSpec, Metrics, Rollout
+from rltrain.models.layers import mlp
 
 
 class QPolicy(Policy):

@@ -22,11 +22,11 @@ from torch import nn
 
 from rltrain.algos.a2c import make_optimizer
 from rltrain.algos.base import ActorCriticState, Algorithm, RewardScaler, Sync, positive
-from rltrain.algos.ppo import ActorCritic
+from rltrain.data.returns import vtrace
+from rltrain.data.structs import EnvSpec, Metrics, Rollout
 from rltrain.errors import ConfigError
-from rltrain.nets import RunningNorm
-from rltrain.returns import vtrace
-from rltrain.types import EnvSpec, Metrics, Rollout
+from rltrain.models.actor_critic import ActorCritic
+from rltrain.models.layers import RunningNorm
 
 
 class IMPALA(ActorCriticState, Algorithm):

@@ -29,13 +29,14 @@ import torch.distributed as dist
 from torch import Tensor
 
 from rltrain.algos.base import Sync
-from rltrain.build import algo_factory, pick_device, resolve_target
-from rltrain.checkpoint import CheckpointManager, load_checkpoint
+from rltrain.cli.build import algo_factory, pick_device, resolve_target
 from rltrain.errors import ConfigError
-from rltrain.seeding import derive, seed_process, write_seeds
-from rltrain.signals import StopFlag
-from rltrain.trainers.base import Trainer, TrainLoop, write_summary
-from rltrain.trainers.launch import (
+from rltrain.run.checkpoint import CheckpointManager, load_checkpoint
+from rltrain.run.seeding import derive, seed_process, write_seeds
+from rltrain.run.signals import StopFlag
+from rltrain.run.summary import write_summary
+from rltrain.trainers.loop import Trainer, TrainLoop
+from rltrain.trainers.rendezvous import (
     LaunchInfo,
     RankDone,
     RankFailed,

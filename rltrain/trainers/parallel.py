@@ -9,7 +9,7 @@ seed=<that seed>`` reproduces it exactly: parallelism changes placement, never r
 The parent only supervises (``workers.WorkerGroup``): it shows one progress table fed by the agents'
 messages, reports a failed agent by index with its traceback (or the signal that killed it), stops everyone
 on Ctrl-C / SIGTERM (each agent checkpoints), and finally aggregates the final eval returns (mean, median,
-IQM, bootstrap 95% CI; see ``rltrain.stats``) into ``summary.json`` and draws ``learning_curves.png``.
+IQM, bootstrap 95% CI; see ``rltrain.run.stats``) into ``summary.json`` and draws ``learning_curves.png``.
 """
 
 from __future__ import annotations
@@ -24,14 +24,15 @@ from pathlib import Path
 
 import yaml
 
-from rltrain.build import algo_factory, pick_device, validate
+from rltrain.cli.build import algo_factory, pick_device, validate
 from rltrain.errors import ConfigError
-from rltrain.seeding import derive, worker_root, write_seeds
-from rltrain.signals import StopFlag
-from rltrain.stats import aggregate
-from rltrain.trainers.agents_display import AgentsDisplay
-from rltrain.trainers.base import Trainer, TrainLoop, resume_command, write_summary
-from rltrain.trainers.workers import Done, Exited, Failed, Started, Unresponsive, WorkerContext, WorkerGroup
+from rltrain.run.agents_display import AgentsDisplay
+from rltrain.run.seeding import derive, worker_root, write_seeds
+from rltrain.run.signals import StopFlag
+from rltrain.run.stats import aggregate
+from rltrain.run.summary import resume_command, write_summary
+from rltrain.trainers.loop import Trainer, TrainLoop
+from rltrain.trainers.supervise import Done, Exited, Failed, Started, Unresponsive, WorkerContext, WorkerGroup
 
 SEQUENTIAL = {"_target_": "rltrain.trainers.sequential.SequentialTrainer", "_partial_": True}
 FAILURE_POLICIES = ("continue", "abort")
@@ -281,7 +282,7 @@ class ParallelTrainer(Trainer):
         return None
 
     def _summarize(self, records: list[dict], stop: StopFlag, aborted: str | None, wall: float) -> dict:
-        from rltrain.plots import plot_learning_curves, read_curve
+        from rltrain.run.plots import plot_learning_curves, read_curve
 
         finals = [r.get("final_eval_return") for r in records if r["status"] == "completed"]
         agg = aggregate(finals)

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from rltrain.build import algo_factory, pick_device
-from rltrain.seeding import derive, write_seeds
-from rltrain.signals import StopFlag
-from rltrain.trainers.base import Trainer, TrainLoop
+from rltrain.cli.build import algo_factory, pick_device
+from rltrain.run.seeding import derive, write_seeds
+from rltrain.run.signals import StopFlag
+from rltrain.trainers.loop import Trainer, TrainLoop
 
 
 class SequentialTrainer(Trainer):

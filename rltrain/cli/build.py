@@ -1,0 +1,192 @@
+"""``run(cfg, run_dir)``: validate the composed config, seed, pick the device, build the trainer, fit.
+
+Objects are wired here in Python; the YAML groups only name a ``_target_`` under ``rltrain.`` and its
+keyword arguments. The constructor signatures are the schema: unknown keys and wrong types fail here,
+before anything starts, with the key's full name.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+import inspect
+import json
+import typing
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+import yaml
+
+from rltrain.errors import ConfigError, close_matches
+from rltrain.run.device import pick_device
+from rltrain.run.seeding import draw_root_seed
+
+RESERVED = {"self", "spec", "num_envs", "device", "sync", "cfg", "run_dir", "stop"}
+
+
+def to_plain(cfg: Any) -> dict:
+    """DictConfig -> plain dict (resolved). Never send a DictConfig across a process boundary."""
+    from omegaconf import DictConfig, OmegaConf
+
+    return OmegaConf.to_container(cfg, resolve=True) if isinstance(cfg, DictConfig) else cfg  # type: ignore[return-value]
+
+
+def resolve_target(node: dict, group: str) -> type:
+    target = node.get("_target_")
+    if not isinstance(target, str) or not target.startswith("rltrain."):
+        raise ConfigError(f"{group}._target_={target!r} must name a class under 'rltrain.'")
+    module, _, name = target.rpartition(".")
+    try:
+        return getattr(importlib.import_module(module), name)
+    except (ImportError, AttributeError) as err:
+        raise ConfigError(f"{group}._target_={target!r} cannot be imported: {err}") from None
+
+
+def hparams(node: dict) -> dict:
+    return {k: v for k, v in node.items() if not k.startswith("_")}
+
+
+def check_kwargs(cls: type, params: dict, group: str) -> None:
+    """Unknown keys and wrong types, checked against ``cls.__init__``'s keyword-only signature."""
+    sig = inspect.signature(cls.__init__)
+    hints = typing.get_type_hints(cls.__init__)
+    reserved = RESERVED if group == "algo" else {"self", "cfg", "run_dir"}  # a trainer may have a `sync` key
+    valid = [n for n, p in sig.parameters.items() if n not in reserved and p.kind == p.KEYWORD_ONLY]
+    for key, value in params.items():
+        if key not in valid:
+            raise ConfigError(f"{group}.{key}: unknown key{close_matches(key, valid)} (valid: {', '.join(valid)})")
+        hint = hints.get(key)
+        if hint is not None and not _type_ok(value, hint):
+            raise ConfigError(f"{group}.{key}={value!r} has the wrong type: expected {_type_name(hint)}")
+
+
+def _type_ok(value: Any, hint: Any) -> bool:
+    origin = typing.get_origin(hint)
+    if origin in (typing.Union, getattr(__import__("types"), "UnionType", None)):
+        return any(_type_ok(value, h) for h in typing.get_args(hint))
+    if hint is type(None):
+        return value is None
+    if hint is bool:
+        return isinstance(value, bool)
+    if hint is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    if hint is float:
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+    if hint is str:
+        return isinstance(value, str)
+    if origin in (Sequence, list, tuple, typing.Sequence) or hint in (list, tuple):
+        args = typing.get_args(hint)
+        return isinstance(value, (list, tuple)) and all(_type_ok(v, args[0]) for v in value) if args else \
+            isinstance(value, (list, tuple))
+    if origin is dict or hint is dict:
+        return isinstance(value, dict)
+    return True
+
+
+def _type_name(hint: Any) -> str:
+    if typing.get_origin(hint) is not None:
+        return str(hint).replace("typing.", "").replace("collections.abc.", "")
+    return getattr(hint, "__name__", str(hint))
+
+
+def algo_factory(cfg: dict):
+    """A ``functools.partial`` of the algorithm class with its validated hyper-parameters."""
+    cls = resolve_target(cfg["algo"], "algo")
+    params = hparams(cfg["algo"])
+    check_kwargs(cls, params, "algo")
+    return functools.partial(cls, **params)
+
+
+def validate(cfg: dict) -> None:
+    """Checks that need no objects: budgets, sizes, cadences, resume path, device."""
+    for key in ("total_env_steps",):
+        if not isinstance(cfg[key], int) or isinstance(cfg[key], bool) or cfg[key] <= 0:
+            raise ConfigError(f"{key}={cfg[key]!r} must be a positive integer")
+    for key in ("env.num_envs", "eval.episodes", "checkpoint.keep_last", "torch_threads"):
+        group, _, name = key.rpartition(".")
+        value = cfg[group][name] if group else cfg[name]
+        if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+            raise ConfigError(f"{key}={value!r} must be a positive integer")
+    for group in ("log", "eval", "checkpoint"):
+        value = cfg[group]["every_env_steps"]
+        if value is not None and (not isinstance(value, int) or value < 0):
+            raise ConfigError(f"{group}.every_env_steps={value!r} must be an integer >= 0 (0 disables)")
+    if cfg["seed"] is not None and (not isinstance(cfg["seed"], int) or cfg["seed"] < 0):
+        raise ConfigError(f"seed={cfg['seed']!r} must be a non-negative integer or null")
+    if cfg.get("target_return") is not None and not isinstance(cfg["target_return"], (int, float)):
+        raise ConfigError(f"target_return={cfg['target_return']!r} must be a number or null")
+    resume = cfg.get("resume") or "never"
+    if resume not in ("never", "auto") and not Path(resume).exists():
+        raise ConfigError(f"resume={resume}: no such checkpoint file or run directory (use auto, never or a path)")
+    if cfg["logger"]["progress"] is False:  # YAML 1.1 reads a bare `off` as false
+        cfg["logger"]["progress"] = "off"
+    if cfg["logger"]["progress"] not in ("auto", "rich", "plain", "off"):
+        raise ConfigError(f"logger.progress={cfg['logger']['progress']!r} is not one of: auto, rich, plain, off")
+    cfg["max_wall_time_s"] = parse_duration(cfg.get("max_wall_time"), "max_wall_time")
+
+
+def parse_duration(value: Any, key: str) -> float | None:
+    """'23h', '90m', '1d2h30m', '45s' or a number of seconds -> seconds."""
+    if value is None:
+        return None
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        if value <= 0:
+            raise ConfigError(f"{key}={value} must be > 0")
+        return float(value)
+    import re
+
+    parts = re.fullmatch(r"\s*(?:(\d+(?:\.\d+)?)d)?\s*(?:(\d+(?:\.\d+)?)h)?\s*(?:(\d+(?:\.\d+)?)m)?\s*(?:(\d+(?:\.\d+)?)s)?\s*",
+                         str(value))
+    if not parts or not any(parts.groups()):
+        raise ConfigError(f"{key}={value!r} is not a duration like 23h, 90m, 1d2h or 3600")
+    d, h, m, s = (float(g or 0) for g in parts.groups())
+    return d * 86400 + h * 3600 + m * 60 + s
+
+
+def prepare(cfg: Any, run_dir: Path) -> dict:
+    """Plain, validated config with its root seed fixed; writes ``config.yaml`` into the run dir."""
+    cfg = to_plain(cfg)
+    validate(cfg)
+    cfg["seed_drawn"] = cfg["seed"] is None
+    if cfg["seed"] is None:
+        cfg["seed"] = draw_root_seed()
+    torch.set_num_threads(int(cfg["torch_threads"]))
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / "config.yaml").write_text(yaml.safe_dump(cfg, sort_keys=False))
+    return cfg
+
+
+def run(cfg: Any, run_dir: Path) -> dict:
+    """Train as configured; returns the summary (the dict written to ``summary.json``)."""
+    run_dir = Path(run_dir)
+    cfg = prepare(cfg, run_dir)
+    trainer_cls = resolve_target(cfg["trainer"], "trainer")
+    check_kwargs(trainer_cls, hparams(cfg["trainer"]), "trainer")
+    trainer = trainer_cls(cfg=cfg, run_dir=run_dir, **hparams(cfg["trainer"]))
+    return trainer.fit()
+
+
+def load_policy(path: Path, *, device: str = "cpu"):
+    """For ``rltrain-eval``: (policy, config, checkpoint path, eval seed) from a checkpoint or run dir."""
+    from rltrain.envs.make import env_spec, make_env
+    from rltrain.run.checkpoint import CheckpointManager, load_checkpoint
+
+    path = Path(path)
+    if path.is_dir():
+        ckdir = path / "checkpoints" if (path / "checkpoints").is_dir() else path
+        path = ckdir / "final.pt" if (ckdir / "final.pt").exists() else (CheckpointManager(ckdir).latest() or ckdir)
+    state, _ = load_checkpoint(path, key="checkpoint")
+    cfg = state["meta"]["config"]
+    env = cfg["env"]
+    spec = env_spec(make_env(env["id"], env.get("kwargs") or {}, max_episode_steps=env.get("max_episode_steps")),
+                    env["id"])
+    dev = pick_device(device)
+    algo = algo_factory(cfg)(spec, num_envs=env["num_envs"], device=dev)
+    algo.load_state_dict(state["algo"])
+    return algo.policy, cfg, path, int(state["meta"]["eval_seed"])
+
+
+def summary_json(run_dir: Path) -> dict:
+    return json.loads((Path(run_dir) / "summary.json").read_text())

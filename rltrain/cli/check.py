@@ -1,0 +1,191 @@
+"""``rltrain-check <overrides>``: compose and validate a run without training, and show what it would do.
+
+The thing to run before submitting 500 jobs: it builds the config exactly as ``rltrain`` does (same overrides,
+same validation, the algorithm and trainer constructors' keyword checks), then prints the process layout, the
+seed table, the batch arithmetic and the output dir. A sweep (``a=1,2``) is expanded and every job is validated.
+Exit code 0 when every job is valid, 2 (one line per bad job) otherwise.
+"""
+
+from __future__ import annotations
+
+import itertools
+import sys
+from pathlib import Path
+
+from rich.console import Console
+from rich.table import Table
+
+from rltrain.errors import ConfigError
+
+CONF_DIR = Path(__file__).resolve().parent / "conf"
+
+
+def expand(overrides: list[str]) -> list[list[str]]:
+    """The job override lists of a basic sweep (cartesian product of ``key=a,b`` values)."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    parsed = OverridesParser.create().parse_overrides(overrides)
+    axes = [[f"{p.get_key_element()}={v}" for v in p.sweep_string_iterator()] if p.is_sweep_override()
+            else [p.input_line] for p in parsed]
+    return [list(job) for job in itertools.product(*axes)]
+
+
+def compose(overrides: list[str]):
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_dir
+
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        return hydra_compose(config_name="train", overrides=overrides, return_hydra_config=True)
+
+
+def output_dir(cfg, overrides: list[str], *, job_num: int | None) -> str:
+    """``hydra.run.dir`` (or sweep dir/subdir) as Hydra will resolve it; ``now`` is the current time."""
+    from omegaconf import OmegaConf, open_dict
+
+    exclude = set(cfg.hydra.job.config.override_dirname.exclude_keys)
+    kept = sorted(o for o in overrides if o.split("=", 1)[0].lstrip("+~") not in exclude
+                  and not o.startswith("hydra"))
+    with open_dict(cfg):
+        cfg.hydra.job.override_dirname = ",".join(kept)
+        cfg.hydra.job.num = job_num if job_num is not None else 0
+    if job_num is None:
+        return str(OmegaConf.select(cfg, "hydra.run.dir"))
+    return f"{OmegaConf.select(cfg, 'hydra.sweep.dir')}/{OmegaConf.select(cfg, 'hydra.sweep.subdir')}"
+
+
+def validate_job(cfg) -> dict:
+    """The full build-time validation of ``build.run`` without starting anything; returns the plain config."""
+    from omegaconf import OmegaConf
+
+    from rltrain.cli import build
+
+    plain = OmegaConf.to_container(OmegaConf.masked_copy(cfg, [k for k in cfg if k != "hydra"]), resolve=True)
+    build.validate(plain)
+    build.algo_factory(plain)
+    trainer_cls = build.resolve_target(plain["trainer"], "trainer")
+    build.check_kwargs(trainer_cls, build.hparams(plain["trainer"]), "trainer")
+    build.pick_device(plain["device"])
+    return plain
+
+
+def layout(plain: dict, trainer: str) -> list[tuple[str, str]]:
+    """(what, where) rows: the processes this run starts. A trainer may add ``describe(cfg) -> rows``."""
+    from rltrain.cli.build import pick_device, resolve_target
+
+    cls = resolve_target(plain["trainer"], "trainer")
+    if hasattr(cls, "describe"):
+        return list(cls.describe(plain))
+    env = plain["env"]
+    envs = f"{env['num_envs']} x {env['id']} ({env.get('vectorization', 'sync')})"
+    t = {k: v for k, v in plain["trainer"].items() if not k.startswith("_")}
+    if trainer == "sequential":
+        device = f"{plain['device']} -> {pick_device(plain['device'])}"
+        return [("1 process (this one)", f"collect -> learn on {device}; envs {envs}")]
+    if trainer == "distributed_simulator":
+        return [(f"{t.get('world_size', '?')} ranks (local spawn; torchrun / SLURM tasks set their own)",
+                 f"backend {t.get('backend', 'auto')}, each rank envs {envs}")]
+    rows = [(f"trainer {trainer}", ", ".join(f"{k}={v}" for k, v in t.items()) or "(no keys)")]
+    return rows + [("envs per worker", envs)]
+
+
+def batch_rows(plain: dict) -> list[tuple[str, str]]:
+    algo, env, trainer = plain["algo"], plain["env"], plain["trainer"]
+    workers = int(trainer.get("world_size", 1)) if "Distributed" in str(trainer.get("_target_")) else 1
+    rows = [("env.num_envs", str(env["num_envs"]))]
+    total = int(plain["total_env_steps"])
+    if "rollout_len" in algo:
+        batch = int(env["num_envs"]) * int(algo["rollout_len"]) * workers
+        rows.append(("env steps per update", f"{env['num_envs']} envs x {algo['rollout_len']} rollout_len"
+                     + (f" x {workers} ranks" if workers > 1 else "") + f" = {batch}"))
+        rows.append(("updates", f"{total} total_env_steps / {batch} = {-(-total // batch)}"))
+        if "num_minibatches" in algo:
+            per_rank = batch // workers
+            mb = per_rank // int(algo["num_minibatches"])
+            rows.append(("minibatch", f"{per_rank} / {algo['num_minibatches']} minibatches = {mb} samples, "
+                         f"{algo.get('update_epochs', 1)} epochs"))
+            if per_rank % int(algo["num_minibatches"]):
+                rows.append(("warning", f"{per_rank} is not divisible by num_minibatches={algo['num_minibatches']}"))
+    else:
+        rows.append(("total_env_steps", str(total)))
+    for key in ("eval", "log", "checkpoint"):
+        rows.append((f"{key}.every_env_steps", str(plain[key]["every_env_steps"])))
+    if plain.get("max_wall_time"):
+        rows.append(("max_wall_time", f"{plain['max_wall_time']} ({plain['max_wall_time_s']:.0f} s)"))
+    return rows
+
+
+def seed_rows(plain: dict) -> list[tuple[str, str]]:
+    from rltrain.run.seeding import derive
+
+    if plain["seed"] is None:
+        return [("root seed", "null: drawn at start (recorded in seeds.json)")]
+    tree = derive(int(plain["seed"]), int(plain["env"]["num_envs"]))
+    envs = ", ".join(map(str, tree.env_seeds[:8])) + (" ..." if len(tree.env_seeds) > 8 else "")
+    return [("root seed", str(tree.root)), ("torch seed", str(tree.torch_seed)),
+            ("env seeds", envs), ("eval seed", str(tree.eval_seed))]
+
+
+def show(console: Console, title: str, rows: list[tuple[str, str]]) -> None:
+    table = Table(title=title, show_header=False, title_justify="left")
+    table.add_column(style="bold")
+    table.add_column(overflow="fold")
+    for k, v in rows:
+        table.add_row(k, v)
+    console.print(table)
+
+
+def check(overrides: list[str], console: Console, *, multirun: bool = False) -> int:
+    jobs = expand(overrides)
+    multirun = multirun or len(jobs) > 1
+    errors = 0
+    for num, job in enumerate(jobs):
+        try:
+            cfg = compose(job)
+            plain = validate_job(cfg)
+        except ConfigError as err:
+            console.print(f"[red]job {num} ({' '.join(job)}): error:[/red] {err}")
+            errors += 1
+            continue
+        if num > 0:
+            continue  # every job is validated; the first one is shown in full
+        trainer = str(cfg.hydra.runtime.choices.get("trainer"))
+        show(console, f"process layout (trainer={trainer}, start method: "
+             f"{plain['trainer'].get('start_method', 'n/a')})", layout(plain, trainer))
+        show(console, "seeds", seed_rows(plain))
+        show(console, f"batch arithmetic (algo={cfg.hydra.runtime.choices.get('algo')})", batch_rows(plain))
+        where = output_dir(cfg, job, job_num=0 if multirun else None)
+        launcher = str(cfg.hydra.launcher.get("_target_", "")).rsplit(".", 1)[-1]
+        rows = [("run dir" if not multirun else "job 0 dir", where), ("jobs", f"{len(jobs)} ({launcher})")]
+        keys = ("partition", "timeout_min", "cpus_per_task", "gpus_per_node", "mem_gb", "tasks_per_node",
+                "array_parallelism", "signal_delay_s", "max_num_timeout", "n_jobs")
+        rows += [(f"hydra.launcher.{k}", str(cfg.hydra.launcher[k])) for k in keys if k in cfg.hydra.launcher]
+        show(console, "output", rows)
+    console.print(f"{len(jobs) - errors}/{len(jobs)} job(s) valid" if multirun else
+                  ("valid" if not errors else "invalid"))
+    return 2 if errors else 0
+
+
+def main(argv: list[str] | None = None) -> None:
+    argv = sys.argv[1:] if argv is None else argv
+    args = [a for a in argv if a not in ("-m", "--multirun")]
+    if any(a in ("-h", "--help") for a in args):
+        print(__doc__)
+        return
+    from hydra.errors import HydraException
+    from omegaconf.errors import OmegaConfBaseException
+
+    from rltrain.cli.train import one_line
+
+    try:
+        code = check(args, Console(), multirun=len(args) < len(argv))
+    except (HydraException, OmegaConfBaseException) as err:
+        print(f"rltrain-check: error: {one_line(err)}", file=sys.stderr)
+        code = 2
+    except ConfigError as err:
+        print(f"rltrain-check: error: {err}", file=sys.stderr)
+        code = 2
+    sys.exit(code)
+
+
+if __name__ == "__main__":
+    main()

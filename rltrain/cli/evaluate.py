@@ -1,0 +1,66 @@
+"""``rltrain-eval``: evaluate a trained policy from a checkpoint or run dir (the episodes: trainers/episodes.py)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from rltrain.errors import ConfigError
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``rltrain-eval <checkpoint or run dir> [--episodes N] [--stochastic] [--video] [--seed S]``."""
+    p = argparse.ArgumentParser(prog="rltrain-eval", description="Evaluate a trained rltrain policy.")
+    p.add_argument("path", help="a checkpoint file (.pt) or a run directory (its best, final or latest checkpoint)")
+    p.add_argument("--episodes", type=int, default=10)
+    p.add_argument("--stochastic", action="store_true", help="sample actions instead of taking the mode")
+    p.add_argument("--video", action="store_true", help="record every episode to <run dir>/videos (needs moviepy)")
+    p.add_argument("--seed", type=int, default=None, help="eval seed base (default: the run's eval seed)")
+    p.add_argument("--device", default="cpu")
+    p.add_argument("overrides", nargs="*", metavar="eval.KEY=VALUE",
+                   help="the training config's spelling also works: eval.episodes=5 eval.video=true "
+                        "eval.deterministic=false")
+    args = p.parse_args(argv)
+    for item in args.overrides:
+        key, _, value = item.partition("=")
+        flag = value.strip().lower() in ("1", "true", "yes", "on")
+        if key == "eval.episodes" and value.lstrip("-").isdigit():
+            args.episodes = int(value)
+        elif key == "eval.video":
+            args.video = flag
+        elif key == "eval.deterministic":
+            args.stochastic = not flag
+        elif key == "eval.seed" and value.isdigit():
+            args.seed = int(value)
+        else:
+            p.error(f"unknown override {item!r} (valid: eval.episodes=N, eval.video=BOOL, eval.deterministic=BOOL, "
+                    "eval.seed=N)")
+    try:
+        import torch
+
+        from rltrain.cli.build import load_policy
+        from rltrain.trainers.episodes import evaluate
+
+        policy, cfg, ckpt_path, eval_seed = load_policy(Path(args.path), device=args.device)
+        if args.episodes <= 0:
+            raise ConfigError(f"--episodes={args.episodes} must be > 0")
+        video_dir = ckpt_path.parent.parent / "videos" if args.video else None
+        rets = evaluate(policy, cfg["env"]["id"], episodes=args.episodes,
+                        eval_seed=eval_seed if args.seed is None else args.seed,
+                        deterministic=not args.stochastic, env_kwargs=cfg["env"].get("kwargs") or {},
+                        max_episode_steps=cfg["env"].get("max_episode_steps"), device=torch.device(args.device),
+                        video_dir=video_dir)
+    except ConfigError as err:
+        print(f"rltrain-eval: error: {err}", file=sys.stderr)
+        return 2
+    print(f"checkpoint: {ckpt_path}")
+    print(f"episodes: {args.episodes}  mean return: {rets.mean():.2f}  std: {rets.std():.2f}  "
+          f"min: {rets.min():.2f}  max: {rets.max():.2f}")
+    if video_dir is not None:
+        print(f"videos: {video_dir}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,167 @@
+"""``rltrain-report <multirun dir | run dirs ...>``: final returns grouped by configuration, seeds aggregated.
+
+A run is any directory with a ``summary.json`` (a sweep job, a single run, or an ``agent_<k>/`` of a parallel
+run: a run dir with agent subdirs is reported per agent). Runs are grouped by the config keys that differ
+between them, leaving out the seed (and other keys that do not change the experiment: resume, logging), so a
+sweep ``algo=ppo,a2c seed=1,2,3`` gives two rows of three seeds. Per group: mean, median, IQM and a bootstrap
+95% CI of the mean of the final eval return (Agarwal et al. 2021: with few seeds, report intervals and robust
+statistics), wall time, and how many runs failed. A PNG of learning curves (each run thin, the group mean with
+its band) is written from the runs' ``metrics.csv``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import yaml
+
+from rltrain.run.plots import plot_learning_curves, read_curve
+from rltrain.run.stats import aggregate
+
+IGNORED = ("seed", "seed_drawn", "resume", "logger.", "allow_nested_processes", "max_wall_time", "hydra.")
+SKIP_DIRS = {".submitit", "checkpoints", "tensorboard", ".hydra"}
+
+
+def find_runs(paths: list[Path]) -> list[Path]:
+    """Run dirs under ``paths`` (a parallel run's ``agent_<k>/`` replace their parent), sorted, unique."""
+    runs: list[Path] = []
+
+    def visit(d: Path) -> None:
+        agents = sorted(p for p in d.glob("agent_*") if (p / "summary.json").exists())
+        if agents:
+            runs.extend(agents)
+        elif (d / "summary.json").exists():
+            runs.append(d)
+        else:
+            for child in sorted(p for p in d.iterdir() if p.is_dir() and p.name not in SKIP_DIRS):
+                visit(child)
+
+    for p in paths:
+        if not Path(p).is_dir():
+            raise SystemExit(f"rltrain-report: error: {p} is not a directory")
+        visit(Path(p))
+    return sorted(dict.fromkeys(runs))
+
+
+def flatten(d: dict, prefix: str = "") -> dict[str, object]:
+    out: dict[str, object] = {}
+    for k, v in d.items():
+        if isinstance(v, dict):
+            out.update(flatten(v, f"{prefix}{k}."))
+        else:
+            out[f"{prefix}{k}"] = json.dumps(v) if isinstance(v, list) else v
+    return out
+
+
+def load_run(run: Path) -> dict:
+    summary = json.loads((run / "summary.json").read_text())
+    cfg_path = run / "config.yaml"
+    cfg = flatten(yaml.safe_load(cfg_path.read_text()) or {}) if cfg_path.exists() else {}
+    return {"dir": run, "summary": summary, "config": cfg}
+
+
+def group_runs(runs: list[dict]) -> dict[str, list[dict]]:
+    """{label: runs}; the label names the config keys (minus seed & co.) that vary across all runs."""
+    keys = sorted({k for r in runs for k in r["config"]})
+    varying = [k for k in keys if not k.startswith(IGNORED) and k not in IGNORED
+               and len({repr(r["config"].get(k)) for r in runs}) > 1]
+    groups: dict[str, list[dict]] = {}
+    for r in runs:
+        label = ",".join(f"{k}={r['config'].get(k)}" for k in varying) or "all runs"
+        groups.setdefault(label, []).append(r)
+    return groups
+
+
+def summarize(groups: dict[str, list[dict]]) -> list[dict]:
+    rows = []
+    for label, runs in groups.items():
+        done = [r for r in runs if r["summary"].get("status") == "completed"]
+        returns = [r["summary"].get("final_eval_return") for r in done]
+        walls = [float(r["summary"].get("wall_time_s") or 0.0) for r in runs]
+        stats = aggregate([float(v) for v in returns if v is not None])
+        rows.append({"group": label, "runs": len(runs), "completed": len(done),
+                     "failed": sum(r["summary"].get("status") == "failed" for r in runs),
+                     "wall_time_s": sum(walls) / len(walls) if walls else None, **stats})
+    return rows
+
+
+def _f(v: object, digits: int = 1) -> str:
+    return "-" if v is None else f"{v:.{digits}f}" if isinstance(v, float) else str(v)
+
+
+HEADER = ["group", "n", "mean", "median", "IQM", "95% CI (mean)", "wall s", "failed"]
+
+
+def table_cells(row: dict) -> list[str]:
+    ci = row.get("ci95_mean")
+    return [row["group"], f"{row['n']}/{row['runs']}", _f(row["mean"]), _f(row["median"]), _f(row["iqm"]),
+            f"[{ci[0]:.1f}, {ci[1]:.1f}]" if ci else "-", _f(row["wall_time_s"]), str(row["failed"])]
+
+
+def markdown(rows: list[dict], title: str) -> str:
+    lines = [f"# {title}", "", "Final eval return per configuration (seeds aggregated; n = completed/runs).", "",
+             "| " + " | ".join(HEADER) + " |", "|" + "---|" * len(HEADER)]
+    lines += ["| " + " | ".join(c.replace("|", "\\|") for c in table_cells(r)) + " |" for r in rows]
+    return "\n".join(lines) + "\n"
+
+
+def print_table(rows: list[dict], title: str) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=title)
+    for i, h in enumerate(HEADER):
+        table.add_column(h, justify="left" if i == 0 else "right", overflow="fold")
+    for r in rows:
+        table.add_row(*table_cells(r))
+    Console().print(table)
+
+
+def _run_label(run: dict) -> str:
+    name = run["dir"].name
+    short = name if name.startswith("agent_") else name.split("_", 1)[0]
+    return f"{short} (seed {run['summary'].get('seed')})"
+
+
+def plot(groups: dict[str, list[dict]], out: Path, column: str) -> Path | None:
+    panels = {label: {_run_label(r): read_curve(r["dir"] / "metrics.csv", column) for r in runs}
+              for label, runs in groups.items()}
+    if not any(len(x) for runs in panels.values() for x, _ in runs.values()):
+        return None
+    return plot_learning_curves(panels, out, title=column)
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(prog="rltrain-report", description=__doc__.splitlines()[0])
+    ap.add_argument("paths", nargs="+", type=Path, help="a multirun dir, run dirs, or parallel-trainer run dirs")
+    ap.add_argument("--out", type=Path, help="write the table as markdown to this file (the PNG goes next to it)")
+    ap.add_argument("--plot", type=Path, help="learning-curve PNG (default: next to --out, else in the first path)")
+    ap.add_argument("--column", default="rollout/episode_return", help="metrics.csv column to plot")
+    ap.add_argument("--json", action="store_true", help="print the rows as JSON instead of a table")
+    args = ap.parse_args(argv)
+    runs = [load_run(r) for r in find_runs(args.paths)]
+    if not runs:
+        raise SystemExit(f"rltrain-report: error: no run dirs (with summary.json) under {' '.join(map(str, args.paths))}")
+    groups = group_runs(runs)
+    rows = summarize(groups)
+    title = f"{len(runs)} runs in {len(groups)} configuration(s)"
+    if args.json:
+        print(json.dumps(rows, indent=2, default=float))
+    else:
+        print_table(rows, title)
+    png = args.plot or (args.out.with_suffix(".png") if args.out else args.paths[0] / "report_curves.png")
+    written = plot(groups, png, args.column)
+    if args.out:
+        text = markdown(rows, title) + (f"\n![learning curves]({png.name})\n" if written else "")
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(text)
+        print(f"wrote {args.out}", file=sys.stderr)
+    if written:
+        print(f"wrote {written}", file=sys.stderr)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,124 @@
+"""The ``rltrain`` console script: a thin ``@hydra.main`` entrypoint.
+
+This is the only module that reads ``HydraConfig``. ``task`` returns a finite float (the final eval
+return) so sweepers can optimise it. Bad input is reported as one line on stderr, never a traceback
+(set ``HYDRA_FULL_ERROR=1`` for the full stack).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import re
+import sys
+from pathlib import Path
+
+import hydra
+from omegaconf import DictConfig
+
+from rltrain.errors import ConfigError
+
+FAILED_RETURN = -1e9  # what a failed or eval-less run reports to sweepers: finite, never NaN
+
+
+def _sweep_value(summary: dict) -> float:
+    value = summary.get("final_eval_return")
+    if value is None or not math.isfinite(float(value)):
+        return FAILED_RETURN
+    return float(value)
+
+
+@hydra.main(config_path="../conf", config_name="train", version_base="1.3")
+def task(cfg: DictConfig) -> float:
+    from hydra.core.hydra_config import HydraConfig
+    from hydra.types import RunMode
+
+    from rltrain.cli.build import run
+    from rltrain.sweeps.callbacks import hand_over_signal, record_failure, stopped_by_signal
+
+    hc = HydraConfig.get()
+    run_dir = Path(hc.runtime.output_dir)
+    multirun = hc.mode == RunMode.MULTIRUN
+    try:
+        summary = run(cfg, run_dir)
+    except ConfigError as err:
+        if not multirun:
+            print(f"rltrain: error: {err}", file=sys.stderr)
+            sys.exit(2)
+        # one bad job (e.g. a swept value out of range) must not end the sweep: record it, go on
+        print(f"rltrain: job {hc.job.num} failed: {err}", file=sys.stderr)
+        record_failure(run_dir, err)
+        return FAILED_RETURN
+    except Exception as err:
+        if not multirun:
+            raise
+        print(f"rltrain: job {hc.job.num} failed: {type(err).__name__}: {err} (traceback in {run_dir}/error.txt)",
+              file=sys.stderr)
+        record_failure(run_dir, err)
+        return FAILED_RETURN
+    if summary.get("exit_code") and (not multirun or stopped_by_signal(summary)):
+        hand_over_signal(summary)  # exits (or, under submitit, requeues)
+    return _sweep_value(summary)
+
+
+# Hydra plugins behind optional extras: a missing one names the extra instead of listing the valid options.
+PLUGIN_EXTRAS = {"hydra/launcher/joblib": "joblib", "hydra/launcher/submitit_slurm": "slurm",
+                 "hydra/launcher/submitit_local": "slurm", "hydra/sweeper/optuna": "sweep"}
+
+
+def one_line(err: BaseException) -> str:
+    """Condense a Hydra / OmegaConf composition error into one line that names the key and valid choices."""
+    text = str(err)
+    cause = err.__cause__
+    missing = re.search(r"Could not find '([^']+)'", text)
+    plugin = re.search(r"Could not (?:find|load) '(hydra/(?:launcher|sweeper)/[^']+)'", text)
+    if plugin and plugin.group(1) in PLUGIN_EXTRAS:
+        extra = PLUGIN_EXTRAS[plugin.group(1)]
+        return f"{plugin.group(1).rpartition('/')[2]} needs the '{extra}' extra: pip install 'rltrain[{extra}]'"
+    if missing:
+        group, _, option = missing.group(1).rpartition("/")
+        options = re.findall(r"^\t(\S+)$", text, re.M)
+        if group:
+            return f"unknown option {group}={option} (valid: {', '.join(options)})" if options else \
+                f"unknown option {group}={option}"
+        return f"unknown config {missing.group(1)!r}"
+    key = re.search(r"Could not override '([^']+)'", text) or re.search(r"Could not append to config\. An item is already at '([^']+)'", text)
+    if key and cause is not None:
+        detail = str(cause).splitlines()[0]
+        if "not in struct" in detail:
+            return f"unknown key '{key.group(1)}' (add it with +{key.group(1)}=..., or check the spelling: rltrain --cfg job)"
+        return f"cannot set '{key.group(1)}': {detail}"
+    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
+    if cause is not None:
+        lines += [ln.strip() for ln in str(cause).splitlines()[:1] if ln.strip()]
+    return " ".join(lines)
+
+
+def main() -> None:
+    """Console entry point: runs the Hydra app, turning composition errors into one line."""
+    if os.environ.get("HYDRA_FULL_ERROR") == "1":
+        task()
+        return
+    # Let Hydra raise instead of printing a multi-line report, so we can condense it.
+    os.environ["HYDRA_FULL_ERROR"] = "1"
+    try:
+        task()
+        from rltrain.sweeps.callbacks import SweepCallback
+
+        if SweepCallback.failed_jobs:
+            sys.exit(1)  # a sweep with failed jobs fails as a whole (each job's summary.json says why)
+    except ConfigError as err:
+        print(f"rltrain: error: {err}", file=sys.stderr)
+        sys.exit(2)
+    except Exception as err:
+        from hydra.errors import HydraException
+        from omegaconf.errors import OmegaConfBaseException
+
+        if isinstance(err, (HydraException, OmegaConfBaseException)):
+            print(f"rltrain: error: {one_line(err)}", file=sys.stderr)
+            sys.exit(2)
+        raise
+
+
+if __name__ == "__main__":
+    main()

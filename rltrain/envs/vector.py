@@ -1,0 +1,101 @@
+"""Vector envs with same-step autoreset: ``VecEnv`` (a plain list, one process) and ``AsyncVecEnv``.
+
+``step`` returns, for every env, the *true* next observation (the terminal one when an episode ended) and
+the observation to act on next (already reset). So every step the collector records is a real
+transition: Gymnasium 1.x's default NEXT_STEP autoreset would instead hand back one fake transition per
+episode boundary that has to be masked.
+"""
+
+from __future__ import annotations
+
+import pickle
+from collections.abc import Callable
+
+import gymnasium as gym
+import numpy as np
+
+
+class VecEnv:
+    """N envs stepped in one process, in a plain list (cheaper than SyncVectorEnv), autoreset same-step."""
+
+    def __init__(self, fns: list[Callable[[], gym.Env]], seeds: list[int]):
+        self.envs = [fn() for fn in fns]
+        self.seeds = list(seeds)
+        self.num_envs = len(self.envs)
+        space = self.envs[0].observation_space
+        self._obs = np.zeros((self.num_envs, *space.shape), np.float32)
+        self._final = np.zeros_like(self._obs)
+        self._rew = np.zeros(self.num_envs, np.float32)
+        self._term = np.zeros(self.num_envs, bool)
+        self._trunc = np.zeros(self.num_envs, bool)
+        self._discrete = isinstance(self.envs[0].action_space, gym.spaces.Discrete)
+
+    def reset(self) -> np.ndarray:
+        for i, env in enumerate(self.envs):
+            env.action_space.seed(self.seeds[i])
+            self._obs[i], _ = env.reset(seed=self.seeds[i])
+        return self._obs.copy()
+
+    def step(self, actions: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """actions [N, ...] -> (obs to act on [N,...], reward [N], terminated [N], truncated [N], true next obs [N,...])."""
+        obs, final, rew, term, trunc = self._obs, self._final, self._rew, self._term, self._trunc
+        acts = actions.tolist() if self._discrete else actions
+        for i, env in enumerate(self.envs):
+            o, r, te, tr, _ = env.step(acts[i])
+            final[i] = o
+            rew[i] = r
+            term[i] = te
+            trunc[i] = tr
+            if te or tr:
+                o, _ = env.reset()
+            obs[i] = o
+        return obs.copy(), rew.copy(), term.copy(), trunc.copy(), final.copy()
+
+    def get_state(self) -> bytes | None:
+        """Pickled envs (mid-episode state + RNGs) so a resume continues the same trajectories."""
+        try:
+            return pickle.dumps(self.envs)
+        except Exception:  # an env with unpicklable handles (a simulator, a socket): resume resets it
+            return None
+
+    def set_state(self, blob: bytes) -> None:
+        self.close()
+        self.envs = pickle.loads(blob)
+
+    def close(self) -> None:
+        for env in self.envs:
+            env.close()
+
+
+class AsyncVecEnv:
+    """Gymnasium's AsyncVectorEnv (one subprocess per env) adapted to the ``VecEnv`` interface."""
+
+    def __init__(self, fns: list[Callable[[], gym.Env]], seeds: list[int], context: str | None = None):
+        from gymnasium.vector import AsyncVectorEnv, AutoresetMode
+
+        self.venv = AsyncVectorEnv(fns, autoreset_mode=AutoresetMode.SAME_STEP, context=context)
+        self.seeds = list(seeds)
+        self.num_envs = len(seeds)
+
+    def reset(self) -> np.ndarray:
+        self.venv.action_space.seed(self.seeds[0])
+        obs, _ = self.venv.reset(seed=self.seeds)
+        return obs.astype(np.float32)
+
+    def step(self, actions: np.ndarray):
+        obs, rew, term, trunc, info = self.venv.step(actions)
+        final = obs.astype(np.float32, copy=True)
+        done = term | trunc
+        if done.any():
+            for i in np.flatnonzero(done):
+                final[i] = info["final_obs"][i]
+        return obs.astype(np.float32), rew.astype(np.float32), term, trunc, final
+
+    def get_state(self) -> bytes | None:
+        return None
+
+    def set_state(self, blob: bytes) -> None:
+        raise NotImplementedError
+
+    def close(self) -> None:
+        self.venv.close()

@@ -1,0 +1,85 @@
+"""Learning-curve figures (matplotlib, Agg backend: works on headless machines and in workers).
+
+``plot_learning_curves`` draws every run thin and the mean across runs thick with a shaded band (the
+bootstrap 95% CI of the mean at each step, or +-1 std). Used by the ``parallel`` trainer (one PNG per
+experiment) and by ``rltrain-report``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+import numpy as np
+
+from rltrain.run.metrics import read_metrics
+from rltrain.run.stats import align_curves
+
+
+def read_curve(metrics_csv: Path, column: str) -> tuple[np.ndarray, np.ndarray]:
+    """``(env_steps, values)`` of one metrics.csv column, rows where it is empty skipped."""
+    if not Path(metrics_csv).exists():
+        return np.zeros(0), np.zeros(0)
+    xs, ys = [], []
+    for row in read_metrics(metrics_csv):
+        value = row.get(column, "")
+        if value not in ("", None):
+            xs.append(float(row["env_steps"]))
+            ys.append(float(value))
+    return np.asarray(xs), np.asarray(ys)
+
+
+def _band(values: np.ndarray, band: str) -> tuple[np.ndarray, np.ndarray]:
+    """Lower/upper band at each grid point over runs (NaN-aware): 'std' or 'ci' (bootstrap 95% of the mean)."""
+    mean = np.nanmean(values, axis=0)
+    if band == "std":
+        std = np.nanstd(values, axis=0)
+        return mean - std, mean + std
+    rng = np.random.default_rng(0)
+    lo, hi = np.full(mean.shape, np.nan), np.full(mean.shape, np.nan)
+    for j in range(values.shape[1]):
+        col = values[:, j][np.isfinite(values[:, j])]
+        if col.size:
+            boots = col[rng.integers(0, col.size, size=(1000, col.size))].mean(axis=1)
+            lo[j], hi[j] = np.quantile(boots, [0.025, 0.975])
+    return lo, hi
+
+
+def plot_learning_curves(panels: Mapping[str, Mapping[str, tuple[np.ndarray, np.ndarray]]], out: Path, *,
+                         title: str = "", band: str = "ci") -> Path:
+    """One subplot per panel (e.g. {"training return": {"agent_0": (x, y), ...}, "eval return": {...}}).
+
+    Each run is a thin line; the mean over runs a thick black line with its ``band`` ('ci' or 'std').
+    """
+    import matplotlib
+
+    matplotlib.use("Agg", force=False)
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, len(panels), figsize=(5.5 * len(panels), 4), squeeze=False)
+    for ax, (name, runs) in zip(axes[0], panels.items(), strict=True):
+        for label, (x, y) in runs.items():
+            if len(x):
+                ax.plot(x, y, lw=0.9, alpha=0.6, label=label)
+        curves: Sequence[tuple[np.ndarray, np.ndarray]] = [c for c in runs.values() if len(c[0])]
+        if len(curves) > 1:
+            grid, values = align_curves(curves)
+            if values.size:
+                lo, hi = _band(values, band)
+                ax.plot(grid, np.nanmean(values, axis=0), color="black", lw=2, label=f"mean (n={len(curves)})")
+                ax.fill_between(grid, lo, hi, color="black", alpha=0.15,
+                                label="95% CI of mean" if band == "ci" else "+-1 std")
+        ax.set_title(name)
+        ax.set_xlabel("env steps")
+        ax.set_ylabel("return")
+        ax.grid(alpha=0.3)
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize=7)
+    if title:
+        fig.suptitle(title)
+    fig.tight_layout()
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+    return out

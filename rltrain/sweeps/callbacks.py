@@ -1,0 +1,134 @@
+"""Multirun plumbing: per-job failure records, submitit hand-off on preemption, and the sweep callback.
+
+A Hydra multirun must survive one bad job: the task catches the job's exception, marks the job ``failed`` in
+its own ``summary.json`` (a SLURM job that raised would otherwise still show as COMPLETED) and returns
+``FAILED_RETURN`` so the sweep, and an Optuna study, go on. ``SweepCallback`` runs in the submitting process:
+it refuses process nesting that would oversubscribe the machine before any job starts, and prints one line per
+job (completed / failed / interrupted) when the sweep ends.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+import traceback
+from pathlib import Path
+from typing import Any
+
+from hydra.experimental.callback import Callback
+from omegaconf import DictConfig
+
+from rltrain.errors import ConfigError
+
+# Trainers that start processes of their own; running several of them at once under a local parallel launcher
+# multiplies the process count (jobs x workers) on the same cores.
+MULTI_PROCESS_TRAINERS = ("parallel", "distributed_simulator", "subprocess_actors")
+PARALLEL_LAUNCHERS = ("JoblibLauncher", "LocalLauncher")  # run jobs side by side on this machine
+
+
+def in_submitit_job() -> bool:
+    return bool(os.environ.get("SUBMITIT_EXECUTOR"))
+
+
+def record_failure(run_dir: Path, err: BaseException) -> None:
+    """Mark the job ``failed`` in its ``summary.json`` (keeping what the train loop wrote) + ``error.txt``."""
+    from rltrain.run.summary import write_summary
+
+    run_dir.mkdir(parents=True, exist_ok=True)
+    path = run_dir / "summary.json"
+    try:
+        summary = json.loads(path.read_text()) if path.exists() else {}
+    except ValueError:
+        summary = {}
+    summary["status"] = "failed"
+    summary.setdefault("error", f"{type(err).__name__}: {err}")
+    summary.setdefault("final_eval_return", None)
+    (run_dir / "error.txt").write_text("".join(traceback.format_exception(err)))
+    write_summary(run_dir, summary)
+
+
+def hand_over_signal(summary: dict) -> None:
+    """A job stopped by a signal, already checkpointed: give the signal back to whoever owns it.
+
+    Under submitit, SIGUSR2 is submitit's timeout/preemption signal: re-raising it (our handler is uninstalled
+    by now) runs submitit's handler, which calls the launcher's ``checkpoint()`` (same job, ``resume=auto``),
+    requeues the job and exits. Elsewhere (and for SIGTERM/SIGINT) the whole sweep was asked to stop: exit.
+    """
+    reason = summary.get("stop_reason")
+    if reason == "SIGUSR2" and in_submitit_job():
+        signal.raise_signal(signal.SIGUSR2)
+        return  # only a non-zero rank gets here (submitit requeues from rank 0)
+    if summary.get("resume_command"):
+        print(f"rltrain: stopped ({reason}); checkpoint written. Resume with:\n  {summary['resume_command']}",
+              file=sys.stderr)
+    sys.exit(summary["exit_code"])
+
+
+def stopped_by_signal(summary: dict) -> bool:
+    return str(summary.get("stop_reason") or "").startswith("SIG")
+
+
+# -- the callback -------------------------------------------------------------------------------------------
+def _sweep_values(overrides: list[str], key: str) -> list[str]:
+    """Values a task override list gives ``key`` (``trainer=a,b`` -> [a, b])."""
+    values: list[str] = []
+    for o in overrides:
+        name, _, value = o.partition("=")
+        if name.lstrip("+~") == key:
+            values += [v.strip() for v in value.split(",") if v.strip()]
+    return values
+
+
+def check_nesting(launcher_target: str, trainer_choices: list[str], task_overrides: list[str]) -> None:
+    """Refuse jobs-in-parallel x processes-per-job unless ``allow_nested_processes=true``."""
+    if not any(launcher_target.endswith(name) for name in PARALLEL_LAUNCHERS):
+        return
+    if any(v.lower() == "true" for v in _sweep_values(task_overrides, "allow_nested_processes")):
+        return
+    nested = sorted({t for t in trainer_choices if t in MULTI_PROCESS_TRAINERS})
+    if nested:
+        launcher = launcher_target.rsplit(".", 1)[-1]
+        raise ConfigError(f"trainer={nested[0]} starts its own processes; running it under {launcher} "
+                          f"(several jobs at once on this machine) oversubscribes the cores. Use the basic "
+                          f"launcher or hydra/launcher=slurm, or add allow_nested_processes=true")
+
+
+def collect_summaries(sweep_dir: Path) -> list[tuple[Path, dict]]:
+    out = []
+    for path in sorted(Path(sweep_dir).glob("*/summary.json")):
+        try:
+            out.append((path.parent, json.loads(path.read_text())))
+        except ValueError:
+            out.append((path.parent, {"status": "unreadable"}))
+    return out
+
+
+class SweepCallback(Callback):
+    """Registered in ``train.yaml`` under ``hydra.callbacks``; only the multirun hooks do anything."""
+
+    failed_jobs: int = 0  # read by cli.main to set the exit code of the submitting process
+
+    def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
+        launcher = str(config.hydra.launcher.get("_target_", ""))
+        task_overrides = list(config.hydra.overrides.task)
+        choices = [str(config.hydra.runtime.choices.get("trainer"))] + _sweep_values(task_overrides, "trainer")
+        try:
+            check_nesting(launcher, choices, task_overrides)
+        except ConfigError as err:  # Hydra turns a callback's exception into a warning: exit ourselves
+            print(f"rltrain: error: {err}", file=sys.stderr)
+            sys.exit(2)
+
+    def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
+        sweep_dir = Path(str(config.hydra.sweep.dir))
+        rows = collect_summaries(sweep_dir)
+        if not rows:
+            return
+        failed = [(d, s) for d, s in rows if s.get("status") != "completed"]
+        SweepCallback.failed_jobs = sum(1 for _, s in failed if s.get("status") == "failed")
+        done = len(rows) - len(failed)
+        print(f"rltrain: sweep {sweep_dir}: {done}/{len(rows)} jobs completed", file=sys.stderr)
+        for d, s in failed:
+            print(f"  {s.get('status')}: {d.name}: {s.get('error') or s.get('stop_reason') or ''}", file=sys.stderr)
+        print(f"  report: rltrain-report {sweep_dir}", file=sys.stderr)

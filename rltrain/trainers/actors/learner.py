@@ -1,0 +1,396 @@
+"""Trainer ``subprocess_actors``: A actor processes collect, one learner learns (IMPALA / APPO style).
+
+Actors (``actor_loop.py``) step their envs with a copy of the policy and send rollouts through their
+pipes; the learner keeps a bounded queue of ``batch_rollouts x queue_out_of_sync_factor`` rollouts
+(reading stops when it is full, so actors block: backpressure), concatenates ``batch_rollouts`` of them
+along the env axis into one ``[T, batch_rollouts * envs_per_actor]`` rollout, runs the algorithm's
+``learn()`` and publishes the new weights through shared memory (``shm_weights.py``).
+
+- async (default): actors never wait; data older than ``max_policy_lag`` versions is dropped (counted).
+  IMPALA corrects the remaining lag with V-trace (Espeholt et al. 2018); PPO's clipped ratio against the
+  carried behaviour log-prob is APPO's correction.
+- sync: every actor delivers its share of the batch with the *current* weights, then waits for the next
+  version. ``preemption.fraction_workers`` ends the wait once that share of actors has delivered all of
+  its share, ``preemption.fraction_samples`` once that share of the batch is in (whichever comes first);
+  late rollouts are stale by then and dropped (counted).
+
+The budget loop, logging, eval cadence, checkpoints, summary and resume are ``TrainLoop``'s; this module
+only replaces the "collect" half of each iteration. The policy version is the learner's update count, so
+a resumed run continues it.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import math
+import time
+from collections import deque
+from pathlib import Path
+
+import numpy as np
+
+from rltrain.cli.build import algo_factory, pick_device
+from rltrain.data.structs import Metrics, Rollout
+from rltrain.errors import ConfigError
+from rltrain.run.checkpoint import load_checkpoint
+from rltrain.run.progress import ProgressDisplay
+from rltrain.run.seeding import SeedTree, derive, write_seeds
+from rltrain.run.signals import StopFlag
+from rltrain.run.summary import write_summary
+from rltrain.trainers.actors.actor import ActorSpec, RolloutMsg
+from rltrain.trainers.actors.pool import ActorFailure, ActorPool
+from rltrain.trainers.actors.shared_weights import SharedWeights
+from rltrain.trainers.loop import Trainer, TrainLoop
+
+log = logging.getLogger("rltrain.actors")
+_ACTOR_BRANCH = 7  # actor seeds hang below spawn key (7, actor, generation): disjoint from the learner's
+
+
+def merge_rollouts(rollouts: list[Rollout]) -> Rollout:
+    """Concatenate along the env axis: k rollouts [T, N] -> [T, k*N]; ``policy_version`` becomes [T, k*N]."""
+    if len(rollouts) == 1:
+        return rollouts[0]
+    cat = functools.partial(np.concatenate, axis=1)
+    T = rollouts[0].shape[0]
+    versions = [np.broadcast_to(r.policy_version.reshape(T, -1), r.shape) for r in rollouts]
+    return Rollout(obs=cat([r.obs for r in rollouts]), actions=cat([r.actions for r in rollouts]),
+                   log_probs=cat([r.log_probs for r in rollouts]), rewards=cat([r.rewards for r in rollouts]),
+                   terminated=cat([r.terminated for r in rollouts]), truncated=cat([r.truncated for r in rollouts]),
+                   next_obs=cat([r.next_obs for r in rollouts]), policy_version=cat(versions),
+                   episode_returns=[x for r in rollouts for x in r.episode_returns],
+                   episode_lengths=[x for r in rollouts for x in r.episode_lengths])
+
+
+class EpisodeStats:
+    """The learner's stand-in for a collector: episode statistics of the rollouts it consumed."""
+
+    def __init__(self, window: int = 20):
+        self.recent_returns: deque[float] = deque(maxlen=window)
+        self.recent_lengths: deque[int] = deque(maxlen=window)
+        self.episodes = 0
+
+    def add(self, rollout: Rollout) -> None:
+        self.recent_returns.extend(rollout.episode_returns)
+        self.recent_lengths.extend(rollout.episode_lengths)
+        self.episodes += len(rollout.episode_returns)
+
+    def state_dict(self) -> dict:
+        return {"recent_returns": list(self.recent_returns), "recent_lengths": list(self.recent_lengths),
+                "episodes": self.episodes}
+
+    def load_state_dict(self, state: dict, venv_blob: bytes | None) -> None:
+        self.recent_returns.extend(state["recent_returns"])
+        self.recent_lengths.extend(state["recent_lengths"])
+        self.episodes = int(state["episodes"])
+
+
+class ActorsProgress(ProgressDisplay):
+    """The usual bar/line plus one row per actor and the lag / queue figures."""
+
+    def __init__(self, *args, rows, **kwargs):
+        super().__init__(*args, **kwargs)
+        self._rows, self._last_rows = rows, 0.0
+        if self.mode == "rich":
+            self._row_task = self._bar.add_task("actors", total=None, info="")
+
+    def update(self, env_steps: int, *, sps: float, episode_return: float | None) -> None:
+        super().update(env_steps, sps=sps, episode_return=episode_return)
+        now = time.monotonic()
+        if self.mode == "off" or now - self._last_rows < self.interval_s:
+            return
+        self._last_rows = now
+        if self.mode == "rich":
+            self._bar.update(self._row_task, info="\n".join(self._rows()))
+        else:
+            print("\n".join("  " + r for r in self._rows()), flush=True)
+
+
+class LearnerLoop(TrainLoop):
+    """``TrainLoop`` whose iteration takes a batch from the actors instead of collecting itself."""
+
+    def __init__(self, cfg: dict, run_dir: Path, *, trainer: SubprocessActorsTrainer, **kwargs):
+        self.t = trainer
+        factory = kwargs.pop("algo_factory")
+        batch_envs = trainer.batch_rollouts * trainer.envs_per_actor
+        kwargs["algo_factory"] = lambda spec, num_envs, device, sync: factory(spec, num_envs=batch_envs,
+                                                                              device=device, sync=sync)
+        super().__init__(cfg, run_dir, **kwargs)
+        self.queue: deque[RolloutMsg] = deque()
+        self.capacity = trainer.batch_rollouts * trainer.queue_out_of_sync_factor
+        self.generations = [0] * trainer.num_actors
+        self.failure: str | None = None
+        self.weights: SharedWeights | None = None
+        self.pool: ActorPool | None = None
+        self.stats: dict[str, float] = {"dropped_steps": 0.0, "dropped_rollouts": 0.0, "preempted_batches": 0.0}
+        self._window: dict[str, list[float]] = {}  # per-batch figures since the last log row
+        self._received_steps, self._recv_t0 = 0, time.perf_counter()
+        self._resumed: tuple[Path | None] | None = None
+
+    def _make_collector(self, env_cfg: dict):
+        return None, EpisodeStats()
+
+    def _make_progress(self, total: int, start_steps: int) -> ProgressDisplay:
+        mode = self.cfg["logger"]["progress"] if self.is_main else "off"
+        return ActorsProgress(total, mode=mode, interval_s=self.cfg["logger"]["progress_interval_s"],
+                              initial=start_steps, title=self.title, rows=self._progress_rows)
+
+    # -- resume: counters and policy version come back through TrainLoop; actor generations here --------
+    def maybe_resume(self) -> Path | None:
+        # the trainer resumes before starting the actors (their generations); TrainLoop.run asks again
+        if self._resumed is not None:
+            return self._resumed[0]
+        path = super().maybe_resume()
+        self._resumed = (path,)
+        if path is not None:
+            state, _ = load_checkpoint(path)
+            actors = state.get("actors", {})
+            old = list(actors.get("generations", []))
+            # a resumed actor is a new process: a fresh generation, so a fresh recorded seed
+            self.generations = [(old[k] + 1 if k < len(old) else 0) for k in range(self.t.num_actors)]
+            self.stats.update(actors.get("stats", {}))
+        return path
+
+    def checkpoint_state(self) -> dict:
+        state = super().checkpoint_state()
+        gens = [s.generation for s in self.pool.slots] if self.pool else self.generations
+        state["actors"] = {"generations": gens, "stats": dict(self.stats)}
+        return state
+
+    def start_actors(self, make_spec, on_restart) -> None:
+        version = self.counters["updates"]
+        self.weights = SharedWeights.create(self.algo.policy_state(), version=version,
+                                            env_steps=self.counters["env_steps"])
+        t = self.t
+        self.pool = ActorPool(functools.partial(make_spec, self.weights.handle), t.num_actors,
+                              start_method=t.start_method, on_failure=t.on_actor_failure,
+                              max_restarts=t.max_restarts, actor_timeout_s=t.actor_timeout_s, on_restart=on_restart)
+        self.pool.start(self.generations)
+
+    def shutdown(self) -> None:
+        if self.weights is not None:
+            self.weights.mark_closing()
+        if self.pool is not None:
+            self.pool.stop()
+        if self.weights is not None:
+            self.weights.close()
+            self.weights = None
+
+    # -- one iteration ----------------------------------------------------------------------------------------
+    def _iterate(self, total: int) -> Metrics:
+        try:
+            batch = self._next_batch()
+        except ActorFailure as err:
+            self.failure = str(err)
+            log.error("%s", err)
+            self.stop.request("actor_failure")
+            return {}
+        if not batch:
+            return {}
+        version = self.counters["updates"]
+        lags = [version - m.version for m in batch]
+        rollout = merge_rollouts([m.rollout() for m in batch])
+        t0 = time.perf_counter()
+        metrics = self.algo.learn(rollout, progress=self.counters["env_steps"] / total)
+        learn_s = time.perf_counter() - t0
+        self.counters["env_steps"] += rollout.num_steps
+        self.counters["updates"] += 1
+        self.collector.add(rollout)
+        self.counters["episodes"] = self.collector.episodes
+        self.weights.publish(self.algo.policy_state(), version=self.counters["updates"],  # type: ignore[union-attr]
+                             env_steps=self.counters["env_steps"])
+        w = self._window
+        w.setdefault("lag", []).extend(lags)
+        w.setdefault("learner_sps", []).append(rollout.num_steps / max(learn_s, 1e-9))
+        w.setdefault("batch_rollouts", []).append(len(batch))
+        return metrics
+
+    def _next_batch(self) -> list[RolloutMsg]:
+        """``batch_rollouts`` usable rollouts (sync: fewer when a preemption threshold is met); [] if stopped."""
+        t, pool = self.t, self.pool
+        assert pool is not None
+        need = t.batch_rollouts
+        if t.sync:
+            per_actor = [need // t.num_actors + (k < need % t.num_actors) for k in range(t.num_actors)]
+            enough_samples = math.ceil(t.preemption["fraction_samples"] * need)
+            enough_workers = math.ceil(t.preemption["fraction_workers"] * t.num_actors)
+            delivered = [0] * t.num_actors
+        batch: list[RolloutMsg] = []
+        held: list[RolloutMsg] = []  # sync: an actor's rollouts beyond its share wait for the next batch
+        t0 = time.perf_counter()
+        self._window.setdefault("queue_fill", []).append(len(self.queue) / self.capacity)
+        while True:
+            while self.queue and len(batch) < need:
+                msg = self.queue.popleft()
+                lag = self.counters["updates"] - msg.version
+                stale = lag > 0 if t.sync else (t.max_policy_lag is not None and lag > t.max_policy_lag)
+                if stale:
+                    self.stats["dropped_steps"] += msg.num_steps
+                    self.stats["dropped_rollouts"] += 1
+                    pool.grant(msg)
+                    continue
+                if t.sync and delivered[msg.actor_id] >= per_actor[msg.actor_id]:
+                    held.append(msg)
+                    continue
+                batch.append(msg)
+                pool.grant(msg)
+                if t.sync:
+                    delivered[msg.actor_id] += 1
+            self.queue.extendleft(reversed(held))
+            held.clear()
+            if len(batch) >= need:
+                break
+            if t.sync and batch:
+                done = sum(d >= p for d, p in zip(delivered, per_actor, strict=True))
+                if len(batch) >= enough_samples or done >= enough_workers:
+                    self.stats["preempted_batches"] += 1
+                    break
+            if self.stop.requested:
+                return []
+            msgs = pool.poll(0.2)  # credits bound what can arrive
+            self._received_steps += sum(m.num_steps for m in msgs)
+            self.queue.extend(msgs)
+        self._window.setdefault("dequeue_wait_s", []).append(time.perf_counter() - t0)
+        return batch
+
+    # -- what the learner logs --------------------------------------------------------------------------------
+    def _row(self, learn_metrics: Metrics, sps: float) -> Metrics:
+        row = super()._row(learn_metrics, sps)
+        w, self._window = self._window, {}
+        lag = w.get("lag", [])
+        now = time.perf_counter()
+        actor_sps = self._received_steps / max(now - self._recv_t0, 1e-9)
+        self._received_steps, self._recv_t0 = 0, now
+
+        def mean(key: str) -> float:
+            return float(np.mean(w[key])) if w.get(key) else math.nan
+
+        row.update({
+            "actors/policy_lag_min": float(min(lag)) if lag else math.nan,
+            "actors/policy_lag_mean": float(np.mean(lag)) if lag else math.nan,
+            "actors/policy_lag_max": float(max(lag)) if lag else math.nan,
+            "actors/queue_fill": mean("queue_fill"), "actors/dequeue_wait_s": mean("dequeue_wait_s"),
+            "actors/batch_rollouts": mean("batch_rollouts"), "time/actor_sps": actor_sps,
+            "time/learner_sps": mean("learner_sps"), "actors/policy_version": float(self.counters["updates"]),
+            "actors/restarts": float(self.pool.total_restarts if self.pool else 0),
+            **{f"actors/{k}": v for k, v in self.stats.items()},
+        })
+        return row
+
+    def _progress_rows(self) -> list[str]:
+        rows = self.pool.rows() if self.pool else []
+        lag = self._window.get("lag", [])
+        lag_txt = f"{min(lag)}/{np.mean(lag):.1f}/{max(lag)}" if lag else "-"
+        rows.append(f"policy v{self.counters['updates']}  lag min/mean/max {lag_txt}  queue "
+                    f"{len(self.queue)}/{self.capacity}  dropped {int(self.stats['dropped_rollouts'])} rollouts")
+        return rows
+
+
+class SubprocessActorsTrainer(Trainer):
+    """See the module docstring. Keys are ``trainer.*`` in ``conf/trainer/subprocess_actors.yaml``."""
+
+    def __init__(self, *, cfg: dict, run_dir: Path, num_actors: int = 2, envs_per_actor: int | None = None,
+                 rollout_len: int | None = None, batch_rollouts: int | None = None,
+                 queue_out_of_sync_factor: int = 2, start_method: str = "forkserver", sync: bool = False,
+                 max_policy_lag: int | None = None, preemption: dict | None = None, compress: str = "none",
+                 actor_device: str = "cpu", learner_device: str | None = None, on_actor_failure: str = "restart",
+                 max_restarts: int = 3, actor_timeout_s: float = 60.0):
+        self.cfg, self.run_dir = cfg, Path(run_dir)
+        self.num_actors = num_actors
+        self.envs_per_actor = envs_per_actor or int(cfg["env"]["num_envs"])
+        self.rollout_len = rollout_len
+        self.batch_rollouts = batch_rollouts or num_actors
+        self.queue_out_of_sync_factor, self.start_method, self.sync = queue_out_of_sync_factor, start_method, sync
+        self.max_policy_lag, self.compress = max_policy_lag, compress
+        self.preemption = {"fraction_workers": 1.0, "fraction_samples": 1.0, **(preemption or {})}
+        self.actor_device, self.learner_device = actor_device, learner_device or cfg["device"]
+        self.on_actor_failure, self.max_restarts, self.actor_timeout_s = on_actor_failure, max_restarts, actor_timeout_s
+        self._validate()
+
+    def _validate(self) -> None:
+        for key in ("num_actors", "envs_per_actor", "batch_rollouts", "queue_out_of_sync_factor"):
+            if getattr(self, key) <= 0:
+                raise ConfigError(f"trainer.{key}={getattr(self, key)} must be > 0")
+        choices = {"start_method": ("fork", "forkserver", "spawn"), "compress": ("none", "lz4", "zlib"),
+                   "on_actor_failure": ("restart", "abort")}
+        for key, valid in choices.items():
+            if getattr(self, key) not in valid:
+                raise ConfigError(f"trainer.{key}={getattr(self, key)!r} is not one of: {', '.join(valid)}")
+        if self.compress == "lz4":
+            try:
+                import lz4.frame  # noqa: F401
+            except ImportError:
+                raise ConfigError("trainer.compress=lz4 needs lz4: pip install 'rltrain[compress]' "
+                                  "(or use compress=zlib)") from None
+        for key in ("fraction_workers", "fraction_samples"):
+            value = self.preemption.get(key)
+            if not isinstance(value, (int, float)) or not 0 < value <= 1:
+                raise ConfigError(f"trainer.preemption.{key}={value!r} must lie in (0, 1]")
+        if set(self.preemption) - {"fraction_workers", "fraction_samples"}:
+            raise ConfigError(f"trainer.preemption: unknown keys {sorted(set(self.preemption))}; "
+                              "valid: fraction_workers, fraction_samples")
+        if self.sync and self.batch_rollouts < self.num_actors:
+            raise ConfigError(f"trainer.batch_rollouts={self.batch_rollouts} < trainer.num_actors={self.num_actors}:"
+                              " in sync mode every actor delivers at least one rollout per batch")
+        if self.max_policy_lag is not None and self.max_policy_lag < 0:
+            raise ConfigError(f"trainer.max_policy_lag={self.max_policy_lag} must be >= 0 or null")
+
+    def actor_seeds(self, actor_id: int, generation: int) -> SeedTree:
+        return derive(self.cfg["seed"], self.envs_per_actor, path=(_ACTOR_BRANCH, actor_id, generation))
+
+    def fit(self) -> dict:
+        cfg = self.cfg
+        device = pick_device(self.learner_device)
+        pick_device(self.actor_device)  # fail now, with the key's message, not inside an actor
+        seeds = derive(cfg["seed"], 1)
+        trees: dict[str, SeedTree] = {"learner": seeds}
+
+        def record(spec: ActorSpec) -> None:
+            trees[f"actor_{spec.actor_id}_gen_{spec.generation}"] = spec.seeds
+            write_seeds(self.run_dir / "seeds.json", cfg["seed"], trees, drawn=cfg["seed_drawn"])
+
+        stop = StopFlag().install()
+        loop: LearnerLoop | None = None
+        try:
+            loop = LearnerLoop(cfg, self.run_dir, trainer=self, seeds=seeds, device=device,
+                               algo_factory=algo_factory(cfg), stop=stop, title="learner")
+            rollout_len = self.rollout_len or int(loop.algo.rollout_len)
+            loop.maybe_resume()
+            for k, gen in enumerate(loop.generations):
+                trees[f"actor_{k}_gen_{gen}"] = self.actor_seeds(k, gen)
+            write_seeds(self.run_dir / "seeds.json", cfg["seed"], trees, drawn=cfg["seed_drawn"])
+            make_spec = functools.partial(self._make_spec, rollout_len=rollout_len)
+            loop.start_actors(make_spec, on_restart=record)
+            summary = loop.run()
+        finally:
+            if loop is not None:
+                loop.shutdown()
+            stop.uninstall()
+        summary.update({"num_actors": self.num_actors, "policy_version": loop.counters["updates"],
+                        "restarts": loop.pool.total_restarts if loop.pool else 0,
+                        "dropped_rollouts": int(loop.stats["dropped_rollouts"])})
+        if loop.failure:
+            summary["error"] = loop.failure
+        write_summary(self.run_dir, summary)
+        if loop.failure:
+            summary["exit_code"] = 1
+        else:
+            summary["exit_code"] = stop.exit_code if summary["status"] == "interrupted" else 0
+        return summary
+
+    def _make_spec(self, weights, actor_id: int, generation: int, *, rollout_len: int) -> ActorSpec:
+        return ActorSpec(actor_id=actor_id, generation=generation, seeds=self.actor_seeds(actor_id, generation),
+                         algo_cfg=self.cfg["algo"], env_cfg=self.cfg["env"], num_envs=self.envs_per_actor,
+                         rollout_len=rollout_len, weights=weights, device=self.actor_device, sync=self.sync,
+                         share=self._share(actor_id), compress=self.compress,
+                         torch_threads=int(self.cfg["torch_threads"]), credits=self._credits(actor_id))
+
+    def _credits(self, actor_id: int) -> int:
+        # the queue's capacity split over the actors bounds the data in flight, hence the policy lag
+        cap = self.batch_rollouts * self.queue_out_of_sync_factor
+        return max(cap // self.num_actors + (actor_id < cap % self.num_actors), self._share(actor_id))
+
+    def _share(self, actor_id: int) -> int:
+        n, a = self.batch_rollouts, self.num_actors
+        return n // a + (actor_id < n % a)
+

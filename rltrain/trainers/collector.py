@@ -1,0 +1,174 @@
+"""RolloutCollector: the only code that steps environments during training.
+
+Every trainer (sequential, parallel agents, distributed ranks, subprocess actors) collects through this
+class; they differ in where it runs, never in what a transition is.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+
+import numpy as np
+import torch
+
+from rltrain.data.structs import EnvSpec, Policy, Rollout
+from rltrain.envs.make import AsyncVecEnv, VecEnv
+from rltrain.models.layers import NumpyActor
+
+
+class RolloutCollector:
+    """Steps ``venv`` with ``policy`` and returns time-major rollouts; keeps episode statistics.
+
+    The hot loop stays lean on purpose: one forward per step for all N envs, actions drawn without
+    distribution objects, numpy buffers written in place, episode statistics once per rollout. On CPU,
+    a policy with ``numpy_actor()`` acts through a numpy copy of its actor (torch's per-op overhead is
+    most of the cost of a tiny forward), drawing noise from ``self.rng``: a generator seeded from the
+    torch RNG at construction, whose state is saved in ``state_dict`` so resumed runs draw the same.
+    """
+
+    def __init__(self, venv: VecEnv | AsyncVecEnv, policy: Policy, spec: EnvSpec, *, device: torch.device,
+                 episode_window: int = 20):
+        self.venv = venv
+        self.policy = policy
+        self.spec = spec
+        self.device = device
+        self.num_envs = venv.num_envs
+        self.obs = venv.reset()
+        self.ep_return = np.zeros(self.num_envs, np.float64)
+        self.ep_length = np.zeros(self.num_envs, np.int64)
+        self.recent_returns: deque[float] = deque(maxlen=episode_window)
+        self.recent_lengths: deque[int] = deque(maxlen=episode_window)
+        self.episodes = 0
+        self.rng = np.random.default_rng(int(torch.randint(0, 2**62, (1,)).item()))
+        self._low = self._high = None
+        if spec.action_kind == "box":
+            self._low = np.asarray(spec.action_low, np.float32).reshape(spec.action_shape)
+            self._high = np.asarray(spec.action_high, np.float32).reshape(spec.action_shape)
+
+    def collect(self, rollout_len: int, *, policy_version: int = 0, random_actions: bool = False) -> Rollout:
+        """Step every env ``rollout_len`` times. ``random_actions`` samples the action space uniformly
+        (off-policy warm-up); its log-probs are then those of the uniform policy."""
+        T, N, spec = rollout_len, self.num_envs, self.spec
+        obs_buf = np.empty((T, N, *spec.obs_shape), np.float32)
+        next_buf = np.empty_like(obs_buf)
+        act_buf = np.empty((T, N, *spec.action_shape), spec.action_dtype)
+        logp_buf = np.empty((T, N), np.float32)
+        rew_buf = np.empty((T, N), np.float32)
+        term_buf = np.empty((T, N), bool)
+        trunc_buf = np.empty((T, N), bool)
+        fast = None if random_actions or self.device.type != "cpu" else self._numpy_actor()
+        if fast is not None:
+            self._collect_numpy(fast, obs_buf, act_buf, logp_buf, rew_buf, term_buf, trunc_buf, next_buf)
+        else:
+            self._collect_torch(random_actions, obs_buf, act_buf, logp_buf, rew_buf, term_buf, trunc_buf, next_buf)
+        ep_returns, ep_lengths = self._episode_stats(rew_buf, term_buf | trunc_buf)
+        self.episodes += len(ep_returns)
+        self.recent_returns.extend(ep_returns)
+        self.recent_lengths.extend(ep_lengths)
+        return Rollout(obs=obs_buf, actions=act_buf, log_probs=logp_buf, rewards=rew_buf, terminated=term_buf,
+                       truncated=trunc_buf, next_obs=next_buf,
+                       policy_version=np.full(T, policy_version, np.int64),
+                       episode_returns=ep_returns, episode_lengths=ep_lengths)
+
+    def _numpy_actor(self) -> NumpyActor | None:
+        make = getattr(self.policy, "numpy_actor", None)
+        return make() if make is not None else None
+
+    def _collect_numpy(self, actor: NumpyActor, obs_buf, act_buf, logp_buf, rew_buf, term_buf, trunc_buf,
+                       next_buf) -> None:
+        """The CPU fast path: act with a numpy copy of the actor. All noise for the rollout comes from the
+        collector's seeded generator in one draw, and log-probs are computed in one batch at the end."""
+        T, N = rew_buf.shape
+        shape = (T, N, actor.out_dim)
+        noise = self.rng.random(shape) if actor.discrete else self.rng.standard_normal(shape)
+        noise = noise.astype(np.float32)
+        perturb = actor.perturb(noise)
+        out_buf = np.empty(shape, np.float32)
+        box = not actor.discrete
+        obs, venv = self.obs, self.venv
+        for t in range(T):
+            obs_buf[t] = obs
+            out = actor.forward(obs)
+            out_buf[t] = out
+            action = actor.action(out, perturb[t])
+            act_buf[t] = action
+            obs, rew_buf[t], term_buf[t], trunc_buf[t], next_buf[t] = venv.step(
+                np.clip(action, self._low, self._high) if box else action)
+        self.obs = obs
+        logp_buf[:] = actor.log_prob(out_buf, act_buf, noise)
+
+    def _collect_torch(self, random_actions: bool, obs_buf, act_buf, logp_buf, rew_buf, term_buf, trunc_buf,
+                       next_buf) -> None:
+        T = rew_buf.shape[0]
+        obs, on_cpu, box = self.obs, self.device.type == "cpu", self.spec.action_kind == "box"
+        with torch.inference_mode():
+            for t in range(T):
+                obs_buf[t] = obs
+                if random_actions:
+                    action, logp = self._random_actions()
+                else:
+                    obs_t = torch.from_numpy(obs) if on_cpu else torch.from_numpy(obs).to(self.device)
+                    out = self.policy.act(obs_t)
+                    action = out.action.numpy() if on_cpu else out.action.cpu().numpy()
+                    logp = out.log_prob.numpy() if on_cpu else out.log_prob.cpu().numpy()
+                act_buf[t] = action
+                logp_buf[t] = logp
+                env_action = np.clip(action, self._low, self._high) if box else action
+                obs, rew_buf[t], term_buf[t], trunc_buf[t], next_buf[t] = self.venv.step(env_action)
+        self.obs = obs
+
+    def _episode_stats(self, rewards: np.ndarray, done: np.ndarray) -> tuple[list[float], list[int]]:
+        """Returns and lengths of the episodes that ended in this rollout, in (step, env) order; partial
+        episodes carry over to the next rollout. Computed once per rollout, not per step."""
+        T = rewards.shape[0]
+        csum = np.cumsum(rewards, axis=0, dtype=np.float64)
+        ep_returns: list[float] = []
+        ep_lengths: list[int] = []
+        start = np.full(self.num_envs, -1)  # last step (in this rollout) before the current episode
+        for t, i in zip(*np.nonzero(done), strict=True):
+            before = csum[start[i], i] if start[i] >= 0 else 0.0
+            carry = self.ep_return[i] if start[i] < 0 else 0.0
+            ep_returns.append(float(carry + csum[t, i] - before))
+            ep_lengths.append(int((self.ep_length[i] if start[i] < 0 else 0) + t - start[i]))
+            start[i] = t
+        for i in range(self.num_envs):
+            if start[i] < 0:
+                self.ep_return[i] += csum[-1, i]
+                self.ep_length[i] += T
+            else:
+                self.ep_return[i] = csum[-1, i] - csum[start[i], i]
+                self.ep_length[i] = T - 1 - start[i]
+        return ep_returns, ep_lengths
+
+    def _random_actions(self) -> tuple[np.ndarray, np.ndarray]:
+        spec, n = self.spec, self.num_envs
+        if spec.action_kind == "discrete":
+            return np.random.randint(0, spec.n_actions, n), np.full(n, -np.log(spec.n_actions), np.float32)
+        action = np.random.uniform(self._low, self._high, (n, *spec.action_shape)).astype(np.float32)
+        logp = -np.log(self._high - self._low).sum()
+        return action, np.full(n, logp, np.float32)
+
+    # -- resume: collector state is part of the trainer checkpoint --------------------------------------
+    def state_dict(self) -> dict:
+        return {
+            "obs": torch.from_numpy(self.obs.copy()),
+            "ep_return": torch.from_numpy(self.ep_return.copy()),
+            "ep_length": torch.from_numpy(self.ep_length.copy()),
+            "recent_returns": list(self.recent_returns),
+            "recent_lengths": list(self.recent_lengths),
+            "episodes": self.episodes,
+            "rng": self.rng.bit_generator.state,  # plain dict of ints: loads with weights_only=True
+        }
+
+    def load_state_dict(self, state: dict, venv_blob: bytes | None) -> None:
+        """Restore episode bookkeeping; with ``venv_blob`` (pickled envs) also the envs mid-episode."""
+        self.recent_returns.extend(state["recent_returns"])
+        self.recent_lengths.extend(state["recent_lengths"])
+        self.episodes = int(state["episodes"])
+        if "rng" in state:
+            self.rng.bit_generator.state = state["rng"]
+        if venv_blob is not None and state["obs"].shape[0] == self.num_envs:
+            self.venv.set_state(venv_blob)
+            self.obs = state["obs"].numpy().copy()
+            self.ep_return = state["ep_return"].numpy().copy()
+            self.ep_length = state["ep_length"].numpy().copy()

@@ -1,0 +1,45 @@
+"""Envs for the subprocess_actors tests, addressed as ``tests.helpers.actor_envs:Name`` (env.id import paths).
+
+They misbehave only inside actor processes (``workers.py`` names them ``rltrain-actor-<index>``), so the
+learner can still build the env spec and evaluate.
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import time
+
+import gymnasium as gym
+
+
+def _actor_index() -> int | None:
+    name = mp.current_process().name
+    return int(name.rsplit("-", 1)[1]) if name.startswith("rltrain-actor-") else None
+
+
+class RaisingCartPole(gym.Wrapper):
+    """CartPole whose actors raise ``RuntimeError`` after ``fail_after`` steps."""
+
+    def __init__(self, fail_after: int = 100):
+        super().__init__(gym.make("CartPole-v1"))
+        self.fail_after, self.steps = fail_after, 0
+
+    def step(self, action):
+        self.steps += 1
+        if _actor_index() is not None and self.steps > self.fail_after:
+            raise RuntimeError(f"boom from the env after {self.fail_after} steps")
+        return self.env.step(action)
+
+
+class SlowActorCartPole(gym.Wrapper):
+    """CartPole that sleeps ``delay_s`` per step in the actor with index ``slow_actor`` only."""
+
+    def __init__(self, slow_actor: int = 1, delay_s: float = 0.01):
+        super().__init__(gym.make("CartPole-v1"))
+        self.slow = _actor_index() == slow_actor
+        self.delay_s = delay_s
+
+    def step(self, action):
+        if self.slow:
+            time.sleep(self.delay_s)
+        return self.env.step(action)

@@ -1,0 +1,132 @@
+"""Envs for tests: importable by path (env.id=tests.helpers.faulty_envs:...)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+import gymnasium as gym
+import numpy as np
+from gymnasium.envs.classic_control import CartPoleEnv
+
+
+class CountingEnv(gym.Env):
+    """A tiny Box-observation env with a custom constructor argument (tests env.kwargs pass-through)."""
+
+    observation_space = gym.spaces.Box(-1.0, 1.0, (3,), np.float32)
+    action_space = gym.spaces.Discrete(2)
+
+    def __init__(self, length: int = 10):
+        self.length, self.t = length, 0
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        self.t = 0
+        return np.zeros(3, np.float32), {}
+
+    def step(self, action):
+        self.t += 1
+        obs = np.full(3, self.t / self.length, np.float32)
+        return obs, float(action), self.t >= self.length, False, {}
+
+
+def make_counting(length: int = 10) -> gym.Env:
+    return gym.wrappers.TimeLimit(CountingEnv(length), max_episode_steps=length * 2)
+
+
+class RaisingEnv(CountingEnv):
+    """Raises inside step() after ``fail_after`` steps (worker-failure tests)."""
+
+    def __init__(self, fail_after: int = 50, length: int = 10):
+        super().__init__(length)
+        self.fail_after, self.total = fail_after, 0
+
+    def step(self, action):
+        self.total += 1
+        if self.total > self.fail_after:
+            raise RuntimeError(f"RaisingEnv: deliberate failure after {self.fail_after} steps")
+        return super().step(action)
+
+
+class SlowEnv(CountingEnv):
+    """Sleeps in every step (signal tests: gives time to send a signal mid-run)."""
+
+    def __init__(self, sleep_s: float = 0.002, length: int = 50):
+        super().__init__(length)
+        self.sleep_s = sleep_s
+
+    def step(self, action):
+        import time
+
+        time.sleep(self.sleep_s)
+        return super().step(action)
+
+
+class _FailAfter(gym.Wrapper):
+    """Fails after ``after`` steps of this env: ``how="raise"`` raises, ``how="kill"`` SIGKILLs the process."""
+
+    def __init__(self, env: gym.Env, after: int, how: str):
+        super().__init__(env)
+        self.after, self.how, self.steps = after, how, 0
+
+    def step(self, action):
+        import os
+        import signal
+
+        self.steps += 1
+        if self.steps > self.after:
+            if self.how == "raise":
+                raise RuntimeError(f"faulty env: failing on purpose after {self.after} steps")
+            os.kill(os.getpid(), signal.SIGKILL)  # like the OOM killer: no traceback, no goodbye
+        return self.env.step(action)
+
+
+def raising_cartpole(after: int = 100) -> gym.Env:
+    """CartPole whose step raises RuntimeError after ``after`` steps (parallel-agent failure tests)."""
+    return _FailAfter(gym.make("CartPole-v1"), after, "raise")
+
+
+def sigkill_cartpole(after: int = 100) -> gym.Env:
+    """CartPole that SIGKILLs its own process after ``after`` steps (killed-agent tests)."""
+    return _FailAfter(gym.make("CartPole-v1"), after, "kill")
+
+
+# -- a CartPole that raises after N steps (sweep / SLURM tests) ---------------------------------------
+class CrashingCartPole(gym.Wrapper):
+    def __init__(self, crash_after: int = -1):
+        super().__init__(gym.make("CartPole-v1", disable_env_checker=True))
+        self.crash_after, self.steps = crash_after, 0
+
+    def step(self, action):
+        self.steps += 1
+        if 0 <= self.crash_after < self.steps:
+            raise RuntimeError(f"CrashingCartPole: deliberate failure after {self.crash_after} steps")
+        return self.env.step(action)
+
+
+def crashing_cartpole(crash_after: int = -1) -> gym.Env:
+    return CrashingCartPole(crash_after)
+
+
+# -- a CartPole that fails on one distributed rank (raise or SIGKILL) ---------------------------------
+class FaultyCartPole(gym.Wrapper):
+    def __init__(self, *, fault_rank: int = 1, mode: str = "raise", after_steps: int = 200, stamp: str = ""):
+        super().__init__(CartPoleEnv())
+        self.armed = int(os.environ.get("RANK", "0")) == fault_rank
+        self.mode, self.after_steps, self.steps, self.stamp = mode, after_steps, 0, stamp
+
+    def step(self, action):
+        self.steps += 1
+        if self.armed and self.steps >= self.after_steps:
+            if self.stamp:  # when the fault happened, so the test can time the job's reaction
+                with open(self.stamp, "w") as f:
+                    f.write(repr(time.time()))
+            if self.mode == "kill":
+                os.kill(os.getpid(), signal.SIGKILL)
+            raise RuntimeError(f"injected fault on rank {os.environ.get('RANK')}")
+        return self.env.step(action)
+
+
+def faulty_cartpole(**kwargs) -> gym.Env:
+    return FaultyCartPole(**kwargs)

@@ -1,0 +1,101 @@
+"""Scenarios for ``rltrain.trainers.supervise``, run as ``python -m tests.helpers.supervise_scenarios NAME``.
+
+They run in a subprocess of the test (not inside pytest) because spawn/forkserver start helper processes
+(resource tracker, fork server) that live as long as their parent: the test then checks that nothing at
+all is left behind once the scenario's process has exited. The last stdout line is a JSON report.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+import time
+from dataclasses import dataclass
+
+from rltrain.trainers.supervise import Done, Exited, Failed, Started, WorkerGroup
+
+
+@dataclass(frozen=True)
+class Tick:
+    index: int
+    n: int
+    pid: int
+
+
+def counting(ctx, n: int) -> dict:
+    for i in range(n):
+        ctx.send(Tick(ctx.index, i, os.getpid()))
+    return {"index": ctx.index, "sum": sum(range(n))}
+
+
+def raising(ctx, n: int) -> None:
+    ctx.send(Tick(ctx.index, 0, os.getpid()))
+    raise RuntimeError(f"boom in worker {ctx.index} after {n}")
+
+
+def until_stopped(ctx, _: int) -> dict:
+    ctx.send(Tick(ctx.index, 0, os.getpid()))
+    while not ctx.wait_stop(0.05):
+        pass
+    return {"stopped": ctx.stop_reason}
+
+
+def stubborn(ctx, _: int) -> None:
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)  # ignores Stop and SIGTERM: only SIGKILL ends it
+    ctx.send(Tick(ctx.index, 0, os.getpid()))
+    while True:
+        time.sleep(0.1)
+
+
+def run(name: str, method: str) -> dict:
+    report: dict = {"events": [], "pids": []}
+    target, payload = {"ok": (counting, 5), "raise": (raising, 3), "sigkill": (until_stopped, 0),
+                       "stop": (until_stopped, 0), "stubborn": (stubborn, 0)}[name]
+    t0 = time.monotonic()
+    with WorkerGroup(start_method=method, heartbeat_s=0.2) as group:
+        for _ in range(2):
+            group.start(target, payload)
+        stopped = False
+        while group.alive and time.monotonic() - t0 < 60:
+            for ev in group.poll(timeout=0.2):
+                if isinstance(ev, Tick):
+                    report["pids"].append(ev.pid)
+                    if name == "sigkill" and ev.index == 1:
+                        os.kill(ev.pid, signal.SIGKILL)
+                if isinstance(ev, (Started, Done, Failed, Exited)):
+                    rec = {"type": type(ev).__name__, "index": ev.index}
+                    if isinstance(ev, Done):
+                        rec["result"] = ev.result
+                    if isinstance(ev, Failed):
+                        rec["error"], rec["traceback"] = ev.error, ev.traceback
+                    if isinstance(ev, Exited):
+                        rec["exitcode"], rec["description"] = ev.exitcode, ev.description
+                    report["events"].append(rec)
+                # stop: as soon as a worker runs; sigkill: once the killed worker is reported
+                wanted = Tick if name == "stop" else Exited if name == "sigkill" else ()
+                if isinstance(ev, wanted) and not stopped:
+                    group.stop_all("test stop")
+                    stopped = True
+            if name == "stubborn" and len(report["pids"]) == 2:
+                break
+        t1 = time.monotonic()
+        if name == "stubborn":
+            group.shutdown(grace_s=0.5, term_s=0.5)
+        report["shutdown_s"] = time.monotonic() - t1
+        report["exitcodes"] = [w.process.exitcode if name != "stubborn" else None for w in group.workers]
+    report["alive"] = [pid for pid in set(report["pids"]) if _alive(pid)]
+    return report
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+if __name__ == "__main__":
+    print(json.dumps(run(sys.argv[1], sys.argv[2] if len(sys.argv) > 2 else "spawn")))
