@@ -90,7 +90,8 @@ def measure_train(overrides: list[str], *, warmup: int, measure: int) -> tuple[f
     """
     import torch
 
-    from rltrain.cli.build import algo_factory, pick_device, prepare
+    from rltrain.cli.build import prepare, settings_from
+    from rltrain.run.device import pick_device
     from rltrain.run.seeding import derive
     from rltrain.run.signals import StopFlag
     from rltrain.trainers.loop import TrainLoop
@@ -99,18 +100,18 @@ def measure_train(overrides: list[str], *, warmup: int, measure: int) -> tuple[f
     with tempfile.TemporaryDirectory() as tmp:
         cfg = compose_cfg([*overrides, "logger=quiet", "eval.every_env_steps=0", "checkpoint.every_env_steps=0",
                            "eval.episodes=1", f"total_env_steps={warmup + measure}"])
-        cfg = prepare(cfg, Path(tmp))
-        torch.set_num_threads(int(cfg["torch_threads"]))
-        loop = TrainLoop(cfg, Path(tmp), seeds=derive(cfg["seed"], cfg["env"]["num_envs"]),
-                         device=pick_device(cfg["device"]), algo_factory=algo_factory(cfg), stop=StopFlag())
+        s = settings_from(prepare(cfg, Path(tmp)))
+        torch.set_num_threads(s.torch_threads)
+        loop = TrainLoop(s, Path(tmp), seeds=derive(s.seed, s.env.num_envs), device=pick_device(s.device),
+                         stop=StopFlag())
         marks: list[tuple[int, float, float]] = []
-        collect = loop.collector.collect
+        collect = loop.source.collect
 
         def timed_collect(*a, **kw):
             marks.append((loop.counters["env_steps"], *_clock()))
             return collect(*a, **kw)
 
-        loop.collector.collect = timed_collect  # type: ignore[method-assign]
+        loop.source.collect = timed_collect  # type: ignore[method-assign]
         loop.algo.learn = _wrap_end(loop.algo.learn, marks, loop)  # type: ignore[method-assign]
         summary = loop.run()
     start = next(m for m in marks if m[0] >= warmup)

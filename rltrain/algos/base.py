@@ -39,6 +39,14 @@ class Sync:
         """True when ``flag`` is true on any worker: stop decisions must be agreed, or ranks deadlock."""
         return flag
 
+    def broadcast_object(self, obj, src: int = 0):
+        """Rank ``src``'s ``obj`` on every worker (resume: rank 0 loads, every replica starts from it)."""
+        return obj
+
+    def gather_object(self, obj) -> list:
+        """Every worker's ``obj``, in rank order (summaries: per-rank SPS, parameter digests)."""
+        return [obj]
+
 
 class Algorithm(ABC):
     """Base of every algorithm. Subclasses define ``__init__(self, spec, *, num_envs, device, sync, **hparams)``."""

@@ -7,6 +7,7 @@ before anything starts, with the key's full name.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import importlib
 import inspect
@@ -19,11 +20,19 @@ from typing import Any
 import torch
 import yaml
 
+from rltrain.envs.make import EnvFactory
 from rltrain.errors import ConfigError, close_matches
 from rltrain.run.device import pick_device
 from rltrain.run.seeding import draw_root_seed
+from rltrain.trainers.settings import (
+    CheckpointSettings,
+    EvalSettings,
+    LoggerSettings,
+    LogSettings,
+    RunSettings,
+)
 
-RESERVED = {"self", "spec", "num_envs", "device", "sync", "cfg", "run_dir", "stop"}
+RESERVED = {"self", "spec", "num_envs", "device", "sync", "settings", "run_dir", "stop", "agents"}
 
 
 def to_plain(cfg: Any) -> dict:
@@ -52,7 +61,7 @@ def check_kwargs(cls: type, params: dict, group: str) -> None:
     """Unknown keys and wrong types, checked against ``cls.__init__``'s keyword-only signature."""
     sig = inspect.signature(cls.__init__)
     hints = typing.get_type_hints(cls.__init__)
-    reserved = RESERVED if group == "algo" else {"self", "cfg", "run_dir"}  # a trainer may have a `sync` key
+    reserved = RESERVED if group == "algo" else {"self", "settings", "run_dir", "agents"}  # a trainer may have `sync`
     valid = [n for n, p in sig.parameters.items() if n not in reserved and p.kind == p.KEYWORD_ONLY]
     for key, value in params.items():
         if key not in valid:
@@ -158,14 +167,65 @@ def prepare(cfg: Any, run_dir: Path) -> dict:
     return cfg
 
 
+TOP_LEVEL = ("seed", "device", "torch_threads", "total_env_steps", "target_return", "max_wall_time",
+             "allow_nested_processes", "resume", "seed_drawn", "max_wall_time_s",
+             "algo", "trainer", "env", "logger", "eval", "log", "checkpoint")
+
+
+def group_settings(cls: type, node: dict, group: str):
+    """A frozen settings dataclass from one config group: unknown keys and wrong types fail in one line."""
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    hints = typing.get_type_hints(cls)
+    for key, value in node.items():
+        if key not in fields:
+            raise ConfigError(f"{group}.{key}: unknown key{close_matches(key, list(fields))} "
+                              f"(valid: {', '.join(fields)})")
+        if not _type_ok(value, hints[key]):
+            raise ConfigError(f"{group}.{key}={value!r} has the wrong type: expected {_type_name(hints[key])}")
+    return cls(**{k: tuple(v) if isinstance(v, list) and typing.get_origin(hints[k]) is tuple else v
+                  for k, v in node.items()})
+
+
+def settings_from(cfg: dict) -> RunSettings:
+    """The typed settings and picklable factories of a validated plain config (``prepare``'s output)."""
+    unknown = [k for k in cfg if k not in TOP_LEVEL]
+    if unknown:
+        raise ConfigError(f"{unknown[0]}: unknown key{close_matches(unknown[0], TOP_LEVEL)} "
+                          f"(top-level keys: {', '.join(k for k in TOP_LEVEL if k not in ('seed_drawn', 'max_wall_time_s'))})")
+    return RunSettings(
+        seed=int(cfg["seed"]), seed_drawn=bool(cfg["seed_drawn"]), device=str(cfg["device"]),
+        torch_threads=int(cfg["torch_threads"]), total_env_steps=int(cfg["total_env_steps"]),
+        target_return=None if cfg.get("target_return") is None else float(cfg["target_return"]),
+        max_wall_time_s=cfg.get("max_wall_time_s"), resume=str(cfg.get("resume") or "never"),
+        env=group_settings(EnvFactory, cfg["env"], "env"), algo=algo_factory(cfg),
+        eval=group_settings(EvalSettings, cfg["eval"], "eval"), log=group_settings(LogSettings, cfg["log"], "log"),
+        checkpoint=group_settings(CheckpointSettings, cfg["checkpoint"], "checkpoint"),
+        logger=group_settings(LoggerSettings, cfg["logger"], "logger"), config=cfg)
+
+
+def env_factory(node: dict) -> EnvFactory:
+    """The env factory recorded in a checkpoint's config (keys this version does not know are dropped)."""
+    known = {f.name for f in dataclasses.fields(EnvFactory)}
+    return group_settings(EnvFactory, {k: v for k, v in node.items() if k in known}, "env")
+
+
+def build_trainer(cfg: dict, run_dir: Path):
+    """The trainer object for a prepared plain config; nothing starts until its ``fit()``."""
+    trainer_cls = resolve_target(cfg["trainer"], "trainer")
+    params = hparams(cfg["trainer"])
+    check_kwargs(trainer_cls, params, "trainer")
+    extra = {}
+    if "agents" in inspect.signature(trainer_cls.__init__).parameters:  # trainer=parallel: one config per agent
+        from rltrain.cli.agents import agent_settings
+
+        extra["agents"] = agent_settings(cfg, params)
+    return trainer_cls(settings=settings_from(cfg), run_dir=Path(run_dir), **params, **extra)
+
+
 def run(cfg: Any, run_dir: Path) -> dict:
     """Train as configured; returns the summary (the dict written to ``summary.json``)."""
     run_dir = Path(run_dir)
-    cfg = prepare(cfg, run_dir)
-    trainer_cls = resolve_target(cfg["trainer"], "trainer")
-    check_kwargs(trainer_cls, hparams(cfg["trainer"]), "trainer")
-    trainer = trainer_cls(cfg=cfg, run_dir=run_dir, **hparams(cfg["trainer"]))
-    return trainer.fit()
+    return build_trainer(prepare(cfg, run_dir), run_dir).fit()
 
 
 def load_policy(path: Path, *, device: str = "cpu"):

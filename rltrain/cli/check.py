@@ -17,7 +17,7 @@ from rich.table import Table
 
 from rltrain.errors import ConfigError
 
-CONF_DIR = Path(__file__).resolve().parent / "conf"
+CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
 
 
 def expand(overrides: list[str]) -> list[list[str]]:
@@ -55,15 +55,18 @@ def output_dir(cfg, overrides: list[str], *, job_num: int | None) -> str:
 
 def validate_job(cfg) -> dict:
     """The full build-time validation of ``build.run`` without starting anything; returns the plain config."""
+    import copy
+
     from omegaconf import OmegaConf
 
     from rltrain.cli import build
 
     plain = OmegaConf.to_container(OmegaConf.masked_copy(cfg, [k for k in cfg if k != "hydra"]), resolve=True)
     build.validate(plain)
-    build.algo_factory(plain)
-    trainer_cls = build.resolve_target(plain["trainer"], "trainer")
-    build.check_kwargs(trainer_cls, build.hparams(plain["trainer"]), "trainer")
+    job = copy.deepcopy(plain)  # what prepare() adds: a root seed (drawn at start when null)
+    job["seed_drawn"] = job["seed"] is None
+    job["seed"] = 0 if job["seed"] is None else job["seed"]
+    build.build_trainer(job, Path("."))  # settings, factories, trainer keys: every check a real start makes
     build.pick_device(plain["device"])
     return plain
 

@@ -39,18 +39,16 @@ def main(argv: list[str] | None = None) -> int:
     try:
         import torch
 
-        from rltrain.cli.build import load_policy
+        from rltrain.cli.build import env_factory, load_policy
         from rltrain.trainers.episodes import evaluate
 
         policy, cfg, ckpt_path, eval_seed = load_policy(Path(args.path), device=args.device)
         if args.episodes <= 0:
             raise ConfigError(f"--episodes={args.episodes} must be > 0")
         video_dir = ckpt_path.parent.parent / "videos" if args.video else None
-        rets = evaluate(policy, cfg["env"]["id"], episodes=args.episodes,
-                        eval_seed=eval_seed if args.seed is None else args.seed,
-                        deterministic=not args.stochastic, env_kwargs=cfg["env"].get("kwargs") or {},
-                        max_episode_steps=cfg["env"].get("max_episode_steps"), device=torch.device(args.device),
-                        video_dir=video_dir)
+        env = env_factory(cfg["env"])
+        rets = evaluate(policy, env.make, episodes=args.episodes, eval_seed=eval_seed if args.seed is None else args.seed,
+                        deterministic=not args.stochastic, device=torch.device(args.device), video_dir=video_dir)
     except ConfigError as err:
         print(f"rltrain-eval: error: {err}", file=sys.stderr)
         return 2

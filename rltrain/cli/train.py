@@ -96,6 +96,11 @@ def one_line(err: BaseException) -> str:
 
 def main() -> None:
     """Console entry point: runs the Hydra app, turning composition errors into one line."""
+    if sys.argv[1:] == ["--version"]:  # Hydra's own --version would name Hydra's version
+        from rltrain import __version__
+
+        print(f"rltrain {__version__}")
+        return
     if os.environ.get("HYDRA_FULL_ERROR") == "1":
         task()
         return

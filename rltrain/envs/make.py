@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import functools
 import importlib
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 import gymnasium as gym
@@ -86,3 +87,36 @@ def make_vector_env(env_id: str, num_envs: int, seeds: list[int] | tuple[int, ..
     if vectorization == "async":
         return AsyncVecEnv([fn] * num_envs, list(seeds))
     raise ConfigError(f"env.vectorization={vectorization!r} is not one of: sync, async")
+
+
+@dataclass(frozen=True, kw_only=True)
+class EnvFactory:
+    """How this run builds its environments (the ``env`` config group, typed). Picklable: it travels to
+    parallel agents, distributed ranks and actor processes, each of which builds its own envs from it."""
+
+    id: str
+    num_envs: int = 4
+    vectorization: str = "sync"  # sync (one process, a plain list) | async (one subprocess per env)
+    max_episode_steps: int | None = None  # None keeps the env's registered time limit
+    kwargs: dict = field(default_factory=dict)  # passed to gymnasium.make / the user's factory
+    solved_return: float | None = None  # the conventional "solved" score, for reference only
+
+    def make(self, *, render_mode: str | None = None) -> gym.Env:
+        """One env (evaluation, video, spec discovery)."""
+        return make_env(self.id, self.kwargs, max_episode_steps=self.max_episode_steps, render_mode=render_mode)
+
+    def spec(self) -> EnvSpec:
+        env = self.make()
+        try:
+            return env_spec(env, self.id)
+        finally:
+            env.close()
+
+    def vector(self, seeds: list[int] | tuple[int, ...], *, num_envs: int | None = None) -> VecEnv | AsyncVecEnv:
+        """``num_envs`` (default ``self.num_envs``) envs seeded with ``seeds``."""
+        return make_vector_env(self.id, num_envs or self.num_envs, seeds, kwargs=self.kwargs,
+                               max_episode_steps=self.max_episode_steps, vectorization=self.vectorization)
+
+    def record(self) -> dict:
+        """The plain dict this factory was built from (config.yaml, checkpoints)."""
+        return {f.name: getattr(self, f.name) for f in fields(self)}

@@ -148,6 +148,13 @@ class RolloutCollector:
         logp = -np.log(self._high - self._low).sum()
         return action, np.full(n, logp, np.float32)
 
+    def env_state(self) -> bytes | None:
+        """The envs mid-episode (pickled by the vector env), or None when they cannot be pickled."""
+        return self.venv.get_state()
+
+    def close(self) -> None:
+        self.venv.close()
+
     # -- resume: collector state is part of the trainer checkpoint --------------------------------------
     def state_dict(self) -> dict:
         return {

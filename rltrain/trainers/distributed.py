@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-import math
 import os
 import sys
 import threading
@@ -29,13 +28,13 @@ import torch.distributed as dist
 from torch import Tensor
 
 from rltrain.algos.base import Sync
-from rltrain.cli.build import algo_factory, pick_device, resolve_target
 from rltrain.errors import ConfigError
 from rltrain.run.checkpoint import CheckpointManager, load_checkpoint
-from rltrain.run.seeding import derive, seed_process, write_seeds
+from rltrain.run.device import pick_device
+from rltrain.run.seeding import SeedTree, derive, write_seeds
 from rltrain.run.signals import StopFlag
-from rltrain.run.summary import write_summary
-from rltrain.trainers.loop import Trainer, TrainLoop
+from rltrain.trainers.base import Trainer
+from rltrain.trainers.loop import LoopHooks, TrainLoop
 from rltrain.trainers.rendezvous import (
     LaunchInfo,
     RankDone,
@@ -45,6 +44,7 @@ from rltrain.trainers.rendezvous import (
     primary_failure,
     supervise,
 )
+from rltrain.trainers.settings import RunSettings
 
 BACKENDS = ("auto", "gloo", "nccl")
 
@@ -158,60 +158,31 @@ def init_distributed(launch: LaunchInfo, *, backend: str, device: torch.device, 
     return sync
 
 
-class DistTrainLoop(TrainLoop):
-    """``TrainLoop`` plus the distributed start (rank 0's state broadcast), resume rules and summary."""
+class DistributedHooks(LoopHooks):
+    """What a rank adds to the shared loop: the resume layout rule and the per-rank summary entries."""
 
-    def __init__(self, *args, launch: LaunchInfo, **kwargs):
-        super().__init__(*args, **kwargs)
+    def __init__(self, launch: LaunchInfo):
         self.launch = launch
-        self.sync: TorchDistSync
 
     def layout(self) -> dict:
-        return {"world_size": self.sync.world_size, "num_envs": self.cfg["env"]["num_envs"],
-                "rollout_len": int(self.algo.rollout_len)}
+        loop = self.loop
+        return {"world_size": loop.sync.world_size, "num_envs": loop.s.env.num_envs,
+                "rollout_len": int(loop.algo.rollout_len)}
 
-    def checkpoint_state(self) -> dict:
-        state = super().checkpoint_state()
+    def check_resume(self, meta: dict, path: Path) -> str | None:
+        return layout_mismatch(meta, self.layout(), path)
+
+    def extend_checkpoint(self, state: dict) -> None:
         state["meta"]["layout"] = self.layout()
-        return state
 
-    def maybe_resume(self) -> Path | None:
-        payload = None
-        if self.is_main:
-            try:
-                path = super().maybe_resume()  # rank 0 restores everything, its envs and RNG included
-                error = self._check_layout(path) if path else None
-            except ConfigError as err:
-                path, error = None, str(err)
-            payload = {"error": error, "path": str(path) if path else None,
-                       "algo": _to_cpu(self.algo.state_dict()), "counters": dict(self.counters),
-                       "best_eval": self.best_eval, "solved": self.solved}
-        payload = self.sync.broadcast_object(payload)
-        if payload["error"]:
-            raise ConfigError(payload["error"])
-        if not self.is_main:  # identical start: rank 0's weights, optimiser and normaliser state
-            self.algo.load_state_dict(payload["algo"])
-            self.counters.update(payload["counters"])
-            self.best_eval, self.solved = payload["best_eval"], payload["solved"]
-            if payload["path"]:  # fresh, distinct random streams after a resume
-                seed_process(derive(self.seeds.root, 0, path=(self.sync.rank, self.counters["env_steps"])).torch_seed)
-        return Path(payload["path"]) if payload["path"] else None
-
-    def _check_layout(self, path: Path) -> str | None:
-        return layout_mismatch(load_checkpoint(path)[0]["meta"], self.layout(), path)
-
-    def _finish(self, status: str, *, start_steps: int = 0, t0: float | None = None, error: str | None = None) -> dict:
-        elapsed = time.perf_counter() - t0 if t0 is not None else math.nan
-        own_steps = (self.counters["env_steps"] - start_steps) / self.sync.world_size
-        summary = super()._finish(status, start_steps=start_steps, t0=t0, error=error)
-        summary.update(backend=self.sync.backend, launcher=self.launch.source)
+    def extend_summary(self, summary: dict, status: str) -> None:
+        sync = self.loop.sync
+        summary.update(backend=getattr(sync, "backend", "none"), launcher=self.launch.source)
         if status != "failed":  # no collectives on the failure path: peers may be gone
-            summary["rank_sps"] = self.sync.gather_object(own_steps / elapsed if elapsed > 0 else None)
+            sps = summary["sps"]
+            summary["rank_sps"] = sync.gather_object(sps / sync.world_size if sps else None)
             # the replicas must be bitwise identical; recorded so anyone can check it after the fact
-            summary["rank_param_sha256"] = self.sync.gather_object(param_digest(self.algo.policy))
-            if self.is_main:
-                write_summary(self.run_dir, summary)
-        return summary
+            summary["rank_param_sha256"] = sync.gather_object(param_digest(self.loop.algo.policy))
 
 
 def layout_mismatch(meta: dict, new: dict, path: Path) -> str | None:
@@ -239,41 +210,27 @@ def param_digest(module: torch.nn.Module) -> str:
     return h.hexdigest()[:16]
 
 
-def _to_cpu(obj):
-    if isinstance(obj, Tensor):
-        return obj.detach().cpu()
-    if isinstance(obj, dict):
-        return {k: _to_cpu(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return type(obj)(_to_cpu(v) for v in obj)
-    return obj
-
-
-def run_rank(launch: LaunchInfo, cfg: dict, run_dir: Path, *, backend: str, timeout_s: float) -> dict:
+def run_rank(launch: LaunchInfo, settings: RunSettings, run_dir: Path, *, backend: str, timeout_s: float,
+             stop: StopFlag) -> dict:
     """One rank from start to finish: join the group, train, leave the group. Returns its summary."""
-    torch.set_num_threads(int(cfg["torch_threads"]))
-    device = pick_device(cfg["device"], local_rank=launch.local_rank)
+    torch.set_num_threads(settings.torch_threads)
+    device = pick_device(settings.device, local_rank=launch.local_rank)
     if device.type == "cuda":
         torch.cuda.set_device(device)
     sync = init_distributed(launch, backend=backend, device=device, timeout_s=timeout_s)
     sync.start_watchdog(parent_pid=os.getppid() if launch.source == "local" else None)
-    stop = StopFlag().install()
     try:
         if launch.source != "local":  # ranks started by others agree on rank 0's root seed (seed=null draws)
-            cfg["seed"] = sync.broadcast_object(cfg["seed"])
-        n = cfg["env"]["num_envs"]
-        seeds = derive(cfg["seed"], n, path=(launch.rank,))
-        if launch.is_main:
-            trees = {f"rank_{r}": derive(cfg["seed"], n, path=(r,)) for r in range(launch.world_size)}
-            write_seeds(Path(run_dir) / "seeds.json", cfg["seed"], trees, drawn=cfg["seed_drawn"])
-        loop = DistTrainLoop(cfg, Path(run_dir), seeds=seeds, device=device, algo_factory=algo_factory(cfg),
-                             stop=stop, sync=sync, is_main=launch.is_main, launch=launch,
-                             title=f"distributed x{launch.world_size}")
-        summary = loop.run()
-        summary["exit_code"] = stop.exit_code if summary["status"] == "interrupted" else 0
-        return summary
+            seed = sync.broadcast_object(settings.seed)
+            settings = settings.replace(seed=seed)
+            if launch.is_main:
+                trees = {f"rank_{r}": derive(seed, settings.env.num_envs, path=(r,)) for r in range(launch.world_size)}
+                write_seeds(Path(run_dir) / "seeds.json", seed, trees, drawn=settings.seed_drawn)
+        loop = TrainLoop(settings, Path(run_dir), seeds=derive(settings.seed, settings.env.num_envs, path=(launch.rank,)),
+                         device=device, stop=stop, sync=sync, is_main=launch.is_main,
+                         title=f"distributed x{launch.world_size}", hooks=DistributedHooks(launch))
+        return loop.run()
     finally:
-        stop.uninstall()
         if dist.is_initialized():
             dist.destroy_process_group()
 
@@ -284,12 +241,13 @@ def failure_of(rank: int, err: BaseException) -> RankFailed:
                       "".join(traceback.format_exception(type(err), err, err.__traceback__)))
 
 
-def _spawned_rank(launch: LaunchInfo, cfg: dict, run_dir: str, backend: str, timeout_s: float, conn) -> None:
+def _spawned_rank(launch: LaunchInfo, settings: RunSettings, run_dir: str, backend: str, timeout_s: float, conn) -> None:
     """Entry point of a locally spawned rank: report a summary or a failure on ``conn``, then exit."""
     os.setpgrp()  # the supervisor forwards Ctrl-C once; the terminal must not deliver it a second time
     code = 0
     try:
-        conn.send(RankDone(launch.rank, run_rank(launch, cfg, Path(run_dir), backend=backend, timeout_s=timeout_s)))
+        conn.send(RankDone(launch.rank, run_rank(launch, settings, Path(run_dir), backend=backend, timeout_s=timeout_s,
+                                                stop=StopFlag().install())))
     except BaseException as err:  # noqa: B036 - report everything, KeyboardInterrupt included
         failure = failure_of(launch.rank, err)
         if failure.kind != "config":
@@ -304,27 +262,38 @@ def _spawned_rank(launch: LaunchInfo, cfg: dict, run_dir: str, backend: str, tim
 
 
 class DistributedSimulatorTrainer(Trainer):
-    def __init__(self, *, cfg: dict, run_dir: Path, world_size: int = 2, backend: str = "auto",
+    def __init__(self, *, settings: RunSettings, run_dir: Path, world_size: int = 2, backend: str = "auto",
                  timeout_s: float = 300.0, master_addr: str = "127.0.0.1"):
+        super().__init__(settings=settings, run_dir=run_dir)
         if world_size < 1:
             raise ConfigError(f"trainer.world_size={world_size} must be >= 1")
         if backend not in BACKENDS:
             raise ConfigError(f"trainer.backend={backend!r} is not one of: {', '.join(BACKENDS)}")
         if timeout_s <= 0:
             raise ConfigError(f"trainer.timeout_s={timeout_s} must be > 0")
-        algo_cls = resolve_target(cfg["algo"], "algo")
+        algo_cls = settings.algo_class
         if not getattr(algo_cls, "on_policy", True):
             raise ConfigError(f"trainer=distributed_simulator: algo={algo_cls.name} is off-policy and its replay "
                               "updates are not all-reduced; use trainer=sequential, parallel or subprocess_actors")
-        self.cfg, self.run_dir = cfg, Path(run_dir)
         self.world_size, self.backend, self.timeout_s, self.master_addr = world_size, backend, timeout_s, master_addr
+        self.launch = detect_launch()  # None: this process spawns and supervises its own ranks
 
-    def fit(self) -> dict:
-        launch = detect_launch()
+    def seed_trees(self) -> dict[str, SeedTree]:
+        if self.launch is not None:  # torchrun / SLURM: rank 0 records them once the ranks agree on the seed
+            return {}
+        s = self.settings
+        return {f"rank_{r}": derive(s.seed, s.env.num_envs, path=(r,)) for r in range(self.world_size)}
+
+    def writes_summary(self) -> bool:
+        return self.launch is None or self.launch.is_main
+
+    def train(self, stop: StopFlag) -> dict:
+        launch = self.launch
         if launch is None:
             return self._spawn_and_supervise()
         try:
-            return run_rank(launch, self.cfg, self.run_dir, backend=self.backend, timeout_s=self.timeout_s)
+            return run_rank(launch, self.settings, self.run_dir, backend=self.backend, timeout_s=self.timeout_s,
+                            stop=stop)
         except ConfigError:
             raise
         except BaseException as err:  # noqa: B036 - name the rank, exit non-zero (torchrun / srun stop the rest)
@@ -335,12 +304,13 @@ class DistributedSimulatorTrainer(Trainer):
 
     def _precheck_resume(self) -> None:
         """Refuse a mismatched resume before spawning anything (rank 0 checks again when joined)."""
-        spec, rollout_len = self.cfg.get("resume") or "never", self.cfg["algo"].get("rollout_len")
+        s = self.settings
+        spec, rollout_len = s.resume, s.config["algo"].get("rollout_len")
         if spec == "never" or rollout_len is None:
             return
         path = CheckpointManager(self.run_dir / "checkpoints").latest() if spec == "auto" else Path(spec)
         if path is not None:
-            new = {"world_size": self.world_size, "num_envs": self.cfg["env"]["num_envs"], "rollout_len": rollout_len}
+            new = {"world_size": self.world_size, "num_envs": s.env.num_envs, "rollout_len": rollout_len}
             error = layout_mismatch(load_checkpoint(path)[0]["meta"], new, path)
             if error:
                 raise ConfigError(error)
@@ -358,7 +328,7 @@ class DistributedSimulatorTrainer(Trainer):
                                 master_port=port, source="local")
             reader, writer = ctx.Pipe(duplex=False)
             p = ctx.Process(target=_spawned_rank, name=f"rltrain-rank{r}", daemon=False,
-                            args=(launch, self.cfg, str(self.run_dir), self.backend, self.timeout_s, writer))
+                            args=(launch, self.settings, str(self.run_dir), self.backend, self.timeout_s, writer))
             procs.append(p)
             conns.append(reader)
             writers.append(writer)
@@ -398,5 +368,4 @@ class DistributedSimulatorTrainer(Trainer):
         except ValueError:
             summary = {}
         summary.update(status="failed", error=message, failed_rank=failure.rank, world_size=self.world_size)
-        write_summary(self.run_dir, summary)
         return {**summary, "exit_code": 1}

@@ -7,6 +7,7 @@ touches the training RNGs (stochastic evaluation draws from its own generator).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 import gymnasium as gym
@@ -14,23 +15,21 @@ import numpy as np
 import torch
 
 from rltrain.data.structs import Policy
-from rltrain.envs.make import make_env
 from rltrain.errors import ConfigError
 
 
-def evaluate(policy: Policy, env_id: str, *, episodes: int, eval_seed: int, deterministic: bool = True,
-             env_kwargs: dict | None = None, max_episode_steps: int | None = None, device: torch.device | None = None,
-             video_dir: Path | None = None, max_parallel: int = 16) -> np.ndarray:
-    """Run ``episodes`` full episodes; returns their returns [episodes] (float64), episode j from seed
-    ``eval_seed + j``. Up to ``max_parallel`` episodes run side by side and act as one batch (one forward
-    pass per step instead of one per episode: evaluation was a third of a CartPole solve's wall time);
-    with a video, one env records every episode in turn."""
+def evaluate(policy: Policy, make_env: Callable[..., gym.Env], *, episodes: int, eval_seed: int,
+             deterministic: bool = True, device: torch.device | None = None, video_dir: Path | None = None,
+             max_parallel: int = 16) -> np.ndarray:
+    """Run ``episodes`` full episodes on envs from ``make_env(render_mode=...)``; returns their returns
+    [episodes] (float64), episode j from seed ``eval_seed + j``. Up to ``max_parallel`` episodes run side by
+    side and act as one batch (one forward pass per step instead of one per episode: evaluation was a third of
+    a CartPole solve's wall time); with a video, one env records every episode in turn."""
     device = device or torch.device("cpu")
     width = 1 if video_dir is not None else max(1, min(episodes, max_parallel))
     envs = []
     for _ in range(width):
-        env = make_env(env_id, env_kwargs, max_episode_steps=max_episode_steps,
-                       render_mode="rgb_array" if video_dir else None)
+        env = make_env(render_mode="rgb_array" if video_dir else None)
         envs.append(_record_video(env, video_dir) if video_dir is not None else env)
     gen = torch.Generator(device=device).manual_seed(eval_seed)
     space = envs[0].action_space

@@ -1,130 +1,197 @@
-"""The training loop every trainer shares: budget, target return, eval / checkpoint / log cadence, resume.
+"""The one training loop: budget, target return, eval / checkpoint / log cadence, resume, summary.
 
 ``TrainLoop`` is one worker's loop: the sequential trainer runs one, a parallel agent runs one in its own
-process, a distributed rank runs one with an all-reducing ``Sync`` (rank 0 alone writes).
+process, a distributed rank runs one with an all-reducing ``Sync`` (rank 0 alone writes), the
+subprocess_actors learner runs one whose rollouts come from actor processes. Trainers never subclass it:
+they differ only in where rollouts come from (``source_factory``) and in ``LoopHooks``, a small set of public
+hooks around the fixed loop (after each update, extra log columns, extra checkpoint and summary entries,
+a resume check).
 """
 
 from __future__ import annotations
 
 import math
 import time
-from abc import ABC, abstractmethod
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
 
 from rltrain.algos.base import Algorithm, Sync
-from rltrain.data.structs import Metrics
-from rltrain.envs.make import env_spec, make_env, make_vector_env
+from rltrain.data.structs import Metrics, Rollout
+from rltrain.errors import ConfigError
 from rltrain.run.checkpoint import CheckpointManager, load_checkpoint
 from rltrain.run.metrics import CSVLogger, MetricLogger, TensorBoardLogger
 from rltrain.run.progress import ProgressDisplay
-from rltrain.run.seeding import SeedTree, capture_rng, restore_rng, seed_process
+from rltrain.run.seeding import SeedTree, capture_rng, derive, restore_rng, seed_process
 from rltrain.run.signals import StopFlag
 from rltrain.run.summary import resume_command, write_summary
 from rltrain.trainers.collector import RolloutCollector
 from rltrain.trainers.episodes import evaluate
+from rltrain.trainers.settings import RunSettings
 
 
-class Trainer(ABC):
-    @abstractmethod
-    def fit(self) -> dict:
-        """Train; returns the run summary (also written to ``summary.json``)."""
+class LoopHooks:
+    """Public hooks a trainer plugs into ``TrainLoop``; each default does nothing."""
+
+    loop: TrainLoop
+
+    def bind(self, loop: TrainLoop) -> None:
+        """Called once by the loop, after the algorithm and the source exist."""
+        self.loop = loop
+
+    def check_resume(self, meta: dict, path: Path) -> str | None:
+        """An error line when the checkpoint at ``path`` cannot continue this run, else None."""
+        return None
+
+    def on_resume(self, state: dict) -> None:
+        """The checkpoint was restored (main process only): take what the trainer stored in it."""
+
+    def after_learn(self, rollout: Rollout, learn_s: float) -> None:
+        """One update happened on ``rollout`` (counters already advanced)."""
+
+    def log_row(self) -> Metrics:
+        """Extra columns for this metrics row."""
+        return {}
+
+    def extend_checkpoint(self, state: dict) -> None:
+        """Add the trainer's own entries to a checkpoint before it is written."""
+
+    def extend_summary(self, summary: dict, status: str) -> None:
+        """Add the trainer's own entries to the summary before it is written."""
+
+
+SourceFactory = Callable[[Algorithm], Any]  # -> RolloutCollector-like: collect(), episodes, recent_returns...
 
 
 class TrainLoop:
     """Collect -> learn until ``total_env_steps``; logs, evaluates and checkpoints on its cadence."""
 
-    def __init__(self, cfg: dict, run_dir: Path, *, seeds: SeedTree, device: torch.device, algo_factory,
+    def __init__(self, settings: RunSettings, run_dir: Path, *, seeds: SeedTree, device: torch.device,
                  stop: StopFlag, sync: Sync | None = None, is_main: bool = True, title: str = "training",
-                 progress_factory=ProgressDisplay):
-        self.cfg, self.run_dir, self.seeds, self.device, self.stop = cfg, Path(run_dir), seeds, device, stop
+                 progress_factory=ProgressDisplay, hooks: LoopHooks | None = None,
+                 source_factory: SourceFactory | None = None, num_envs: int | None = None):
+        self.s, self.run_dir, self.seeds, self.device, self.stop = settings, Path(run_dir), seeds, device, stop
         self.progress_factory = progress_factory  # the parallel trainer's agents send progress to their parent
         self.sync = sync or Sync()
         self.is_main, self.title = is_main, title
-        env_cfg = cfg["env"]
-        self.env_kwargs = dict(env_cfg.get("kwargs") or {})
-        self.max_episode_steps = env_cfg.get("max_episode_steps")
         seed_process(seeds.torch_seed)
-        self.spec = env_spec(make_env(env_cfg["id"], self.env_kwargs, max_episode_steps=self.max_episode_steps),
-                             env_cfg["id"])
-        self.algo: Algorithm = algo_factory(self.spec, num_envs=env_cfg["num_envs"], device=device, sync=self.sync)
-        self.venv, self.collector = self._make_collector(env_cfg)
+        self.spec = settings.env.spec()
+        self.algo: Algorithm = settings.algo(self.spec, num_envs=num_envs or settings.env.num_envs, device=device,
+                                             sync=self.sync)
+        self.source = (source_factory or self._collector)(self.algo)
         self.counters = {"env_steps": 0, "updates": 0, "episodes": 0, "wall_time": 0.0}
         self.best_eval = -math.inf
         self.last_eval: tuple[float, float] | None = None
         self.solved: dict | None = None
-        self.ckpt = CheckpointManager(self.run_dir / "checkpoints", keep_last=cfg["checkpoint"]["keep_last"])
+        self.ckpt = CheckpointManager(self.run_dir / "checkpoints", keep_last=settings.checkpoint.keep_last)
         self.loggers: list[MetricLogger] = []
         self.last_learn: Metrics = {}
-        self._sps = math.nan
+        self.resumed_from: Path | None = None
+        self._resume_done = False
+        self.hooks = hooks or LoopHooks()
+        self.hooks.bind(self)
 
-    def _make_collector(self, env_cfg: dict):
-        """This worker's envs and collector (the subprocess_actors learner has neither: actors collect)."""
-        venv = make_vector_env(env_cfg["id"], env_cfg["num_envs"], self.seeds.env_seeds, kwargs=self.env_kwargs,
-                               max_episode_steps=self.max_episode_steps,
-                               vectorization=env_cfg.get("vectorization", "sync"))
-        return venv, RolloutCollector(venv, self.algo.policy, self.spec, device=self.device)
+    def _collector(self, algo: Algorithm) -> RolloutCollector:
+        venv = self.s.env.vector(self.seeds.env_seeds)
+        return RolloutCollector(venv, algo.policy, self.spec, device=self.device)
 
     # -- resume -------------------------------------------------------------------------------------------
-    def maybe_resume(self) -> Path | None:
-        spec = self.cfg.get("resume") or "never"
+    def resume(self) -> Path | None:
+        """Restore ``settings.resume`` once (idempotent; ``run`` calls it). The main process loads; with
+        several workers every replica then starts from its weights, optimiser and counters, so all replicas are
+        identical (also on a fresh start: rank 0's initial weights are everyone's)."""
+        if self._resume_done:
+            return self.resumed_from
+        self._resume_done = True
+        path, error = None, None
+        if self.is_main:
+            try:
+                path = self._restore()
+            except ConfigError as err:
+                if self.sync.world_size == 1:
+                    raise
+                error = str(err)  # every rank must hear it, or the others wait in the broadcast forever
+        if self.sync.world_size > 1:
+            payload = self.sync.broadcast_object(
+                {"error": error, "path": str(path) if path else None, "algo": _to_cpu(self.algo.state_dict()),
+                 "counters": dict(self.counters), "best_eval": self.best_eval, "solved": self.solved}
+                if self.is_main else None)
+            if payload["error"]:
+                raise ConfigError(payload["error"])
+            if not self.is_main:
+                self.algo.load_state_dict(payload["algo"])
+                self.counters.update(payload["counters"])
+                self.best_eval, self.solved = payload["best_eval"], payload["solved"]
+                if payload["path"]:  # fresh, distinct random streams after a resume
+                    seed_process(derive(self.seeds.root, 0, path=(self.sync.rank, self.counters["env_steps"])).torch_seed)
+            path = Path(payload["path"]) if payload["path"] else None
+        self.resumed_from = path
+        return path
+
+    def _restore(self) -> Path | None:
+        spec = self.s.resume
         if spec == "never":
             return None
-        if spec == "auto":
-            path = self.ckpt.latest()
-            if path is None:
-                return None
-        else:
-            path = Path(spec)
+        path = self.ckpt.latest() if spec == "auto" else Path(spec)
+        if path is None:
+            return None
         state, envs_blob = load_checkpoint(path)
+        error = self.hooks.check_resume(state["meta"], path)
+        if error:
+            raise ConfigError(error)
         self.algo.load_state_dict(state["algo"])
         self.counters.update(state["counters"])
         self.best_eval = float(state.get("best_eval", -math.inf))
         self.solved = state.get("solved")
-        self.collector.load_state_dict(state["collector"], envs_blob)
+        self.source.load_state_dict(state["collector"], envs_blob)
+        self.hooks.on_resume(state)
         restore_rng(state["rng"])  # last: building the objects above consumed RNG draws
         return path
 
     def checkpoint_state(self) -> dict:
-        return {
+        state = {
             "algo": self.algo.state_dict(),
             "counters": dict(self.counters),
             "best_eval": self.best_eval,
             "solved": self.solved,
-            "collector": self.collector.state_dict(),
+            "collector": self.source.state_dict(),
             "rng": capture_rng(),
-            "meta": {"algo": self.algo.name, "config": self.cfg, "eval_seed": self.seeds.eval_seed,
+            "meta": {"algo": self.algo.name, "config": self.s.config, "eval_seed": self.seeds.eval_seed,
                      "env_id": self.spec.env_id},
         }
+        self.hooks.extend_checkpoint(state)
+        return state
 
     def save(self, kind: str = "step") -> Path | None:
         if not self.is_main:
             return None
-        envs = self.venv.get_state() if self.venv is not None else None
-        return self.ckpt.save(self.checkpoint_state(), self.counters["env_steps"], envs=envs, kind=kind)
+        return self.ckpt.save(self.checkpoint_state(), self.counters["env_steps"], envs=self.source.env_state(),
+                              kind=kind)
 
     # -- the loop -----------------------------------------------------------------------------------------
     def run(self) -> dict:
-        cfg = self.cfg
-        resumed_from = self.maybe_resume()
+        s = self.s
+        resumed_from = self.resume()
         start_steps = self.counters["env_steps"]
         if self.is_main:
             self._open_loggers(resumed=resumed_from is not None)
-        total = int(cfg["total_env_steps"])
-        every = {k: int(cfg[k]["every_env_steps"] or 0) for k in ("log", "eval", "checkpoint")}
+        total = s.total_env_steps
+        every = {"log": s.log.every_env_steps, "eval": s.eval.every_env_steps,
+                 "checkpoint": s.checkpoint.every_env_steps}
         nxt = {k: _next_multiple(start_steps, e) for k, e in every.items()}
-        target = cfg.get("target_return")
-        max_wall = cfg.get("max_wall_time_s")
-        progress = self._make_progress(total, start_steps)
+        progress = self.progress_factory(total, mode=s.logger.progress if self.is_main else "off",
+                                         interval_s=s.logger.progress_interval_s, initial=start_steps,
+                                         title=self.title)
         t0, wall0 = time.perf_counter(), self.counters["wall_time"]
         sps_t, sps_steps = t0, start_steps
         learn_metrics: Metrics = {}
         status = "completed"
         try:
             while self.counters["env_steps"] < total:
-                over_wall = bool(max_wall and time.perf_counter() - t0 >= max_wall)
+                over_wall = bool(s.max_wall_time_s and time.perf_counter() - t0 >= s.max_wall_time_s)
                 # agreed over workers (one tiny all-reduce when distributed): every rank stops at the same update
                 if self.sync.any(self.stop.requested or over_wall):
                     if not self.stop.requested:
@@ -135,15 +202,14 @@ class TrainLoop:
                 self.counters["wall_time"] = wall0 + time.perf_counter() - t0
                 steps = self.counters["env_steps"]
                 recent = self._recent_return()
-                if target is not None and self.solved is None and recent is not None and recent >= target:
+                if s.target_return is not None and self.solved is None and recent is not None and \
+                        recent >= s.target_return:
                     self.solved = {"env_steps": steps, "seconds": self.counters["wall_time"]}
                 now = time.perf_counter()
                 self.last_learn = learn_metrics
                 if self.is_main and steps >= nxt["log"] and steps < total and not self.solved:
-                    sps = (steps - sps_steps) / max(now - sps_t, 1e-9)
+                    row = self._row(learn_metrics, (steps - sps_steps) / max(now - sps_t, 1e-9))
                     sps_t, sps_steps = now, steps
-                    self._sps = sps
-                    row = self._row(learn_metrics, sps)
                     if recent is not None:  # pooled over workers; min/max/length stay this worker's
                         row["rollout/episode_return"] = recent
                     if every["eval"] and steps >= nxt["eval"]:
@@ -170,45 +236,44 @@ class TrainLoop:
     def _iterate(self, total: int) -> Metrics:
         """One collect -> learn step; advances the counters. Returns the learner's metrics."""
         steps = self.counters["env_steps"]
-        rollout = self.collector.collect(self.algo.rollout_len, policy_version=self.counters["updates"],
-                                         random_actions=self.algo.wants_random_actions(steps))
+        rollout = self.source.collect(self.algo.rollout_len, policy_version=self.counters["updates"],
+                                      random_actions=self.algo.wants_random_actions(steps))
+        if rollout is None:  # the source stopped (e.g. an actor failure requested the stop)
+            return {}
+        t0 = time.perf_counter()
         learn_metrics = self.algo.learn(rollout, progress=steps / total)
+        learn_s = time.perf_counter() - t0
         self.counters["env_steps"] += rollout.num_steps * self.sync.world_size
         self.counters["updates"] += 1
-        self.counters["episodes"] = self.collector.episodes
+        self.counters["episodes"] = self.source.episodes
+        self.hooks.after_learn(rollout, learn_s)
         return learn_metrics
-
-    def _make_progress(self, total: int, start_steps: int) -> ProgressDisplay:
-        return self.progress_factory(total, mode=self.cfg["logger"]["progress"] if self.is_main else "off",
-                                     interval_s=self.cfg["logger"]["progress_interval_s"], initial=start_steps,
-                                     title=self.title)
 
     def _recent_return(self) -> float | None:
         """Mean of the recent episode returns, pooled over workers (so ranks agree on ``target_return``)."""
-        window = self.collector.recent_returns
+        window = self.source.recent_returns
         total, count = self.sync.sum(np.array([sum(window), len(window)], np.float64))
         return float(total / count) if count else None
 
     def _row(self, learn_metrics: Metrics, sps: float) -> Metrics:
-        rets = list(self.collector.recent_returns)
+        rets = list(self.source.recent_returns)
         row: Metrics = {
             "time/wall": self.counters["wall_time"], "time/sps": sps,
             "rollout/episodes": float(self.counters["episodes"]), "train/updates": float(self.counters["updates"]),
             "rollout/episode_return": float(np.mean(rets)) if rets else math.nan,
             "rollout/episode_return_min": float(np.min(rets)) if rets else math.nan,
             "rollout/episode_return_max": float(np.max(rets)) if rets else math.nan,
-            "rollout/episode_length": float(np.mean(self.collector.recent_lengths)) if rets else math.nan,
+            "rollout/episode_length": float(np.mean(self.source.recent_lengths)) if rets else math.nan,
         }
         row.update(learn_metrics)
+        row.update(self.hooks.log_row())
         return row
 
     def _evaluate(self, *, final: bool = False) -> Metrics:
-        ecfg = self.cfg["eval"]
-        video = self.run_dir / "videos" if final and ecfg.get("video") else None
-        rets = evaluate(self.algo.policy, self.spec.env_id, episodes=int(ecfg["episodes"]),
-                        eval_seed=self.seeds.eval_seed, deterministic=bool(ecfg["deterministic"]),
-                        env_kwargs=self.env_kwargs, max_episode_steps=self.max_episode_steps, device=self.device,
-                        video_dir=video)
+        ev = self.s.eval
+        video = self.run_dir / "videos" if final and ev.video else None
+        rets = evaluate(self.algo.policy, self.s.env.make, episodes=ev.episodes, eval_seed=self.seeds.eval_seed,
+                        deterministic=ev.deterministic, device=self.device, video_dir=video)
         mean, std = float(rets.mean()), float(rets.std())
         self.last_eval = (mean, std)
         if mean > self.best_eval:
@@ -222,7 +287,7 @@ class TrainLoop:
         if resumed:
             csv_logger.truncate_after(steps)
         self.loggers = [csv_logger]
-        if "tensorboard" in self.cfg["logger"]["sinks"]:
+        if "tensorboard" in self.s.logger.sinks:
             self.loggers.append(TensorBoardLogger(self.run_dir / "tensorboard", purge_step=steps + 1 if resumed else None))
 
     def _log(self, steps: int, row: Metrics) -> None:
@@ -270,14 +335,24 @@ class TrainLoop:
             summary["resume_command"] = resume_command(self.run_dir)
         if error:
             summary["error"] = error
+        self.hooks.extend_summary(summary, status)
         if self.is_main:
             write_summary(self.run_dir, summary)
             for lg in self.loggers:
                 lg.close()
-        if self.venv is not None:
-            self.venv.close()
+        self.source.close()
         return summary
 
 
 def _next_multiple(steps: int, every: int) -> int:
     return (steps // every + 1) * every if every > 0 else 1 << 62
+
+
+def _to_cpu(obj):
+    if isinstance(obj, torch.Tensor):
+        return obj.detach().cpu()
+    if isinstance(obj, dict):
+        return {k: _to_cpu(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(_to_cpu(v) for v in obj)
+    return obj

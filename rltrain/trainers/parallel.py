@@ -14,8 +14,6 @@ IQM, bootstrap 95% CI; see ``rltrain.run.stats``) into ``summary.json`` and draw
 
 from __future__ import annotations
 
-import copy
-import json
 import sys
 import time
 from dataclasses import dataclass
@@ -24,27 +22,28 @@ from pathlib import Path
 
 import yaml
 
-from rltrain.cli.build import algo_factory, pick_device, validate
 from rltrain.errors import ConfigError
 from rltrain.run.agents_display import AgentsDisplay
-from rltrain.run.seeding import derive, worker_root, write_seeds
+from rltrain.run.device import pick_device
+from rltrain.run.seeding import SeedTree, derive, write_seeds
 from rltrain.run.signals import StopFlag
 from rltrain.run.stats import aggregate
-from rltrain.run.summary import resume_command, write_summary
-from rltrain.trainers.loop import Trainer, TrainLoop
+from rltrain.run.summary import resume_command
+from rltrain.trainers.base import Trainer
+from rltrain.trainers.loop import TrainLoop
+from rltrain.trainers.settings import RunSettings
 from rltrain.trainers.supervise import Done, Exited, Failed, Started, Unresponsive, WorkerContext, WorkerGroup
 
-SEQUENTIAL = {"_target_": "rltrain.trainers.sequential.SequentialTrainer", "_partial_": True}
 FAILURE_POLICIES = ("continue", "abort")
 
 
 # -- messages and the agent process ---------------------------------------------------------------------------
 @dataclass(frozen=True)
 class AgentJob:
-    """Everything an agent process needs: its complete plain config (as a sequential run's) and run dir."""
+    """Everything an agent process needs: its complete settings (as a sequential run's) and run dir."""
 
     index: int
-    cfg: dict
+    settings: RunSettings
     run_dir: str
     progress_interval_s: float
 
@@ -94,135 +93,55 @@ class _AgentStop(StopFlag):
 
 
 def agent_main(ctx: WorkerContext, job: AgentJob) -> dict:
-    """One agent, in its own process: exactly what ``SequentialTrainer.fit`` does, minus signal handling."""
+    """One agent, in its own process: what ``trainer=sequential`` does, minus signal handling (the parent
+    decides when everyone stops)."""
     import torch
 
-    cfg = job.cfg
-    torch.set_num_threads(int(cfg["torch_threads"]))
+    s = job.settings
+    torch.set_num_threads(s.torch_threads)
     run_dir = Path(job.run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
-    (run_dir / "config.yaml").write_text(yaml.safe_dump(cfg, sort_keys=False))
-    seeds = derive(cfg["seed"], cfg["env"]["num_envs"])
-    write_seeds(run_dir / "seeds.json", cfg["seed"], {"main": seeds}, drawn=False)
-    loop = TrainLoop(cfg, run_dir, seeds=seeds, device=pick_device(cfg["device"]), algo_factory=algo_factory(cfg),
-                     stop=_AgentStop(ctx), title=f"agent_{job.index}",
-                     progress_factory=partial(_MessageProgress, ctx, job.progress_interval_s))
+    (run_dir / "config.yaml").write_text(yaml.safe_dump(s.config, sort_keys=False))
+    seeds = derive(s.seed, s.env.num_envs)
+    write_seeds(run_dir / "seeds.json", s.seed, {"main": seeds}, drawn=False)
+    loop = TrainLoop(s, run_dir, seeds=seeds, device=pick_device(s.device), stop=_AgentStop(ctx),
+                     title=f"agent_{job.index}", progress_factory=partial(_MessageProgress, ctx, job.progress_interval_s))
     return loop.run()
-
-
-# -- composing the agents' configs ----------------------------------------------------------------------------
-def override_list(entry: list[str] | dict) -> list[str]:
-    """One agent's overrides: a list of Hydra override strings, or a dict ``{dotted.key: value}``.
-
-    The dict form needs no quoting on the command line: ``trainer.agent_overrides=[{algo.lr:1e-3},{}]``.
-    """
-    if isinstance(entry, dict):
-        return [f"{k}={json.dumps(v) if isinstance(v, str) else _hydra_value(v)}" for k, v in entry.items()]
-    return [str(o) for o in entry]
-
-
-def _hydra_value(v) -> str:
-    if isinstance(v, bool):
-        return str(v).lower()
-    if v is None:
-        return "null"
-    if isinstance(v, (list, tuple)):
-        return "[" + ",".join(json.dumps(x) if isinstance(x, str) else _hydra_value(x) for x in v) + "]"
-    return str(v)
-
-
-def compose_agent_overrides(per_agent: list[list[str]]) -> list[dict]:
-    """Each agent's config: the command line's overrides + its own, composed by Hydra, as plain dicts.
-
-    Inside the ``rltrain`` app the command line's overrides are taken from Hydra's runtime config; called
-    from Python (no app running) the agents' overrides apply on top of ``train.yaml``'s defaults.
-    """
-    from hydra import compose, initialize_config_dir
-    from hydra.core.global_hydra import GlobalHydra
-    from hydra.core.hydra_config import HydraConfig
-    from omegaconf import OmegaConf
-
-    from rltrain.conf import __file__ as conf_init
-
-    base: list[str] = []
-    if HydraConfig.initialized():
-        # trainer.* overrides belong to the parent (and agent_overrides would be parsed twice)
-        base = [o for o in HydraConfig.get().overrides.task if not o.lstrip("+~").startswith("trainer")]
-
-    def _compose(extra: list[str]) -> dict:
-        try:
-            cfg = compose(config_name="train", overrides=base + list(extra))
-        except Exception as err:  # a bad override: name the agent's list, in one line
-            raise ConfigError(f"trainer.agent_overrides {extra}: {str(err).splitlines()[0]}") from None
-        return OmegaConf.to_container(cfg, resolve=True)  # type: ignore[return-value]
-
-    if GlobalHydra.instance().is_initialized():
-        return [_compose(o) for o in per_agent]
-    with initialize_config_dir(config_dir=str(Path(conf_init).parent), version_base="1.3"):
-        return [_compose(o) for o in per_agent]
 
 
 # -- the parent ------------------------------------------------------------------------------------------------
 class ParallelTrainer(Trainer):
-    def __init__(self, *, cfg: dict, run_dir: Path, num_agents: int = 2, scopes: list[int] | None = None,
-                 devices: list[str] | None = None, agent_overrides: list[list[str] | dict] | None = None,
-                 start_method: str = "spawn", on_agent_failure: str = "continue",
-                 heartbeat_timeout_s: float = 120.0, shutdown_grace_s: float = 60.0):
-        self.cfg, self.run_dir = cfg, Path(run_dir)
-        if num_agents < 1:
-            raise ConfigError(f"trainer.num_agents={num_agents} must be >= 1")
-        for key, value in (("scopes", scopes), ("agent_overrides", agent_overrides)):
-            if value is not None and len(value) != num_agents:
-                raise ConfigError(f"trainer.{key} has {len(value)} entries; trainer.num_agents={num_agents} "
-                                  f"needs one per agent")
-        if scopes is not None and any(s <= 0 for s in scopes):
-            raise ConfigError(f"trainer.scopes={scopes}: every agent needs at least one env")
+    """K agents, one process each. ``agents`` (one ``RunSettings`` per agent) is composed by the CLI from
+    ``num_agents``, ``scopes``, ``devices`` and ``agent_overrides`` (cli/agents.py); the trainer only places them."""
+
+    def __init__(self, *, settings: RunSettings, run_dir: Path, agents: list[RunSettings], num_agents: int = 2,
+                 scopes: list[int] | None = None, devices: list[str] | None = None,
+                 agent_overrides: list[list[str] | dict] | None = None, start_method: str = "spawn",
+                 on_agent_failure: str = "continue", heartbeat_timeout_s: float = 120.0,
+                 shutdown_grace_s: float = 60.0):
+        super().__init__(settings=settings, run_dir=run_dir)
         if on_agent_failure not in FAILURE_POLICIES:
             raise ConfigError(f"trainer.on_agent_failure={on_agent_failure!r} is not one of: continue, abort")
-        self.devices = list(devices or [cfg["device"]])
-        for dev in self.devices:
-            pick_device(dev)  # fails here, in one line, for an unknown or unavailable device
-        self.agent_overrides = [override_list(e) for e in agent_overrides] if agent_overrides else None
-        self.num_agents, self.scopes = num_agents, scopes
+        if heartbeat_timeout_s <= 0:
+            raise ConfigError(f"trainer.heartbeat_timeout_s={heartbeat_timeout_s} must be > 0")
+        self.agents, self.num_agents = agents, len(agents)
+        self.agent_overrides = agent_overrides
         self.start_method, self.on_agent_failure = start_method, on_agent_failure
         self.heartbeat_timeout_s, self.shutdown_grace_s = heartbeat_timeout_s, shutdown_grace_s
 
-    def agent_configs(self) -> list[dict]:
-        """Agent k: the parent config (+ its overrides), its own seed, env count, device; trainer=sequential."""
-        k_range = range(self.num_agents)
-        bases = compose_agent_overrides(self.agent_overrides) if self.agent_overrides else \
-            [copy.deepcopy(self.cfg) for _ in k_range]
-        root = int(self.cfg["seed"])
-        out = []
-        for k, base in zip(k_range, bases, strict=True):
-            c = copy.deepcopy(base)
-            c["seed"], c["seed_drawn"] = worker_root(root, (k,)), False
-            if self.scopes:
-                c["env"]["num_envs"] = int(self.scopes[k])
-            c["device"] = self.devices[k % len(self.devices)]
-            c["trainer"] = dict(SEQUENTIAL)
-            resume = c.get("resume") or "never"
-            if resume not in ("never", "auto"):  # a parent run dir (or checkpoint dir): each agent its own
-                c["resume"] = str(Path(resume) / f"agent_{k}")
-            validate(c)
-            algo_factory(c)  # unknown / mistyped algo keys fail now, before any process starts
-            out.append(c)
-        return out
+    def seed_trees(self) -> dict[str, SeedTree]:
+        return {f"agent_{k}": derive(a.seed, a.env.num_envs) for k, a in enumerate(self.agents)}
 
-    def fit(self) -> dict:
-        cfg, K = self.cfg, self.num_agents
-        agent_cfgs = self.agent_configs()
-        trees = {f"agent_{k}": derive(c["seed"], c["env"]["num_envs"]) for k, c in enumerate(agent_cfgs)}
-        write_seeds(self.run_dir / "seeds.json", cfg["seed"], trees, drawn=cfg["seed_drawn"])
-        interval = float(cfg["logger"]["progress_interval_s"])
-        jobs = [AgentJob(k, c, str(self.run_dir / f"agent_{k}"), min(interval, 1.0)) for k, c in enumerate(agent_cfgs)]
-        records = [{"index": k, "run_dir": f"agent_{k}", "seed": c["seed"], "num_envs": c["env"]["num_envs"],
-                    "device": c["device"], "algo": c["algo"]["_target_"].rsplit(".", 1)[-1],
-                    "overrides": (self.agent_overrides or [[]] * K)[k], "status": "starting"}
-                   for k, c in enumerate(agent_cfgs)]
-        display = AgentsDisplay([c["total_env_steps"] for c in agent_cfgs], mode=cfg["logger"]["progress"],
+    def train(self, stop: StopFlag) -> dict:
+        K = self.num_agents
+        interval = float(self.settings.logger.progress_interval_s)
+        jobs = [AgentJob(k, a, str(self.run_dir / f"agent_{k}"), min(interval, 1.0)) for k, a in enumerate(self.agents)]
+        overrides = self.agent_overrides or [[]] * K
+        records = [{"index": k, "run_dir": f"agent_{k}", "seed": a.seed, "num_envs": a.env.num_envs,
+                    "device": a.device, "algo": a.algo_class.__name__, "overrides": overrides[k], "status": "starting"}
+                   for k, a in enumerate(self.agents)]
+        display = AgentsDisplay([a.total_env_steps for a in self.agents], mode=self.settings.logger.progress,
                                 interval_s=interval)
-        stop = StopFlag().install()
         t0 = time.perf_counter()
         aborted: str | None = None
         try:
@@ -243,11 +162,10 @@ class ParallelTrainer(Trainer):
                     display.refresh()
                 group.shutdown(grace_s=self.shutdown_grace_s)
         finally:
-            stop.uninstall()
             display.close()
         summary = self._summarize(records, stop, aborted, time.perf_counter() - t0)
         agg = summary["aggregate"]
-        if cfg["logger"]["progress"] != "off" and agg["n"]:
+        if self.settings.logger.progress != "off" and agg["n"]:
             print(f"[parallel] {summary['status']}: final eval return over {agg['n']} agents: mean {agg['mean']:.2f} "
                   f"(95% CI {agg['ci95_mean'][0]:.2f}..{agg['ci95_mean'][1]:.2f}), median {agg['median']:.2f}, "
                   f"IQM {agg['iqm']:.2f}; {self.run_dir / 'summary.json'}", flush=True)
@@ -302,7 +220,7 @@ class ParallelTrainer(Trainer):
                   for name, col in (("training return", "rollout/episode_return"), ("eval return", "eval/return_mean"))}
         try:
             curves = plot_learning_curves(panels, self.run_dir / "learning_curves.png",
-                                          title=f"{self.num_agents} agents, {self.cfg['env']['id']}").name
+                                          title=f"{self.num_agents} agents, {self.settings.env.id}").name
         except Exception as err:  # a figure must never cost the run its summary
             print(f"rltrain: could not draw learning curves: {err}", file=sys.stderr)
         summary = {
@@ -310,8 +228,8 @@ class ParallelTrainer(Trainer):
             "trainer": "parallel",
             "num_agents": self.num_agents,
             "start_method": self.start_method,
-            "seed": self.cfg["seed"],
-            "env_id": self.cfg["env"]["id"],
+            "seed": self.settings.seed,
+            "env_id": self.settings.env.id,
             "final_eval_return": agg["mean"],  # what the CLI returns to sweepers (aggregate mean)
             "aggregate": agg,
             "agents": records,
@@ -325,5 +243,4 @@ class ParallelTrainer(Trainer):
             summary["resume_command"] = resume_command(self.run_dir)
         elif aborted:
             summary["stop_reason"] = aborted
-        write_summary(self.run_dir, summary)
         return summary

@@ -2,28 +2,19 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
-from rltrain.cli.build import algo_factory, pick_device
-from rltrain.run.seeding import derive, write_seeds
+from rltrain.run.device import pick_device
+from rltrain.run.seeding import SeedTree, derive
 from rltrain.run.signals import StopFlag
-from rltrain.trainers.loop import Trainer, TrainLoop
+from rltrain.trainers.base import Trainer
+from rltrain.trainers.loop import TrainLoop
 
 
 class SequentialTrainer(Trainer):
-    def __init__(self, *, cfg: dict, run_dir: Path):
-        self.cfg, self.run_dir = cfg, Path(run_dir)
+    def seed_trees(self) -> dict[str, SeedTree]:
+        return {"main": derive(self.settings.seed, self.settings.env.num_envs)}
 
-    def fit(self) -> dict:
-        cfg = self.cfg
-        device = pick_device(cfg["device"])
-        seeds = derive(cfg["seed"], cfg["env"]["num_envs"])
-        write_seeds(self.run_dir / "seeds.json", cfg["seed"], {"main": seeds}, drawn=cfg["seed_drawn"])
-        stop = StopFlag().install()
-        try:
-            loop = TrainLoop(cfg, self.run_dir, seeds=seeds, device=device, algo_factory=algo_factory(cfg), stop=stop)
-            summary = loop.run()
-        finally:
-            stop.uninstall()
-        summary["exit_code"] = stop.exit_code if summary["status"] == "interrupted" else 0
-        return summary
+    def train(self, stop: StopFlag) -> dict:
+        s = self.settings
+        loop = TrainLoop(s, self.run_dir, seeds=derive(s.seed, s.env.num_envs), device=pick_device(s.device),
+                         stop=stop)
+        return loop.run()

@@ -21,11 +21,14 @@ from __future__ import annotations
 import pickle
 import time
 import zlib
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
 from rltrain.data.structs import Rollout
+from rltrain.envs.make import EnvFactory
 from rltrain.run.seeding import SeedTree, seed_process
 from rltrain.trainers.actors.shared_weights import SharedWeights, WeightsHandle
 from rltrain.trainers.supervise import WorkerContext
@@ -39,8 +42,8 @@ class ActorSpec:
     actor_id: int
     generation: int
     seeds: SeedTree
-    algo_cfg: dict  # cfg["algo"], plain
-    env_cfg: dict  # cfg["env"], plain
+    algo: Callable[..., Any]  # the run's algorithm factory (settings.algo): a policy-only copy acts here
+    env: EnvFactory  # the run's env factory (settings.env)
     num_envs: int
     rollout_len: int
     weights: WeightsHandle
@@ -110,22 +113,17 @@ def actor_main(ctx: WorkerContext, spec: ActorSpec) -> dict:
 
 class _ActorLoop:
     def __init__(self, ctx: WorkerContext, spec: ActorSpec):
-        from rltrain.cli.build import algo_factory
-        from rltrain.envs.make import env_spec, make_env, make_vector_env
         from rltrain.trainers.collector import RolloutCollector
 
         self.ctx, self.spec = ctx, spec
         seed_process(spec.seeds.torch_seed)
-        env = spec.env_cfg
-        kwargs, max_steps = dict(env.get("kwargs") or {}), env.get("max_episode_steps")
-        espec = env_spec(make_env(env["id"], kwargs, max_episode_steps=max_steps), env["id"])
+        espec = spec.env.spec()
         device = torch.device(spec.device)
-        self.algo = algo_factory({"algo": spec.algo_cfg})(espec, num_envs=spec.num_envs, device=device)
+        self.algo = spec.algo(espec, num_envs=spec.num_envs, device=device)
         self.weights = SharedWeights.attach(spec.weights)
         self.version = -1
         self._reload()
-        venv = make_vector_env(env["id"], spec.num_envs, spec.seeds.env_seeds, kwargs=kwargs,
-                               max_episode_steps=max_steps, vectorization=env.get("vectorization", "sync"))
+        venv = spec.env.vector(spec.seeds.env_seeds, num_envs=spec.num_envs)
         self.collector = RolloutCollector(venv, self.algo.policy, espec, device=device)
         self.credits = spec.credits
 

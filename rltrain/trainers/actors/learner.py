@@ -30,18 +30,18 @@ from pathlib import Path
 
 import numpy as np
 
-from rltrain.cli.build import algo_factory, pick_device
 from rltrain.data.structs import Metrics, Rollout
 from rltrain.errors import ConfigError
-from rltrain.run.checkpoint import load_checkpoint
+from rltrain.run.device import pick_device
 from rltrain.run.progress import ProgressDisplay
-from rltrain.run.seeding import SeedTree, derive, write_seeds
+from rltrain.run.seeding import SeedTree, derive
 from rltrain.run.signals import StopFlag
-from rltrain.run.summary import write_summary
 from rltrain.trainers.actors.actor import ActorSpec, RolloutMsg
 from rltrain.trainers.actors.pool import ActorFailure, ActorPool
 from rltrain.trainers.actors.shared_weights import SharedWeights
-from rltrain.trainers.loop import Trainer, TrainLoop
+from rltrain.trainers.base import Trainer
+from rltrain.trainers.loop import LoopHooks, TrainLoop
+from rltrain.trainers.settings import RunSettings
 
 log = logging.getLogger("rltrain.actors")
 _ACTOR_BRANCH = 7  # actor seeds hang below spawn key (7, actor, generation): disjoint from the learner's
@@ -106,16 +106,14 @@ class ActorsProgress(ProgressDisplay):
             print("\n".join("  " + r for r in self._rows()), flush=True)
 
 
-class LearnerLoop(TrainLoop):
-    """``TrainLoop`` whose iteration takes a batch from the actors instead of collecting itself."""
+class ActorBatches(LoopHooks):
+    """The learner's side of ``subprocess_actors``: the loop's rollout source (batches from the actors'
+    queue, merged along the env axis) and its hooks (publish the weights after each update, lag and queue
+    columns in the log, actor generations in the checkpoint)."""
 
-    def __init__(self, cfg: dict, run_dir: Path, *, trainer: SubprocessActorsTrainer, **kwargs):
+    def __init__(self, trainer: SubprocessActorsTrainer):
         self.t = trainer
-        factory = kwargs.pop("algo_factory")
-        batch_envs = trainer.batch_rollouts * trainer.envs_per_actor
-        kwargs["algo_factory"] = lambda spec, num_envs, device, sync: factory(spec, num_envs=batch_envs,
-                                                                              device=device, sync=sync)
-        super().__init__(cfg, run_dir, **kwargs)
+        self.stats_source = EpisodeStats()
         self.queue: deque[RolloutMsg] = deque()
         self.capacity = trainer.batch_rollouts * trainer.queue_out_of_sync_factor
         self.generations = [0] * trainer.num_actors
@@ -125,42 +123,78 @@ class LearnerLoop(TrainLoop):
         self.stats: dict[str, float] = {"dropped_steps": 0.0, "dropped_rollouts": 0.0, "preempted_batches": 0.0}
         self._window: dict[str, list[float]] = {}  # per-batch figures since the last log row
         self._received_steps, self._recv_t0 = 0, time.perf_counter()
-        self._resumed: tuple[Path | None] | None = None
 
-    def _make_collector(self, env_cfg: dict):
-        return None, EpisodeStats()
+    # -- the rollout source (what RolloutCollector is for the other trainers) --------------------------------
+    @property
+    def episodes(self) -> int:
+        return self.stats_source.episodes
 
-    def _make_progress(self, total: int, start_steps: int) -> ProgressDisplay:
-        mode = self.cfg["logger"]["progress"] if self.is_main else "off"
-        return ActorsProgress(total, mode=mode, interval_s=self.cfg["logger"]["progress_interval_s"],
-                              initial=start_steps, title=self.title, rows=self._progress_rows)
+    @property
+    def recent_returns(self) -> deque[float]:
+        return self.stats_source.recent_returns
 
-    # -- resume: counters and policy version come back through TrainLoop; actor generations here --------
-    def maybe_resume(self) -> Path | None:
-        # the trainer resumes before starting the actors (their generations); TrainLoop.run asks again
-        if self._resumed is not None:
-            return self._resumed[0]
-        path = super().maybe_resume()
-        self._resumed = (path,)
-        if path is not None:
-            state, _ = load_checkpoint(path)
-            actors = state.get("actors", {})
-            old = list(actors.get("generations", []))
-            # a resumed actor is a new process: a fresh generation, so a fresh recorded seed
-            self.generations = [(old[k] + 1 if k < len(old) else 0) for k in range(self.t.num_actors)]
-            self.stats.update(actors.get("stats", {}))
-        return path
+    @property
+    def recent_lengths(self) -> deque[int]:
+        return self.stats_source.recent_lengths
 
-    def checkpoint_state(self) -> dict:
-        state = super().checkpoint_state()
+    def state_dict(self) -> dict:
+        return self.stats_source.state_dict()
+
+    def load_state_dict(self, state: dict, venv_blob: bytes | None) -> None:
+        self.stats_source.load_state_dict(state, venv_blob)
+
+    def env_state(self) -> bytes | None:
+        return None  # the envs live in the actors; a resumed actor is a new generation with fresh episodes
+
+    def close(self) -> None:
+        pass  # the trainer stops the actors (shutdown) after the loop, also when it failed
+
+    def collect(self, rollout_len: int, *, policy_version: int, random_actions: bool) -> Rollout | None:
+        """The next batch from the actors, merged along the env axis; None when stopped or an actor failed."""
+        try:
+            batch = self._next_batch()
+        except ActorFailure as err:
+            self.failure = str(err)
+            log.error("%s", err)
+            self.loop.stop.request("actor_failure")
+            return None
+        if not batch:
+            return None
+        self._window.setdefault("lag", []).extend(policy_version - m.version for m in batch)
+        self._window.setdefault("batch_rollouts", []).append(len(batch))
+        rollout = merge_rollouts([m.rollout() for m in batch])
+        self.stats_source.add(rollout)
+        return rollout
+
+    # -- hooks --------------------------------------------------------------------------------------------------
+    def on_resume(self, state: dict) -> None:
+        actors = state.get("actors", {})
+        old = list(actors.get("generations", []))
+        # a resumed actor is a new process: a fresh generation, so a fresh recorded seed
+        self.generations = [(old[k] + 1 if k < len(old) else 0) for k in range(self.t.num_actors)]
+        self.stats.update(actors.get("stats", {}))
+
+    def extend_checkpoint(self, state: dict) -> None:
         gens = [s.generation for s in self.pool.slots] if self.pool else self.generations
         state["actors"] = {"generations": gens, "stats": dict(self.stats)}
-        return state
+
+    def after_learn(self, rollout: Rollout, learn_s: float) -> None:
+        c = self.loop.counters
+        self.weights.publish(self.loop.algo.policy_state(), version=c["updates"],  # type: ignore[union-attr]
+                             env_steps=c["env_steps"])
+        self._window.setdefault("learner_sps", []).append(rollout.num_steps / max(learn_s, 1e-9))
+
+    def extend_summary(self, summary: dict, status: str) -> None:
+        summary.update({"num_actors": self.t.num_actors, "policy_version": self.loop.counters["updates"],
+                        "restarts": self.pool.total_restarts if self.pool else 0,
+                        "dropped_rollouts": int(self.stats["dropped_rollouts"])})
+        if self.failure:
+            summary["error"] = self.failure
 
     def start_actors(self, make_spec, on_restart) -> None:
-        version = self.counters["updates"]
-        self.weights = SharedWeights.create(self.algo.policy_state(), version=version,
-                                            env_steps=self.counters["env_steps"])
+        loop = self.loop
+        self.weights = SharedWeights.create(loop.algo.policy_state(), version=loop.counters["updates"],
+                                            env_steps=loop.counters["env_steps"])
         t = self.t
         self.pool = ActorPool(functools.partial(make_spec, self.weights.handle), t.num_actors,
                               start_method=t.start_method, on_failure=t.on_actor_failure,
@@ -175,35 +209,6 @@ class LearnerLoop(TrainLoop):
         if self.weights is not None:
             self.weights.close()
             self.weights = None
-
-    # -- one iteration ----------------------------------------------------------------------------------------
-    def _iterate(self, total: int) -> Metrics:
-        try:
-            batch = self._next_batch()
-        except ActorFailure as err:
-            self.failure = str(err)
-            log.error("%s", err)
-            self.stop.request("actor_failure")
-            return {}
-        if not batch:
-            return {}
-        version = self.counters["updates"]
-        lags = [version - m.version for m in batch]
-        rollout = merge_rollouts([m.rollout() for m in batch])
-        t0 = time.perf_counter()
-        metrics = self.algo.learn(rollout, progress=self.counters["env_steps"] / total)
-        learn_s = time.perf_counter() - t0
-        self.counters["env_steps"] += rollout.num_steps
-        self.counters["updates"] += 1
-        self.collector.add(rollout)
-        self.counters["episodes"] = self.collector.episodes
-        self.weights.publish(self.algo.policy_state(), version=self.counters["updates"],  # type: ignore[union-attr]
-                             env_steps=self.counters["env_steps"])
-        w = self._window
-        w.setdefault("lag", []).extend(lags)
-        w.setdefault("learner_sps", []).append(rollout.num_steps / max(learn_s, 1e-9))
-        w.setdefault("batch_rollouts", []).append(len(batch))
-        return metrics
 
     def _next_batch(self) -> list[RolloutMsg]:
         """``batch_rollouts`` usable rollouts (sync: fewer when a preemption threshold is met); [] if stopped."""
@@ -222,7 +227,7 @@ class LearnerLoop(TrainLoop):
         while True:
             while self.queue and len(batch) < need:
                 msg = self.queue.popleft()
-                lag = self.counters["updates"] - msg.version
+                lag = self.loop.counters["updates"] - msg.version
                 stale = lag > 0 if t.sync else (t.max_policy_lag is not None and lag > t.max_policy_lag)
                 if stale:
                     self.stats["dropped_steps"] += msg.num_steps
@@ -245,7 +250,7 @@ class LearnerLoop(TrainLoop):
                 if len(batch) >= enough_samples or done >= enough_workers:
                     self.stats["preempted_batches"] += 1
                     break
-            if self.stop.requested:
+            if self.loop.stop.requested:
                 return []
             msgs = pool.poll(0.2)  # credits bound what can arrive
             self._received_steps += sum(m.num_steps for m in msgs)
@@ -254,8 +259,8 @@ class LearnerLoop(TrainLoop):
         return batch
 
     # -- what the learner logs --------------------------------------------------------------------------------
-    def _row(self, learn_metrics: Metrics, sps: float) -> Metrics:
-        row = super()._row(learn_metrics, sps)
+    def log_row(self) -> Metrics:
+        row: Metrics = {}
         w, self._window = self._window, {}
         lag = w.get("lag", [])
         now = time.perf_counter()
@@ -271,17 +276,17 @@ class LearnerLoop(TrainLoop):
             "actors/policy_lag_max": float(max(lag)) if lag else math.nan,
             "actors/queue_fill": mean("queue_fill"), "actors/dequeue_wait_s": mean("dequeue_wait_s"),
             "actors/batch_rollouts": mean("batch_rollouts"), "time/actor_sps": actor_sps,
-            "time/learner_sps": mean("learner_sps"), "actors/policy_version": float(self.counters["updates"]),
+            "time/learner_sps": mean("learner_sps"), "actors/policy_version": float(self.loop.counters["updates"]),
             "actors/restarts": float(self.pool.total_restarts if self.pool else 0),
             **{f"actors/{k}": v for k, v in self.stats.items()},
         })
         return row
 
-    def _progress_rows(self) -> list[str]:
+    def progress_rows(self) -> list[str]:
         rows = self.pool.rows() if self.pool else []
         lag = self._window.get("lag", [])
         lag_txt = f"{min(lag)}/{np.mean(lag):.1f}/{max(lag)}" if lag else "-"
-        rows.append(f"policy v{self.counters['updates']}  lag min/mean/max {lag_txt}  queue "
+        rows.append(f"policy v{self.loop.counters['updates']}  lag min/mean/max {lag_txt}  queue "
                     f"{len(self.queue)}/{self.capacity}  dropped {int(self.stats['dropped_rollouts'])} rollouts")
         return rows
 
@@ -289,21 +294,21 @@ class LearnerLoop(TrainLoop):
 class SubprocessActorsTrainer(Trainer):
     """See the module docstring. Keys are ``trainer.*`` in ``conf/trainer/subprocess_actors.yaml``."""
 
-    def __init__(self, *, cfg: dict, run_dir: Path, num_actors: int = 2, envs_per_actor: int | None = None,
+    def __init__(self, *, settings: RunSettings, run_dir: Path, num_actors: int = 2, envs_per_actor: int | None = None,
                  rollout_len: int | None = None, batch_rollouts: int | None = None,
                  queue_out_of_sync_factor: int = 2, start_method: str = "forkserver", sync: bool = False,
                  max_policy_lag: int | None = None, preemption: dict | None = None, compress: str = "none",
                  actor_device: str = "cpu", learner_device: str | None = None, on_actor_failure: str = "restart",
                  max_restarts: int = 3, actor_timeout_s: float = 60.0):
-        self.cfg, self.run_dir = cfg, Path(run_dir)
+        super().__init__(settings=settings, run_dir=run_dir)
         self.num_actors = num_actors
-        self.envs_per_actor = envs_per_actor or int(cfg["env"]["num_envs"])
+        self.envs_per_actor = envs_per_actor or settings.env.num_envs
         self.rollout_len = rollout_len
         self.batch_rollouts = batch_rollouts or num_actors
         self.queue_out_of_sync_factor, self.start_method, self.sync = queue_out_of_sync_factor, start_method, sync
         self.max_policy_lag, self.compress = max_policy_lag, compress
         self.preemption = {"fraction_workers": 1.0, "fraction_samples": 1.0, **(preemption or {})}
-        self.actor_device, self.learner_device = actor_device, learner_device or cfg["device"]
+        self.actor_device, self.learner_device = actor_device, learner_device or settings.device
         self.on_actor_failure, self.max_restarts, self.actor_timeout_s = on_actor_failure, max_restarts, actor_timeout_s
         self._validate()
 
@@ -336,54 +341,46 @@ class SubprocessActorsTrainer(Trainer):
             raise ConfigError(f"trainer.max_policy_lag={self.max_policy_lag} must be >= 0 or null")
 
     def actor_seeds(self, actor_id: int, generation: int) -> SeedTree:
-        return derive(self.cfg["seed"], self.envs_per_actor, path=(_ACTOR_BRANCH, actor_id, generation))
+        return derive(self.settings.seed, self.envs_per_actor, path=(_ACTOR_BRANCH, actor_id, generation))
 
-    def fit(self) -> dict:
-        cfg = self.cfg
+    def seed_trees(self) -> dict[str, SeedTree]:
+        return {}  # recorded in train(): the actors' generations are known only after the resume
+
+    def train(self, stop: StopFlag) -> dict:
+        s = self.settings
         device = pick_device(self.learner_device)
         pick_device(self.actor_device)  # fail now, with the key's message, not inside an actor
-        seeds = derive(cfg["seed"], 1)
-        trees: dict[str, SeedTree] = {"learner": seeds}
+        trees: dict[str, SeedTree] = {"learner": derive(s.seed, 1)}
 
         def record(spec: ActorSpec) -> None:
             trees[f"actor_{spec.actor_id}_gen_{spec.generation}"] = spec.seeds
-            write_seeds(self.run_dir / "seeds.json", cfg["seed"], trees, drawn=cfg["seed_drawn"])
+            self.record_seeds(trees)
 
-        stop = StopFlag().install()
-        loop: LearnerLoop | None = None
+        batches = ActorBatches(self)
+        loop = TrainLoop(s, self.run_dir, seeds=trees["learner"], device=device, stop=stop, title="learner",
+                         num_envs=self.batch_rollouts * self.envs_per_actor, hooks=batches,
+                         source_factory=lambda algo: batches,
+                         progress_factory=functools.partial(ActorsProgress, rows=batches.progress_rows))
         try:
-            loop = LearnerLoop(cfg, self.run_dir, trainer=self, seeds=seeds, device=device,
-                               algo_factory=algo_factory(cfg), stop=stop, title="learner")
             rollout_len = self.rollout_len or int(loop.algo.rollout_len)
-            loop.maybe_resume()
-            for k, gen in enumerate(loop.generations):
+            loop.resume()  # before the actors start: their generations (and seeds) come from the checkpoint
+            for k, gen in enumerate(batches.generations):
                 trees[f"actor_{k}_gen_{gen}"] = self.actor_seeds(k, gen)
-            write_seeds(self.run_dir / "seeds.json", cfg["seed"], trees, drawn=cfg["seed_drawn"])
-            make_spec = functools.partial(self._make_spec, rollout_len=rollout_len)
-            loop.start_actors(make_spec, on_restart=record)
+            self.record_seeds(trees)
+            batches.start_actors(functools.partial(self._make_spec, rollout_len=rollout_len), on_restart=record)
             summary = loop.run()
         finally:
-            if loop is not None:
-                loop.shutdown()
-            stop.uninstall()
-        summary.update({"num_actors": self.num_actors, "policy_version": loop.counters["updates"],
-                        "restarts": loop.pool.total_restarts if loop.pool else 0,
-                        "dropped_rollouts": int(loop.stats["dropped_rollouts"])})
-        if loop.failure:
-            summary["error"] = loop.failure
-        write_summary(self.run_dir, summary)
-        if loop.failure:
+            batches.shutdown()
+        if batches.failure:
             summary["exit_code"] = 1
-        else:
-            summary["exit_code"] = stop.exit_code if summary["status"] == "interrupted" else 0
         return summary
 
     def _make_spec(self, weights, actor_id: int, generation: int, *, rollout_len: int) -> ActorSpec:
         return ActorSpec(actor_id=actor_id, generation=generation, seeds=self.actor_seeds(actor_id, generation),
-                         algo_cfg=self.cfg["algo"], env_cfg=self.cfg["env"], num_envs=self.envs_per_actor,
+                         algo=self.settings.algo, env=self.settings.env, num_envs=self.envs_per_actor,
                          rollout_len=rollout_len, weights=weights, device=self.actor_device, sync=self.sync,
                          share=self._share(actor_id), compress=self.compress,
-                         torch_threads=int(self.cfg["torch_threads"]), credits=self._credits(actor_id))
+                         torch_threads=self.settings.torch_threads, credits=self._credits(actor_id))
 
     def _credits(self, actor_id: int) -> int:
         # the queue's capacity split over the actors bounds the data in flight, hence the policy lag

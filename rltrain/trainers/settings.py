@@ -1,0 +1,79 @@
+"""Typed run settings: what a trainer receives instead of a Hydra config.
+
+``cli/build.py`` turns the composed config into a ``RunSettings`` before any trainer starts: every group's
+keys are checked against these fields (a misspelled or unknown key fails in one line), the algorithm becomes
+a picklable factory (``functools.partial`` of its class with validated keyword-only hyper-parameters) and
+the environment a picklable ``EnvFactory``. Settings are frozen, plain and picklable, so they cross process
+boundaries (agents, ranks, actors) as they are; a DictConfig never does.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from rltrain.envs.make import EnvFactory
+
+
+@dataclass(frozen=True, kw_only=True)
+class EvalSettings:
+    every_env_steps: int = 25000  # periodic evaluation cadence (0 disables; the final evaluation always runs)
+    episodes: int = 10
+    deterministic: bool = True  # greedy / mean actions; false samples
+    video: bool = False  # record the final evaluation's episodes to <run dir>/videos
+
+
+@dataclass(frozen=True, kw_only=True)
+class LogSettings:
+    every_env_steps: int = 5000  # one metrics.csv row (and TensorBoard scalars) per interval
+
+
+@dataclass(frozen=True, kw_only=True)
+class CheckpointSettings:
+    every_env_steps: int = 50000  # periodic checkpoint cadence (0 disables; best and final are always written)
+    keep_last: int = 3
+    replay_buffer: bool = False  # off-policy algos: also store the replay buffer
+
+
+@dataclass(frozen=True, kw_only=True)
+class LoggerSettings:
+    sinks: tuple[str, ...] = ("csv", "tensorboard")
+    progress: str = "auto"  # auto | rich | plain | off
+    progress_interval_s: float = 10.0
+
+
+@dataclass(frozen=True, kw_only=True)
+class RunSettings:
+    """One run (or one agent / rank / learner of it): budget, seeds, device, env, algorithm, cadences."""
+
+    seed: int  # the root seed (drawn by the CLI when the config says null)
+    seed_drawn: bool
+    device: str  # auto | cpu | cuda | cuda:N, resolved by each process (run/device.py)
+    torch_threads: int
+    total_env_steps: int
+    target_return: float | None
+    max_wall_time_s: float | None
+    resume: str  # never | auto | a checkpoint file or run dir
+    env: EnvFactory
+    algo: Callable[..., Any] = field(repr=False)  # functools.partial(AlgorithmClass, **hparams)
+    eval: EvalSettings = EvalSettings()
+    log: LogSettings = LogSettings()
+    checkpoint: CheckpointSettings = CheckpointSettings()
+    logger: LoggerSettings = LoggerSettings()
+    config: dict = field(default_factory=dict, repr=False)  # the resolved config, recorded in checkpoints
+
+    @property
+    def algo_class(self) -> type:
+        return getattr(self.algo, "func", self.algo)
+
+    def replace(self, **changes) -> RunSettings:
+        """A copy with ``changes``; ``config`` (the record) follows the top-level ones it mirrors."""
+        config = dict(self.config)
+        for key in ("seed", "seed_drawn", "device", "resume"):
+            if key in changes:
+                config[key] = changes[key]
+        if "env" in changes:
+            config["env"] = {**config.get("env", {}), **changes["env"].record()}
+        return dataclasses.replace(self, config=config, **changes)

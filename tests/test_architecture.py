@@ -1,0 +1,95 @@
+"""The layout is the architecture (design.md section 2): every import in the package, function-local ones
+included, must point down. A forbidden arrow fails here with the file, line and the rule it breaks."""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+PKG = Path(__file__).resolve().parent.parent / "rltrain"
+LAYERS = ("cli", "sweeps", "trainers", "algos", "models", "envs", "data", "run", "conf")
+# what each layer may import from rltrain (rltrain.errors is a leaf every layer may use)
+ALLOWED = {
+    "cli": set(LAYERS),
+    "sweeps": {"sweeps", "cli", "run", "data"},
+    "trainers": {"trainers", "algos", "models", "envs", "data", "run"},
+    "algos": {"algos", "models", "data"},
+    "models": {"models", "data"},
+    "envs": {"envs", "data"},
+    "data": {"data"},
+    "run": {"run", "data"},
+    "conf": set(),
+}
+HYDRA = ("hydra", "omegaconf")
+
+
+def imports(path: Path) -> list[tuple[int, str]]:
+    """(line, imported module) for every import statement in the file, at any depth."""
+    out = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            out += [(node.lineno, a.name) for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            out.append((node.lineno, node.module))
+            if node.module == "rltrain":  # `from rltrain import cli` imports the subpackage
+                out += [(node.lineno, f"rltrain.{a.name}") for a in node.names]
+    return out
+
+
+def violations(root: Path = PKG) -> list[str]:
+    found = []
+    for path in sorted(root.rglob("*.py")):
+        rel = path.relative_to(root)
+        layer = rel.parts[0] if len(rel.parts) > 1 else None  # top-level modules: errors, __main__
+        for line, mod in imports(path):
+            where = f"rltrain/{rel}:{line} imports {mod}"
+            top = mod.split(".")[0]
+            if top in HYDRA and layer not in ("cli", "sweeps") and rel.name != "__main__.py":
+                found.append(f"{where}: only cli/ and sweeps/ may read Hydra")
+            if top != "rltrain" or layer is None:
+                continue
+            parts = mod.split(".")
+            target = parts[1] if len(parts) > 1 else None
+            if target in (None, "errors", "__main__"):
+                continue
+            if target not in ALLOWED.get(layer, set()):
+                found.append(f"{where}: {layer}/ must not import {target}/")
+    return found
+
+
+def test_every_arrow_points_down():
+    assert violations() == []
+
+
+def test_the_checker_catches_a_forbidden_arrow(tmp_path):
+    """A function-local import of the CLI from a trainer, and Hydra in algos/, are both reported."""
+    (tmp_path / "trainers").mkdir()
+    (tmp_path / "trainers" / "bad.py").write_text("def f():\n    from rltrain.cli.build import run\n")
+    (tmp_path / "algos").mkdir()
+    (tmp_path / "algos" / "worse.py").write_text("import omegaconf\nfrom rltrain.trainers import loop\n")
+    found = violations(tmp_path)
+    assert any("trainers/bad.py:2 imports rltrain.cli.build: trainers/ must not import cli/" in v for v in found)
+    assert any("algos/worse.py:1 imports omegaconf: only cli/ and sweeps/ may read Hydra" in v for v in found)
+    assert any("algos/worse.py:2 imports rltrain.trainers: algos/ must not import trainers/" in v for v in found)
+
+
+def test_every_module_is_in_a_room_and_short():
+    """No flat room of modules: only errors.py and the entry points sit at the top; modules stay readable."""
+    top = sorted(p.name for p in PKG.glob("*.py"))
+    assert top == ["__init__.py", "__main__.py", "errors.py"]
+    long = [f"{p.relative_to(PKG)}: {n}" for p in PKG.rglob("*.py") if (n := len(p.read_text().splitlines())) > 450]
+    assert long == []
+
+
+@pytest.mark.parametrize("module", ["rltrain.trainers.loop", "rltrain.trainers.parallel",
+                                    "rltrain.trainers.distributed", "rltrain.trainers.actors.learner"])
+def test_trainers_load_without_hydra(module):
+    """Importing a trainer (what a spawned worker does) pulls in neither Hydra nor the CLI layer."""
+    code = (f"import sys, {module}; bad = [m for m in sys.modules if m.split('.')[0] in ('hydra', 'omegaconf') "
+            "or m.startswith('rltrain.cli')]; print(bad); sys.exit(1 if bad else 0)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stdout + out.stderr
