@@ -72,14 +72,14 @@ def _describe_obs(space: gym.Space) -> ObsSpace:
     if isinstance(space, gym.spaces.Dict):
         parts = tuple((str(k), _describe_obs(sub)) for k, sub in space.spaces.items())
         return ObsSpace("dict", (), "", parts=parts, name=str(space))
-    return ObsSpace("unsupported", (), "", name=str(space))
+    return ObsSpace("unsupported", (), "", name=type(space).__name__)  # Text's repr spells out its charset
 
 
 def env_spec(env: gym.Env, env_id: str) -> EnvSpec:
     obs_space, act_space = env.observation_space, env.action_space
     obs = _describe_obs(obs_space)
     if obs.kind == "unsupported":
-        raise ConfigError(f"env.id={env_id}: observation space {obs_space} is not supported "
+        raise ConfigError(f"env.id={env_id}: observation space {obs.name} is not supported "
                           "(Box, Discrete, MultiBinary or a Dict of them); wrap the env to return one of those")
     common = {"obs_dtype": obs.dtype, "obs_space": obs}
     if isinstance(act_space, gym.spaces.Discrete):

@@ -79,9 +79,10 @@ class Encoder(nn.Module):
 
 
 def _to_device(obs: Obs, device: torch.device) -> Obs:
+    """Tensors (also inside dicts) to ``device``; anything else (an ignored Text key's strings) stays."""
     if isinstance(obs, dict):
         return {k: _to_device(v, device) for k, v in obs.items()}
-    return obs.to(device, non_blocking=True)
+    return obs.to(device, non_blocking=True) if isinstance(obs, Tensor) else obs
 
 
 class FlatInput(Encoder):
