@@ -121,8 +121,13 @@ def test_dict_observation_one_encoder_per_key_concatenated():
     assert isinstance(enc, MultiInputEncoder) and enc.keys == ("flags", "mode", "pixels", "state")
     assert [type(p) for p in enc.parts] == [FlatInput, FlatInput, NatureCNN, FlatInput]
     assert enc.mlp[0].in_features == 4 + 3 + 512 + 5 and enc.out_dim == 48
-    logits, value = model(batch(env))
+    obs = batch(env)
+    logits, value = model(obs)
     assert logits.shape == (5, 3) and value.shape == (5,)
+    # the Discrete(3, start=-1) key: values -1, 0, 1 -> one-hot columns 0, 1, 2
+    assert obs["mode"].min() >= -1 and obs["mode"].max() <= 1
+    mode = enc.parts[enc.keys.index("mode")].encode(torch.tensor([-1, 0, 1]))
+    assert torch.equal(mode, torch.eye(3))
 
 
 def test_text_key_is_refused_naming_the_key_or_dropped_with_ignore_keys():

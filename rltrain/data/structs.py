@@ -29,6 +29,7 @@ class ObsSpace:
     shape: shape of one stored observation: () for discrete and dict
     dtype: numpy dtype name of the stored observation ("" for dict and unsupported)
     n:     discrete only: the number of values (encoded one-hot)
+    start: discrete only: the smallest value
     parts: dict only: (key, ObsSpace) pairs in the space's key order
     name:  how gymnasium prints the space, for error messages
     """
@@ -37,6 +38,7 @@ class ObsSpace:
     shape: tuple[int, ...] = ()
     dtype: str = "float32"
     n: int = 0
+    start: int = 0
     parts: tuple[tuple[str, ObsSpace], ...] = ()
     name: str = ""
 

@@ -66,7 +66,8 @@ def _describe_obs(space: gym.Space) -> ObsSpace:
     if isinstance(space, gym.spaces.Box):
         return ObsSpace("box", tuple(space.shape), space.dtype.name, name=str(space))
     if isinstance(space, gym.spaces.Discrete):
-        return ObsSpace("discrete", (), space.dtype.name, n=int(space.n), name=str(space))
+        return ObsSpace("discrete", (), space.dtype.name, n=int(space.n), start=int(space.start),
+                        name=str(space))
     if isinstance(space, gym.spaces.MultiBinary):
         return ObsSpace("multi_binary", tuple(space.shape), space.dtype.name, name=str(space))
     if isinstance(space, gym.spaces.Dict):

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import math
 import warnings
+from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Literal
 
@@ -61,7 +62,7 @@ def describe_shape(obs: ObsSpace) -> str:
     return "x".join(str(d) for d in obs.shape) + f" {obs.dtype}"
 
 
-class Encoder(nn.Module):
+class Encoder(nn.Module, ABC):
     """Base: ``forward(obs)`` moves the batch to the encoder's device, then ``encode``s it to [B, out_dim]."""
 
     out_dim: int
@@ -74,8 +75,9 @@ class Encoder(nn.Module):
     def forward(self, obs: Obs) -> Tensor:
         return self.encode(_to_device(obs, self._anchor.device))
 
+    @abstractmethod
     def encode(self, obs: Obs) -> Tensor:
-        raise NotImplementedError
+        """obs already on this encoder's device, in its stored dtype -> features [B, out_dim] float32."""
 
 
 def _to_device(obs: Obs, device: torch.device) -> Obs:
@@ -91,11 +93,12 @@ class FlatInput(Encoder):
     def __init__(self, obs: ObsSpace):
         super().__init__()
         self.n = obs.n if obs.kind == "discrete" else 0
+        self.start = obs.start  # gymnasium's Discrete(n, start=s) takes the values s .. s + n - 1
         self.out_dim = self.n or math.prod(obs.shape)
 
     def encode(self, obs: Tensor) -> Tensor:  # type: ignore[override]
         if self.n:
-            return F.one_hot(obs.long().reshape(-1), self.n).float()
+            return F.one_hot(obs.long().reshape(-1) - self.start, self.n).float()
         return to_float(obs.flatten(1))
 
 
@@ -138,8 +141,9 @@ class ImageEncoder(Encoder):
         self.fc = ortho(nn.Linear(flat, features))
         self.out_dim = features
 
+    @abstractmethod
     def conv_stack(self, channels: int) -> nn.Sequential:
-        raise NotImplementedError
+        """The convolutions (with their ReLUs) from ``channels`` input planes."""
 
     def encode(self, obs: Tensor) -> Tensor:  # type: ignore[override]
         x = to_float(obs)

@@ -40,14 +40,14 @@ class ImageEnv(_RandomObsEnv):
 
 
 class DictEnv(_RandomObsEnv):
-    """Dict observation: an HWC uint8 image, a float vector, a Discrete and a MultiBinary key; ``text=True``
-    adds a Text key ``mission`` (which no encoder reads)."""
+    """Dict observation: an HWC uint8 image, a float vector, a Discrete (values -1, 0, 1) and a MultiBinary
+    key; ``text=True`` adds a Text key ``mission`` (which no encoder reads)."""
 
     def __init__(self, text: bool = False, continuous: bool = False, image_shape: tuple[int, ...] = (12, 12, 3)):
         parts: dict[str, gym.Space] = {
             "pixels": spaces.Box(0, 255, tuple(image_shape), np.uint8),
             "state": spaces.Box(-1.0, 1.0, (5,), np.float32),
-            "mode": spaces.Discrete(3),
+            "mode": spaces.Discrete(3, start=-1),
             "flags": spaces.MultiBinary(4),
         }
         if text:
