@@ -93,6 +93,18 @@ def test_auto_picks_a_cnn_by_layout_and_frame_size(shape, dtype, cls, hwc):
     assert model.actor_encoder.out_dim == cls.default_features
 
 
+@pytest.mark.parametrize("encoder", ["nature", "impala", "minatar"])
+def test_hwc_and_chw_frames_read_the_same_with_the_same_weights(encoder):
+    hwc_spec, env = image_spec((40, 40, 3), "uint8")
+    chw_spec, _ = image_spec((3, 40, 40), "uint8")
+    hwc = make_q_network(hwc_spec, ModelSettings(encoder=encoder))
+    chw = make_q_network(chw_spec, ModelSettings(encoder=encoder))
+    chw.load_state_dict(hwc.state_dict())
+    frames = batch(env)
+    with torch.no_grad():
+        torch.testing.assert_close(hwc(frames), chw(frames.permute(0, 3, 1, 2)))
+
+
 def test_vector_discrete_and_named_cnn_encoders():
     spec, env = spec_of("CartPole-v1")
     model = make_actor_critic(spec, ModelSettings(hidden_sizes=(32,), activation="relu"))
