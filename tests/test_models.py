@@ -154,6 +154,11 @@ def test_text_key_is_refused_naming_the_key_or_dropped_with_ignore_keys():
     with pytest.raises(ConfigError, match=r"model.ignore_keys: 'misson' is not an observation key; did you mean "
                                           r"'mission'\?"):
         make_actor_critic(spec, ModelSettings(ignore_keys=["misson"]))
+    with pytest.raises(ConfigError, match=r"drops every observation key \(flags, mission, mode, pixels, state\)"):
+        make_actor_critic(spec, ModelSettings(ignore_keys=["pixels", "state", "mode", "flags", "mission"]))
+    spec, _ = spec_of("CartPole-v1")
+    with pytest.raises(ConfigError, match=r"model.ignore_keys=\['x'\]: the observation space .* is not a Dict"):
+        make_actor_critic(spec, ModelSettings(ignore_keys=["x"]))
 
 
 # ---- dtype handling ----

@@ -24,14 +24,14 @@ Metrics = dict[str, float]
 class ObsSpace:
     """A plain, picklable description of an observation space (or of one key of a Dict space).
 
-    kind:  box | discrete (one integer in [0, n)) | multi_binary | dict | unsupported (e.g. Text: kept
-           so that the model can refuse it by key, or drop it with ``model.ignore_keys``)
+    kind:  box | discrete (one integer in [start, start + n)) | multi_binary | dict | unsupported (e.g.
+           Text: kept so that the model can refuse it by key, or drop it with ``model.ignore_keys``)
     shape: shape of one stored observation: () for discrete and dict
     dtype: numpy dtype name of the stored observation ("" for dict and unsupported)
     n:     discrete only: the number of values (encoded one-hot)
     start: discrete only: the smallest value
     parts: dict only: (key, ObsSpace) pairs in the space's key order
-    name:  how gymnasium prints the space, for error messages
+    name:  how gymnasium prints the space (the type's name where that is long), for error messages
     """
 
     kind: ObsKind

@@ -218,8 +218,8 @@ class MultiInputEncoder(Encoder):
                 keys.append(key)
                 parts.append(_part_encoder(path, sub, settings, warn))
         if not parts:
-            raise ConfigError(f"model.ignore_keys={list(settings.ignore_keys)}: drops every key of {obs.name}; "
-                              "keep at least one")
+            raise ConfigError(f"model.ignore_keys={list(settings.ignore_keys)}: drops every observation key "
+                              f"({', '.join(k for k, _ in obs.parts)}); keep at least one")
         self.keys = tuple(keys)
         self.parts = nn.ModuleList(parts)
         width = sum(p.out_dim for p in parts)
