@@ -16,6 +16,7 @@ import torch
 from rltrain.data.structs import EnvSpec
 from rltrain.envs.make import env_spec, make_env
 from rltrain.errors import ConfigError
+from rltrain.models.actor_critic import ActorCritic
 from rltrain.models.encoders import FlatInput, ImpalaCNN, MinAtarCNN, MLPEncoder, MultiInputEncoder, NatureCNN
 from rltrain.models.factory import (
     ModelSettings,
@@ -107,7 +108,7 @@ def test_hwc_and_chw_frames_read_the_same_with_the_same_weights(encoder):
 
 def test_vector_discrete_and_named_cnn_encoders():
     spec, env = spec_of("CartPole-v1")
-    model = make_actor_critic(spec, ModelSettings(hidden_sizes=(32,), activation="relu"))
+    model = make_actor_critic(spec, ModelSettings(hidden_sizes=(32,), activation="relu", shared=True))
     assert type(model.actor_encoder) is MLPEncoder and model.actor_encoder.out_dim == 32
     spec, env = spec_of("FrozenLake-v1")  # Discrete observations are one-hot
     model = make_actor_critic(spec, ModelSettings())
@@ -251,6 +252,7 @@ def test_the_model_group_composes_and_builds_typed_settings():
 
 CASES = {
     "vector-discrete": ("CartPole-v1", {}, {}),
+    "vector-box-shared": ("Pendulum-v1", {}, {"shared": True, "hidden_sizes": (16, 16)}),
     "image-box-shared": (f"{HELPERS}:ImageEnv", {"shape": (40, 40, 3), "continuous": True}, {"shared": True}),
     "image-impala": (f"{HELPERS}:ImageEnv", {"shape": (3, 16, 16)}, {"encoder": "impala"}),
     "dict-box": (f"{HELPERS}:DictEnv", {"continuous": True, "image_shape": (40, 40, 3)}, {}),
@@ -265,6 +267,26 @@ def build(case: str, seed: int = 0) -> tuple[ModularActorCritic, object]:
     return make_actor_critic(spec, ModelSettings(**model_kwargs), init_log_std=-0.5), env
 
 
+def test_float_vectors_with_separate_mlps_get_the_twin_mlp_actor_critic_with_the_same_maths():
+    spec, env = spec_of("Pendulum-v1")
+    settings = ModelSettings(hidden_sizes=(8, 8))
+    twin = make_actor_critic(spec, settings, init_log_std=-0.3)
+    assert type(twin) is ActorCritic  # PPO's numpy fast path and existing checkpoints keep working
+    modular = ModularActorCritic(spec, settings, init_log_std=-0.3)
+    # the TwinMLP stacks [actor, critic] weights as [2, in, out]; copy them into the two Linear stacks
+    with torch.no_grad():
+        for k, (encoder, head) in enumerate([(modular.actor_encoder, modular.actor_head),
+                                             (modular.critic_encoder, modular.critic_head)]):
+            linears = [m for m in encoder.mlp if isinstance(m, torch.nn.Linear)] + [head.linear]
+            for layer, w, b in zip(linears, twin.nets.weights, twin.nets.biases, strict=True):
+                layer.weight.copy_(w[k, :, :layer.out_features].t())
+                layer.bias.copy_(b[k, 0, :layer.out_features])
+        obs = batch(env)
+        for a, b in zip(twin(obs), modular(obs), strict=True):
+            torch.testing.assert_close(a, b)
+        torch.testing.assert_close(twin.log_std, modular.log_std)
+
+
 @pytest.mark.parametrize("case", list(CASES))
 def test_act_log_prob_matches_evaluate(case):
     model, env = build(case)
@@ -275,9 +297,9 @@ def test_act_log_prob_matches_evaluate(case):
         logp, entropy, value = model.evaluate(obs, out.action)
     torch.testing.assert_close(out.log_prob, logp)
     assert entropy.shape == value.shape == (6,)
-    assert out.action.shape == ((6,) if model.discrete else (6, 2))
+    assert out.action.shape == ((6,) if model.discrete else (6, model.act_dim))
     if not model.discrete:
-        assert model.log_std.shape == (2,) and model.log_std.detach()[0].item() == -0.5
+        assert model.log_std.shape == (model.act_dim,) and model.log_std.detach()[0].item() == -0.5
         det = model.act(obs, deterministic=True).action
         torch.testing.assert_close(det, model(obs)[0])
     torch.testing.assert_close(model.value(obs), value)
@@ -291,7 +313,8 @@ def test_gradient_reaches_every_parameter(case):
     (logp.sum() + entropy.sum() + value.sum()).backward()
     dead = [n for n, p in model.named_parameters() if p.grad is None or not p.grad.abs().sum() > 0]
     assert dead == []
-    assert (model.critic_encoder is None) == CASES[case][2].get("shared", False)
+    if isinstance(model, ModularActorCritic):
+        assert (model.critic_encoder is None) == CASES[case][2].get("shared", False)
 
 
 def test_q_network_gradients_and_refusal_for_box_actions():

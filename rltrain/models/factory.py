@@ -5,6 +5,10 @@ An algorithm asks for a network by what it needs, never by observation space:
     policy = make_actor_critic(spec, settings, norm_obs=..., init_log_std=...)   # PPO, A2C, IMPALA
     q_net = make_q_network(spec, settings)                                       # DQN
 
+Both take observations as tensors ([B, *obs_shape], or a dict of them) and follow the interface of
+``actor_critic.ActorCritic`` (which ``make_actor_critic`` returns itself for float vectors with separate
+MLP torsos: same maths, and PPO's numpy fast path).
+
 ``make_encoder`` (``encoders.py``) picks the torso from ``spec.observation`` (MLP, Nature / IMPALA /
 MinAtar CNN, multi-input for Dict), ``heads.py`` supplies the outputs. Observations go in as tensors in
 their stored dtype ([B, *obs_shape], or a dict of them for Dict spaces) on any device; the model moves
@@ -20,6 +24,7 @@ from torch import Tensor, nn
 
 from rltrain.data.structs import ActOutput, EnvSpec, ObsSpace, Policy
 from rltrain.errors import ConfigError, close_matches
+from rltrain.models.actor_critic import ActorCritic
 from rltrain.models.encoders import ENCODERS, Encoder, Obs, image_layout, make_encoder
 from rltrain.models.heads import CategoricalHead, GaussianHead, QHead, ValueHead
 from rltrain.models.layers import ACTIVATIONS, RunningNorm
@@ -157,9 +162,18 @@ class QNetwork(nn.Module):
 
 
 def make_actor_critic(spec: EnvSpec, settings: ModelSettings, *, norm_obs: bool = False,
-                      init_log_std: float = 0.0) -> ModularActorCritic:
+                      init_log_std: float = 0.0) -> ActorCritic | ModularActorCritic:
     """The actor-critic for ``spec`` (PPO, A2C, IMPALA): encoder(s) by observation space + policy and value
-    heads. ``norm_obs`` and ``init_log_std`` stay algorithm hyper-parameters."""
+    heads. ``norm_obs`` and ``init_log_std`` stay algorithm hyper-parameters.
+
+    Float vectors with separate MLP torsos get ``ActorCritic``: the same maths (two MLPs, same init) run as
+    one ``TwinMLP``, which keeps PPO's numpy fast path and the checkpoints of existing runs loadable.
+    """
+    obs = spec.observation
+    if _is_float_vector(obs) and settings.encoder in ("auto", "mlp") and not settings.shared and not \
+            settings.ignore_keys:
+        return ActorCritic(spec, hidden_sizes=list(settings.hidden_sizes), activation=settings.activation,
+                           norm_obs=norm_obs, init_log_std=init_log_std)
     return ModularActorCritic(spec, settings, norm_obs=norm_obs, init_log_std=init_log_std)
 
 
