@@ -16,20 +16,58 @@ import torch
 from torch import Tensor, nn
 
 ActionKind = Literal["discrete", "box"]
+ObsKind = Literal["box", "discrete", "multi_binary", "dict", "unsupported"]
 Metrics = dict[str, float]
 
 
 @dataclass(frozen=True)
+class ObsSpace:
+    """A plain, picklable description of an observation space (or of one key of a Dict space).
+
+    kind:  box | discrete (one integer in [start, start + n)) | multi_binary | dict | unsupported (e.g.
+           Text: kept so that the model can refuse it by key, or drop it with ``model.ignore_keys``)
+    shape: shape of one stored observation: () for discrete and dict
+    dtype: numpy dtype name of the stored observation ("" for dict and unsupported)
+    n:     discrete only: the number of values (encoded one-hot)
+    start: discrete only: the smallest value
+    parts: dict only: (key, ObsSpace) pairs in the space's key order
+    name:  how gymnasium prints the space (the type's name where that is long), for error messages
+    """
+
+    kind: ObsKind
+    shape: tuple[int, ...] = ()
+    dtype: str = "float32"
+    n: int = 0
+    start: int = 0
+    parts: tuple[tuple[str, ObsSpace], ...] = ()
+    name: str = ""
+
+
+@dataclass(frozen=True)
 class EnvSpec:
-    """What an algorithm must know about an environment to build its networks."""
+    """What an algorithm must know about an environment to build its networks.
+
+    ``obs_shape`` / ``obs_dtype`` describe a Box (or Discrete, MultiBinary) observation array; ``obs_space``
+    describes any observation, Dict included. Without ``obs_space`` the observation is a Box of
+    ``obs_shape`` and ``obs_dtype`` (see ``observation``).
+    """
 
     env_id: str
-    obs_shape: tuple[int, ...]
+    obs_shape: tuple[int, ...]  # () for discrete and dict observations
     action_kind: ActionKind
     action_shape: tuple[int, ...]  # () for discrete
     n_actions: int = 0  # discrete only
     action_low: tuple[float, ...] = ()  # box only
     action_high: tuple[float, ...] = ()  # box only
+    obs_dtype: str = "float32"  # numpy dtype name of a stored observation ("" for dict)
+    obs_space: ObsSpace | None = None
+
+    @property
+    def observation(self) -> ObsSpace:
+        """The observation space's description (a float Box of ``obs_shape`` when none was given)."""
+        if self.obs_space is not None:
+            return self.obs_space
+        return ObsSpace("box", tuple(self.obs_shape), self.obs_dtype, name=f"Box{tuple(self.obs_shape)}")
 
     @property
     def action_dtype(self) -> np.dtype:

@@ -15,7 +15,7 @@ from typing import Any
 
 import gymnasium as gym
 
-from rltrain.data.structs import EnvSpec
+from rltrain.data.structs import EnvSpec, ObsSpace
 from rltrain.envs.vector import AsyncVecEnv, VecEnv
 from rltrain.errors import ConfigError, close_matches
 
@@ -61,16 +61,35 @@ def _make_from_import_path(env_id: str, kwargs: dict[str, Any]) -> gym.Env:
     return env
 
 
+def _describe_obs(space: gym.Space) -> ObsSpace:
+    """A picklable description of an observation space; spaces no model reads are kept as ``unsupported``
+    so the model factory can name the key (or the user can drop it with ``model.ignore_keys``)."""
+    if isinstance(space, gym.spaces.Box):
+        return ObsSpace("box", tuple(space.shape), space.dtype.name, name=str(space))
+    if isinstance(space, gym.spaces.Discrete):
+        return ObsSpace("discrete", (), space.dtype.name, n=int(space.n), start=int(space.start),
+                        name=str(space))
+    if isinstance(space, gym.spaces.MultiBinary):
+        return ObsSpace("multi_binary", tuple(space.shape), space.dtype.name, name=str(space))
+    if isinstance(space, gym.spaces.Dict):
+        parts = tuple((str(k), _describe_obs(sub)) for k, sub in space.spaces.items())
+        return ObsSpace("dict", (), "", parts=parts, name=str(space))
+    return ObsSpace("unsupported", (), "", name=type(space).__name__)  # Text's repr spells out its charset
+
+
 def env_spec(env: gym.Env, env_id: str) -> EnvSpec:
     obs_space, act_space = env.observation_space, env.action_space
-    if not isinstance(obs_space, gym.spaces.Box):
-        raise ConfigError(f"env.id={env_id}: observation space {obs_space} is not a Box; rltrain needs array observations")
+    obs = _describe_obs(obs_space)
+    if obs.kind == "unsupported":
+        raise ConfigError(f"env.id={env_id}: observation space {obs.name} is not supported "
+                          "(Box, Discrete, MultiBinary or a Dict of them); wrap the env to return one of those")
+    common = {"obs_dtype": obs.dtype, "obs_space": obs}
     if isinstance(act_space, gym.spaces.Discrete):
-        return EnvSpec(env_id, tuple(obs_space.shape), "discrete", (), n_actions=int(act_space.n))
+        return EnvSpec(env_id, obs.shape, "discrete", (), n_actions=int(act_space.n), **common)
     if isinstance(act_space, gym.spaces.Box):
-        return EnvSpec(env_id, tuple(obs_space.shape), "box", tuple(act_space.shape),
+        return EnvSpec(env_id, obs.shape, "box", tuple(act_space.shape),
                        action_low=tuple(float(x) for x in act_space.low.ravel()),
-                       action_high=tuple(float(x) for x in act_space.high.ravel()))
+                       action_high=tuple(float(x) for x in act_space.high.ravel()), **common)
     raise ConfigError(f"env.id={env_id}: action space {act_space} is not supported (Discrete or Box)")
 
 

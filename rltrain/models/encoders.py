@@ -1,0 +1,308 @@
+"""Encoders: one observation batch -> features [B, F], chosen by observation space.
+
+- Box vectors, Discrete (one-hot) and MultiBinary observations -> an MLP (``hidden_sizes``, ``activation``).
+- Box images (3-D, channels first or last) -> a CNN: ``nature`` (Mnih et al. 2015), ``impala`` (Espeholt
+  et al. 2018) or ``minatar`` (Young & Tian 2019); ``auto`` picks nature for frames >= 36x36, minatar below.
+- Dict -> one encoder per key (CNN for images, flattened / one-hot for the rest), concatenated, then the MLP.
+
+Observations arrive in their stored dtype (uint8 / bool pixels, int Discrete values, float vectors).
+Every encoder moves them to its own device first and converts there, so pixels cross to an accelerator
+as bytes: uint8 -> float / 255, bool and ints -> float. Init is orthogonal with gain sqrt(2) in every
+hidden layer, as CleanRL's Atari PPO (Engstrom et al. 2020 list it among the details that matter).
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Literal
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from rltrain.data.structs import ObsSpace
+from rltrain.errors import ConfigError, close_matches
+from rltrain.models.layers import ACTIVATIONS
+
+if TYPE_CHECKING:
+    from rltrain.models.factory import ModelSettings
+
+IMAGE_ENCODERS = ("nature", "impala", "minatar")
+ENCODERS = ("auto", "mlp", *IMAGE_ENCODERS)
+MAX_CHANNELS = 16  # an image's channel axis is its first or last one, and small (frame stacks, RGB, MinAtar)
+Obs = Tensor | dict[str, "Obs"]
+
+
+def ortho(layer: nn.Linear | nn.Conv2d, gain: float = math.sqrt(2)) -> nn.Module:
+    nn.init.orthogonal_(layer.weight, gain)
+    nn.init.zeros_(layer.bias)
+    return layer
+
+
+def to_float(x: Tensor) -> Tensor:
+    """A stored observation -> float32 on its own device: uint8 pixels scaled to [0, 1], the rest cast."""
+    if x.dtype == torch.uint8:
+        return x.float().div_(255.0)
+    return x.float()
+
+
+def image_layout(shape: Sequence[int]) -> Literal["chw", "hwc"] | None:
+    """'hwc' or 'chw' for a 3-D observation with a channel-sized (<= 16) first or last axis, else None.
+
+    The channel axis is the smaller of the two ends: 84x84x4 and 10x10x4 are HWC, 4x84x84 is CHW."""
+    if len(shape) != 3 or min(shape[0], shape[-1]) > MAX_CHANNELS:
+        return None
+    return "hwc" if shape[-1] <= shape[0] else "chw"
+
+
+def describe_shape(obs: ObsSpace) -> str:
+    return "x".join(str(d) for d in obs.shape) + f" {obs.dtype}"
+
+
+class Encoder(nn.Module, ABC):
+    """Base: ``forward(obs)`` moves the batch to the encoder's device, then ``encode``s it to [B, out_dim]."""
+
+    out_dim: int
+
+    def __init__(self) -> None:
+        super().__init__()
+        # follows .to(device) and stays out of state_dict: where to move incoming observations
+        self.register_buffer("_anchor", torch.zeros(0), persistent=False)
+
+    def forward(self, obs: Obs) -> Tensor:
+        return self.encode(_to_device(obs, self._anchor.device))
+
+    @abstractmethod
+    def encode(self, obs: Obs) -> Tensor:
+        """obs already on this encoder's device, in its stored dtype -> features [B, out_dim] float32."""
+
+
+def _to_device(obs: Obs, device: torch.device) -> Obs:
+    """Tensors (also inside dicts) to ``device``; anything else (an ignored Text key's strings) stays."""
+    if isinstance(obs, dict):
+        return {k: _to_device(v, device) for k, v in obs.items()}
+    return obs.to(device, non_blocking=True) if isinstance(obs, Tensor) else obs
+
+
+class FlatInput(Encoder):
+    """Box / MultiBinary [B, *shape] -> float [B, prod(shape)]; Discrete [B] -> one-hot float [B, n]."""
+
+    def __init__(self, obs: ObsSpace):
+        super().__init__()
+        self.n = obs.n if obs.kind == "discrete" else 0
+        self.start = obs.start  # gymnasium's Discrete(n, start=s) takes the values s .. s + n - 1
+        self.out_dim = self.n or math.prod(obs.shape)
+
+    def encode(self, obs: Tensor) -> Tensor:  # type: ignore[override]
+        if self.n:
+            return F.one_hot(obs.long().reshape(-1) - self.start, self.n).float()
+        return to_float(obs.flatten(1))
+
+
+def hidden_mlp(in_dim: int, hidden_sizes: Sequence[int], activation: str) -> tuple[nn.Sequential, int]:
+    """Linear + activation per hidden size (orthogonal, gain sqrt(2)); returns (net, output width)."""
+    layers: list[nn.Module] = []
+    last = in_dim
+    for width in hidden_sizes:
+        layers += [ortho(nn.Linear(last, width)), ACTIVATIONS[activation]()]
+        last = width
+    return nn.Sequential(*layers), last
+
+
+class MLPEncoder(Encoder):
+    """Flattened (or one-hot) observation -> MLP features [B, hidden_sizes[-1]]."""
+
+    def __init__(self, obs: ObsSpace, *, hidden_sizes: Sequence[int], activation: str):
+        super().__init__()
+        self.inp = FlatInput(obs)
+        self.mlp, self.out_dim = hidden_mlp(self.inp.out_dim, hidden_sizes, activation)
+
+    def encode(self, obs: Tensor) -> Tensor:  # type: ignore[override]
+        return self.mlp(self.inp.encode(obs))
+
+
+class ImageEncoder(Encoder):
+    """Image [B, H, W, C] or [B, C, H, W] -> conv stack -> Linear(features) -> ReLU: [B, features]."""
+
+    min_side = 1  # the smallest frame side the conv stack accepts
+
+    def __init__(self, obs: ObsSpace, *, features: int):
+        super().__init__()
+        layout = image_layout(obs.shape)
+        assert layout is not None, obs.shape
+        self.hwc = layout == "hwc"
+        c, h, w = (obs.shape[2], obs.shape[0], obs.shape[1]) if self.hwc else tuple(obs.shape)
+        self.convs = self.conv_stack(c)
+        with torch.no_grad():
+            flat = self.convs(torch.zeros(1, c, h, w)).flatten(1).shape[1]
+        self.fc = ortho(nn.Linear(flat, features))
+        self.out_dim = features
+
+    @abstractmethod
+    def conv_stack(self, channels: int) -> nn.Sequential:
+        """The convolutions (with their ReLUs) from ``channels`` input planes."""
+
+    def encode(self, obs: Tensor) -> Tensor:  # type: ignore[override]
+        x = to_float(obs)
+        if self.hwc:
+            x = x.permute(0, 3, 1, 2)
+        return torch.relu(self.fc(self.convs(x).flatten(1)))
+
+
+class NatureCNN(ImageEncoder):
+    """Mnih et al. 2015 (DQN): 32 8x8/4, 64 4x4/2, 64 3x3/1, then Linear 512. Needs frames >= 36x36."""
+
+    min_side = 36
+    default_features = 512
+
+    def conv_stack(self, channels: int) -> nn.Sequential:
+        return nn.Sequential(ortho(nn.Conv2d(channels, 32, 8, stride=4)), nn.ReLU(),
+                             ortho(nn.Conv2d(32, 64, 4, stride=2)), nn.ReLU(),
+                             ortho(nn.Conv2d(64, 64, 3, stride=1)), nn.ReLU())
+
+
+class ResidualBlock(nn.Module):
+    """x + conv(relu(conv(relu(x)))), 3x3 convs keeping the shape (Espeholt et al. 2018, fig. 3)."""
+
+    def __init__(self, channels: int):
+        super().__init__()
+        self.conv0 = ortho(nn.Conv2d(channels, channels, 3, padding=1))
+        self.conv1 = ortho(nn.Conv2d(channels, channels, 3, padding=1))
+
+    def forward(self, x: Tensor) -> Tensor:
+        return x + self.conv1(torch.relu(self.conv0(torch.relu(x))))
+
+
+class ImpalaCNN(ImageEncoder):
+    """Espeholt et al. 2018 (IMPALA, the deep residual encoder): 3 stages of conv 3x3 -> max-pool 3x3/2 ->
+    2 residual blocks, with 16, 32, 32 channels; ReLU, then Linear 256. Padded, so any frame size fits."""
+
+    default_features = 256
+
+    def conv_stack(self, channels: int) -> nn.Sequential:
+        layers: list[nn.Module] = []
+        for out in (16, 32, 32):
+            layers += [ortho(nn.Conv2d(channels, out, 3, padding=1)), nn.MaxPool2d(3, stride=2, padding=1),
+                       ResidualBlock(out), ResidualBlock(out)]
+            channels = out
+        return nn.Sequential(*layers, nn.ReLU())
+
+
+class MinAtarCNN(ImageEncoder):
+    """Young & Tian 2019 (MinAtar): one conv 16 3x3/1, then Linear 128. Needs frames >= 3x3."""
+
+    min_side = 3
+    default_features = 128
+
+    def conv_stack(self, channels: int) -> nn.Sequential:
+        return nn.Sequential(ortho(nn.Conv2d(channels, 16, 3, stride=1)), nn.ReLU())
+
+
+CNNS: dict[str, type[ImageEncoder]] = {"nature": NatureCNN, "impala": ImpalaCNN, "minatar": MinAtarCNN}
+
+
+class MultiInputEncoder(Encoder):
+    """Dict observation -> one encoder per key (CNN for images, flattened or one-hot for the rest),
+    concatenated in the space's key order, then the MLP over the concatenation (SB3's CombinedExtractor
+    layout). Nested Dicts are encoded the same way, their keys named ``outer.inner``."""
+
+    def __init__(self, obs: ObsSpace, settings: ModelSettings, *, warn: bool, prefix: str = ""):
+        super().__init__()
+        keys, parts = [], []
+        for key, sub in obs.parts:
+            path = prefix + key
+            if path not in settings.ignore_keys:
+                keys.append(key)
+                parts.append(_part_encoder(path, sub, settings, warn))
+        if not parts:
+            raise ConfigError(f"model.ignore_keys={list(settings.ignore_keys)}: drops every observation key "
+                              f"({', '.join(k for k, _ in obs.parts)}); keep at least one")
+        self.keys = tuple(keys)
+        self.parts = nn.ModuleList(parts)
+        width = sum(p.out_dim for p in parts)
+        hidden = () if prefix else settings.hidden_sizes  # a nested Dict feeds its parent's MLP
+        self.mlp, self.out_dim = hidden_mlp(width, hidden, settings.activation)
+
+    def encode(self, obs: dict[str, Obs]) -> Tensor:  # type: ignore[override]
+        return self.mlp(torch.cat([p.encode(obs[k]) for k, p in zip(self.keys, self.parts, strict=True)], 1))
+
+
+def _part_encoder(path: str, sub: ObsSpace, settings: ModelSettings, warn: bool) -> Encoder:
+    if sub.kind == "unsupported":
+        raise ConfigError(f"model: observation key {path!r} is {sub.name}, which no encoder reads; "
+                          f"drop it with model.ignore_keys=[{path}]")
+    if sub.kind == "dict":
+        return MultiInputEncoder(sub, settings, warn=warn, prefix=path + ".")
+    if sub.kind == "box" and image_layout(sub.shape) is not None:
+        cnn = _image_encoder(sub, settings, warn=warn, where=f" (observation key {path!r})")
+        if cnn is not None:
+            return cnn
+    return FlatInput(sub)
+
+
+def _image_encoder(obs: ObsSpace, settings: ModelSettings, *, warn: bool, where: str = "") -> ImageEncoder | None:
+    """The CNN ``settings.encoder`` names (``auto``: by frame size) for an image, or None for ``mlp``."""
+    h, w = (obs.shape[0], obs.shape[1]) if image_layout(obs.shape) == "hwc" else (obs.shape[1], obs.shape[2])
+    side, name = min(h, w), settings.encoder
+    if name == "auto":
+        name = "nature" if side >= NatureCNN.min_side else "minatar" if side >= MinAtarCNN.min_side else "mlp"
+    if name == "mlp":
+        if warn and side >= NatureCNN.min_side and settings.hidden_sizes:
+            pixels = math.prod(obs.shape)
+            warnings.warn(f"model.encoder=mlp on {describe_shape(obs)} frames{where}: its first layer alone has "
+                          f"{pixels * settings.hidden_sizes[0] + settings.hidden_sizes[0]:,} parameters; "
+                          "model.encoder=auto would use a CNN", stacklevel=3)
+        return None
+    cls = CNNS[name]
+    if side < cls.min_side:
+        fit = "minatar" if side >= MinAtarCNN.min_side else "mlp"
+        raise ConfigError(f"model.encoder={name} needs frames >= {cls.min_side}x{cls.min_side}; got "
+                          f"{describe_shape(obs)}{where}: use model.encoder={fit}")
+    return cls(obs, features=settings.cnn_features or cls.default_features)
+
+
+def _key_paths(obs: ObsSpace, prefix: str = "") -> list[str]:
+    paths = []
+    for key, sub in obs.parts:
+        paths.append(prefix + key)
+        if sub.kind == "dict":
+            paths += _key_paths(sub, prefix + key + ".")
+    return paths
+
+
+def _check_ignore_keys(obs: ObsSpace, ignore_keys: Sequence[str]) -> None:
+    if obs.kind != "dict":
+        raise ConfigError(f"model.ignore_keys={list(ignore_keys)}: the observation space {obs.name} is not a Dict; "
+                          "set model.ignore_keys=[]")
+    paths = _key_paths(obs)
+    for key in ignore_keys:
+        if key not in paths:
+            raise ConfigError(f"model.ignore_keys: {key!r} is not an observation key{close_matches(key, paths)} "
+                              f"(keys: {', '.join(paths)})")
+
+
+def make_encoder(obs: ObsSpace, settings: ModelSettings, *, warn: bool = True) -> Encoder:
+    """The encoder for an observation space: obs [B, *shape] (or a dict of them) -> features [B, out_dim].
+
+    ``settings.encoder``: auto (by space and frame size), mlp, nature, impala or minatar. A top-level image
+    goes through the CNN alone (its Linear is the torso; ``hidden_sizes`` are unused); vectors, Discrete
+    and MultiBinary observations through the MLP; Dicts as ``MultiInputEncoder``. ``warn``: emit the
+    MLP-on-frames warning (off for the second torso of an unshared actor-critic).
+    """
+    if settings.ignore_keys:
+        _check_ignore_keys(obs, settings.ignore_keys)
+    if obs.kind == "dict":
+        return MultiInputEncoder(obs, settings, warn=warn)
+    if obs.kind == "unsupported":
+        raise ConfigError(f"model: observation space {obs.name} has no encoder (Box, Discrete, MultiBinary or Dict)")
+    if obs.kind == "box" and image_layout(obs.shape) is not None:
+        cnn = _image_encoder(obs, settings, warn=warn)
+        if cnn is not None:
+            return cnn
+    elif settings.encoder in IMAGE_ENCODERS:
+        raise ConfigError(f"model.encoder={settings.encoder} needs image observations (3-D, channels <= "
+                          f"{MAX_CHANNELS} first or last); got {obs.name}: use model.encoder=mlp")
+    return MLPEncoder(obs, hidden_sizes=settings.hidden_sizes, activation=settings.activation)

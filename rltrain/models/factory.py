@@ -1,0 +1,182 @@
+"""The model family: ``ModelSettings`` (the ``model`` config group) and the networks built from them.
+
+An algorithm asks for a network by what it needs, never by observation space:
+
+    policy = make_actor_critic(spec, settings, norm_obs=..., init_log_std=...)   # PPO, A2C, IMPALA
+    q_net = make_q_network(spec, settings)                                       # DQN
+
+Both take observations as tensors ([B, *obs_shape], or a dict of them) and follow the interface of
+``actor_critic.ActorCritic`` (which ``make_actor_critic`` returns itself for float vectors with separate
+MLP torsos: same maths, and PPO's numpy fast path).
+
+``make_encoder`` (``encoders.py``) picks the torso from ``spec.observation`` (MLP, Nature / IMPALA /
+MinAtar CNN, multi-input for Dict), ``heads.py`` supplies the outputs. Observations go in as tensors in
+their stored dtype ([B, *obs_shape], or a dict of them for Dict spaces) on any device; the model moves
+and converts them itself.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor, nn
+
+from rltrain.data.structs import ActOutput, EnvSpec, ObsSpace, Policy
+from rltrain.errors import ConfigError, close_matches
+from rltrain.models.actor_critic import ActorCritic
+from rltrain.models.encoders import ENCODERS, Encoder, Obs, image_layout, make_encoder
+from rltrain.models.heads import CategoricalHead, GaussianHead, QHead, ValueHead
+from rltrain.models.layers import ACTIVATIONS, RunningNorm
+
+CORES = ("identity",)  # recurrent cores (lstm, gru) come with the recurrent work
+
+
+@dataclass(frozen=True, kw_only=True)
+class ModelSettings:
+    """The ``model`` config group, typed. The CLI builds it from ``conf/model/*.yaml``.
+
+    encoder:      auto | mlp | nature | impala | minatar (auto: by observation space and frame size)
+    hidden_sizes: MLP widths for vector / Discrete / MultiBinary inputs and after a Dict's concatenation
+    activation:   of the MLP layers (tanh, relu, elu, silu); CNNs use ReLU as their papers do
+    cnn_features: width of a CNN's last Linear; None keeps the paper's (nature 512, impala 256, minatar 128)
+    shared:       one torso for actor and critic (as CleanRL's Atari PPO) instead of one each
+    ignore_keys:  Dict observation keys to drop (e.g. a Text key no encoder reads)
+    core:         identity only for now; core_size is reserved for the recurrent cores
+    """
+
+    encoder: str = "auto"
+    hidden_sizes: tuple[int, ...] = (64, 64)
+    activation: str = "tanh"
+    cnn_features: int | None = None
+    shared: bool = False
+    ignore_keys: tuple[str, ...] = ()
+    core: str = "identity"
+    core_size: int = 128
+
+    def __post_init__(self) -> None:
+        # YAML lists arrive as lists: store tuples so the settings stay hashable and immutable
+        object.__setattr__(self, "hidden_sizes", tuple(self.hidden_sizes))
+        object.__setattr__(self, "ignore_keys", tuple(self.ignore_keys))
+        _one_of("model.encoder", self.encoder, ENCODERS)
+        _one_of("model.activation", self.activation, tuple(ACTIVATIONS))
+        if any(not isinstance(h, int) or isinstance(h, bool) or h <= 0 for h in self.hidden_sizes):
+            raise ConfigError(f"model.hidden_sizes={list(self.hidden_sizes)}: every width must be a positive "
+                              "integer (e.g. model.hidden_sizes=[64,64])")
+        if self.cnn_features is not None and (isinstance(self.cnn_features, bool) or self.cnn_features <= 0):
+            raise ConfigError(f"model.cnn_features={self.cnn_features}: must be a positive integer or null")
+        if self.core not in CORES:
+            raise ConfigError(f"model.core={self.core}: not available yet (only identity); set model.core=identity")
+        if self.core_size <= 0:
+            raise ConfigError(f"model.core_size={self.core_size}: must be a positive integer")
+
+
+def _one_of(key: str, value: str, valid: tuple[str, ...]) -> None:
+    if value not in valid:
+        raise ConfigError(f"{key}={value}: unknown{close_matches(str(value), valid)} (valid: {', '.join(valid)})")
+
+
+def _is_float_vector(obs: ObsSpace) -> bool:
+    return obs.kind == "box" and image_layout(obs.shape) is None and obs.dtype.startswith("float")
+
+
+class ModularActorCritic(Policy):
+    """Encoder torso(s) + a policy head + a value head; the interface of ``actor_critic.ActorCritic``.
+
+    ``shared``: one encoder feeds both heads (CleanRL's Atari PPO); otherwise actor and critic each own
+    one. ``obs_norm`` normalises float vector observations when enabled (a ``RunningNorm`` the algorithm
+    updates); for images, Discrete and Dict observations it stays disabled: the encoder scales them.
+    """
+
+    def __init__(self, spec: EnvSpec, settings: ModelSettings, *, norm_obs: bool = False,
+                 init_log_std: float = 0.0):
+        super().__init__()
+        obs = spec.observation
+        if norm_obs and not _is_float_vector(obs):
+            raise ConfigError(f"algo.norm_obs=true normalises float vector observations only; env.id={spec.env_id} "
+                              f"observes {obs.name} (the encoder scales it itself): set algo.norm_obs=false")
+        self.discrete = spec.action_kind == "discrete"
+        self.act_dim = spec.n_actions if self.discrete else int(torch.Size(spec.action_shape).numel())
+        self.shared = settings.shared
+        self.obs_norm = RunningNorm(obs.shape if _is_float_vector(obs) else (), enabled=norm_obs)
+        self.actor_encoder = make_encoder(obs, settings)
+        self.critic_encoder: Encoder | None = None if self.shared else make_encoder(obs, settings, warn=False)
+        width = self.actor_encoder.out_dim
+        self.actor_head: CategoricalHead | GaussianHead = (
+            CategoricalHead(width, self.act_dim) if self.discrete
+            else GaussianHead(width, self.act_dim, init_log_std=init_log_std))
+        self.critic_head = ValueHead(width)
+
+    @property
+    def log_std(self) -> nn.Parameter:
+        """Box actions: the state-independent log-std [A] of the Gaussian head."""
+        if self.discrete:
+            raise AttributeError("a discrete-action policy has no log_std")
+        return self.actor_head.log_std  # type: ignore[return-value]
+
+    def _normalised(self, obs: Obs) -> Obs:
+        if not self.obs_norm.enabled:
+            return obs
+        return self.obs_norm(obs.float())  # type: ignore[union-attr]
+
+    def forward(self, obs: Obs) -> tuple[Tensor, Tensor]:
+        """obs [B, *obs_shape] (or a dict of them) -> (logits or Gaussian mean [B, A], value [B])."""
+        obs = self._normalised(obs)
+        features = self.actor_encoder(obs)
+        critic_features = features if self.critic_encoder is None else self.critic_encoder(obs)
+        return self.actor_head(features), self.critic_head(critic_features)
+
+    def act(self, obs: Obs, *, deterministic: bool = False,
+            generator: torch.Generator | None = None) -> ActOutput:
+        """obs [N, ...] -> ActOutput(action [N] int64 or [N, A] float32, log_prob [N]); actor only."""
+        out = self.actor_head(self.actor_encoder(self._normalised(obs)))
+        return ActOutput(*self.actor_head.sample(out, deterministic, generator))
+
+    def value(self, obs: Obs) -> Tensor:
+        """obs [B, ...] -> V(obs) [B]; critic only."""
+        obs = self._normalised(obs)
+        encoder = self.actor_encoder if self.critic_encoder is None else self.critic_encoder
+        return self.critic_head(encoder(obs))
+
+    def evaluate(self, obs: Obs, action: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """obs [B, ...], action [B] or [B, A] -> (log_prob [B], entropy [B], value [B])."""
+        out, value = self(obs)
+        logp, entropy = self.actor_head.log_prob_entropy(out, action.to(out.device))
+        return logp, entropy, value
+
+
+class QNetwork(nn.Module):
+    """Encoder + Q head: obs [B, ...] (or a dict of them) -> Q-values [B, n_actions] (DQN)."""
+
+    def __init__(self, spec: EnvSpec, settings: ModelSettings):
+        super().__init__()
+        if spec.action_kind != "discrete":
+            raise ConfigError(f"a Q-network needs Discrete actions; env.id={spec.env_id} has {spec.describe()}: "
+                              "use algo=sac for Box actions")
+        self.n_actions = spec.n_actions
+        self.encoder = make_encoder(spec.observation, settings)
+        self.head = QHead(self.encoder.out_dim, spec.n_actions)
+
+    def forward(self, obs: Obs) -> Tensor:
+        return self.head(self.encoder(obs))
+
+
+def make_actor_critic(spec: EnvSpec, settings: ModelSettings, *, norm_obs: bool = False,
+                      init_log_std: float = 0.0) -> ActorCritic | ModularActorCritic:
+    """The actor-critic for ``spec`` (PPO, A2C, IMPALA): encoder(s) by observation space + policy and value
+    heads. ``norm_obs`` and ``init_log_std`` stay algorithm hyper-parameters.
+
+    Float vectors with separate MLP torsos get ``ActorCritic``: the same maths (two MLPs, same init) run as
+    one ``TwinMLP``, which keeps PPO's numpy fast path and the checkpoints of existing runs loadable.
+    """
+    obs = spec.observation
+    if _is_float_vector(obs) and settings.encoder in ("auto", "mlp") and not settings.shared and not \
+            settings.ignore_keys:
+        return ActorCritic(spec, hidden_sizes=list(settings.hidden_sizes), activation=settings.activation,
+                           norm_obs=norm_obs, init_log_std=init_log_std)
+    return ModularActorCritic(spec, settings, norm_obs=norm_obs, init_log_std=init_log_std)
+
+
+def make_q_network(spec: EnvSpec, settings: ModelSettings) -> QNetwork:
+    """The Q-network for ``spec`` (DQN; build a second one for the target network and load_state_dict)."""
+    return QNetwork(spec, settings)

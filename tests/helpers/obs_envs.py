@@ -1,0 +1,62 @@
+"""Envs with the observation spaces the model family must read (images in either layout and any pixel
+dtype, Dicts with Discrete / MultiBinary / Text keys, a bare Text space), addressed as
+``tests.helpers.obs_envs:Name`` (env.id import paths). Observations are random draws from the space."""
+
+from __future__ import annotations
+
+import gymnasium as gym
+import numpy as np
+from gymnasium import spaces
+
+
+class _RandomObsEnv(gym.Env):
+    """Episodes of ``length`` steps whose observations are ``observation_space.sample()``; reward 1 per step."""
+
+    def __init__(self, observation_space: gym.Space, *, continuous: bool = False, n_actions: int = 3,
+                 length: int = 8):
+        self.observation_space = observation_space
+        self.action_space = spaces.Box(-1.0, 1.0, (2,), np.float32) if continuous else spaces.Discrete(n_actions)
+        self.length, self.t = length, 0
+
+    def reset(self, *, seed: int | None = None, options: dict | None = None):
+        super().reset(seed=seed)
+        if seed is not None:
+            self.observation_space.seed(seed)
+        self.t = 0
+        return self.observation_space.sample(), {}
+
+    def step(self, action):
+        self.t += 1
+        return self.observation_space.sample(), 1.0, False, self.t >= self.length, {}
+
+
+class ImageEnv(_RandomObsEnv):
+    """Image observations of any ``shape`` (HWC or CHW) and ``dtype`` (uint8, bool, float32)."""
+
+    def __init__(self, shape: tuple[int, ...] = (84, 84, 4), dtype: str = "uint8", continuous: bool = False):
+        dt = np.dtype(dtype)
+        high = 255 if dt == np.uint8 else 1
+        super().__init__(spaces.Box(0, high, tuple(shape), dt), continuous=continuous)
+
+
+class DictEnv(_RandomObsEnv):
+    """Dict observation: an HWC uint8 image, a float vector, a Discrete (values -1, 0, 1) and a MultiBinary
+    key; ``text=True`` adds a Text key ``mission`` (which no encoder reads)."""
+
+    def __init__(self, text: bool = False, continuous: bool = False, image_shape: tuple[int, ...] = (12, 12, 3)):
+        parts: dict[str, gym.Space] = {
+            "pixels": spaces.Box(0, 255, tuple(image_shape), np.uint8),
+            "state": spaces.Box(-1.0, 1.0, (5,), np.float32),
+            "mode": spaces.Discrete(3, start=-1),
+            "flags": spaces.MultiBinary(4),
+        }
+        if text:
+            parts["mission"] = spaces.Text(12)
+        super().__init__(spaces.Dict(parts), continuous=continuous)
+
+
+class TextEnv(_RandomObsEnv):
+    """A bare Text observation space: no model reads it."""
+
+    def __init__(self):
+        super().__init__(spaces.Text(8))
