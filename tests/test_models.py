@@ -236,14 +236,12 @@ def test_settings_are_frozen_keyword_only_and_norm_obs_is_for_float_vectors():
 def test_the_model_group_composes_and_builds_typed_settings():
     from omegaconf import OmegaConf
 
-    from rltrain.cli.build import check_kwargs, hparams, resolve_target
+    from rltrain.cli.build import check_kwargs, model_settings
     from tests.conftest import compose_cfg
 
-    node = OmegaConf.to_container(compose_cfg(["+model=default", "model.encoder=minatar"]).model, resolve=True)
-    cls = resolve_target(node, "model")
-    check_kwargs(cls, hparams(node), "model")
-    settings = cls(**hparams(node))
-    assert settings == ModelSettings(encoder="minatar")
+    cfg = OmegaConf.to_container(compose_cfg(["model.encoder=minatar"]), resolve=True)
+    assert model_settings(cfg) == ModelSettings(encoder="minatar")
+    cls = ModelSettings
     with pytest.raises(ConfigError, match=r"model.shared='yes' has the wrong type: expected bool"):
         check_kwargs(cls, {"shared": "yes"}, "model")
 

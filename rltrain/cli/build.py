@@ -22,6 +22,7 @@ import yaml
 
 from rltrain.envs.make import EnvFactory
 from rltrain.errors import ConfigError, close_matches
+from rltrain.models.factory import ModelSettings
 from rltrain.run.device import pick_device
 from rltrain.run.seeding import draw_root_seed
 from rltrain.trainers.settings import (
@@ -32,7 +33,7 @@ from rltrain.trainers.settings import (
     RunSettings,
 )
 
-RESERVED = {"self", "spec", "num_envs", "device", "sync", "settings", "run_dir", "stop", "agents"}
+RESERVED = {"self", "spec", "num_envs", "device", "sync", "settings", "run_dir", "stop", "agents", "model"}
 
 
 def to_plain(cfg: Any) -> dict:
@@ -100,11 +101,22 @@ def _type_name(hint: Any) -> str:
     return getattr(hint, "__name__", str(hint))
 
 
+def model_settings(cfg: dict) -> ModelSettings:
+    """The ``model`` group, typed (its dataclass validates itself)."""
+    node = cfg.get("model") or {"_target_": "rltrain.models.factory.ModelSettings"}
+    cls = resolve_target(node, "model")
+    check_kwargs(cls, hparams(node), "model")
+    return cls(**hparams(node))
+
+
 def algo_factory(cfg: dict):
-    """A ``functools.partial`` of the algorithm class with its validated hyper-parameters."""
+    """A ``functools.partial`` of the algorithm class with its validated hyper-parameters (and the model
+    settings, for an algorithm that builds its networks from the model family)."""
     cls = resolve_target(cfg["algo"], "algo")
     params = hparams(cfg["algo"])
     check_kwargs(cls, params, "algo")
+    if "model" in inspect.signature(cls.__init__).parameters:
+        params["model"] = model_settings(cfg)
     return functools.partial(cls, **params)
 
 
@@ -169,7 +181,7 @@ def prepare(cfg: Any, run_dir: Path) -> dict:
 
 TOP_LEVEL = ("seed", "device", "torch_threads", "total_env_steps", "target_return", "max_wall_time",
              "allow_nested_processes", "resume", "seed_drawn", "max_wall_time_s",
-             "algo", "trainer", "env", "logger", "eval", "log", "checkpoint")
+             "algo", "trainer", "env", "model", "logger", "eval", "log", "checkpoint")
 
 
 def group_settings(cls: type, node: dict, group: str):
@@ -200,7 +212,7 @@ def settings_from(cfg: dict) -> RunSettings:
         env=group_settings(EnvFactory, cfg["env"], "env"), algo=algo_factory(cfg),
         eval=group_settings(EvalSettings, cfg["eval"], "eval"), log=group_settings(LogSettings, cfg["log"], "log"),
         checkpoint=group_settings(CheckpointSettings, cfg["checkpoint"], "checkpoint"),
-        logger=group_settings(LoggerSettings, cfg["logger"], "logger"), config=cfg)
+        logger=group_settings(LoggerSettings, cfg["logger"], "logger"), model=model_settings(cfg), config=cfg)
 
 
 def env_factory(node: dict) -> EnvFactory:

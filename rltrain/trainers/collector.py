@@ -13,6 +13,7 @@ import torch
 
 from rltrain.data.structs import EnvSpec, Policy, Rollout
 from rltrain.envs.make import AsyncVecEnv, VecEnv
+from rltrain.errors import ConfigError
 from rltrain.models.layers import NumpyActor
 
 
@@ -28,6 +29,11 @@ class RolloutCollector:
 
     def __init__(self, venv: VecEnv | AsyncVecEnv, policy: Policy, spec: EnvSpec, *, device: torch.device,
                  episode_window: int = 20):
+        obs = spec.observation
+        if obs.kind not in ("box", "discrete", "multi_binary"):
+            raise ConfigError(f"env.id={spec.env_id}: {obs.name or obs.kind} observations cannot be stored in "
+                              "rollouts yet (array observations only: Box, Discrete, MultiBinary); flatten them "
+                              "with a wrapper, e.g. env.wrappers=[FlattenObservation]")
         self.venv = venv
         self.policy = policy
         self.spec = spec

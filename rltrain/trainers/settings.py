@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from rltrain.envs.make import EnvFactory
+from rltrain.models.factory import ModelSettings
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -62,6 +63,7 @@ class RunSettings:
     log: LogSettings = LogSettings()
     checkpoint: CheckpointSettings = CheckpointSettings()
     logger: LoggerSettings = LoggerSettings()
+    model: ModelSettings = ModelSettings()  # encoder / torso by observation space (also inside ``algo``)
     config: dict = field(default_factory=dict, repr=False)  # the resolved config, recorded in checkpoints
 
     @property
