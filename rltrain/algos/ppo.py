@@ -15,6 +15,7 @@ import torch
 from torch import Tensor, nn
 
 from rltrain.algos.base import ActorCriticState, Algorithm, RewardScaler, Sync, make_adam, positive
+from rltrain.algos.surrogate_numpy import NumpyPPOStep
 from rltrain.data.returns import gae
 from rltrain.data.structs import EnvSpec, Metrics, Rollout
 from rltrain.errors import ConfigError
@@ -23,14 +24,7 @@ from rltrain.models.layers import (
     RunningNorm,
     gaussian_logp_entropy,
 )
-from rltrain.models.numpy_mlp import (
-    SUPPORTED_ACTIVATIONS,
-    FlatAdam,
-    FlatParams,
-    NumpyPPOStep,
-    clip_grad_norm,
-    single_thread_blas,
-)
+from rltrain.models.numpy_mlp import FlatAdam, FlatParams, clip_grad_norm, single_thread_blas
 
 
 class PPO(ActorCriticState, Algorithm):
@@ -62,7 +56,7 @@ class PPO(ActorCriticState, Algorithm):
         norm_obs: bool = False,  # running observation normalisation (stats checkpointed)
         norm_reward: bool = False,  # scale rewards by the running std of the discounted return
         init_log_std: float = 0.0,  # Box actions: initial log std of the Gaussian
-        numpy_update: bool = True,  # on CPU with tanh/relu: numpy forward/backward (same maths, ~4x faster)
+        numpy_update: bool = True,  # on CPU: numpy forward/backward (same maths and checkpoints, ~4x faster)
     ):
         super().__init__(spec, num_envs=num_envs, device=device, sync=sync)
         for key, value in [("algo.rollout_len", rollout_len), ("algo.update_epochs", update_epochs),
@@ -87,16 +81,16 @@ class PPO(ActorCriticState, Algorithm):
         self.norm_adv, self.target_kl = norm_adv, target_kl
         self.policy = ActorCritic(spec, hidden_sizes=list(hidden_sizes), activation=activation,
                                   norm_obs=norm_obs, init_log_std=init_log_std).to(device)
-        # explicit order (the numpy update relies on it): TwinMLP weights, biases, then log_std (box)
-        nets = self.policy.nets
-        self.params = [*nets.weights, *nets.biases] + ([] if self.policy.discrete else [self.policy.log_std])
-        self.numpy_update = numpy_update and device.type == "cpu" and activation in SUPPORTED_ACTIVATIONS
+        # TwinMLP weights, biases, then log_std (box): the numpy update relies on this order, and both
+        # paths' optimiser state (torch Adam's format) is indexed by it
+        self.params = self.policy.param_list()
+        self.numpy_update = numpy_update and device.type == "cpu"
         self.optimizer: torch.optim.Optimizer | FlatAdam
         if self.numpy_update:
             single_thread_blas()
             self.flat = FlatParams(self.params)
             self.policy.flat_params = self.flat.flat
-            self.optimizer = FlatAdam(self.flat, lr=lr)
+            self.optimizer = FlatAdam(self.flat, like=make_adam(self.params, lr))
             self._numpy_step = NumpyPPOStep(
                 self.flat, len(self.policy.nets.weights), activation=activation, discrete=self.policy.discrete,
                 act_dim=self.policy.act_dim, clip_coef=clip_coef, clip_vloss=clip_vloss, ent_coef=ent_coef,
