@@ -325,3 +325,17 @@ def test_cli_run_on_the_numpy_path_resumes_on_the_torch_path(cli, tmp_path):
     assert resumed["counters"]["updates"] == 2 * saved["counters"]["updates"] > 0
     steps = [int(e["step"]) for e in resumed["algo"]["optimizer"]["state"].values()]
     assert len(set(steps)) == 1 and steps[0] > int(saved["algo"]["optimizer"]["state"][0]["step"])
+
+
+@pytest.mark.parametrize("numpy_update", [True, False], ids=["numpy", "torch"])
+def test_checkpoint_with_the_old_flat_optimizer_state_still_loads(numpy_update):
+    """Checkpoints written before FlatAdam took torch Adam's format ({step, exp_avg, exp_avg_sq, lr} over the
+    flat buffer) load on both paths as the equivalent torch-format state."""
+    a = make(BOX, activation="elu")
+    a.learn(synthetic_rollout(BOX), progress=0.3)
+    opt = a.optimizer
+    old = {**a.state_dict(), "optimizer": {"step": opt.steps, "exp_avg": opt.exp_avg.clone(),
+                                           "exp_avg_sq": opt.exp_avg_sq.clone(), "lr": opt.lr}}
+    b = make(BOX, seed=1, activation="elu", numpy_update=numpy_update)
+    b.load_state_dict(_roundtrip(old))
+    _assert_equal_states(b.state_dict(), a.state_dict())

@@ -24,7 +24,13 @@ from rltrain.models.layers import (
     RunningNorm,
     gaussian_logp_entropy,
 )
-from rltrain.models.numpy_mlp import FlatAdam, FlatParams, clip_grad_norm, single_thread_blas
+from rltrain.models.numpy_mlp import (
+    FlatAdam,
+    FlatParams,
+    adam_state_from_flat,
+    clip_grad_norm,
+    single_thread_blas,
+)
 
 
 class PPO(ActorCriticState, Algorithm):
@@ -98,6 +104,14 @@ class PPO(ActorCriticState, Algorithm):
         else:
             self.optimizer = make_adam(self.params, lr)
         self.reward_scaler = RewardScaler(gamma, num_envs) if norm_reward else None
+
+    def load_state_dict(self, state: dict) -> None:
+        """``ActorCriticState``'s, also for checkpoints from before the numpy path wrote torch Adam's format."""
+        opt = state["optimizer"]
+        if "param_groups" not in opt and "exp_avg" in opt:
+            group = {k: v for k, v in self.optimizer.state_dict()["param_groups"][0].items() if k != "params"}
+            state = {**state, "optimizer": adam_state_from_flat(opt, [p.shape for p in self.params], group)}
+        super().load_state_dict(state)
 
     def learn(self, rollout: Rollout, *, progress: float) -> Metrics:
         T, N = rollout.shape

@@ -212,6 +212,23 @@ class FlatAdam:
         self.lr, self.betas, self.eps = float(group["lr"]), tuple(group["betas"]), float(group["eps"])
 
 
+def adam_state_from_flat(old: dict, shapes: list[torch.Size], group: dict) -> dict:
+    """Optimiser state as FlatAdam wrote it before it took torch's format (``{step, exp_avg, exp_avg_sq, lr}``
+    over the flat [P] buffer) -> ``torch.optim.Adam``'s format for parameters of ``shapes`` (in flat order),
+    with ``group``'s hyper-parameters and the old state's lr: old checkpoints keep resuming, on either path."""
+    steps = int(old["step"])
+    sizes = [s.numel() for s in shapes]
+    if old["exp_avg"].numel() != sum(sizes):
+        raise ValueError(f"flat optimizer state has {old['exp_avg'].numel()} entries; the parameters have {sum(sizes)}")
+    state = {}
+    if steps:
+        pairs = zip(old["exp_avg"].split(sizes), old["exp_avg_sq"].split(sizes), shapes, strict=True)
+        for i, (m, v, shape) in enumerate(pairs):
+            state[i] = {"step": torch.tensor(float(steps), dtype=torch.float32),
+                        "exp_avg": m.reshape(shape).clone(), "exp_avg_sq": v.reshape(shape).clone()}
+    return {"state": state, "param_groups": [{**group, "lr": float(old["lr"]), "params": list(range(len(shapes)))}]}
+
+
 def _check_plain_adam(group: dict) -> None:
     """FlatAdam implements Adam without weight decay, amsgrad or maximize: refuse anything else."""
     if group.get("weight_decay") or group.get("amsgrad") or group.get("maximize"):
