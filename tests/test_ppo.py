@@ -303,6 +303,7 @@ def test_checkpoint_from_one_update_path_resumes_on_the_other(spec, first):
     _assert_same_optimizer_state(a.optimizer.state_dict(), b.optimizer.state_dict(), exact=False)
 
 
+@pytest.mark.slow  # two rltrain subprocesses: ~20 s on a busy machine
 def test_cli_run_on_the_numpy_path_resumes_on_the_torch_path(cli, tmp_path):
     """End to end: a default (numpy update) CPU run's final checkpoint resumes with algo.numpy_update=false
     (a plain override: the key is in conf/algo/ppo.yaml) and its counters continue."""
@@ -311,16 +312,16 @@ def test_cli_run_on_the_numpy_path_resumes_on_the_torch_path(cli, tmp_path):
     from rltrain.run.checkpoint import load_checkpoint
 
     base = ["debug=smoke", "logger.progress=plain", "seed=4", "eval.every_env_steps=0"]
-    first = cli(*base, "total_env_steps=1024", "hydra.run.dir=first", timeout=180)
+    first = cli(*base, "total_env_steps=512", "hydra.run.dir=first", timeout=180)
     assert first.returncode == 0, first.stderr
     ckpt = tmp_path / "first" / "checkpoints" / "final.pt"
     saved, _ = load_checkpoint(ckpt)
     assert {"state", "param_groups"} <= saved["algo"]["optimizer"].keys()
-    second = cli(*base, "total_env_steps=2048", f"resume={ckpt}", "algo.numpy_update=false",
+    second = cli(*base, "total_env_steps=1024", f"resume={ckpt}", "algo.numpy_update=false",
                  "hydra.run.dir=second", timeout=180)
     assert second.returncode == 0, second.stderr
     summary = json.loads((tmp_path / "second" / "summary.json").read_text())
-    assert summary["status"] == "completed" and summary["total_env_steps"] == 2048, summary
+    assert summary["status"] == "completed" and summary["total_env_steps"] == 1024, summary
     resumed, _ = load_checkpoint(tmp_path / "second" / "checkpoints" / "final.pt")
     assert resumed["counters"]["updates"] == 2 * saved["counters"]["updates"] > 0
     steps = [int(e["step"]) for e in resumed["algo"]["optimizer"]["state"].values()]
