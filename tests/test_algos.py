@@ -209,3 +209,43 @@ def test_replay_buffer_ring():
     other = ReplayBuffer(5, (2,), (), np.dtype(np.int64), device=CPU)
     other.load_state_dict(_roundtrip(buf.state_dict()))
     assert np.array_equal(other.actions, buf.actions) and other.pos == buf.pos and len(other) == 5
+
+
+def test_on_policy_learners_share_one_model_and_checkpoint_layout():
+    """ppo (numpy or torch update), a2c and impala act through ``ActorCritic`` and checkpoint the same
+    ``ActorCriticState`` layout: the same policy tensors, and the optimiser state indexed by
+    ``ActorCritic.param_list()`` (so a PPO checkpoint's policy and Adam state load into a2c / impala).
+    a2c and impala import nothing of PPO's."""
+    import ast
+    import inspect
+
+    import rltrain.algos.a2c
+    import rltrain.algos.impala
+
+    cases = {"ppo": (PPO, {"rollout_len": T, "num_minibatches": 2}),
+             "ppo_torch": (PPO, {"rollout_len": T, "num_minibatches": 2, "numpy_update": False}),
+             "a2c": (A2C, {"rollout_len": T, "optimizer": "adam"}),
+             "impala": (IMPALA, {"rollout_len": T, "optimizer": "adam"})}
+    algos, states = {}, {}
+    for name, (cls, kw) in cases.items():
+        algos[name] = algo = make(cls, PENDULUM, kw)
+        algo.learn(synthetic_rollout(algo, PENDULUM), progress=0.0)
+        states[name] = _roundtrip(algo.state_dict())
+    shapes = {k: v.shape for k, v in states["ppo"]["policy"].items()}
+    for name, state in states.items():
+        assert state.keys() == {"policy", "optimizer"}, name
+        assert {k: v.shape for k, v in state["policy"].items()} == shapes, name
+        params = algos[name].policy.param_list()
+        assert algos[name].params == params, name
+        assert state["optimizer"]["param_groups"][0]["params"] == list(range(len(params))), name
+        for i, p in enumerate(params):
+            assert state["optimizer"]["state"][i]["exp_avg"].shape == p.shape, (name, i)
+    for name in ("a2c", "impala"):
+        algos[name].load_state_dict(states["ppo"])
+        _assert_same(algos[name].state_dict()["policy"], states["ppo"]["policy"])
+        assert algos[name].learn(synthetic_rollout(algos[name], PENDULUM), progress=0.1)
+    for module in (rltrain.algos.a2c, rltrain.algos.impala):
+        tree = ast.parse(inspect.getsource(module))
+        imported = {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}
+        imported |= {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
+        assert not {m for m in imported if m and ("ppo" in m or "surrogate" in m or "numpy_mlp" in m)}, imported

@@ -17,7 +17,7 @@ CPU = torch.device("cpu")
 
 def make(spec: EnvSpec, seed: int = 0, **kw) -> PPO:
     torch.manual_seed(seed)
-    return PPO(spec, num_envs=4, device=CPU, rollout_len=16, num_minibatches=4, hidden_sizes=(16, 16), **kw)
+    return PPO(spec, num_envs=4, device=CPU, rollout_len=16, num_minibatches=4, **{"hidden_sizes": (16, 16), **kw})
 
 
 def synthetic_rollout(spec: EnvSpec, T: int = 16, N: int = 4, seed: int = 0) -> Rollout:
@@ -64,14 +64,34 @@ def test_learn_changes_params_and_gives_finite_metrics(spec, numpy_update):
         assert torch.equal(a, b)
 
 
-@pytest.mark.parametrize("activation", ["tanh", "relu"])
-@pytest.mark.parametrize("spec", [DISCRETE, BOX], ids=["discrete", "box"])
-def test_numpy_step_matches_autograd(spec, activation):
-    """The hand-written backward, clipping and Adam equal autograd + clip_grad_norm_ + torch Adam."""
-    kw = dict(activation=activation, ent_coef=0.05, vf_coef=0.7, max_grad_norm=0.05)
+def _assert_same_optimizer_state(fast: dict, ref: dict, *, exact: bool) -> None:
+    """Two torch-Adam-format state dicts: same groups and keys, ``step`` equal with torch's type, moments
+    equal (``exact``) or allclose."""
+    assert fast["param_groups"] == ref["param_groups"]
+    assert fast["state"].keys() == ref["state"].keys() == set(range(len(ref["param_groups"][0]["params"])))
+    for i, r in ref["state"].items():
+        f = fast["state"][i]
+        assert f.keys() == r.keys() == {"step", "exp_avg", "exp_avg_sq"}
+        assert type(f["step"]) is type(r["step"]) and f["step"].dtype == r["step"].dtype and f["step"] == r["step"]
+        for key in ("exp_avg", "exp_avg_sq"):
+            assert f[key].shape == r[key].shape and f[key].dtype == r[key].dtype
+            if exact:
+                assert torch.equal(f[key], r[key]), (i, key)
+            else:
+                np.testing.assert_allclose(f[key].numpy(), r[key].numpy(), rtol=2e-3, atol=1e-9, err_msg=f"{i} {key}")
+
+
+def _check_numpy_step_matches_autograd(spec: EnvSpec, **kw) -> None:
+    """The hand-written backward, clipping and Adam equal autograd + clip_grad_norm_ + torch Adam for a few
+    minibatch steps: losses, gradients, parameters and the optimiser state (torch Adam's format)."""
+    kw = dict(ent_coef=0.05, vf_coef=0.7, max_grad_norm=0.05, **kw)
     fast, ref = make(spec, numpy_update=True, **kw), make(spec, numpy_update=False, **kw)
-    ref.policy.load_state_dict(fast.policy.state_dict())
+    assert fast.numpy_update and not ref.numpy_update
     rollout = synthetic_rollout(spec)
+    if kw.get("norm_obs"):  # statistics far from (0, 1), so normalisation and its clip matter
+        moments = fast.policy.obs_norm.moments(np.random.default_rng(4).normal(0.5, 0.3, (64, *spec.obs_shape)), 1)
+        fast.policy.obs_norm.update_from_moments(moments)
+    ref.policy.load_state_dict(fast.policy.state_dict())
     adv = np.random.default_rng(1).standard_normal((16, 4)).astype(np.float32)
     ret = np.random.default_rng(2).standard_normal((16, 4)).astype(np.float32)
     with torch.no_grad():
@@ -81,7 +101,7 @@ def test_numpy_step_matches_autograd(spec, activation):
     np_batches = fast._minibatches(fast._normalised_obs(rollout.obs), rollout, adv, ret, values)
     torch.manual_seed(5)
     t_batches = ref._minibatches(torch.from_numpy(rollout.obs.reshape(64, -1)), rollout, adv, ret, values)
-    for k in range(3):  # a few steps: Adam moments and a moved policy (ratios != 1, clipping active)
+    for k in range(4):  # a few steps: Adam moments and a moved policy (ratios != 1, clipping active)
         s_np = fast._numpy_step_and_update(*(b[k] for b in np_batches))
         s_t = ref._minibatch_step(*(b[k] for b in t_batches)).numpy()
         np.testing.assert_allclose(s_np, s_t, rtol=1e-4, atol=1e-6)
@@ -89,6 +109,44 @@ def test_numpy_step_matches_autograd(spec, activation):
             np.testing.assert_allclose(p_np.grad.numpy(), p_t.grad.numpy(), rtol=1e-3, atol=1e-7)
             np.testing.assert_allclose(p_np.detach().numpy(), p_t.detach().numpy(), rtol=1e-4, atol=1e-6)
     assert s_t[4] > 0  # the clipped branch was exercised
+    _assert_same_optimizer_state(fast.optimizer.state_dict(), ref.optimizer.state_dict(), exact=False)
+    assert int(ref.optimizer.state_dict()["state"][0]["step"]) == 4
+
+
+@pytest.mark.parametrize("depth", [1, 2, 3])
+@pytest.mark.parametrize("activation", ["tanh", "relu", "elu", "silu"])
+@pytest.mark.parametrize("spec", [DISCRETE, BOX], ids=["discrete", "box"])
+def test_numpy_step_matches_autograd(spec, activation, depth):
+    _check_numpy_step_matches_autograd(spec, activation=activation, hidden_sizes=(16,) * depth)
+
+
+@pytest.mark.parametrize("norm_obs", [False, True], ids=["raw_obs", "norm_obs"])
+@pytest.mark.parametrize("clip_vloss", [True, False], ids=["clip_vloss", "plain_vloss"])
+@pytest.mark.parametrize("spec", [DISCRETE, BOX], ids=["discrete", "box"])
+def test_numpy_step_matches_autograd_loss_options(spec, clip_vloss, norm_obs):
+    _check_numpy_step_matches_autograd(spec, clip_vloss=clip_vloss, norm_obs=norm_obs)
+
+
+@pytest.mark.parametrize("activation", ["tanh", "relu", "elu", "silu"])
+def test_numpy_activation_derivatives_match_autograd(activation):
+    """f and f' of the numpy hidden layers against torch's activation and autograd, kinks and tails included."""
+    from rltrain.models.layers import TORCH_ACTIVATIONS
+    from rltrain.models.numpy_mlp import ACTIVATION_BACKWARD, ACTIVATION_FORWARD
+
+    z = np.concatenate([np.random.default_rng(0).normal(0, 3, 200), [0.0, -0.0, 1e-7, -1e-7, 40.0, -40.0, -100.0]])
+    z = z.astype(np.float32)
+    g = np.random.default_rng(1).standard_normal(z.shape).astype(np.float32)
+    zt = torch.from_numpy(z.copy()).requires_grad_(True)
+    at = TORCH_ACTIVATIONS[activation](zt)
+    at.backward(torch.from_numpy(g))
+    with np.errstate(over="raise", invalid="raise", divide="raise"):  # no overflow or nan in the tails
+        a = ACTIVATION_FORWARD[activation](z)
+        grad = g.copy()
+        ACTIVATION_BACKWARD[activation](grad, a, z)
+    assert a.dtype == np.float32 and grad.dtype == np.float32
+    np.testing.assert_allclose(a, at.detach().numpy(), rtol=1e-6, atol=1e-7)
+    # 1 - a^2 (tanh) loses digits as |a| -> 1, in torch as here: an absolute tolerance at the grads' scale (~1)
+    np.testing.assert_allclose(grad, zt.grad.numpy(), rtol=1e-5, atol=1e-6)
 
 
 @pytest.mark.parametrize("spec", [DISCRETE, BOX], ids=["discrete", "box"])
@@ -199,3 +257,86 @@ def test_target_kl_decision_is_taken_on_the_workers_mean():
         algo._numpy_step_and_update = lambda *b, inner=inner, steps=steps: steps.append(1) or inner(*b)
         algo.learn(synthetic_rollout(DISCRETE), progress=0.0)
         assert len(steps) == 2 * epochs and sync.asked == epochs
+
+
+def _roundtrip(state: dict) -> dict:
+    """Through torch.save / torch.load(weights_only=True), as a checkpoint file."""
+    import io
+
+    buf = io.BytesIO()
+    torch.save(state, buf)
+    buf.seek(0)
+    return torch.load(buf, weights_only=True)
+
+
+def _assert_equal_states(a, b, path="state"):
+    if isinstance(a, torch.Tensor):
+        assert type(a) is type(b) and a.dtype == b.dtype and torch.equal(a, b), path
+    elif isinstance(a, dict):
+        assert a.keys() == b.keys(), path
+        for k in a:
+            _assert_equal_states(a[k], b[k], f"{path}.{k}")
+    else:
+        assert a == b, path
+
+
+@pytest.mark.parametrize("first", [True, False], ids=["numpy_then_torch", "torch_then_numpy"])
+@pytest.mark.parametrize("spec", [DISCRETE, BOX], ids=["discrete", "box"])
+def test_checkpoint_from_one_update_path_resumes_on_the_other(spec, first):
+    """Train k updates on path A, checkpoint, load into path B, continue m updates: the same weights and
+    optimiser state (to float tolerance) as continuing on path A. The loaded state is B's state bit for bit."""
+    kw = dict(norm_obs=True, norm_reward=True, activation="silu")
+    a = make(spec, numpy_update=first, **kw)
+    for k in range(2):
+        a.learn(synthetic_rollout(spec, seed=k), progress=0.1 * k)
+    state = _roundtrip(a.state_dict())
+    b = make(spec, seed=1, numpy_update=not first, **kw)  # another init: everything must come from the state
+    b.load_state_dict(state)
+    _assert_equal_states(b.state_dict(), state)
+    assert int(state["optimizer"]["state"][0]["step"]) == 2 * 4 * 4  # updates x epochs x minibatches
+    for algo in (a, b):
+        torch.manual_seed(9)
+        for k in range(2, 4):
+            algo.learn(synthetic_rollout(spec, seed=k), progress=0.1 * k)
+    for p, q in zip(a.params, b.params, strict=True):
+        np.testing.assert_allclose(p.detach().numpy(), q.detach().numpy(), rtol=1e-4, atol=1e-6)
+    _assert_same_optimizer_state(a.optimizer.state_dict(), b.optimizer.state_dict(), exact=False)
+
+
+@pytest.mark.slow  # two rltrain subprocesses: ~20 s on a busy machine
+def test_cli_run_on_the_numpy_path_resumes_on_the_torch_path(cli, tmp_path):
+    """End to end: a default (numpy update) CPU run's final checkpoint resumes with algo.numpy_update=false
+    (a plain override: the key is in conf/algo/ppo.yaml) and its counters continue."""
+    import json
+
+    from rltrain.run.checkpoint import load_checkpoint
+
+    base = ["debug=smoke", "logger.progress=plain", "seed=4", "eval.every_env_steps=0"]
+    first = cli(*base, "total_env_steps=512", "hydra.run.dir=first", timeout=180)
+    assert first.returncode == 0, first.stderr
+    ckpt = tmp_path / "first" / "checkpoints" / "final.pt"
+    saved, _ = load_checkpoint(ckpt)
+    assert {"state", "param_groups"} <= saved["algo"]["optimizer"].keys()
+    second = cli(*base, "total_env_steps=1024", f"resume={ckpt}", "algo.numpy_update=false",
+                 "hydra.run.dir=second", timeout=180)
+    assert second.returncode == 0, second.stderr
+    summary = json.loads((tmp_path / "second" / "summary.json").read_text())
+    assert summary["status"] == "completed" and summary["total_env_steps"] == 1024, summary
+    resumed, _ = load_checkpoint(tmp_path / "second" / "checkpoints" / "final.pt")
+    assert resumed["counters"]["updates"] == 2 * saved["counters"]["updates"] > 0
+    steps = [int(e["step"]) for e in resumed["algo"]["optimizer"]["state"].values()]
+    assert len(set(steps)) == 1 and steps[0] > int(saved["algo"]["optimizer"]["state"][0]["step"])
+
+
+@pytest.mark.parametrize("numpy_update", [True, False], ids=["numpy", "torch"])
+def test_checkpoint_with_the_old_flat_optimizer_state_still_loads(numpy_update):
+    """Checkpoints written before FlatAdam took torch Adam's format ({step, exp_avg, exp_avg_sq, lr} over the
+    flat buffer) load on both paths as the equivalent torch-format state."""
+    a = make(BOX, activation="elu")
+    a.learn(synthetic_rollout(BOX), progress=0.3)
+    opt = a.optimizer
+    old = {**a.state_dict(), "optimizer": {"step": opt.steps, "exp_avg": opt.exp_avg.clone(),
+                                           "exp_avg_sq": opt.exp_avg_sq.clone(), "lr": opt.lr}}
+    b = make(BOX, seed=1, activation="elu", numpy_update=numpy_update)
+    b.load_state_dict(_roundtrip(old))
+    _assert_equal_states(b.state_dict(), a.state_dict())

@@ -3,7 +3,7 @@
 Settings follow Stable-Baselines3's A2C (short rollouts of ``rollout_len`` steps over N envs, one
 gradient step per rollout, RMSprop with alpha 0.99 / eps 1e-5, grad-norm clip 0.5). Targets are n-step
 bootstrapped returns (``gae_lambda = 1``) or GAE (``gae_lambda < 1``), from the shared ``returns.py``.
-The network is PPO's ``ActorCritic`` (separate actor and critic MLPs).
+The network is the shared ``models/actor_critic.ActorCritic`` (separate actor and critic MLPs).
 """
 
 from __future__ import annotations
@@ -71,7 +71,7 @@ class A2C(ActorCriticState, Algorithm):
         self.ent_coef, self.vf_coef, self.max_grad_norm, self.norm_adv = ent_coef, vf_coef, max_grad_norm, norm_adv
         self.policy = ActorCritic(spec, hidden_sizes=list(hidden_sizes), activation=activation,
                                   norm_obs=norm_obs, init_log_std=init_log_std).to(device)
-        self.params = list(self.policy.parameters())
+        self.params = self.policy.param_list()  # the shared optimiser-state order
         self.optimizer = make_optimizer(optimizer, self.params, lr, optimizer_eps)
         self.reward_scaler = RewardScaler(gamma, num_envs) if norm_reward else None
 

@@ -8,7 +8,7 @@ typed: the constructor signature is the config schema (``build.py`` checks keys 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from typing import ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
 import numpy as np
 import torch
@@ -16,6 +16,9 @@ from torch import Tensor
 
 from rltrain.data.structs import EnvSpec, Metrics, Policy, Rollout
 from rltrain.errors import ConfigError
+
+if TYPE_CHECKING:
+    from rltrain.models.numpy_mlp import FlatAdam
 
 
 class Sync:
@@ -146,10 +149,14 @@ class RewardScaler:
 class ActorCriticState:
     """``state_dict`` / ``load_state_dict`` shared by the on-policy learners (ppo, a2c, impala): the policy
     (normaliser statistics included), the optimiser and, when reward scaling is on, its running statistics.
-    Mixed in before ``Algorithm`` so it provides the abstract methods."""
+    Mixed in before ``Algorithm`` so it provides the abstract methods.
+
+    Layout: ``{"policy": ActorCritic.state_dict(), "optimizer": torch optimiser state_dict() over
+    ``ActorCritic.param_list()``, "reward_scaler": ... (only with norm_reward)}``. PPO's numpy ``FlatAdam``
+    writes and reads torch Adam's format, so a checkpoint resumes on either update path."""
 
     policy: torch.nn.Module
-    optimizer: torch.optim.Optimizer
+    optimizer: torch.optim.Optimizer | FlatAdam
     reward_scaler: RewardScaler | None
 
     def state_dict(self) -> dict:

@@ -9,7 +9,8 @@ correctness check (``train/rho_mean`` is logged and stays at 1 there). The real 
 actors (``trainer=subprocess_actors``).
 
 Loss (paper, section 4.2): -rho_pg * A_vtrace * log pi + baseline_coef * 0.5 (v_s - V)^2 - ent_coef * H.
-The network is PPO's ``ActorCritic``.
+The network is the shared ``models/actor_critic.ActorCritic``; checkpoints share PPO's layout
+(``ActorCriticState``).
 """
 
 from __future__ import annotations
@@ -74,7 +75,7 @@ class IMPALA(ActorCriticState, Algorithm):
         self.ent_coef, self.vf_coef, self.max_grad_norm, self.norm_adv = ent_coef, vf_coef, max_grad_norm, norm_adv
         self.policy = ActorCritic(spec, hidden_sizes=list(hidden_sizes), activation=activation,
                                   norm_obs=norm_obs, init_log_std=init_log_std).to(device)
-        self.params = list(self.policy.parameters())
+        self.params = self.policy.param_list()  # the shared optimiser-state order
         self.optimizer = make_optimizer(optimizer, self.params, lr, optimizer_eps)
         self.reward_scaler = RewardScaler(gamma, num_envs) if norm_reward else None
 

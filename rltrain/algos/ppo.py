@@ -15,6 +15,7 @@ import torch
 from torch import Tensor, nn
 
 from rltrain.algos.base import ActorCriticState, Algorithm, RewardScaler, Sync, make_adam, positive
+from rltrain.algos.surrogate_numpy import NumpyPPOStep
 from rltrain.data.returns import gae
 from rltrain.data.structs import EnvSpec, Metrics, Rollout
 from rltrain.errors import ConfigError
@@ -24,10 +25,9 @@ from rltrain.models.layers import (
     gaussian_logp_entropy,
 )
 from rltrain.models.numpy_mlp import (
-    SUPPORTED_ACTIVATIONS,
     FlatAdam,
     FlatParams,
-    NumpyPPOStep,
+    adam_state_from_flat,
     clip_grad_norm,
     single_thread_blas,
 )
@@ -62,7 +62,7 @@ class PPO(ActorCriticState, Algorithm):
         norm_obs: bool = False,  # running observation normalisation (stats checkpointed)
         norm_reward: bool = False,  # scale rewards by the running std of the discounted return
         init_log_std: float = 0.0,  # Box actions: initial log std of the Gaussian
-        numpy_update: bool = True,  # on CPU with tanh/relu: numpy forward/backward (same maths, ~4x faster)
+        numpy_update: bool = True,  # on CPU: numpy forward/backward (same maths and checkpoints, ~4x faster)
     ):
         super().__init__(spec, num_envs=num_envs, device=device, sync=sync)
         for key, value in [("algo.rollout_len", rollout_len), ("algo.update_epochs", update_epochs),
@@ -87,16 +87,16 @@ class PPO(ActorCriticState, Algorithm):
         self.norm_adv, self.target_kl = norm_adv, target_kl
         self.policy = ActorCritic(spec, hidden_sizes=list(hidden_sizes), activation=activation,
                                   norm_obs=norm_obs, init_log_std=init_log_std).to(device)
-        # explicit order (the numpy update relies on it): TwinMLP weights, biases, then log_std (box)
-        nets = self.policy.nets
-        self.params = [*nets.weights, *nets.biases] + ([] if self.policy.discrete else [self.policy.log_std])
-        self.numpy_update = numpy_update and device.type == "cpu" and activation in SUPPORTED_ACTIVATIONS
+        # TwinMLP weights, biases, then log_std (box): the numpy update relies on this order, and both
+        # paths' optimiser state (torch Adam's format) is indexed by it
+        self.params = self.policy.param_list()
+        self.numpy_update = numpy_update and device.type == "cpu"
         self.optimizer: torch.optim.Optimizer | FlatAdam
         if self.numpy_update:
             single_thread_blas()
             self.flat = FlatParams(self.params)
             self.policy.flat_params = self.flat.flat
-            self.optimizer = FlatAdam(self.flat, lr=lr)
+            self.optimizer = FlatAdam(self.flat, like=make_adam(self.params, lr))
             self._numpy_step = NumpyPPOStep(
                 self.flat, len(self.policy.nets.weights), activation=activation, discrete=self.policy.discrete,
                 act_dim=self.policy.act_dim, clip_coef=clip_coef, clip_vloss=clip_vloss, ent_coef=ent_coef,
@@ -104,6 +104,14 @@ class PPO(ActorCriticState, Algorithm):
         else:
             self.optimizer = make_adam(self.params, lr)
         self.reward_scaler = RewardScaler(gamma, num_envs) if norm_reward else None
+
+    def load_state_dict(self, state: dict) -> None:
+        """``ActorCriticState``'s, also for checkpoints from before the numpy path wrote torch Adam's format."""
+        opt = state["optimizer"]
+        if "param_groups" not in opt and "exp_avg" in opt:
+            group = {k: v for k, v in self.optimizer.state_dict()["param_groups"][0].items() if k != "params"}
+            state = {**state, "optimizer": adam_state_from_flat(opt, [p.shape for p in self.params], group)}
+        super().load_state_dict(state)
 
     def learn(self, rollout: Rollout, *, progress: float) -> Metrics:
         T, N = rollout.shape

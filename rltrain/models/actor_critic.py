@@ -43,9 +43,16 @@ class ActorCritic(Policy):
         self.nets = TwinMLP(obs_dim, hidden_sizes, (self.act_dim, 1), activation=activation, out_stds=(0.01, 1.0))
         if not self.discrete:
             self.log_std = nn.Parameter(torch.full((self.act_dim,), float(init_log_std)))
-        # set by PPO when every parameter lives in one flat CPU buffer: enables numpy inference in act()
+        # set by a learner whose update runs in numpy (every parameter in one flat CPU buffer, in
+        # ``param_list()`` order): enables numpy inference in act()
         self.flat_params: Tensor | None = None
         self._snapshot: tuple[np.ndarray, tuple, NumpyActor] | None = None
+
+    def param_list(self) -> list[nn.Parameter]:
+        """The parameters in one fixed order: TwinMLP weights [2, in, out] per layer, biases [2, 1, out] per
+        layer, then log_std [A] (Box). Every on-policy learner builds its optimiser over this list, so
+        optimiser state index i means the same tensor in every checkpoint (ppo, a2c, impala; numpy or torch)."""
+        return [*self.nets.weights, *self.nets.biases] + ([] if self.discrete else [self.log_std])
 
     def forward(self, obs: Tensor) -> tuple[Tensor, Tensor]:
         """obs [B, *obs_shape] -> (logits or Gaussian mean [B, A], value [B])."""
