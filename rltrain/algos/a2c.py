@@ -3,7 +3,8 @@
 Settings follow Stable-Baselines3's A2C (short rollouts of ``rollout_len`` steps over N envs, one
 gradient step per rollout, RMSprop with alpha 0.99 / eps 1e-5, grad-norm clip 0.5). Targets are n-step
 bootstrapped returns (``gae_lambda = 1``) or GAE (``gae_lambda < 1``), from the shared ``returns.py``.
-The network is the shared ``models/actor_critic.ActorCritic`` (separate actor and critic MLPs).
+The network comes from the model family (``models/factory.make_actor_critic``): separate actor and critic
+MLPs on vectors, a CNN / multi-input encoder on images and Dict observations.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from rltrain.algos.base import ActorCriticState, Algorithm, RewardScaler, Sync, 
 from rltrain.data.returns import gae, nstep_returns
 from rltrain.data.structs import EnvSpec, Metrics, Rollout
 from rltrain.errors import ConfigError
-from rltrain.models.actor_critic import ActorCritic
+from rltrain.models.factory import ModelSettings, make_actor_critic
 from rltrain.models.layers import RunningNorm
 
 
@@ -43,6 +44,7 @@ class A2C(ActorCriticState, Algorithm):
         num_envs: int,
         device: torch.device,
         sync: Sync | None = None,
+        model: ModelSettings | None = None,  # the model group: encoder by observation space (cli/build.py)
         rollout_len: int = 5,  # steps per env per update (the "n" of n-step returns)
         lr: float = 7e-4,
         optimizer: str = "rmsprop",  # rmsprop | adam
@@ -69,8 +71,8 @@ class A2C(ActorCriticState, Algorithm):
         self.rollout_len, self.lr, self.anneal_lr = rollout_len, lr, anneal_lr
         self.gamma, self.gae_lambda = gamma, gae_lambda
         self.ent_coef, self.vf_coef, self.max_grad_norm, self.norm_adv = ent_coef, vf_coef, max_grad_norm, norm_adv
-        self.policy = ActorCritic(spec, hidden_sizes=list(hidden_sizes), activation=activation,
-                                  norm_obs=norm_obs, init_log_std=init_log_std).to(device)
+        self.policy = make_actor_critic(spec, (model or ModelSettings()).with_mlp(hidden_sizes, activation),
+                                        norm_obs=norm_obs, init_log_std=init_log_std).to(device)
         self.params = self.policy.param_list()  # the shared optimiser-state order
         self.optimizer = make_optimizer(optimizer, self.params, lr, optimizer_eps)
         self.reward_scaler = RewardScaler(gamma, num_envs) if norm_reward else None

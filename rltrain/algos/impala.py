@@ -9,7 +9,7 @@ correctness check (``train/rho_mean`` is logged and stays at 1 there). The real 
 actors (``trainer=subprocess_actors``).
 
 Loss (paper, section 4.2): -rho_pg * A_vtrace * log pi + baseline_coef * 0.5 (v_s - V)^2 - ent_coef * H.
-The network is the shared ``models/actor_critic.ActorCritic``; checkpoints share PPO's layout
+The network comes from the model family (``models/factory.make_actor_critic``); checkpoints share PPO's layout
 (``ActorCriticState``).
 """
 
@@ -26,7 +26,7 @@ from rltrain.algos.base import ActorCriticState, Algorithm, RewardScaler, Sync, 
 from rltrain.data.returns import vtrace
 from rltrain.data.structs import EnvSpec, Metrics, Rollout
 from rltrain.errors import ConfigError
-from rltrain.models.actor_critic import ActorCritic
+from rltrain.models.factory import ModelSettings, make_actor_critic
 from rltrain.models.layers import RunningNorm
 
 
@@ -41,6 +41,7 @@ class IMPALA(ActorCriticState, Algorithm):
         num_envs: int,
         device: torch.device,
         sync: Sync | None = None,
+        model: ModelSettings | None = None,  # the model group: encoder by observation space (cli/build.py)
         rollout_len: int = 20,  # unroll length per env
         lr: float = 6e-4,
         optimizer: str = "rmsprop",  # rmsprop (paper) | adam
@@ -73,8 +74,8 @@ class IMPALA(ActorCriticState, Algorithm):
         self.rollout_len, self.lr, self.anneal_lr, self.gamma = rollout_len, lr, anneal_lr, gamma
         self.rho_bar, self.c_bar, self.pg_rho_bar = rho_bar, c_bar, pg_rho_bar
         self.ent_coef, self.vf_coef, self.max_grad_norm, self.norm_adv = ent_coef, vf_coef, max_grad_norm, norm_adv
-        self.policy = ActorCritic(spec, hidden_sizes=list(hidden_sizes), activation=activation,
-                                  norm_obs=norm_obs, init_log_std=init_log_std).to(device)
+        self.policy = make_actor_critic(spec, (model or ModelSettings()).with_mlp(hidden_sizes, activation),
+                                        norm_obs=norm_obs, init_log_std=init_log_std).to(device)
         self.params = self.policy.param_list()  # the shared optimiser-state order
         self.optimizer = make_optimizer(optimizer, self.params, lr, optimizer_eps)
         self.reward_scaler = RewardScaler(gamma, num_envs) if norm_reward else None

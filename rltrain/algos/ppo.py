@@ -20,6 +20,7 @@ from rltrain.data.returns import gae
 from rltrain.data.structs import EnvSpec, Metrics, Rollout
 from rltrain.errors import ConfigError
 from rltrain.models.actor_critic import ActorCritic
+from rltrain.models.factory import ModelSettings, make_actor_critic
 from rltrain.models.layers import (
     RunningNorm,
     gaussian_logp_entropy,
@@ -43,6 +44,7 @@ class PPO(ActorCriticState, Algorithm):
         num_envs: int,
         device: torch.device,
         sync: Sync | None = None,
+        model: ModelSettings | None = None,  # the model group: encoder by observation space (cli/build.py)
         rollout_len: int = 128,  # steps per env per update (CleanRL num_steps)
         update_epochs: int = 4,  # passes over the batch per update
         num_minibatches: int = 4,  # minibatches per epoch; must divide rollout_len * num_envs
@@ -85,12 +87,13 @@ class PPO(ActorCriticState, Algorithm):
         self.clip_coef, self.clip_vloss = clip_coef, clip_vloss
         self.ent_coef, self.vf_coef, self.max_grad_norm = ent_coef, vf_coef, max_grad_norm
         self.norm_adv, self.target_kl = norm_adv, target_kl
-        self.policy = ActorCritic(spec, hidden_sizes=list(hidden_sizes), activation=activation,
-                                  norm_obs=norm_obs, init_log_std=init_log_std).to(device)
+        self.policy = make_actor_critic(spec, (model or ModelSettings()).with_mlp(hidden_sizes, activation),
+                                        norm_obs=norm_obs, init_log_std=init_log_std).to(device)
         # TwinMLP weights, biases, then log_std (box): the numpy update relies on this order, and both
         # paths' optimiser state (torch Adam's format) is indexed by it
         self.params = self.policy.param_list()
-        self.numpy_update = numpy_update and device.type == "cpu"
+        # the numpy update is written for the twin-MLP actor-critic (float vectors); CNN / Dict models learn in torch
+        self.numpy_update = numpy_update and device.type == "cpu" and isinstance(self.policy, ActorCritic)
         self.optimizer: torch.optim.Optimizer | FlatAdam
         if self.numpy_update:
             single_thread_blas()

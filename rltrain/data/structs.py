@@ -43,6 +43,14 @@ class ObsSpace:
     name: str = ""
 
 
+def storage_dtype(dtype: str | np.dtype) -> np.dtype:
+    """The dtype observations are stored and shipped in: floating point as float32 (what the networks compute
+    in), integers and bools as they are, so uint8 / bool frames stay one byte per value from the env to the
+    model, which converts and scales them on its device."""
+    dtype = np.dtype(dtype or np.float32)
+    return np.dtype(np.float32) if dtype.kind == "f" else dtype
+
+
 @dataclass(frozen=True)
 class EnvSpec:
     """What an algorithm must know about an environment to build its networks.

@@ -17,6 +17,7 @@ and converts them itself.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import torch
@@ -46,8 +47,8 @@ class ModelSettings:
     """
 
     encoder: str = "auto"
-    hidden_sizes: tuple[int, ...] = (64, 64)
-    activation: str = "tanh"
+    hidden_sizes: tuple[int, ...] | None = None  # None: the algorithm's algo.hidden_sizes
+    activation: str | None = None  # None: the algorithm's algo.activation
     cnn_features: int | None = None
     shared: bool = False
     ignore_keys: tuple[str, ...] = ()
@@ -56,11 +57,13 @@ class ModelSettings:
 
     def __post_init__(self) -> None:
         # YAML lists arrive as lists: store tuples so the settings stay hashable and immutable
-        object.__setattr__(self, "hidden_sizes", tuple(self.hidden_sizes))
+        if self.hidden_sizes is not None:
+            object.__setattr__(self, "hidden_sizes", tuple(self.hidden_sizes))
         object.__setattr__(self, "ignore_keys", tuple(self.ignore_keys))
         _one_of("model.encoder", self.encoder, ENCODERS)
-        _one_of("model.activation", self.activation, tuple(ACTIVATIONS))
-        if any(not isinstance(h, int) or isinstance(h, bool) or h <= 0 for h in self.hidden_sizes):
+        if self.activation is not None:
+            _one_of("model.activation", self.activation, tuple(ACTIVATIONS))
+        if any(not isinstance(h, int) or isinstance(h, bool) or h <= 0 for h in self.hidden_sizes or ()):
             raise ConfigError(f"model.hidden_sizes={list(self.hidden_sizes)}: every width must be a positive "
                               "integer (e.g. model.hidden_sizes=[64,64])")
         if self.cnn_features is not None and (isinstance(self.cnn_features, bool) or self.cnn_features <= 0):
@@ -69,6 +72,14 @@ class ModelSettings:
             raise ConfigError(f"model.core={self.core}: not available yet (only identity); set model.core=identity")
         if self.core_size <= 0:
             raise ConfigError(f"model.core_size={self.core_size}: must be a positive integer")
+
+
+    def with_mlp(self, hidden_sizes, activation: str) -> ModelSettings:
+        """These settings with the MLP widths / activation filled in where the model group leaves them null:
+        an algorithm passes its own ``algo.hidden_sizes`` / ``algo.activation``, so the presets and command
+        lines that set them there keep working; ``model.hidden_sizes`` / ``model.activation`` win when set."""
+        return dataclasses.replace(self, hidden_sizes=tuple(self.hidden_sizes or hidden_sizes),
+                                   activation=self.activation or activation)
 
 
 def _one_of(key: str, value: str, valid: tuple[str, ...]) -> None:
@@ -106,6 +117,10 @@ class ModularActorCritic(Policy):
             CategoricalHead(width, self.act_dim) if self.discrete
             else GaussianHead(width, self.act_dim, init_log_std=init_log_std))
         self.critic_head = ValueHead(width)
+
+    def param_list(self) -> list[nn.Parameter]:
+        """The parameters in one fixed order (the optimiser state's index order in checkpoints)."""
+        return list(self.parameters())
 
     @property
     def log_std(self) -> nn.Parameter:
@@ -169,6 +184,7 @@ def make_actor_critic(spec: EnvSpec, settings: ModelSettings, *, norm_obs: bool 
     Float vectors with separate MLP torsos get ``ActorCritic``: the same maths (two MLPs, same init) run as
     one ``TwinMLP``, which keeps PPO's numpy fast path and the checkpoints of existing runs loadable.
     """
+    settings = settings.with_mlp((64, 64), "tanh")
     obs = spec.observation
     if _is_float_vector(obs) and settings.encoder in ("auto", "mlp") and not settings.shared and not \
             settings.ignore_keys:
@@ -179,4 +195,4 @@ def make_actor_critic(spec: EnvSpec, settings: ModelSettings, *, norm_obs: bool 
 
 def make_q_network(spec: EnvSpec, settings: ModelSettings) -> QNetwork:
     """The Q-network for ``spec`` (DQN; build a second one for the target network and load_state_dict)."""
-    return QNetwork(spec, settings)
+    return QNetwork(spec, settings.with_mlp((64, 64), "tanh"))

@@ -11,7 +11,7 @@ from collections import deque
 import numpy as np
 import torch
 
-from rltrain.data.structs import EnvSpec, Policy, Rollout
+from rltrain.data.structs import EnvSpec, Policy, Rollout, storage_dtype
 from rltrain.envs.make import AsyncVecEnv, VecEnv
 from rltrain.errors import ConfigError
 from rltrain.models.layers import NumpyActor
@@ -55,7 +55,7 @@ class RolloutCollector:
         """Step every env ``rollout_len`` times. ``random_actions`` samples the action space uniformly
         (off-policy warm-up); its log-probs are then those of the uniform policy."""
         T, N, spec = rollout_len, self.num_envs, self.spec
-        obs_buf = np.empty((T, N, *spec.obs_shape), np.float32)
+        obs_buf = np.empty((T, N, *spec.obs_shape), storage_dtype(spec.obs_dtype))  # uint8 pixels stay uint8
         next_buf = np.empty_like(obs_buf)
         act_buf = np.empty((T, N, *spec.action_shape), spec.action_dtype)
         logp_buf = np.empty((T, N), np.float32)

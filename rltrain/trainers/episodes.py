@@ -14,7 +14,7 @@ import gymnasium as gym
 import numpy as np
 import torch
 
-from rltrain.data.structs import Policy
+from rltrain.data.structs import Policy, storage_dtype
 from rltrain.errors import ConfigError
 
 
@@ -32,6 +32,7 @@ def evaluate(policy: Policy, make_env: Callable[..., gym.Env], *, episodes: int,
         env = make_env(render_mode="rgb_array" if video_dir else None)
         envs.append(_record_video(env, video_dir) if video_dir is not None else env)
     gen = torch.Generator(device=device).manual_seed(eval_seed)
+    dtype = storage_dtype(envs[0].observation_space.dtype)  # as in training: the model converts / scales
     space = envs[0].action_space
     low = high = None
     if hasattr(space, "low") and space.dtype != np.int64:
@@ -50,7 +51,7 @@ def evaluate(policy: Policy, make_env: Callable[..., gym.Env], *, episodes: int,
     try:
         with torch.inference_mode():
             while active:
-                batch = torch.as_tensor(np.stack([np.asarray(obs[i], np.float32) for i in active]), device=device)
+                batch = torch.as_tensor(np.stack([np.asarray(obs[i], dtype) for i in active]), device=device)
                 actions = policy.act(batch, deterministic=deterministic, generator=gen).action.cpu().numpy()
                 still = []
                 for k, i in enumerate(active):
