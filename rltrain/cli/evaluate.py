@@ -49,6 +49,7 @@ def main(argv: list[str] | None = None) -> int:
         rets = evaluate(policy, cfg["env"]["id"], episodes=args.episodes,
                         eval_seed=eval_seed if args.seed is None else args.seed,
                         deterministic=not args.stochastic, env_kwargs=cfg["env"].get("kwargs") or {},
+                        env_wrappers=cfg["env"].get("wrappers"),
                         max_episode_steps=cfg["env"].get("max_episode_steps"), device=torch.device(args.device),
                         video_dir=video_dir)
     except ConfigError as err:

@@ -19,7 +19,8 @@ from rltrain.errors import ConfigError
 
 
 def evaluate(policy: Policy, env_id: str, *, episodes: int, eval_seed: int, deterministic: bool = True,
-             env_kwargs: dict | None = None, max_episode_steps: int | None = None, device: torch.device | None = None,
+             env_kwargs: dict | None = None, env_wrappers: list | None = None,
+             max_episode_steps: int | None = None, device: torch.device | None = None,
              video_dir: Path | None = None, max_parallel: int = 16) -> np.ndarray:
     """Run ``episodes`` full episodes; returns their returns [episodes] (float64), episode j from seed
     ``eval_seed + j``. Up to ``max_parallel`` episodes run side by side and act as one batch (one forward
@@ -29,7 +30,7 @@ def evaluate(policy: Policy, env_id: str, *, episodes: int, eval_seed: int, dete
     width = 1 if video_dir is not None else max(1, min(episodes, max_parallel))
     envs = []
     for _ in range(width):
-        env = make_env(env_id, env_kwargs, max_episode_steps=max_episode_steps,
+        env = make_env(env_id, env_kwargs, wrappers=env_wrappers, max_episode_steps=max_episode_steps,
                        render_mode="rgb_array" if video_dir else None)
         envs.append(_record_video(env, video_dir) if video_dir is not None else env)
     gen = torch.Generator(device=device).manual_seed(eval_seed)
@@ -56,10 +57,12 @@ def evaluate(policy: Policy, env_id: str, *, episodes: int, eval_seed: int, dete
                 still = []
                 for k, i in enumerate(active):
                     action = actions[k] if low is None else np.clip(actions[k], low, high)
-                    o, rew, term, trunc, _ = envs[i].step(action.item() if action.ndim == 0 else action)
+                    o, rew, term, trunc, info = envs[i].step(action.item() if action.ndim == 0 else action)
                     totals[i] += float(rew)
-                    if term or trunc:
-                        returns[episode_of[i]], totals[i] = totals[i], 0.0
+                    if env_wrappers and (term or trunc) and "real_score" not in info:
+                        o, _ = envs[i].reset()  # a learning episode (a life) ended, the game goes on
+                    elif term or trunc or "real_score" in info:  # with env.wrappers: the real game score
+                        returns[episode_of[i]], totals[i] = info.get("real_score", totals[i]), 0.0
                         if started == episodes:
                             continue  # this env is done
                         o, _ = envs[i].reset(seed=eval_seed + started)

@@ -46,8 +46,10 @@ class TrainLoop:
         env_cfg = cfg["env"]
         self.env_kwargs = dict(env_cfg.get("kwargs") or {})
         self.max_episode_steps = env_cfg.get("max_episode_steps")
+        self.env_wrappers = list(env_cfg.get("wrappers") or [])
         seed_process(seeds.torch_seed)
-        self.spec = env_spec(make_env(env_cfg["id"], self.env_kwargs, max_episode_steps=self.max_episode_steps),
+        self.spec = env_spec(make_env(env_cfg["id"], self.env_kwargs, wrappers=self.env_wrappers,
+                                      max_episode_steps=self.max_episode_steps),
                              env_cfg["id"])
         self.algo: Algorithm = algo_factory(self.spec, num_envs=env_cfg["num_envs"], device=device, sync=self.sync)
         self.venv, self.collector = self._make_collector(env_cfg)
@@ -63,7 +65,7 @@ class TrainLoop:
     def _make_collector(self, env_cfg: dict):
         """This worker's envs and collector (the subprocess_actors learner has neither: actors collect)."""
         venv = make_vector_env(env_cfg["id"], env_cfg["num_envs"], self.seeds.env_seeds, kwargs=self.env_kwargs,
-                               max_episode_steps=self.max_episode_steps,
+                               wrappers=self.env_wrappers, max_episode_steps=self.max_episode_steps,
                                vectorization=env_cfg.get("vectorization", "sync"))
         return venv, RolloutCollector(venv, self.algo.policy, self.spec, device=self.device)
 
@@ -207,7 +209,7 @@ class TrainLoop:
         video = self.run_dir / "videos" if final and ecfg.get("video") else None
         rets = evaluate(self.algo.policy, self.spec.env_id, episodes=int(ecfg["episodes"]),
                         eval_seed=self.seeds.eval_seed, deterministic=bool(ecfg["deterministic"]),
-                        env_kwargs=self.env_kwargs, max_episode_steps=self.max_episode_steps, device=self.device,
+                        env_kwargs=self.env_kwargs, env_wrappers=self.env_wrappers, max_episode_steps=self.max_episode_steps, device=self.device,
                         video_dir=video)
         mean, std = float(rets.mean()), float(rets.std())
         self.last_eval = (mean, std)

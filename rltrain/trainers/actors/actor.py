@@ -118,13 +118,14 @@ class _ActorLoop:
         seed_process(spec.seeds.torch_seed)
         env = spec.env_cfg
         kwargs, max_steps = dict(env.get("kwargs") or {}), env.get("max_episode_steps")
-        espec = env_spec(make_env(env["id"], kwargs, max_episode_steps=max_steps), env["id"])
+        wrappers = list(env.get("wrappers") or [])
+        espec = env_spec(make_env(env["id"], kwargs, wrappers=wrappers, max_episode_steps=max_steps), env["id"])
         device = torch.device(spec.device)
         self.algo = algo_factory({"algo": spec.algo_cfg})(espec, num_envs=spec.num_envs, device=device)
         self.weights = SharedWeights.attach(spec.weights)
         self.version = -1
         self._reload()
-        venv = make_vector_env(env["id"], spec.num_envs, spec.seeds.env_seeds, kwargs=kwargs,
+        venv = make_vector_env(env["id"], spec.num_envs, spec.seeds.env_seeds, kwargs=kwargs, wrappers=wrappers,
                                max_episode_steps=max_steps, vectorization=env.get("vectorization", "sync"))
         self.collector = RolloutCollector(venv, self.algo.policy, espec, device=device)
         self.credits = spec.credits
