@@ -229,6 +229,10 @@ def test_cli_minatar_trains_with_a_wrapper_from_the_command_line(cli):
               "logger.progress=plain", "env.wrappers=[SignReward]", env={"OMP_NUM_THREADS": "1"})
     assert res.returncode == 0, res.stderr[-3000:]
     assert "[summary]" in res.stdout
+    # DQN acts through torch (no numpy actor): bool observations reach the network as they come
+    res = cli("env=minatar", "algo=dqn", "algo.learning_starts=128", "total_env_steps=512", "eval.episodes=1",
+              "logger.progress=plain", env={"OMP_NUM_THREADS": "1"})
+    assert res.returncode == 0, res.stderr[-3000:]
 
 
 def test_cli_unknown_wrapper_is_one_line(cli):
