@@ -199,6 +199,9 @@ def test_real_score_with_a_real_atari_game():
             env.reset()
     assert scores and lives_lost >= 5 * len(scores)  # Breakout: 5 lives per game
     assert set(clipped) <= {0.0, 1.0}
+    with pytest.raises(ConfigError) as err:  # v5 skips 4 frames itself unless told not to
+        make_env("ALE/Breakout-v5", wrappers=["AtariPreprocessing"])
+    assert "set env.kwargs.frameskip=1" in _one_line(err)
 
 
 def _walk(env):
@@ -220,7 +223,7 @@ def test_minatar_preset_envs():
 
 def test_every_env_preset_has_a_wrappers_list():
     for path in sorted((CONF_DIR / "env").glob("*.yaml")):
-        assert isinstance(OmegaConf.load(path).get("wrappers"), list | type(OmegaConf.create([]))), path.name
+        assert OmegaConf.is_list(OmegaConf.load(path).get("wrappers")), path.name
 
 
 @pytest.mark.slow  # two interpreters importing torch and MinAtar, a short run and an evaluation

@@ -86,7 +86,7 @@ def _import(module_name: str, env_id: str):
         return importlib.import_module(module_name)
     except ImportError as err:
         top = (getattr(err, "name", None) or module_name).split(".")[0]
-        hint = f": pip install 'rltrain[{_EXTRAS[top]}]'" if top in _EXTRAS else f" ({err})"
+        hint = f": pip install 'rltrain[{_EXTRAS[top]}]'" if top in _EXTRAS else f" ({err}); install the package"
         raise ConfigError(f"env.id={env_id}: cannot import {module_name!r}{hint}") from None
 
 

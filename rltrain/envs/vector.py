@@ -45,10 +45,11 @@ class VecEnv:
         """actions [N, ...] -> (obs to act on [N,...], reward [N], terminated [N], truncated [N], true next obs [N,...])."""
         obs, final, rew, term, trunc = self._obs, self._final, self._rew, self._term, self._trunc
         acts = actions.tolist() if self._discrete else actions
+        real = self._real
         for i, env in enumerate(self.envs):
             o, r, te, tr, info = env.step(acts[i])
-            if "real_score" in info and self._real is not None:
-                self._real.append((i, info["real_score"], info["real_length"]))
+            if real is not None and "real_score" in info:
+                real.append((i, info["real_score"], info["real_length"]))
             final[i] = o
             rew[i] = r
             term[i] = te

@@ -205,6 +205,7 @@ def apply_wrappers(env: gym.Env, entries: list[Any] | tuple[Any, ...]) -> gym.En
         except gym.error.DependencyNotInstalled:
             raise  # make_env names the pip extra
         except (ValueError, AssertionError, gym.error.Error) as err:
+            hint = "; set env.kwargs.frameskip=1" if "frame-skip" in str(err) else "; check env.kwargs and its arguments"
             raise ConfigError(f"env.wrappers: {name}({kwargs}) cannot wrap {env.spec.id if env.spec else env}: "
-                              f"{err}") from None
+                              f"{' '.join(str(err).split())}{hint}") from None
     return ScoreReport(env, recorder)
