@@ -30,8 +30,8 @@ from rltrain.errors import ConfigError, close_matches
 # id namespace -> (module that registers it, pip extra of rltrain that installs it)
 NAMESPACES: dict[str, tuple[str, str]] = {"ALE": ("ale_py", "atari"), "MinAtar": ("minatar.gym", "minatar")}
 # a top-level package (or a word in a DependencyNotInstalled message) -> rltrain extra
-_EXTRAS = {"ale_py": "atari", "opencv": "atari", "cv2": "atari", "minatar": "minatar", "mujoco": "mujoco", "Box2D": "box2d", "box2d": "box2d",
-           "pygame": "box2d"}
+_EXTRAS = {"ale_py": "atari", "opencv": "atari", "cv2": "atari", "minatar": "minatar", "mujoco": "mujoco",
+           "Box2D": "box2d", "box2d": "box2d", "pygame": "box2d"}
 
 
 def make_env(env_id: str, kwargs: dict[str, Any] | None = None, *, wrappers: list | tuple | None = None,
@@ -69,8 +69,8 @@ def _make_base(env_id: str, kwargs: dict[str, Any], max_episode_steps: int | Non
 def _register_namespace(env_id: str) -> None:
     """Import the package behind a known namespace (``ALE/`` -> ale_py) so its ids are registered."""
     namespace = env_id.split("/", 1)[0] if "/" in env_id else None
-    if namespace not in NAMESPACES or env_id in gym.registry:
-        return
+    if namespace not in NAMESPACES or any(key.startswith(f"{namespace}/") for key in gym.registry):
+        return  # not ours, or registered already (registering twice makes Gymnasium warn per id)
     module_name, extra = NAMESPACES[namespace]
     try:
         module = importlib.import_module(module_name)
