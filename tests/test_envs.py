@@ -1,4 +1,4 @@
-"""Environment ids as researchers write them, the ``env.wrappers`` list, real game scores, Atari/MinAtar presets."""
+"""Env ids as researchers write them, the ``env.wrappers`` list, real game scores, Atari/MinAtar presets."""
 
 from __future__ import annotations
 
@@ -37,7 +37,7 @@ def _one_line(err: pytest.ExceptionInfo) -> str:
 # -- env.id forms --------------------------------------------------------------------------------------------
 def test_module_env_id_imports_the_module_that_registers_it(monkeypatch):
     monkeypatch.delitem(gym.registry, lives_env.ENV_ID)
-    monkeypatch.delitem(sys.modules, HELPER)  # restored afterwards: the other tests keep this module's classes
+    monkeypatch.delitem(sys.modules, HELPER)  # restored afterwards: other tests keep this module's classes
     env = make_env(f"{HELPER}:{lives_env.ENV_ID}", {"lives": 2})
     assert lives_env.ENV_ID in gym.registry
     assert env.unwrapped.n_lives == 2 and env.spec.id == lives_env.ENV_ID
@@ -57,7 +57,8 @@ def test_factory_path_and_its_errors():
 def test_known_namespaces_register_in_a_fresh_process():
     code = ("import gymnasium as gym; from rltrain.envs.make import make_env\n"
             "assert 'ALE/Pong-v5' not in gym.registry\n"
-            "a = make_env('ALE/Pong-v5'); m = make_env('MinAtar/Breakout-v1'); p = make_env('ale_py:ALE/Pong-v5')\n"
+            "a = make_env('ALE/Pong-v5'); m = make_env('MinAtar/Breakout-v1')\n"
+            "p = make_env('ale_py:ALE/Pong-v5')\n"
             "print(a.observation_space.shape, a.observation_space.dtype, m.observation_space.shape,"
             " m.observation_space.dtype, p.spec.id)")
     res = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)
@@ -88,8 +89,8 @@ def test_wrappers_apply_in_order_by_gymnasium_name_our_name_and_import_path():
                                             {"FrameStackObservation": {"stack_size": 3}}, "SignReward"])
     chain = _chain(env)
     start = chain.index("ScoreRecorder")
-    assert chain[start:] == ["ScoreRecorder", "ClipReward", "RewardLog", "FrameStackObservation", "SignReward",
-                             "ScoreReport"]
+    assert chain[start:] == ["ScoreRecorder", "ClipReward", "RewardLog", "FrameStackObservation",
+                             "SignReward", "ScoreReport"]
     obs, _ = env.reset(seed=0)
     assert obs.shape == (3, 4)
     _, reward, *_ = env.step(0)

@@ -44,8 +44,8 @@ def make_env(env_id: str, kwargs: dict[str, Any] | None = None, *, wrappers: lis
         env = _make_base(env_id, kwargs, max_episode_steps)
         return apply_wrappers(env, wrappers) if wrappers else env
     except gym.error.DependencyNotInstalled as err:  # from gymnasium, a wrapper or a user factory
-        raise ConfigError(f"env.id={env_id} needs a package that is not installed: {_install_hint(str(err))}") \
-            from None
+        raise ConfigError(f"env.id={env_id} needs a package that is not installed: "
+                          f"{_install_hint(str(err))}") from None
 
 
 def _make_base(env_id: str, kwargs: dict[str, Any], max_episode_steps: int | None) -> gym.Env:
@@ -55,8 +55,8 @@ def _make_base(env_id: str, kwargs: dict[str, Any], max_episode_steps: int | Non
         if name in gym.registry:
             return _gym_make(name, kwargs, max_episode_steps)
         if "/" in name or not hasattr(module, name):  # an env id never registered, or a missing factory
-            raise ConfigError(f"env.id={env_id}: {module_name!r} registers no env {name!r} and has no factory "
-                              f"{name!r}{close_matches(name, gym.registry.keys())}")
+            raise ConfigError(f"env.id={env_id}: {module_name!r} registers no env {name!r} and has no "
+                              f"factory {name!r}{close_matches(name, gym.registry.keys())}")
         env = _call_factory(getattr(module, name), env_id, kwargs)
         return gym.wrappers.TimeLimit(env, max_episode_steps) if max_episode_steps else env
     _register_namespace(env_id)
@@ -75,8 +75,8 @@ def _register_namespace(env_id: str) -> None:
     try:
         module = importlib.import_module(module_name)
     except ImportError:
-        raise ConfigError(f"env.id={env_id} needs {module_name.split('.')[0]}: pip install 'rltrain[{extra}]'") \
-            from None
+        package = module_name.split(".")[0]
+        raise ConfigError(f"env.id={env_id} needs {package}: pip install 'rltrain[{extra}]'") from None
     if callable(getattr(module, "register_envs", None)):  # minatar registers on request, ale_py on import
         module.register_envs()
 
@@ -86,7 +86,7 @@ def _import(module_name: str, env_id: str):
         return importlib.import_module(module_name)
     except ImportError as err:
         top = (getattr(err, "name", None) or module_name).split(".")[0]
-        hint = f": pip install 'rltrain[{_EXTRAS[top]}]'" if top in _EXTRAS else f" ({err}); install the package"
+        hint = f": pip install 'rltrain[{_EXTRAS[top]}]'" if top in _EXTRAS else f" ({err}); install it"
         raise ConfigError(f"env.id={env_id}: cannot import {module_name!r}{hint}") from None
 
 
@@ -104,8 +104,8 @@ def _call_factory(factory, env_id: str, kwargs: dict[str, Any]) -> gym.Env:
     except TypeError as err:
         raise ConfigError(f"env.kwargs for {env_id}: {err}") from None
     except ImportError as err:  # a factory importing an optional simulator
-        raise ConfigError(f"env.id={env_id} needs a package that is not installed: {_install_hint(str(err))}") \
-            from None
+        raise ConfigError(f"env.id={env_id} needs a package that is not installed: "
+                          f"{_install_hint(str(err))}") from None
     if not isinstance(env, gym.Env):
         raise ConfigError(f"env.id: {env_id!r} returned {type(env).__name__}, not a gymnasium.Env")
     return env
@@ -114,7 +114,9 @@ def _call_factory(factory, env_id: str, kwargs: dict[str, Any]) -> gym.Env:
 def _install_hint(message: str) -> str:
     lowered = message.lower()
     extra = next((v for k, v in _EXTRAS.items() if k.lower() in lowered), None)
-    return f"pip install 'rltrain[{extra}]'" if extra else message.splitlines()[0] if message else "see its docs"
+    if extra:
+        return f"pip install 'rltrain[{extra}]'"
+    return message.splitlines()[0] if message else "see the env's docs"
 
 
 def env_spec(env: gym.Env, env_id: str) -> EnvSpec:
@@ -132,7 +134,8 @@ def env_spec(env: gym.Env, env_id: str) -> EnvSpec:
 
 def make_vector_env(env_id: str, num_envs: int, seeds: list[int] | tuple[int, ...], *,
                     kwargs: dict[str, Any] | None = None, wrappers: list | tuple | None = None,
-                    max_episode_steps: int | None = None, vectorization: str = "sync") -> VecEnv | AsyncVecEnv:
+                    max_episode_steps: int | None = None,
+                    vectorization: str = "sync") -> VecEnv | AsyncVecEnv:
     """Build ``num_envs`` envs seeded with ``seeds``, each wrapped by ``wrappers``; ``vectorization`` is
     ``sync`` or ``async``."""
     if len(seeds) != num_envs:

@@ -88,8 +88,8 @@ class SignReward(gym.RewardWrapper):
 def _ale(env: gym.Env, wrapper: str):
     ale = getattr(env.unwrapped, "ale", None)
     if ale is None:
-        raise ConfigError(f"env.wrappers: {wrapper} needs an ALE (Atari) env, got {type(env.unwrapped).__name__}; "
-                          "remove it from env.wrappers")
+        raise ConfigError(f"env.wrappers: {wrapper} needs an ALE (Atari) env, got "
+                          f"{type(env.unwrapped).__name__}; remove it from env.wrappers")
     return ale
 
 
@@ -205,7 +205,9 @@ def apply_wrappers(env: gym.Env, entries: list[Any] | tuple[Any, ...]) -> gym.En
         except gym.error.DependencyNotInstalled:
             raise  # make_env names the pip extra
         except (ValueError, AssertionError, gym.error.Error) as err:
-            hint = "; set env.kwargs.frameskip=1" if "frame-skip" in str(err) else "; check env.kwargs and its arguments"
-            raise ConfigError(f"env.wrappers: {name}({kwargs}) cannot wrap {env.spec.id if env.spec else env}: "
-                              f"{' '.join(str(err).split())}{hint}") from None
+            frame_skip = "frame-skip" in str(err)  # AtariPreprocessing on an env that skips frames itself
+            fix = "set env.kwargs.frameskip=1" if frame_skip else "check env.kwargs and its arguments"
+            target = env.spec.id if env.spec else type(env.unwrapped).__name__
+            raise ConfigError(f"env.wrappers: {name}({kwargs}) cannot wrap {target}: "
+                              f"{' '.join(str(err).split())}; {fix}") from None
     return ScoreReport(env, recorder)

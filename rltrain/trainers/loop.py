@@ -209,7 +209,8 @@ class TrainLoop:
         video = self.run_dir / "videos" if final and ecfg.get("video") else None
         rets = evaluate(self.algo.policy, self.spec.env_id, episodes=int(ecfg["episodes"]),
                         eval_seed=self.seeds.eval_seed, deterministic=bool(ecfg["deterministic"]),
-                        env_kwargs=self.env_kwargs, env_wrappers=self.env_wrappers, max_episode_steps=self.max_episode_steps, device=self.device,
+                        env_kwargs=self.env_kwargs, env_wrappers=self.env_wrappers,
+                        max_episode_steps=self.max_episode_steps, device=self.device,
                         video_dir=video)
         mean, std = float(rets.mean()), float(rets.std())
         self.last_eval = (mean, std)

@@ -119,7 +119,8 @@ class _ActorLoop:
         env = spec.env_cfg
         kwargs, max_steps = dict(env.get("kwargs") or {}), env.get("max_episode_steps")
         wrappers = list(env.get("wrappers") or [])
-        espec = env_spec(make_env(env["id"], kwargs, wrappers=wrappers, max_episode_steps=max_steps), env["id"])
+        espec = env_spec(make_env(env["id"], kwargs, wrappers=wrappers, max_episode_steps=max_steps),
+                         env["id"])
         device = torch.device(spec.device)
         self.algo = algo_factory({"algo": spec.algo_cfg})(espec, num_envs=spec.num_envs, device=device)
         self.weights = SharedWeights.attach(spec.weights)
