@@ -35,7 +35,7 @@ class QPolicy(Policy):
 
     def forward(self, obs: Tensor) -> Tensor:
         """obs [B, *obs_shape] -> Q-values [B, n_actions]."""
-        return self.q(obs.flatten(1))
+        return self.q(obs.flatten(1).float())  # uint8 / bool obs arrive as they are
 
     def act(self, obs: Tensor, *, deterministic: bool = False,
             generator: torch.Generator | None = None) -> ActOutput:

@@ -252,8 +252,8 @@ def load_policy(path: Path, *, device: str = "cpu"):
     state, _ = load_checkpoint(path, key="checkpoint")
     cfg = state["meta"]["config"]
     env = cfg["env"]
-    spec = env_spec(make_env(env["id"], env.get("kwargs") or {}, max_episode_steps=env.get("max_episode_steps")),
-                    env["id"])
+    spec = env_spec(make_env(env["id"], env.get("kwargs") or {}, wrappers=env.get("wrappers"),
+                             max_episode_steps=env.get("max_episode_steps")), env["id"])
     dev = pick_device(device)
     algo = algo_factory(cfg)(spec, num_envs=env["num_envs"], device=dev)
     algo.load_state_dict(state["algo"])

@@ -48,7 +48,8 @@ def main(argv: list[str] | None = None) -> int:
         video_dir = ckpt_path.parent.parent / "videos" if args.video else None
         env = env_factory(cfg["env"])
         rets = evaluate(policy, env.make, episodes=args.episodes, eval_seed=eval_seed if args.seed is None else args.seed,
-                        deterministic=not args.stochastic, device=torch.device(args.device), video_dir=video_dir)
+                        deterministic=not args.stochastic, device=torch.device(args.device), video_dir=video_dir,
+                        real_scores=env.real_scores)
     except ConfigError as err:
         print(f"rltrain-eval: error: {err}", file=sys.stderr)
         return 2

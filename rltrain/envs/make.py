@@ -1,5 +1,13 @@
 """Environment factory: Gymnasium ids or user import paths -> a lean vector env with same-step autoreset.
 
+``env.id`` is one of
+- a registered Gymnasium id (``CartPole-v1``); ids of known namespaces (``ALE/Pong-v5``,
+  ``MinAtar/Breakout-v1``) register their package first, or name the pip extra when it is missing;
+- Gymnasium's ``module:EnvId`` (``minigrid:MiniGrid-Empty-5x5-v0``): import the module (which registers
+  its envs), then ``gym.make`` the id;
+- our ``package.module:Factory``: a callable returning a ``gymnasium.Env``, called with ``env.kwargs``.
+The two ``a:b`` forms are told apart after the import: ``b`` registered -> an env id, else a factory.
+
 ``VecEnv.step`` returns, for every env, the *true* next observation (``final_obs``, the terminal one
 when an episode ended) and the observation to act on next (already reset). So every step the collector
 records is a real transition: Gymnasium 1.x's default NEXT_STEP autoreset would instead hand back one
@@ -17,45 +25,88 @@ import gymnasium as gym
 
 from rltrain.data.structs import EnvSpec, ObsSpace
 from rltrain.envs.vector import AsyncVecEnv, VecEnv
+from rltrain.envs.wrappers import apply_wrappers
 from rltrain.errors import ConfigError, close_matches
 
-_EXTRAS = {"Box2D": "box2d", "box2d": "box2d", "mujoco": "mujoco", "pygame": "box2d"}
+# id namespace -> (module that registers it, pip extra of rltrain that installs it)
+NAMESPACES: dict[str, tuple[str, str]] = {"ALE": ("ale_py", "atari"), "MinAtar": ("minatar.gym", "minatar")}
+# a top-level package (or a word in a DependencyNotInstalled message) -> rltrain extra
+_EXTRAS = {"ale_py": "atari", "opencv": "atari", "cv2": "atari", "minatar": "minatar", "mujoco": "mujoco",
+           "Box2D": "box2d", "box2d": "box2d", "pygame": "box2d"}
 
 
-def make_env(env_id: str, kwargs: dict[str, Any] | None = None, *, max_episode_steps: int | None = None,
-             render_mode: str | None = None) -> gym.Env:
-    """Build one env from a registered id or an import path ``package.module:ClassOrFactory``."""
+def make_env(env_id: str, kwargs: dict[str, Any] | None = None, *, wrappers: list | tuple | None = None,
+             max_episode_steps: int | None = None, render_mode: str | None = None) -> gym.Env:
+    """Build one env (see the module docstring for ``env_id``), then apply ``env.wrappers`` in order."""
     kwargs = dict(kwargs or {})
     if render_mode is not None:
         kwargs["render_mode"] = render_mode
-    if ":" in env_id and env_id.split(":", 1)[0] and "/" not in env_id.split(":", 1)[0]:
-        env = _make_from_import_path(env_id, kwargs)
-        if max_episode_steps:
-            env = gym.wrappers.TimeLimit(env, max_episode_steps)
-        return env
+    try:
+        env = _make_base(env_id, kwargs, max_episode_steps)
+        return apply_wrappers(env, wrappers) if wrappers else env
+    except gym.error.DependencyNotInstalled as err:  # from gymnasium, a wrapper or a user factory
+        raise ConfigError(f"env.id={env_id} needs a package that is not installed: "
+                          f"{_install_hint(str(err))}") from None
+
+
+def _make_base(env_id: str, kwargs: dict[str, Any], max_episode_steps: int | None) -> gym.Env:
+    module_name, sep, name = env_id.partition(":")
+    if sep and module_name and "/" not in module_name:
+        module = _import(module_name, env_id)
+        if name in gym.registry:
+            return _gym_make(name, kwargs, max_episode_steps)
+        if "/" in name or not hasattr(module, name):  # an env id never registered, or a missing factory
+            raise ConfigError(f"env.id={env_id}: {module_name!r} registers no env {name!r} and has no "
+                              f"factory {name!r}{close_matches(name, gym.registry.keys())}")
+        env = _call_factory(getattr(module, name), env_id, kwargs)
+        return gym.wrappers.TimeLimit(env, max_episode_steps) if max_episode_steps else env
+    _register_namespace(env_id)
     if env_id not in gym.registry:
         raise ConfigError(f"env.id: unknown Gymnasium env {env_id!r}{close_matches(env_id, gym.registry.keys())}"
-                          " (or give an import path 'package.module:ClassOrFactory')")
+                          " (or give 'module:EnvId' or an import path 'package.module:Factory')")
+    return _gym_make(env_id, kwargs, max_episode_steps)
+
+
+def _register_namespace(env_id: str) -> None:
+    """Import the package behind a known namespace (``ALE/`` -> ale_py) so its ids are registered."""
+    namespace = env_id.split("/", 1)[0] if "/" in env_id else None
+    if namespace not in NAMESPACES or any(key.startswith(f"{namespace}/") for key in gym.registry):
+        return  # not ours, or registered already (registering twice makes Gymnasium warn per id)
+    module_name, extra = NAMESPACES[namespace]
     try:
-        extra = {"max_episode_steps": max_episode_steps} if max_episode_steps else {}
+        module = importlib.import_module(module_name)
+    except ImportError:
+        package = module_name.split(".")[0]
+        raise ConfigError(f"env.id={env_id} needs {package}: pip install 'rltrain[{extra}]'") from None
+    if callable(getattr(module, "register_envs", None)):  # minatar registers on request, ale_py on import
+        module.register_envs()
+
+
+def _import(module_name: str, env_id: str):
+    try:
+        return importlib.import_module(module_name)
+    except ImportError as err:
+        top = (getattr(err, "name", None) or module_name).split(".")[0]
+        hint = f": pip install 'rltrain[{_EXTRAS[top]}]'" if top in _EXTRAS else f" ({err}); install it"
+        raise ConfigError(f"env.id={env_id}: cannot import {module_name!r}{hint}") from None
+
+
+def _gym_make(env_id: str, kwargs: dict[str, Any], max_episode_steps: int | None) -> gym.Env:
+    extra = {"max_episode_steps": max_episode_steps} if max_episode_steps else {}
+    try:
         return gym.make(env_id, disable_env_checker=True, **extra, **kwargs)
-    except gym.error.DependencyNotInstalled as err:
-        hint = next((f"pip install 'rltrain[{v}]'" for k, v in _EXTRAS.items() if k in str(err)), str(err))
-        raise ConfigError(f"env.id={env_id} needs an extra that is not installed: {hint}") from None
     except TypeError as err:
         raise ConfigError(f"env.kwargs for {env_id}: {err}") from None
 
 
-def _make_from_import_path(env_id: str, kwargs: dict[str, Any]) -> gym.Env:
-    module_name, _, attr = env_id.partition(":")
-    try:
-        factory = getattr(importlib.import_module(module_name), attr)
-    except (ImportError, AttributeError) as err:
-        raise ConfigError(f"env.id: cannot import {env_id!r}: {err}") from None
+def _call_factory(factory, env_id: str, kwargs: dict[str, Any]) -> gym.Env:
     try:
         env = factory(**kwargs)
     except TypeError as err:
         raise ConfigError(f"env.kwargs for {env_id}: {err}") from None
+    except ImportError as err:  # a factory importing an optional simulator
+        raise ConfigError(f"env.id={env_id} needs a package that is not installed: "
+                          f"{_install_hint(str(err))}") from None
     if not isinstance(env, gym.Env):
         raise ConfigError(f"env.id: {env_id!r} returned {type(env).__name__}, not a gymnasium.Env")
     return env
@@ -75,6 +126,12 @@ def _describe_obs(space: gym.Space) -> ObsSpace:
         parts = tuple((str(k), _describe_obs(sub)) for k, sub in space.spaces.items())
         return ObsSpace("dict", (), "", parts=parts, name=str(space))
     return ObsSpace("unsupported", (), "", name=type(space).__name__)  # Text's repr spells out its charset
+def _install_hint(message: str) -> str:
+    lowered = message.lower()
+    extra = next((v for k, v in _EXTRAS.items() if k.lower() in lowered), None)
+    if extra:
+        return f"pip install 'rltrain[{extra}]'"
+    return message.splitlines()[0] if message else "see the env's docs"
 
 
 def env_spec(env: gym.Env, env_id: str) -> EnvSpec:
@@ -94,17 +151,20 @@ def env_spec(env: gym.Env, env_id: str) -> EnvSpec:
 
 
 def make_vector_env(env_id: str, num_envs: int, seeds: list[int] | tuple[int, ...], *,
-                    kwargs: dict[str, Any] | None = None, max_episode_steps: int | None = None,
+                    kwargs: dict[str, Any] | None = None, wrappers: list | tuple | None = None,
+                    max_episode_steps: int | None = None,
                     vectorization: str = "sync") -> VecEnv | AsyncVecEnv:
-    """Build ``num_envs`` envs seeded with ``seeds``; ``vectorization`` is ``sync`` or ``async``."""
+    """Build ``num_envs`` envs seeded with ``seeds``, each wrapped by ``wrappers``; ``vectorization`` is
+    ``sync`` or ``async``."""
     if len(seeds) != num_envs:
         raise ValueError(f"need {num_envs} seeds, got {len(seeds)}")
-    fn = functools.partial(make_env, env_id, kwargs, max_episode_steps=max_episode_steps)
-    fn()  # fail fast, in this process, with a clear error
+    wrappers = list(wrappers or [])  # a plain list pickles into async workers (no OmegaConf objects)
+    fn = functools.partial(make_env, env_id, kwargs, wrappers=wrappers, max_episode_steps=max_episode_steps)
+    fn().close()  # fail fast, in this process, with a clear error
     if vectorization == "sync":
-        return VecEnv([fn] * num_envs, list(seeds))
+        return VecEnv([fn] * num_envs, list(seeds), real_scores=bool(wrappers))
     if vectorization == "async":
-        return AsyncVecEnv([fn] * num_envs, list(seeds))
+        return AsyncVecEnv([fn] * num_envs, list(seeds), real_scores=bool(wrappers))
     raise ConfigError(f"env.vectorization={vectorization!r} is not one of: sync, async")
 
 
@@ -118,11 +178,18 @@ class EnvFactory:
     vectorization: str = "sync"  # sync (one process, a plain list) | async (one subprocess per env)
     max_episode_steps: int | None = None  # None keeps the env's registered time limit
     kwargs: dict = field(default_factory=dict)  # passed to gymnasium.make / the user's factory
+    wrappers: list = field(default_factory=list)  # env.wrappers: applied in order inside every env
     solved_return: float | None = None  # the conventional "solved" score, for reference only
+
+    @property
+    def real_scores(self) -> bool:
+        """Whether episodes are scored by the game's real score (any ``env.wrappers`` list records it)."""
+        return bool(self.wrappers)
 
     def make(self, *, render_mode: str | None = None) -> gym.Env:
         """One env (evaluation, video, spec discovery)."""
-        return make_env(self.id, self.kwargs, max_episode_steps=self.max_episode_steps, render_mode=render_mode)
+        return make_env(self.id, self.kwargs, wrappers=self.wrappers, max_episode_steps=self.max_episode_steps,
+                        render_mode=render_mode)
 
     def spec(self) -> EnvSpec:
         env = self.make()
@@ -133,7 +200,7 @@ class EnvFactory:
 
     def vector(self, seeds: list[int] | tuple[int, ...], *, num_envs: int | None = None) -> VecEnv | AsyncVecEnv:
         """``num_envs`` (default ``self.num_envs``) envs seeded with ``seeds``."""
-        return make_vector_env(self.id, num_envs or self.num_envs, seeds, kwargs=self.kwargs,
+        return make_vector_env(self.id, num_envs or self.num_envs, seeds, kwargs=self.kwargs, wrappers=self.wrappers,
                                max_episode_steps=self.max_episode_steps, vectorization=self.vectorization)
 
     def record(self) -> dict:

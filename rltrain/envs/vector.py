@@ -4,6 +4,10 @@
 the observation to act on next (already reset). So every step the collector records is a real
 transition: Gymnasium 1.x's default NEXT_STEP autoreset would instead hand back one fake transition per
 episode boundary that has to be masked.
+
+Observations keep the env's dtype (uint8 frames, bool MinAtar planes, float vectors); the model converts
+and scales them. Envs built with an ``env.wrappers`` list report real game scores (see
+``rltrain.envs.wrappers``): ``pop_real_episodes`` hands them over, in (step, env) order.
 """
 
 from __future__ import annotations
@@ -18,17 +22,18 @@ import numpy as np
 class VecEnv:
     """N envs stepped in one process, in a plain list (cheaper than SyncVectorEnv), autoreset same-step."""
 
-    def __init__(self, fns: list[Callable[[], gym.Env]], seeds: list[int]):
+    def __init__(self, fns: list[Callable[[], gym.Env]], seeds: list[int], *, real_scores: bool = False):
         self.envs = [fn() for fn in fns]
         self.seeds = list(seeds)
         self.num_envs = len(self.envs)
         space = self.envs[0].observation_space
-        self._obs = np.zeros((self.num_envs, *space.shape), np.float32)
+        self._obs = np.zeros((self.num_envs, *space.shape), space.dtype or np.float32)
         self._final = np.zeros_like(self._obs)
         self._rew = np.zeros(self.num_envs, np.float32)
         self._term = np.zeros(self.num_envs, bool)
         self._trunc = np.zeros(self.num_envs, bool)
         self._discrete = isinstance(self.envs[0].action_space, gym.spaces.Discrete)
+        self._real: list[tuple[int, float, int]] | None = [] if real_scores else None
 
     def reset(self) -> np.ndarray:
         for i, env in enumerate(self.envs):
@@ -40,8 +45,11 @@ class VecEnv:
         """actions [N, ...] -> (obs to act on [N,...], reward [N], terminated [N], truncated [N], true next obs [N,...])."""
         obs, final, rew, term, trunc = self._obs, self._final, self._rew, self._term, self._trunc
         acts = actions.tolist() if self._discrete else actions
+        real = self._real
         for i, env in enumerate(self.envs):
-            o, r, te, tr, _ = env.step(acts[i])
+            o, r, te, tr, info = env.step(acts[i])
+            if real is not None and "real_score" in info:
+                real.append((i, info["real_score"], info["real_length"]))
             final[i] = o
             rew[i] = r
             term[i] = te
@@ -50,6 +58,14 @@ class VecEnv:
                 o, _ = env.reset()
             obs[i] = o
         return obs.copy(), rew.copy(), term.copy(), trunc.copy(), final.copy()
+
+    def pop_real_episodes(self) -> list[tuple[int, float, int]] | None:
+        """(env index, real game score, length in steps) of the games that ended since the last call, or
+        None when the envs do not report real scores (no ``env.wrappers``: the rewards are the score)."""
+        if self._real is None:
+            return None
+        done, self._real = self._real, []
+        return done
 
     def get_state(self) -> bytes | None:
         """Pickled envs (mid-episode state + RNGs) so a resume continues the same trajectories."""
@@ -70,26 +86,44 @@ class VecEnv:
 class AsyncVecEnv:
     """Gymnasium's AsyncVectorEnv (one subprocess per env) adapted to the ``VecEnv`` interface."""
 
-    def __init__(self, fns: list[Callable[[], gym.Env]], seeds: list[int], context: str | None = None):
+    def __init__(self, fns: list[Callable[[], gym.Env]], seeds: list[int], context: str | None = None, *,
+                 real_scores: bool = False):
         from gymnasium.vector import AsyncVectorEnv, AutoresetMode
 
         self.venv = AsyncVectorEnv(fns, autoreset_mode=AutoresetMode.SAME_STEP, context=context)
         self.seeds = list(seeds)
         self.num_envs = len(seeds)
+        self._real: list[tuple[int, float, int]] | None = [] if real_scores else None
 
     def reset(self) -> np.ndarray:
         self.venv.action_space.seed(self.seeds[0])
         obs, _ = self.venv.reset(seed=self.seeds)
-        return obs.astype(np.float32)
+        return obs
 
     def step(self, actions: np.ndarray):
         obs, rew, term, trunc, info = self.venv.step(actions)
-        final = obs.astype(np.float32, copy=True)
+        final = obs.copy()
         done = term | trunc
         if done.any():
             for i in np.flatnonzero(done):
                 final[i] = info["final_obs"][i]
-        return obs.astype(np.float32), rew.astype(np.float32), term, trunc, final
+        if self._real is not None:
+            self._gather_real(info, done)
+        return obs, rew.astype(np.float32), term, trunc, final
+
+    def _gather_real(self, info: dict, done: np.ndarray) -> None:
+        """Same-step autoreset puts a finished episode's step info under ``final_info`` (the top level then
+        holds the reset's info); a score reported on a later step sits at the top level."""
+        for i in range(self.num_envs):
+            src = info.get("final_info", {}) if done[i] else info
+            if "real_score" in src and src["_real_score"][i]:
+                self._real.append((i, float(src["real_score"][i]), int(src["real_length"][i])))
+
+    def pop_real_episodes(self) -> list[tuple[int, float, int]] | None:
+        if self._real is None:
+            return None
+        done, self._real = self._real, []
+        return done
 
     def get_state(self) -> bytes | None:
         return None

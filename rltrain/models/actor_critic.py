@@ -56,7 +56,7 @@ class ActorCritic(Policy):
 
     def forward(self, obs: Tensor) -> tuple[Tensor, Tensor]:
         """obs [B, *obs_shape] -> (logits or Gaussian mean [B, A], value [B])."""
-        out, value = self.nets(self.obs_norm(obs.flatten(1)))
+        out, value = self.nets(self.obs_norm(obs.flatten(1).float()))  # uint8 / bool obs arrive as they are
         return out, value.squeeze(-1)
 
     def act(self, obs: Tensor, *, deterministic: bool = False,

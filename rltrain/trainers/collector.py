@@ -68,6 +68,9 @@ class RolloutCollector:
         else:
             self._collect_torch(random_actions, obs_buf, act_buf, logp_buf, rew_buf, term_buf, trunc_buf, next_buf)
         ep_returns, ep_lengths = self._episode_stats(rew_buf, term_buf | trunc_buf)
+        real = self.venv.pop_real_episodes()
+        if real is not None:  # env.wrappers: the game's score (unclipped, all lives), not the learner's rewards
+            ep_returns, ep_lengths = [score for _, score, _ in real], [length for _, _, length in real]
         self.episodes += len(ep_returns)
         self.recent_returns.extend(ep_returns)
         self.recent_lengths.extend(ep_lengths)

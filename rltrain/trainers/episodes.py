@@ -20,11 +20,14 @@ from rltrain.errors import ConfigError
 
 def evaluate(policy: Policy, make_env: Callable[..., gym.Env], *, episodes: int, eval_seed: int,
              deterministic: bool = True, device: torch.device | None = None, video_dir: Path | None = None,
-             max_parallel: int = 16) -> np.ndarray:
+             max_parallel: int = 16, real_scores: bool = False) -> np.ndarray:
     """Run ``episodes`` full episodes on envs from ``make_env(render_mode=...)``; returns their returns
     [episodes] (float64), episode j from seed ``eval_seed + j``. Up to ``max_parallel`` episodes run side by
     side and act as one batch (one forward pass per step instead of one per episode: evaluation was a third of
-    a CartPole solve's wall time); with a video, one env records every episode in turn."""
+    a CartPole solve's wall time); with a video, one env records every episode in turn.
+
+    ``real_scores`` (an ``env.wrappers`` list is applied): an episode is a whole game, scored by the
+    unclipped ``info["real_score"]`` (envs/wrappers.py), not a learning episode that a life loss ended."""
     device = device or torch.device("cpu")
     width = 1 if video_dir is not None else max(1, min(episodes, max_parallel))
     envs = []
@@ -56,10 +59,12 @@ def evaluate(policy: Policy, make_env: Callable[..., gym.Env], *, episodes: int,
                 still = []
                 for k, i in enumerate(active):
                     action = actions[k] if low is None else np.clip(actions[k], low, high)
-                    o, rew, term, trunc, _ = envs[i].step(action.item() if action.ndim == 0 else action)
+                    o, rew, term, trunc, info = envs[i].step(action.item() if action.ndim == 0 else action)
                     totals[i] += float(rew)
-                    if term or trunc:
-                        returns[episode_of[i]], totals[i] = totals[i], 0.0
+                    if real_scores and (term or trunc) and "real_score" not in info:
+                        o, _ = envs[i].reset()  # a learning episode (a life) ended, the game goes on
+                    elif term or trunc or "real_score" in info:  # with env.wrappers: the real game score
+                        returns[episode_of[i]], totals[i] = info.get("real_score", totals[i]), 0.0
                         if started == episodes:
                             continue  # this env is done
                         o, _ = envs[i].reset(seed=eval_seed + started)

@@ -273,7 +273,8 @@ class TrainLoop:
         ev = self.s.eval
         video = self.run_dir / "videos" if final and ev.video else None
         rets = evaluate(self.algo.policy, self.s.env.make, episodes=ev.episodes, eval_seed=self.seeds.eval_seed,
-                        deterministic=ev.deterministic, device=self.device, video_dir=video)
+                        deterministic=ev.deterministic, device=self.device, video_dir=video,
+                        real_scores=self.s.env.real_scores)
         mean, std = float(rets.mean()), float(rets.std())
         self.last_eval = (mean, std)
         if mean > self.best_eval:

@@ -1,0 +1,213 @@
+"""The ``env.wrappers`` list and rltrain's own Atari wrappers.
+
+``env.wrappers`` is an ordered list applied inside every env (first entry innermost), so the sync and
+async vector backends, evaluation envs and actor processes all see the same env. Each entry is a name or
+``{name: {kwargs}}``; a name is one of ours (``FireReset``, ``EpisodicLife``, ``SignReward``), a class of
+``gymnasium.wrappers`` (``AtariPreprocessing``, ``FrameStackObservation``, ``ClipReward``, ...) or an
+import path ``package.module:Wrapper``.
+
+The real game score. Learning wrappers change what the agent sees as an episode and a reward:
+``EpisodicLife`` ends an episode at every life loss and ``SignReward`` clips rewards to {-1, 0, 1}
+(Mnih et al. 2015, "Human-level control through deep RL", Methods). The score that rltrain logs,
+evaluates and stops on must still be the game's: unclipped and summed over all lives, as CleanRL and SB3
+report it. So whenever a wrapper list is given, ``make_env`` puts a ``ScoreRecorder`` directly around the
+raw env (below every wrapper: it sees raw rewards and only real game ends) and a ``ScoreReport``
+outermost, which puts ``info["real_score"]`` (float) and ``info["real_length"]`` (agent steps) into the
+step at which a real game ended. ``VecEnv.pop_real_episodes`` gathers them for the collector.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections import deque
+from collections.abc import Mapping
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+
+from rltrain.errors import ConfigError, close_matches
+
+
+class ScoreRecorder(gym.Wrapper):
+    """Innermost: sums the raw reward of each real game (all lives) and queues it when the game ends."""
+
+    def __init__(self, env: gym.Env):
+        super().__init__(env)
+        self.score = 0.0
+        self.finished: deque[float] = deque()  # scores of games that ended and were not reported yet
+
+    def reset(self, **kwargs):
+        self.score = 0.0  # only a real reset reaches this wrapper: EpisodicLife steps instead
+        return self.env.reset(**kwargs)
+
+    def step(self, action):
+        obs, reward, terminated, truncated, info = self.env.step(action)
+        self.score += float(reward)
+        if terminated or truncated:
+            self.finished.append(self.score)
+            self.score = 0.0
+        return obs, reward, terminated, truncated, info
+
+
+class ScoreReport(gym.Wrapper):
+    """Outermost: reports the recorder's finished games in ``info`` and counts their length in agent steps.
+
+    A game can end inside an outer wrapper's reset (a no-op step of ``EpisodicLife``); reset infos are
+    not read by the vector envs, so such a score is reported at the next step instead (one per step).
+    """
+
+    def __init__(self, env: gym.Env, recorder: ScoreRecorder):
+        super().__init__(env)
+        self.recorder = recorder
+        self.length = 0
+
+    def reset(self, **kwargs):
+        obs, info = self.env.reset(**kwargs)
+        if kwargs.get("seed") is not None:  # a reseed starts a fresh game: drop any unreported score
+            self.recorder.finished.clear()
+            self.length = 0
+        return obs, info
+
+    def step(self, action):
+        obs, reward, terminated, truncated, info = self.env.step(action)
+        self.length += 1
+        if self.recorder.finished:
+            info = {**info, "real_score": self.recorder.finished.popleft(), "real_length": self.length}
+            self.length = 0
+        return obs, reward, terminated, truncated, info
+
+
+class SignReward(gym.RewardWrapper):
+    """Reward -> sign(reward) in {-1, 0, 1}: one learning rate for every game (Mnih et al. 2015, Methods)."""
+
+    def reward(self, reward):
+        return float(np.sign(reward))
+
+
+def _ale(env: gym.Env, wrapper: str):
+    ale = getattr(env.unwrapped, "ale", None)
+    if ale is None:
+        raise ConfigError(f"env.wrappers: {wrapper} needs an ALE (Atari) env, got "
+                          f"{type(env.unwrapped).__name__}; remove it from env.wrappers")
+    return ale
+
+
+class FireReset(gym.Wrapper):
+    """Presses FIRE after every reset in games that need it to start (Breakout launches the ball on FIRE).
+
+    Without it a policy can idle for the whole episode without seeing play (baselines' FireResetEnv).
+    A game whose action set has no FIRE passes through unchanged.
+    """
+
+    def __init__(self, env: gym.Env):
+        super().__init__(env)
+        _ale(env, "FireReset")
+        meanings = env.unwrapped.get_action_meanings()
+        self.fire = meanings.index("FIRE") if "FIRE" in meanings else None
+
+    def reset(self, **kwargs):
+        obs, info = self.env.reset(**kwargs)
+        if self.fire is None:
+            return obs, info
+        obs, _, terminated, truncated, info = self.env.step(self.fire)
+        if terminated or truncated:
+            obs, info = self.env.reset(**kwargs)
+        return obs, info
+
+
+class EpisodicLife(gym.Wrapper):
+    """Ends the learning episode at each life loss; the game itself resets only at game over.
+
+    A lost life then costs the value of the remaining game, which speeds up learning (Mnih et al. 2015,
+    Methods). Resets between lives step a no-op instead of resetting, so the game (and its score, see
+    ``ScoreRecorder``) carries on.
+    """
+
+    def __init__(self, env: gym.Env):
+        super().__init__(env)
+        self.ale = _ale(env, "EpisodicLife")
+        self.lives = 0
+        self.real_done = True
+
+    def step(self, action):
+        obs, reward, terminated, truncated, info = self.env.step(action)
+        self.real_done = terminated or truncated
+        lives = self.ale.lives()
+        if 0 < lives < self.lives:
+            terminated = True
+        self.lives = lives
+        return obs, reward, terminated, truncated, info
+
+    def reset(self, **kwargs):
+        if self.real_done or kwargs.get("seed") is not None:
+            obs, info = self.env.reset(**kwargs)
+        else:
+            obs, _, terminated, truncated, info = self.env.step(0)  # action 0 is NOOP in every ALE game
+            if terminated or truncated:
+                obs, info = self.env.reset(**kwargs)
+        self.real_done = False
+        self.lives = self.ale.lives()
+        return obs, info
+
+
+OURS: dict[str, type[gym.Wrapper]] = {"FireReset": FireReset, "EpisodicLife": EpisodicLife,
+                                      "SignReward": SignReward}
+
+
+def _gymnasium_wrappers() -> dict[str, type]:
+    return {name: cls for name in dir(gym.wrappers) if name[:1].isupper()
+            and isinstance(cls := getattr(gym.wrappers, name), type) and issubclass(cls, gym.Wrapper)}
+
+
+def parse_entry(entry: Any) -> tuple[str, dict[str, Any]]:
+    """``"Name"`` or ``{"Name": {kwargs}}`` -> (name, kwargs)."""
+    if isinstance(entry, str):
+        return entry, {}
+    if isinstance(entry, Mapping) and len(entry) == 1:
+        name, kwargs = next(iter(entry.items()))
+        if kwargs is None:
+            return str(name), {}
+        if isinstance(kwargs, Mapping):
+            return str(name), {str(k): v for k, v in kwargs.items()}
+    raise ConfigError(f"env.wrappers: entry {entry!r} is not a name or {{name: {{kwargs}}}}; "
+                      "write e.g. [AtariPreprocessing, {FrameStackObservation: {stack_size: 4}}]")
+
+
+def resolve_wrapper(name: str) -> type:
+    """A wrapper class by our name, Gymnasium's class name or an import path ``package.module:Wrapper``."""
+    if name in OURS:
+        return OURS[name]
+    known = _gymnasium_wrappers()
+    if name in known:
+        return known[name]
+    if ":" not in name:
+        raise ConfigError(f"env.wrappers: unknown wrapper {name!r}{close_matches(name, [*OURS, *known])} "
+                          "(or give an import path 'package.module:Wrapper')")
+    module_name, _, attr = name.partition(":")
+    try:
+        return getattr(importlib.import_module(module_name), attr)
+    except (ImportError, AttributeError) as err:
+        raise ConfigError(f"env.wrappers: cannot import {name!r}: {err}") from None
+
+
+def apply_wrappers(env: gym.Env, entries: list[Any] | tuple[Any, ...]) -> gym.Env:
+    """Wrap ``env`` with ``entries`` in order (first innermost) between a score recorder and its report."""
+    recorder = ScoreRecorder(env)
+    env = recorder
+    for entry in entries:
+        name, kwargs = parse_entry(entry)
+        cls = resolve_wrapper(name)
+        try:
+            env = cls(env, **kwargs)
+        except TypeError as err:
+            raise ConfigError(f"env.wrappers: {name} rejected its arguments {kwargs}: {err}") from None
+        except gym.error.DependencyNotInstalled:
+            raise  # make_env names the pip extra
+        except (ValueError, AssertionError, gym.error.Error) as err:
+            frame_skip = "frame-skip" in str(err)  # AtariPreprocessing on an env that skips frames itself
+            fix = "set env.kwargs.frameskip=1" if frame_skip else "check env.kwargs and its arguments"
+            target = env.spec.id if env.spec else type(env.unwrapped).__name__
+            raise ConfigError(f"env.wrappers: {name}({kwargs}) cannot wrap {target}: "
+                              f"{' '.join(str(err).split())}; {fix}") from None
+    return ScoreReport(env, recorder)
