@@ -1,5 +1,5 @@
 """Every algorithm: act() shapes, one learn() on a synthetic rollout, bitwise checkpoint round trips,
-build-time action-space checks, the Sync hook, and the replay buffer."""
+build-time action-space checks and the Sync hook (the replay buffer: tests/test_replay.py)."""
 
 from __future__ import annotations
 
@@ -15,7 +15,6 @@ from rltrain.algos.dqn import DQN
 from rltrain.algos.impala import IMPALA
 from rltrain.algos.ppo import PPO
 from rltrain.algos.sac import SAC
-from rltrain.data.replay import ReplayBuffer
 from rltrain.data.structs import EnvSpec, Rollout
 from rltrain.errors import ConfigError
 
@@ -189,26 +188,6 @@ def test_dqn_epsilon_schedule_and_warmup():
     assert algo.learn(synthetic_rollout(algo, CARTPOLE), progress=0.25)["train/epsilon"] == pytest.approx(0.55)
     assert "loss/q" not in algo.learn(synthetic_rollout(algo, CARTPOLE), progress=0.25)  # 48 < 50 steps
     assert algo.learn(synthetic_rollout(algo, CARTPOLE), progress=0.9)["train/epsilon"] == pytest.approx(0.1)
-
-
-def test_replay_buffer_ring():
-    buf = ReplayBuffer(5, (2,), (), np.dtype(np.int64), device=CPU)
-    for i in range(7):
-        buf.add(np.full((1, 2), i, np.float32), np.array([i]), np.array([i], np.float32),
-                np.full((1, 2), i + 1, np.float32), np.array([i == 6], np.float32))
-    assert len(buf) == 5 and buf.pos == 2
-    assert sorted(buf.actions.tolist()) == [2, 3, 4, 5, 6]
-    batch = buf.sample(64)
-    assert batch.obs.shape == (64, 2) and batch.actions.shape == (64,)
-    assert torch.equal(batch.next_obs[:, 0], batch.obs[:, 0] + 1)
-    assert torch.equal(batch.terminated, (batch.actions == 6).float())
-    big = np.arange(12)
-    buf.add(np.zeros((12, 2), np.float32), big, np.zeros(12, np.float32), np.zeros((12, 2), np.float32),
-            np.zeros(12, np.float32))
-    assert sorted(buf.actions.tolist()) == [7, 8, 9, 10, 11]
-    other = ReplayBuffer(5, (2,), (), np.dtype(np.int64), device=CPU)
-    other.load_state_dict(_roundtrip(buf.state_dict()))
-    assert np.array_equal(other.actions, buf.actions) and other.pos == buf.pos and len(other) == 5
 
 
 def test_on_policy_learners_share_one_model_and_checkpoint_layout():

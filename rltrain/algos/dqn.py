@@ -65,7 +65,7 @@ class DQN(Algorithm):
         sync: Sync | None = None,
         rollout_len: int = 1,  # steps per env between two learn() calls
         lr: float = 2.5e-4,  # Adam learning rate
-        buffer_size: int = 10_000,  # replay capacity (transitions)
+        buffer_size: int = 10_000,  # replay capacity in observations (one per transition + one per episode end)
         batch_size: int = 128,
         gamma: float = 0.99,
         tau: float = 1.0,  # target update rate: 1.0 = hard copy, < 1 = Polyak averaging
@@ -81,6 +81,7 @@ class DQN(Algorithm):
         hidden_sizes: Sequence[int] = (120, 84),
         activation: str = "relu",
         checkpoint_buffer: bool = False,  # put the replay buffer into state_dict (checkpoint.replay_buffer)
+        frame_stack: int | None = None,  # K: observations are K-frame stacks; the buffer stores each frame once
     ):
         super().__init__(spec, num_envs=num_envs, device=device, sync=sync)
         for key, value in [("algo.rollout_len", rollout_len), ("algo.lr", lr), ("algo.batch_size", batch_size),
@@ -88,6 +89,7 @@ class DQN(Algorithm):
                            ("algo.train_frequency", train_frequency), ("algo.gradient_steps", gradient_steps),
                            ("algo.exploration_fraction", exploration_fraction)]:
             positive(key, value)
+        positive("algo.buffer_size", buffer_size)
         positive("algo.learning_starts", learning_starts, allow_zero=True)
         if not 0 <= end_e <= 1 or not 0 <= start_e <= 1 or tau > 1:
             raise ConfigError(f"algo.start_e={start_e}, algo.end_e={end_e} must lie in [0, 1] and "
@@ -103,7 +105,11 @@ class DQN(Algorithm):
         self.target = copy.deepcopy(self.policy).requires_grad_(False)
         self.params = list(self.policy.parameters())
         self.optimizer = make_adam(self.params, lr, eps=1e-8)
-        self.buffer = ReplayBuffer(buffer_size, spec.obs_shape, spec.action_shape, spec.action_dtype, device=device)
+        # observations keep their dtype in the buffer (EnvSpec.obs_dtype where the spec has one; float32 is
+        # what the collector writes otherwise); frame stacks are stored one frame per step
+        self.buffer = ReplayBuffer(buffer_size, spec.obs_shape, spec.action_shape, spec.action_dtype, device=device,
+                                   obs_dtype=getattr(spec, "obs_dtype", np.dtype(np.float32)),
+                                   frame_stack=frame_stack)
         # counters in env steps over all workers; checkpointed so resume keeps the schedules
         self.env_steps = 0
         self.pending_updates = 0.0  # rounds of updates owed (train_frequency may not divide the batch)
@@ -119,7 +125,7 @@ class DQN(Algorithm):
         frac = min(progress / self.exploration_fraction, 1.0)
         self.policy.epsilon.fill_(self.start_e + frac * (self.end_e - self.start_e))
         metrics: Metrics = {"train/epsilon": float(self.policy.epsilon)}
-        if self.env_steps < self.learning_starts or len(self.buffer) < self.batch_size:
+        if self.env_steps < self.learning_starts or self.buffer.ready < self.batch_size:
             return metrics
 
         self.pending_updates += rollout.num_steps * self.sync.world_size / self.train_frequency
@@ -144,16 +150,18 @@ class DQN(Algorithm):
     def _update(self) -> Tensor:
         """One TD step on a uniform minibatch; returns detached [td_loss, mean Q(s, a)]."""
         b = self.buffer.sample(self.batch_size)
+        # the buffer hands observations out in their stored dtype; these MLPs take float
+        obs, next_obs = b.obs.float(), b.next_obs.float()
         with torch.no_grad():
-            next_q_target = self.target(b.next_obs)
+            next_q_target = self.target(next_obs)
             if self.double_dqn:
                 # Double DQN: the online net picks a', the target net values it (reduces overestimation)
-                next_a = self.policy(b.next_obs).argmax(-1, keepdim=True)
+                next_a = self.policy(next_obs).argmax(-1, keepdim=True)
                 next_q = next_q_target.gather(-1, next_a).squeeze(-1)
             else:
                 next_q = next_q_target.max(-1).values
             td_target = b.rewards + self.gamma * next_q * (1.0 - b.terminated)
-        q = self.policy(b.obs).gather(-1, b.actions.long().unsqueeze(-1)).squeeze(-1)
+        q = self.policy(obs).gather(-1, b.actions.long().unsqueeze(-1)).squeeze(-1)
         loss = F.mse_loss(q, td_target)
         self.optimizer.zero_grad(set_to_none=True)
         loss.backward()

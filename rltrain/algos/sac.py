@@ -87,7 +87,7 @@ class SAC(Algorithm):
         device: torch.device,
         sync: Sync | None = None,
         rollout_len: int = 1,  # steps per env between two learn() calls
-        buffer_size: int = 1_000_000,  # replay capacity (transitions)
+        buffer_size: int = 1_000_000,  # replay capacity in observations (one per transition + one per episode end)
         batch_size: int = 256,
         gamma: float = 0.99,
         tau: float = 0.005,  # Polyak rate of the target critics
@@ -110,6 +110,7 @@ class SAC(Algorithm):
                            ("algo.train_frequency", train_frequency), ("algo.gradient_steps", gradient_steps),
                            ("algo.policy_frequency", policy_frequency)]:
             positive(key, value)
+        positive("algo.buffer_size", buffer_size)
         positive("algo.learning_starts", learning_starts, allow_zero=True)
         if tau > 1 or not hidden_sizes:
             raise ConfigError(f"algo.tau={tau} must lie in (0, 1] and algo.hidden_sizes must not be empty")
@@ -134,7 +135,9 @@ class SAC(Algorithm):
         self.target_entropy = -target_entropy_scale * float(np.prod(spec.action_shape))
         self.log_alpha = torch.tensor(math.log(alpha), device=device, requires_grad=autotune)
         self.alpha_optimizer = make_adam([self.log_alpha], q_lr, eps=1e-8)
-        self.buffer = ReplayBuffer(buffer_size, spec.obs_shape, spec.action_shape, spec.action_dtype, device=device)
+        # observations keep their dtype in the buffer (EnvSpec.obs_dtype where the spec has one)
+        self.buffer = ReplayBuffer(buffer_size, spec.obs_shape, spec.action_shape, spec.action_dtype, device=device,
+                                   obs_dtype=getattr(spec, "obs_dtype", np.dtype(np.float32)))
         self.env_steps = 0
         self.pending_updates = 0.0
         self.critic_steps = 0
@@ -145,7 +148,7 @@ class SAC(Algorithm):
     def learn(self, rollout: Rollout, *, progress: float) -> Metrics:
         self.buffer.add_rollout(rollout)
         self.env_steps += rollout.num_steps * self.sync.world_size
-        if self.env_steps < self.learning_starts or len(self.buffer) < self.batch_size:
+        if self.env_steps < self.learning_starts or self.buffer.ready < self.batch_size:
             return {}
         self.pending_updates += rollout.num_steps * self.sync.world_size / self.train_frequency
         rounds = int(self.pending_updates)
@@ -160,14 +163,15 @@ class SAC(Algorithm):
     def _update(self) -> Tensor:
         """One SAC step; returns detached [q_loss, actor_loss, alpha_loss, alpha, entropy, mean Q]."""
         b = self.buffer.sample(self.batch_size)
+        obs, next_obs = b.obs.float(), b.next_obs.float()  # stored dtype -> what these MLPs take
         alpha = self.log_alpha.detach().exp()
 
         # 1. Critics: soft Bellman target from the clipped double-Q of the target nets.
         with torch.no_grad():
-            next_a, next_logp = self.policy.sample(b.next_obs)
-            min_next_q = torch.min(self.qf1_target(b.next_obs, next_a), self.qf2_target(b.next_obs, next_a))
+            next_a, next_logp = self.policy.sample(next_obs)
+            min_next_q = torch.min(self.qf1_target(next_obs, next_a), self.qf2_target(next_obs, next_a))
             target = b.rewards + self.gamma * (1.0 - b.terminated) * (min_next_q - alpha * next_logp)
-        q1, q2 = self.qf1(b.obs, b.actions), self.qf2(b.obs, b.actions)
+        q1, q2 = self.qf1(obs, b.actions), self.qf2(obs, b.actions)
         q_loss = F.mse_loss(q1, target) + F.mse_loss(q2, target)
         self.q_optimizer.zero_grad(set_to_none=True)
         q_loss.backward()
@@ -180,8 +184,8 @@ class SAC(Algorithm):
         entropy = torch.zeros((), device=self.device)
         if self.critic_steps % self.policy_frequency == 0:
             for _ in range(self.policy_frequency):  # compensate the delay (CleanRL)
-                a, logp = self.policy.sample(b.obs)
-                min_q = torch.min(self.qf1(b.obs, a), self.qf2(b.obs, a))
+                a, logp = self.policy.sample(obs)
+                min_q = torch.min(self.qf1(obs, a), self.qf2(obs, a))
                 actor_loss = (alpha * logp - min_q).mean()
                 self.actor_optimizer.zero_grad(set_to_none=True)
                 actor_loss.backward()

@@ -1,32 +1,46 @@
-"""Preallocated ring replay buffer for the off-policy algorithms (DQN, SAC).
+"""Preallocated ring replay buffer for the off-policy algorithms (DQN, SAC): every observation stored once.
 
-Storage is numpy, allocated once at full capacity (no growth, no Python lists of transitions): ``add``
-copies a flattened rollout in with at most two slice writes, ``sample`` gathers uniform indices and hands
-tensors out through ``torch.from_numpy``. Only ``terminated`` is stored: a truncated transition keeps
-its true ``next_obs`` and bootstraps from it like any other (Pardo et al. 2018).
+A *row* holds one observation in its own dtype (uint8 pixels stay uint8: the model converts and scales)
+with the transition that starts there: action, reward, ``terminated``. The next observation is not stored
+again: ``next_gid`` names the row of the same env stream one step later. At an episode end that row would
+hold the reset observation, so the true final observation gets a row of its own (``final``, never sampled
+itself): truncated transitions bootstrap from it (Pardo et al. 2018), terminated ones do not bootstrap.
+``algo.buffer_size`` therefore counts observations: one per transition plus one per episode end.
 
-The buffer can travel in checkpoints (``checkpoint.replay_buffer=true``): ``state_dict`` holds only the
-filled part, so a checkpoint costs what the buffer holds, not its capacity.
+Rollouts arrive time-major ``[T, N]``. The last step of a rollout finds its successor in the next rollout
+of the same env stream (``Rollout.env_ids``, or the column index); the link is made only when that
+rollout's first observation equals the previous rollout's last ``next_obs``, so a stream whose envs were
+reset in between (a restarted actor, a resume without env state) starts afresh instead of inventing a
+transition. Until its successor has arrived a row is not sampled.
+
+Rows carry global ids (``gid`` = rows written before it, slot ``gid % capacity``): a link to a row the
+ring has overwritten is recognised as dead (``gid < written - capacity``) without touching the linking row.
+With ``frame_stack=K`` only each stack's newest frame is stored and stacks are rebuilt on sampling
+(see ``rltrain.data.frames``). ``add`` is a few slice writes, ``sample`` a few gathers.
 """
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 import numpy as np
 import torch
 from torch import Tensor
 
+from rltrain.data import frames
 from rltrain.data.structs import Rollout
 from rltrain.errors import ConfigError
+
+_GIB = 2**30
 
 
 @dataclass
 class Batch:
     """A sampled minibatch of B transitions (tensors on the learner's device).
 
-    obs [B, *obs_shape], actions [B, *action_shape], rewards [B], next_obs [B, *obs_shape],
-    terminated [B] float32 (1.0 = no bootstrap)
+    obs [B, *obs_shape] and next_obs [B, *obs_shape] in the stored dtype, actions [B, *action_shape],
+    rewards [B] float32, terminated [B] float32 (1.0 = no bootstrap)
     """
 
     obs: Tensor
@@ -36,70 +50,255 @@ class Batch:
     terminated: Tensor
 
 
-class ReplayBuffer:
-    """Uniform-sampling ring buffer of single transitions."""
+def available_memory() -> int:
+    """Bytes the kernel can hand out without swapping (MemAvailable), or free physical pages elsewhere."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
 
-    FIELDS = ("obs", "actions", "rewards", "next_obs", "terminated")
+
+def row_bytes(row_shape: tuple[int, ...], obs_dtype: np.dtype, action_shape: tuple[int, ...],
+              action_dtype: np.dtype, *, frame_stack: int | None) -> dict[str, int]:
+    """Bytes one ring row takes, per field: the stored observation (one frame with ``frame_stack``), the
+    action, the reward, two bool flags (terminated, final) and the int64 links (next; + prev, oldest)."""
+    return {"obs": int(np.prod(row_shape)) * np.dtype(obs_dtype).itemsize,
+            "action": int(np.prod(action_shape)) * np.dtype(action_dtype).itemsize, "reward": 4, "flags": 2,
+            "links": 8 * (1 if frame_stack is None else 3)}
+
+
+class ReplayBuffer:
+    """Uniform-sampling ring of observations and the transitions that start at them."""
 
     def __init__(self, capacity: int, obs_shape: tuple[int, ...], action_shape: tuple[int, ...],
-                 action_dtype: np.dtype, *, device: torch.device):
+                 action_dtype: np.dtype, *, device: torch.device, obs_dtype: np.dtype = np.dtype(np.float32),
+                 frame_stack: int | None = None):
         if capacity <= 0:
             raise ConfigError(f"algo.buffer_size={capacity} must be > 0")
-        self.capacity, self.device = int(capacity), device
-        self.obs = np.zeros((capacity, *obs_shape), np.float32)
-        self.next_obs = np.zeros((capacity, *obs_shape), np.float32)
-        self.actions = np.zeros((capacity, *action_shape), action_dtype)
-        self.rewards = np.zeros(capacity, np.float32)
-        self.terminated = np.zeros(capacity, np.float32)
-        self.pos = 0  # next write index
-        self.size = 0  # number of valid rows
+        self.capacity, self.device, self.frame_stack = int(capacity), device, frame_stack
+        self.obs_shape, self.obs_dtype = tuple(obs_shape), np.dtype(obs_dtype)
+        row_shape = self.obs_shape if frame_stack is None else frames.frame_shape(self.obs_shape, frame_stack)
+        self.nbytes = self._preflight(row_shape, action_shape, np.dtype(action_dtype))
+        C = self.capacity
+        # np.zeros maps untouched pages lazily: memory is committed as the ring fills
+        self.obs = np.zeros((C, *row_shape), self.obs_dtype)
+        self.actions = np.zeros((C, *action_shape), action_dtype)
+        self.rewards = np.zeros(C, np.float32)
+        self.terminated = np.zeros(C, bool)
+        self.final = np.zeros(C, bool)  # the row holds an episode's final observation, not a transition
+        self.next_gid = np.zeros(C, np.int64)  # successor row; -1 until it has arrived
+        self.fields = ["obs", "actions", "rewards", "terminated", "final", "next_gid"]
+        if frame_stack is not None:
+            self.prev_gid = np.zeros(C, np.int64)  # predecessor row in the episode, or frames.START / UNKNOWN
+            self.oldest = np.zeros(C, np.int64)  # gid of the oldest frame the row's stack needs
+            self.fields += ["prev_gid", "oldest"]
+        self.written = 0  # rows ever written; the ring holds gids [written - capacity, written)
+        self.ready = 0  # transitions held whose successor has arrived (an upper bound on the sampleable)
+        self.tails: dict[int, tuple[int, np.ndarray]] = {}  # stream -> (last row, its next_obs), mid-episode
+
+    def _preflight(self, row_shape: tuple[int, ...], action_shape: tuple[int, ...], action_dtype: np.dtype) -> int:
+        """Bytes the full ring needs; refuses (one line) when that exceeds the machine's available memory."""
+        per_row = row_bytes(row_shape, self.obs_dtype, action_shape, action_dtype, frame_stack=self.frame_stack)
+        per_total = sum(per_row.values())
+        need, avail = self.capacity * per_total, available_memory()
+        if need > avail:
+            parts = " + ".join(f"{b} B {name}" for name, b in per_row.items())
+            stacked = self.frame_stack is None and len(self.obs_shape) >= 3 and 2 <= self.obs_shape[0] <= 16
+            hint = f" or store each frame once with algo.frame_stack={self.obs_shape[0]}" if stacked else ""
+            raise ConfigError(f"algo.buffer_size={self.capacity} needs {need / _GIB:.1f} GiB ({self.capacity} x "
+                              f"({parts}) = {self.capacity} x {per_total} B) but {avail / _GIB:.1f} GiB are "
+                              f"available; lower algo.buffer_size{hint}")
+        return need
 
     def __len__(self) -> int:
-        return self.size
+        """Transitions held (rows that are not final observations), whether or not sampleable yet."""
+        rows = min(self.written, self.capacity)
+        return rows - int(np.count_nonzero(self.final[:rows]))
 
+    # -- adding ------------------------------------------------------------------------------------------
     def add_rollout(self, rollout: Rollout) -> None:
-        """Append every transition of a time-major rollout ``[T, N, ...]`` (flattened to T*N rows)."""
+        """Append a time-major rollout ``[T, N]``: T*N transition rows, then one row per episode end."""
         T, N = rollout.shape
-        flat = lambda x: x.reshape(T * N, *x.shape[2:])  # noqa: E731
-        self.add(flat(rollout.obs), flat(rollout.actions), flat(rollout.rewards), flat(rollout.next_obs),
-                 flat(rollout.terminated))
+        ids = np.arange(N) if rollout.env_ids is None else np.asarray(rollout.env_ids, np.int64).reshape(N)
+        if len(np.unique(ids)) != N:
+            raise ValueError(f"Rollout.env_ids {ids.tolist()} repeats a stream id")
+        obs, next_obs = self._checked(rollout.obs), self._checked(rollout.next_obs)
+        done = np.asarray(rollout.terminated | rollout.truncated, bool)
+        base, C = self.written, self.capacity
+        gid = base + np.arange(T * N, dtype=np.int64).reshape(T, N)
+        ends_t, ends_n = np.nonzero(done)  # time-major order, matching the final rows' gids
+        final_gid = base + T * N + np.arange(len(ends_t), dtype=np.int64)
+        nxt = np.full((T, N), -1, np.int64)
+        nxt[:-1] = gid[1:]
+        nxt[ends_t, ends_n] = final_gid
+        prev0 = self._stream_heads(ids, obs[0])
+        top = base + T * N + len(ends_t)  # `written` after this add
+        regular = {"obs": obs, "actions": rollout.actions, "rewards": rollout.rewards,
+                   "terminated": rollout.terminated, "final": np.zeros((T, N), bool), "next_gid": nxt}
+        finals = {"obs": next_obs[ends_t, ends_n], "final": np.ones(len(ends_t), bool),
+                  "next_gid": np.full(len(ends_t), -1, np.int64)}
+        if self.frame_stack is not None:
+            self._stack_links(regular, finals, gid, final_gid, done, prev0, ids, next_obs)
+        self._forget(base - C, top - C)
+        self._put(base, {k: v.reshape(T * N, *v.shape[2:]) for k, v in regular.items()}, top - C)
+        self._put(base + T * N, finals, top - C)
+        self.ready += int(np.count_nonzero(nxt.reshape(-1)[max(0, top - C - base):] >= 0))
+        for n in np.flatnonzero((prev0 >= 0) & (prev0 >= top - C)):  # the previous rollout's last rows meet their successors
+            self.next_gid[prev0[n] % C] = gid[0, n]
+            self.ready += 1
+        self.written = top
+        for n, sid in enumerate(ids.tolist()):
+            if done[-1, n]:
+                self.tails.pop(sid, None)
+            else:
+                self.tails[sid] = (int(gid[-1, n]), next_obs[-1, n].astype(self.obs_dtype))
 
-    def add(self, obs: np.ndarray, actions: np.ndarray, rewards: np.ndarray, next_obs: np.ndarray,
-            terminated: np.ndarray) -> None:
-        """Append B transitions (leading dim B); the oldest rows are overwritten once full."""
-        b = obs.shape[0]
-        if b > self.capacity:  # only the newest `capacity` rows can survive
-            keep = slice(b - self.capacity, b)
-            obs, actions, rewards, next_obs, terminated = (x[keep] for x in (obs, actions, rewards, next_obs,
-                                                                              terminated))
-            b = self.capacity
-        idx = (self.pos + np.arange(b)) % self.capacity
-        self.obs[idx] = obs
-        self.actions[idx] = actions
-        self.rewards[idx] = rewards
-        self.next_obs[idx] = next_obs
-        self.terminated[idx] = terminated
-        self.pos = int((self.pos + b) % self.capacity)
-        self.size = min(self.size + b, self.capacity)
+    def _checked(self, x: np.ndarray) -> np.ndarray:
+        if x.dtype != self.obs_dtype and not np.can_cast(x.dtype, self.obs_dtype, "safe"):
+            raise ValueError(f"rollout observations are {x.dtype} but the replay buffer stores {self.obs_dtype}: "
+                             "casting would lose information")
+        return x
+
+    def _stream_heads(self, ids: np.ndarray, first_obs: np.ndarray) -> np.ndarray:
+        """[N] prev of each column's first row: the stream's last row when this rollout continues it
+        (its first observation is that row's next_obs), else frames.START / frames.UNKNOWN."""
+        prev0 = np.full(len(ids), frames.UNKNOWN, np.int64)
+        for n, sid in enumerate(ids.tolist()):
+            tail = self.tails.get(sid)
+            if tail is not None and np.array_equal(tail[1], first_obs[n]):
+                prev0[n] = tail[0]
+        if self.frame_stack is not None:  # a new stream starting with a reset-padded stack starts an episode
+            fresh = np.flatnonzero(prev0 == frames.UNKNOWN)
+            prev0[fresh[frames.padded(first_obs[fresh])]] = frames.START
+        return prev0
+
+    def _stack_links(self, regular: dict, finals: dict, gid: np.ndarray, final_gid: np.ndarray,
+                     done: np.ndarray, prev0: np.ndarray, ids: np.ndarray, next_obs: np.ndarray) -> None:
+        """Frame-stack mode: verify the rollout, keep the newest frame per row, fill prev / oldest."""
+        T, N = done.shape
+        prev = np.empty((T, N), np.int64)
+        prev[0] = prev0
+        prev[1:] = np.where(done[:-1], frames.START, gid[:-1])
+        frames.verify_rollout(regular["obs"], next_obs, done, prev == frames.START, ids)
+        ends_t, ends_n = np.nonzero(done)
+        regular["obs"] = regular["obs"][:, :, -1]
+        finals["obs"] = finals["obs"][:, -1]
+        regular["prev_gid"], finals["prev_gid"] = prev, gid[ends_t, ends_n]
+        rows = np.concatenate([gid.reshape(-1), final_gid])
+        prev_rows = np.concatenate([prev.reshape(-1), finals["prev_gid"]])
+        oldest = frames.oldest_frames(rows, prev_rows, int(gid[0, 0]), self.prev_gid,
+                                      self.written - self.capacity, self.frame_stack)
+        regular["oldest"], finals["oldest"] = oldest[: T * N].reshape(T, N), oldest[T * N:]
+
+    def _slices(self, g0: int, g1: int):
+        """(slot slice, offset) pieces covering gids [g0, g1), at most ``capacity`` of them."""
+        C, s = self.capacity, g0 % self.capacity
+        first = min(g1 - g0, C - s)
+        yield slice(s, s + first), 0
+        if g1 - g0 > first:
+            yield slice(0, g1 - g0 - first), first
+
+    def _put(self, g0: int, values: dict[str, np.ndarray], lo: int) -> None:
+        """Write rows gids g0, g0+1, ... (``values``: field -> [rows, ...]), skipping gids below ``lo``
+        (rows this same add overwrites again)."""
+        n = len(values["final"])
+        skip = max(0, lo - g0)
+        if n - skip <= 0:
+            return
+        for dst, off in self._slices(g0 + skip, g0 + n):
+            for name, v in values.items():
+                getattr(self, name)[dst] = v[skip + off: skip + off + dst.stop - dst.start]
+
+    def _forget(self, g0: int, g1: int) -> None:
+        """Rows gids [g0, g1) are about to be overwritten: drop them from ``ready``."""
+        g0, g1 = max(g0, 0), min(g1, self.written)
+        if g1 > g0:
+            for dst, _ in self._slices(g0, g1):
+                self.ready -= int(np.count_nonzero(~self.final[dst] & (self.next_gid[dst] >= 0)))
+
+    # -- sampling ----------------------------------------------------------------------------------------
+    def sampleable(self, slots: np.ndarray) -> np.ndarray:
+        """slots [B] -> [B] bool: a transition whose successor (and, with frame stacks, history) is alive."""
+        ok = ~self.final[slots] & (self.next_gid[slots] >= 0)
+        if self.frame_stack is not None:
+            ok &= self.oldest[slots] >= self.written - self.capacity
+        return ok
+
+    def _draw(self, batch_size: int) -> np.ndarray:
+        """Uniform over sampleable rows, with replacement, from numpy's global RNG (seeded, checkpointed):
+        uniform slots, the unsampleable few redrawn; a deterministic function of the RNG state."""
+        rows = min(self.written, self.capacity)
+        if rows == 0:
+            raise ValueError("cannot sample from an empty replay buffer")
+        slots = np.random.randint(0, rows, batch_size)
+        for _ in range(16):
+            bad = ~self.sampleable(slots)
+            if not bad.any():
+                return slots
+            slots[bad] = np.random.randint(0, rows, int(bad.sum()))
+        ok = np.flatnonzero(self.sampleable(np.arange(rows)))  # mostly unsampleable: draw from the list
+        if ok.size == 0:
+            raise ValueError("the replay buffer holds no transition whose successor has arrived yet")
+        bad = ~self.sampleable(slots)
+        slots[bad] = ok[np.random.randint(0, ok.size, int(bad.sum()))]
+        return slots
+
+    def _gids(self, slots: np.ndarray) -> np.ndarray:
+        top = self.written - 1
+        return top - (top - slots) % self.capacity
+
+    def _rows_obs(self, gids: np.ndarray) -> np.ndarray:
+        """gids [B] -> observations [B, *obs_shape] (stacks rebuilt from their frames)."""
+        if self.frame_stack is None:
+            return self.obs[gids % self.capacity]
+        return self.obs[frames.stack_slots(gids, self.prev_gid, self.frame_stack)]
 
     def sample(self, batch_size: int) -> Batch:
-        """Uniform sample with replacement; draws from numpy's global RNG (seeded, checkpointed)."""
-        idx = np.random.randint(0, self.size, batch_size)
-        to = lambda x: torch.from_numpy(x[idx]).to(self.device)  # noqa: E731
-        return Batch(obs=to(self.obs), actions=to(self.actions), rewards=to(self.rewards),
-                     next_obs=to(self.next_obs), terminated=to(self.terminated))
+        """Uniform sample with replacement of B transitions; observations keep their stored dtype."""
+        return self.batch(self._draw(batch_size))
 
-    # -- checkpoints ------------------------------------------------------------------------------------
+    def batch(self, slots: np.ndarray) -> Batch:
+        """The transitions at sampleable ``slots`` [B] (see ``sampleable``), observations in their dtype."""
+        to = lambda x: torch.from_numpy(x).to(self.device)  # noqa: E731
+        return Batch(obs=to(self._rows_obs(self._gids(slots))), actions=to(self.actions[slots]),
+                     rewards=to(self.rewards[slots]), next_obs=to(self._rows_obs(self.next_gid[slots])),
+                     terminated=to(self.terminated[slots].astype(np.float32)))
+
+    # -- checkpoints ---------------------------------------------------------------------------------------
     def state_dict(self) -> dict:
-        """Filled rows only, in storage order, plus the write position."""
-        return {"pos": self.pos, "size": self.size,
-                **{k: torch.from_numpy(getattr(self, k)[: self.size].copy()) for k in self.FIELDS}}
+        """Filled slots only (in slot order), the counters and the streams' open ends; tensors and ints."""
+        rows = min(self.written, self.capacity)
+        sids = list(self.tails)
+        tail_next = (np.stack([self.tails[s][1] for s in sids]) if sids
+                     else np.zeros((0, *self.obs_shape), self.obs_dtype))
+        return {"capacity": self.capacity, "written": self.written, "ready": self.ready, "size": len(self),
+                "frame_stack": self.frame_stack or 0,
+                **{k: torch.from_numpy(getattr(self, k)[:rows].copy()) for k in self.fields},
+                "tail_ids": torch.tensor(sids, dtype=torch.int64),
+                "tail_gids": torch.tensor([self.tails[s][0] for s in sids], dtype=torch.int64),
+                "tail_next_obs": torch.from_numpy(tail_next)}
 
     def load_state_dict(self, state: dict) -> None:
-        size = int(state["size"])
-        if size > self.capacity:
-            raise ConfigError(f"the checkpoint's replay buffer holds {size} transitions, more than "
-                              f"algo.buffer_size={self.capacity}")
-        for k in self.FIELDS:
-            getattr(self, k)[:size] = state[k].numpy()
-        self.size, self.pos = size, int(state["pos"]) % self.capacity
+        saved_cap, written = int(state["capacity"]), int(state["written"])
+        if int(state["frame_stack"]) != (self.frame_stack or 0):
+            raise ConfigError(f"algo.frame_stack={self.frame_stack}: the checkpoint's replay buffer was saved with "
+                              f"algo.frame_stack={int(state['frame_stack']) or None}; resume with that value or "
+                              "checkpoint.replay_buffer=false")
+        # gids map to the same slots when both rings have the same size or neither has wrapped yet
+        if saved_cap != self.capacity and written > min(saved_cap, self.capacity):
+            raise ConfigError(f"algo.buffer_size={self.capacity}: the checkpoint's replay buffer holds {written} "
+                              f"rows saved with algo.buffer_size={saved_cap}; resume with that value or "
+                              "checkpoint.replay_buffer=false")
+        if tuple(state["obs"].shape[1:]) != self.obs.shape[1:]:
+            raise ConfigError(f"the checkpoint's replay buffer stores observations of shape "
+                              f"{tuple(state['obs'].shape[1:])}, this env gives {self.obs.shape[1:]}")
+        rows = state["obs"].shape[0]
+        for k in self.fields:
+            getattr(self, k)[:rows] = state[k].numpy()
+        self.written, self.ready = written, int(state["ready"])
+        self.tails = {int(s): (int(g), o.numpy().copy()) for s, g, o in
+                      zip(state["tail_ids"], state["tail_gids"], state["tail_next_obs"], strict=True)}

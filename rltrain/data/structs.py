@@ -112,6 +112,8 @@ class Rollout:
     next_obs:       [T, N, *obs_shape] float32, the true next observation (the final one when the
                     episode ended; gymnasium's autoreset observation never enters a transition)
     policy_version: [T] int64, version of the weights that chose the actions
+    env_ids:        [N] int64 or None, the env stream each column comes from (None: column n is stream n);
+                    a replay buffer links a rollout's last step to the next rollout of the same stream
     """
 
     obs: np.ndarray
@@ -124,6 +126,7 @@ class Rollout:
     policy_version: np.ndarray
     episode_returns: list[float] = field(default_factory=list)  # episodes that finished in this rollout
     episode_lengths: list[int] = field(default_factory=list)
+    env_ids: np.ndarray | None = None
 
     @property
     def num_steps(self) -> int:
