@@ -301,3 +301,19 @@ def test_dqn_learns_from_stacked_uint8_frames():
     assert _roundtrip(dqn.state_dict())["replay_buffer"]["frame_stack"] == 3
     with pytest.raises(ConfigError, match=r"^algo.frame_stack=4: observations of shape \(3, 3, 4\) are not"):
         DQN(spec, num_envs=2, device=CPU, frame_stack=4)
+
+
+@pytest.mark.parametrize(("dtype", "stack"), [("uint8", None), ("uint8", 3)])
+def test_a_batch_with_two_rollouts_of_one_stream_adds_them_in_order(dtype, stack):
+    """subprocess_actors: an actor that delivered twice puts two consecutive rollouts of its streams side by
+    side in one learner batch (repeated env_ids); they link exactly as if added one after the other."""
+    streams = Streams(3, dtype=dtype, stack=stack, seed=7)
+    buf = make_buffer(10_000, streams, stack)
+    for _ in range(6):
+        first, second = streams.rollout(3, [0, 1]), streams.rollout(3, [0, 1, 2])
+        merged = Rollout(**{k: np.concatenate([getattr(first, k), getattr(second, k)], axis=1)
+                            for k in ("obs", "actions", "log_probs", "rewards", "terminated", "truncated",
+                                      "next_obs")},
+                         policy_version=np.zeros(3, np.int64), env_ids=np.array([0, 1, 0, 1, 2]))
+        buf.add_rollout(merged)
+        check(buf, streams)

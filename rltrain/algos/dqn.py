@@ -21,21 +21,30 @@ from rltrain.algos.base import Algorithm, Sync, make_adam, positive
 from rltrain.data.replay import ReplayBuffer
 from rltrain.data.structs import ActOutput, EnvSpec, Metrics, Policy, Rollout
 from rltrain.errors import ConfigError
+from rltrain.models.factory import ModelSettings, is_float_vector, make_q_network
 from rltrain.models.layers import mlp
 
 
 class QPolicy(Policy):
-    """Q(s, .) MLP and epsilon-greedy acting. ``epsilon`` is a buffer so it ships to actors with the weights."""
+    """Q(s, .) and epsilon-greedy acting. ``epsilon`` is a buffer so it ships to actors with the weights.
 
-    def __init__(self, spec: EnvSpec, *, hidden_sizes: Sequence[int], activation: str):
+    The Q-network comes from the model family: an MLP on float vectors (``q`` is a plain ``nn.Sequential``, as
+    in every earlier checkpoint), an encoder + Q head on images, Discrete and Dict observations (the encoder
+    converts uint8 / bool and scales on the model's device)."""
+
+    def __init__(self, spec: EnvSpec, *, model: ModelSettings):
         super().__init__()
         self.n_actions = spec.n_actions
-        self.q = mlp(int(np.prod(spec.obs_shape)), hidden_sizes, spec.n_actions, activation=activation)
+        self.flat = is_float_vector(spec.observation) and model.encoder in ("auto", "mlp")
+        if self.flat:
+            self.q = mlp(int(np.prod(spec.obs_shape)), model.hidden_sizes, spec.n_actions, activation=model.activation)
+        else:
+            self.q = make_q_network(spec, model)
         self.register_buffer("epsilon", torch.tensor(1.0))
 
     def forward(self, obs: Tensor) -> Tensor:
-        """obs [B, *obs_shape] -> Q-values [B, n_actions]."""
-        return self.q(obs.flatten(1).float())  # uint8 / bool obs arrive as they are
+        """obs [B, *obs_shape] (stored dtype) -> Q-values [B, n_actions]."""
+        return self.q(obs.flatten(1).float()) if self.flat else self.q(obs)
 
     def act(self, obs: Tensor, *, deterministic: bool = False,
             generator: torch.Generator | None = None) -> ActOutput:
@@ -63,6 +72,7 @@ class DQN(Algorithm):
         num_envs: int,
         device: torch.device,
         sync: Sync | None = None,
+        model: ModelSettings | None = None,  # the model group: encoder by observation space (cli/build.py)
         rollout_len: int = 1,  # steps per env between two learn() calls
         lr: float = 2.5e-4,  # Adam learning rate
         buffer_size: int = 10_000,  # replay capacity in observations (one per transition + one per episode end)
@@ -101,7 +111,7 @@ class DQN(Algorithm):
         self.learning_starts, self.gradient_steps = learning_starts, gradient_steps
         self.double_dqn, self.max_grad_norm, self.checkpoint_buffer = double_dqn, max_grad_norm, checkpoint_buffer
 
-        self.policy = QPolicy(spec, hidden_sizes=list(hidden_sizes), activation=activation).to(device)
+        self.policy = QPolicy(spec, model=(model or ModelSettings()).with_mlp(hidden_sizes, activation)).to(device)
         self.target = copy.deepcopy(self.policy).requires_grad_(False)
         self.params = list(self.policy.parameters())
         self.optimizer = make_adam(self.params, lr, eps=1e-8)

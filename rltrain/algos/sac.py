@@ -21,6 +21,7 @@ from rltrain.algos.base import Algorithm, Sync, make_adam, positive
 from rltrain.data.replay import ReplayBuffer
 from rltrain.data.structs import ActOutput, EnvSpec, Metrics, Policy, Rollout
 from rltrain.errors import ConfigError
+from rltrain.models.factory import is_float_vector
 from rltrain.models.layers import ACTIVATIONS, mlp
 
 LOG_STD_MIN, LOG_STD_MAX = -5.0, 2.0  # the actor's log-std range (CleanRL, SpinningUp)
@@ -105,6 +106,10 @@ class SAC(Algorithm):
         checkpoint_buffer: bool = False,  # put the replay buffer into state_dict (checkpoint.replay_buffer)
     ):
         super().__init__(spec, num_envs=num_envs, device=device, sync=sync)
+        if not is_float_vector(spec.observation):
+            raise ConfigError(f"algo=sac builds MLP actor and critics over float vector observations; env.id="
+                              f"{spec.env_id} observes {spec.observation.name or spec.observation.kind}: flatten it "
+                              "with env.wrappers=[FlattenObservation], or use algo=ppo (any observation space)")
         for key, value in [("algo.rollout_len", rollout_len), ("algo.batch_size", batch_size), ("algo.tau", tau),
                            ("algo.policy_lr", policy_lr), ("algo.q_lr", q_lr), ("algo.alpha", alpha),
                            ("algo.train_frequency", train_frequency), ("algo.gradient_steps", gradient_steps),

@@ -125,7 +125,11 @@ class ReplayBuffer:
         T, N = rollout.shape
         ids = np.arange(N) if rollout.env_ids is None else np.asarray(rollout.env_ids, np.int64).reshape(N)
         if len(np.unique(ids)) != N:
-            raise ValueError(f"Rollout.env_ids {ids.tolist()} repeats a stream id")
+            # a learner batch can hold consecutive rollouts of one stream side by side (an actor that delivered
+            # twice): add them one after the other, in column order, which is their order of arrival
+            for cols in _unique_id_groups(ids):
+                self.add_rollout(_columns(rollout, cols))
+            return
         obs, next_obs = self._checked(rollout.obs), self._checked(rollout.next_obs)
         done = np.asarray(rollout.terminated | rollout.truncated, bool)
         base, C = self.written, self.capacity
@@ -302,3 +306,22 @@ class ReplayBuffer:
         self.written, self.ready = written, int(state["ready"])
         self.tails = {int(s): (int(g), o.numpy().copy()) for s, g, o in
                       zip(state["tail_ids"], state["tail_gids"], state["tail_next_obs"], strict=True)}
+
+
+def _unique_id_groups(ids: np.ndarray) -> list[np.ndarray]:
+    """Column indices split into groups with distinct stream ids: the k-th occurrence of each id in group k."""
+    seen: dict[int, int] = {}
+    rank = np.empty(len(ids), np.int64)
+    for n, i in enumerate(ids.tolist()):
+        rank[n] = seen[i] = seen.get(i, -1) + 1
+    return [np.flatnonzero(rank == k) for k in range(int(rank.max()) + 1)]
+
+
+def _columns(rollout: Rollout, cols: np.ndarray) -> Rollout:
+    """The env columns ``cols`` of a time-major rollout (episode statistics are not carried)."""
+    return Rollout(obs=rollout.obs[:, cols], actions=rollout.actions[:, cols], log_probs=rollout.log_probs[:, cols],
+                   rewards=rollout.rewards[:, cols], terminated=rollout.terminated[:, cols],
+                   truncated=rollout.truncated[:, cols], next_obs=rollout.next_obs[:, cols],
+                   policy_version=rollout.policy_version if rollout.policy_version.ndim == 1 else
+                   rollout.policy_version[:, cols], env_ids=np.asarray(rollout.env_ids)[cols])
+

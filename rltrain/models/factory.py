@@ -87,7 +87,7 @@ def _one_of(key: str, value: str, valid: tuple[str, ...]) -> None:
         raise ConfigError(f"{key}={value}: unknown{close_matches(str(value), valid)} (valid: {', '.join(valid)})")
 
 
-def _is_float_vector(obs: ObsSpace) -> bool:
+def is_float_vector(obs: ObsSpace) -> bool:
     return obs.kind == "box" and image_layout(obs.shape) is None and obs.dtype.startswith("float")
 
 
@@ -103,13 +103,13 @@ class ModularActorCritic(Policy):
                  init_log_std: float = 0.0):
         super().__init__()
         obs = spec.observation
-        if norm_obs and not _is_float_vector(obs):
+        if norm_obs and not is_float_vector(obs):
             raise ConfigError(f"algo.norm_obs=true normalises float vector observations only; env.id={spec.env_id} "
                               f"observes {obs.name} (the encoder scales it itself): set algo.norm_obs=false")
         self.discrete = spec.action_kind == "discrete"
         self.act_dim = spec.n_actions if self.discrete else int(torch.Size(spec.action_shape).numel())
         self.shared = settings.shared
-        self.obs_norm = RunningNorm(obs.shape if _is_float_vector(obs) else (), enabled=norm_obs)
+        self.obs_norm = RunningNorm(obs.shape if is_float_vector(obs) else (), enabled=norm_obs)
         self.actor_encoder = make_encoder(obs, settings)
         self.critic_encoder: Encoder | None = None if self.shared else make_encoder(obs, settings, warn=False)
         width = self.actor_encoder.out_dim
@@ -186,7 +186,7 @@ def make_actor_critic(spec: EnvSpec, settings: ModelSettings, *, norm_obs: bool 
     """
     settings = settings.with_mlp((64, 64), "tanh")
     obs = spec.observation
-    if _is_float_vector(obs) and settings.encoder in ("auto", "mlp") and not settings.shared and not \
+    if is_float_vector(obs) and settings.encoder in ("auto", "mlp") and not settings.shared and not \
             settings.ignore_keys:
         return ActorCritic(spec, hidden_sizes=list(settings.hidden_sizes), activation=settings.activation,
                            norm_obs=norm_obs, init_log_std=init_log_std)

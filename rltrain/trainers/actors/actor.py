@@ -25,6 +25,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
 import torch
 
 from rltrain.data.structs import Rollout
@@ -126,6 +127,7 @@ class _ActorLoop:
         venv = spec.env.vector(spec.seeds.env_seeds, num_envs=spec.num_envs)
         self.collector = RolloutCollector(venv, self.algo.policy, espec, device=device)
         self.credits = spec.credits
+        self.env_ids = spec.actor_id * spec.num_envs + np.arange(spec.num_envs, dtype=np.int64)
 
     def _reload(self) -> bool:
         update = self.weights.read_if_newer(self.version)
@@ -162,6 +164,8 @@ class _ActorLoop:
                 t0 = time.perf_counter()
                 rollout = self.collector.collect(spec.rollout_len, policy_version=self.version,
                                                  random_actions=random)
+                # stable stream ids per actor slot: the learner's replay links successors across batches by them
+                rollout.env_ids = self.env_ids
                 collect_s = time.perf_counter() - t0
                 self.ctx.send(RolloutMsg(spec.actor_id, spec.generation, self.version, rollout.num_steps, collect_s,
                                          self.collector.episodes, spec.compress, encode(rollout, spec.compress)))

@@ -58,6 +58,7 @@ def merge_rollouts(rollouts: list[Rollout]) -> Rollout:
                    log_probs=cat([r.log_probs for r in rollouts]), rewards=cat([r.rewards for r in rollouts]),
                    terminated=cat([r.terminated for r in rollouts]), truncated=cat([r.truncated for r in rollouts]),
                    next_obs=cat([r.next_obs for r in rollouts]), policy_version=cat(versions),
+                   env_ids=None if any(r.env_ids is None for r in rollouts) else np.concatenate([r.env_ids for r in rollouts]),
                    episode_returns=[x for r in rollouts for x in r.episode_returns],
                    episode_lengths=[x for r in rollouts for x in r.episode_lengths])
 
