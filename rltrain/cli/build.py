@@ -160,16 +160,39 @@ def prepare(cfg: Any, run_dir: Path) -> dict:
 
 def run(cfg: Any, run_dir: Path) -> dict:
     """Train as configured; returns the summary (the dict written to ``summary.json``)."""
+    import contextlib
+
+    from rltrain.run.checkpoint import disk_write_failure, sweep_temp_files
+    from rltrain.run.lock import RunDirLock, owns_run
+    from rltrain.run.summary import mark_failed
+
     run_dir = Path(run_dir)
-    cfg = prepare(cfg, run_dir)
-    trainer_cls = resolve_target(cfg["trainer"], "trainer")
-    check_kwargs(trainer_cls, hparams(cfg["trainer"]), "trainer")
-    trainer = trainer_cls(cfg=cfg, run_dir=run_dir, **hparams(cfg["trainer"]))
-    return trainer.fit()
+    # one owner per run dir (design 6): taken before anything is written; other ranks work under rank 0's lock
+    with RunDirLock(run_dir) if owns_run() else contextlib.nullcontext():
+        cfg = prepare(cfg, run_dir)
+        trainer_cls = resolve_target(cfg["trainer"], "trainer")
+        check_kwargs(trainer_cls, hparams(cfg["trainer"]), "trainer")
+        trainer = trainer_cls(cfg=cfg, run_dir=run_dir, **hparams(cfg["trainer"]))
+        if owns_run():
+            sweep_temp_files(run_dir)  # what a killed earlier run left (we hold the lock: nobody is writing)
+        try:
+            return trainer.fit()
+        except OSError as err:
+            message = disk_write_failure(err, run_dir)
+            if message is None:
+                raise
+            mark_failed(run_dir, message)  # e.g. the final checkpoint failed after the loop: no summary said so
+            raise ConfigError(message) from None
 
 
-def load_policy(path: Path, *, device: str = "cpu"):
-    """For ``rltrain-eval``: (policy, config, checkpoint path, eval seed) from a checkpoint or run dir."""
+def load_policy(path: Path, *, device: str = "cpu", allow_import: bool = False):
+    """For ``rltrain-eval``: (policy, config, checkpoint path, eval seed) from a checkpoint or run dir.
+
+    The config comes from inside the checkpoint, i.e. from whoever wrote the file: it may name a registered
+    Gymnasium id and an rltrain algorithm class, nothing else, unless ``allow_import`` (the user's
+    ``--allow-import``) lets an ``env.id`` import path ``module:Attr`` import and call its module.
+    """
+    from rltrain.algos.base import Algorithm
     from rltrain.envs.make import env_spec, make_env
     from rltrain.run.checkpoint import CheckpointManager, load_checkpoint
 
@@ -177,11 +200,21 @@ def load_policy(path: Path, *, device: str = "cpu"):
     if path.is_dir():
         ckdir = path / "checkpoints" if (path / "checkpoints").is_dir() else path
         path = ckdir / "final.pt" if (ckdir / "final.pt").exists() else (CheckpointManager(ckdir).latest() or ckdir)
-    state, _ = load_checkpoint(path, key="checkpoint")
+    state, _ = load_checkpoint(path, key="checkpoint")  # no run dir: its envs sidecar is never unpickled
     cfg = state["meta"]["config"]
     env = cfg["env"]
-    spec = env_spec(make_env(env["id"], env.get("kwargs") or {}, max_episode_steps=env.get("max_episode_steps")),
-                    env["id"])
+    env_id = env.get("id")
+    if not isinstance(env_id, str):
+        raise ConfigError(f"checkpoint={path}: env.id={env_id!r} inside it is not an env id")
+    if ":" in env_id and not allow_import:
+        raise ConfigError(f"checkpoint={path}: env.id={env_id} inside it names a module to import, which runs its "
+                          "code; pass --allow-import if you trust this checkpoint")
+    cls = resolve_target(cfg["algo"], "checkpoint algo")
+    if not (isinstance(cls, type) and issubclass(cls, Algorithm)):
+        raise ConfigError(f"checkpoint={path}: algo._target_={cfg['algo']['_target_']} inside it is not an "
+                          "rltrain algorithm")
+    spec = env_spec(make_env(env_id, env.get("kwargs") or {}, max_episode_steps=env.get("max_episode_steps")),
+                    env_id)
     dev = pick_device(device)
     algo = algo_factory(cfg)(spec, num_envs=env["num_envs"], device=dev)
     algo.load_state_dict(state["algo"])

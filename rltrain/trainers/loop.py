@@ -17,7 +17,7 @@ import torch
 from rltrain.algos.base import Algorithm, Sync
 from rltrain.data.structs import Metrics
 from rltrain.envs.make import env_spec, make_env, make_vector_env
-from rltrain.run.checkpoint import CheckpointManager, load_checkpoint
+from rltrain.run.checkpoint import TRUST_KEY, CheckpointManager, load_checkpoint, sweep_temp_files
 from rltrain.run.metrics import CSVLogger, MetricLogger, TensorBoardLogger
 from rltrain.run.progress import ProgressDisplay
 from rltrain.run.seeding import SeedTree, capture_rng, restore_rng, seed_process
@@ -69,16 +69,20 @@ class TrainLoop:
 
     # -- resume -------------------------------------------------------------------------------------------
     def maybe_resume(self) -> Path | None:
+        if self.is_main:
+            sweep_temp_files(self.run_dir)  # a killed earlier run's temp files and uncommitted sidecars
         spec = self.cfg.get("resume") or "never"
         if spec == "never":
             return None
         if spec == "auto":
-            path = self.ckpt.latest()
+            # corrupt ones are skipped out loud; all corrupt refuses rather than restart over the run
+            path = self.ckpt.latest(refuse_if_all_corrupt=True)
             if path is None:
                 return None
         else:
             path = Path(spec)
-        state, envs_blob = load_checkpoint(path)
+        # the envs sidecar is unpickled only if this run dir's run wrote it, or the user opted in
+        state, envs_blob = load_checkpoint(path, run_dir=self.run_dir, trust_envs=bool(self.cfg.get(TRUST_KEY)))
         self.algo.load_state_dict(state["algo"])
         self.counters.update(state["counters"])
         self.best_eval = float(state.get("best_eval", -math.inf))
