@@ -66,13 +66,15 @@ _WRITE_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EP
 def disk_write_failure(err: BaseException, run_dir: Path) -> str | None:
     """One line for a full disk or an unwritable run dir, naming the first write that failed (a later one,
     e.g. summary.json on the same full disk, carries the first in its context); None for other errors."""
-    first, seen = None, err
+    chain, seen = [], err
     while seen is not None:
         if isinstance(seen, OSError) and seen.errno in _WRITE_ERRNOS:
-            first = seen
+            chain.append(seen)
         seen = seen.__context__
-    if first is None:
+    if not chain:
         return None
+    # the earliest failure that names its file (an fsync error is re-raised with the name)
+    first = next((e for e in reversed(chain) if e.filename), chain[-1])
     where = f" {first.filename}" if first.filename else ""
     return (f"hydra.run.dir={run_dir}: cannot write{where}: {first.strerror or first}; free disk space or make "
             "the run dir writable, then rerun with resume=auto (earlier checkpoints are intact)")
