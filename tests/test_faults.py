@@ -13,6 +13,7 @@ import os
 import pickle
 import shutil
 import signal
+import stat
 import subprocess
 import sys
 import time
@@ -100,6 +101,8 @@ def test_crafted_sidecar_is_never_unpickled(trained, tmp_path, how):
 
 
 def test_own_sidecar_loads_silently(trained, tmp_path):
+    key = trained / ".rltrain-key"
+    assert stat.S_IMODE(key.stat().st_mode) == 0o600 and len(key.read_bytes()) == 32
     own = _copy_run(trained, tmp_path / "own")
     res = _train(own, "total_env_steps=3072", "resume=auto")
     assert res.returncode == 0 and "warning" not in res.stderr, res.stderr
@@ -275,7 +278,8 @@ def test_full_disk_while_checkpointing_fails_in_one_line_and_keeps_earlier_check
 def test_disk_full_for_every_write_still_one_line_and_no_temp_files(tmp_path):
     run_dir = tmp_path / "run"
     res = _train(run_dir, module="tests.helpers.full_disk",
-                 env={"RLTRAIN_FULL_DISK": ".*.tmp*", "RLTRAIN_FULL_DISK_AFTER": "4"})
+                 # at 1024 steps: the key, best.pt (sidecar, checkpoint), step_1024 (same) land; then full
+                 env={"RLTRAIN_FULL_DISK": ".*.tmp*", "RLTRAIN_FULL_DISK_AFTER": "5"})
     assert res.returncode == 2
     assert _stderr_lines(res) == [res.stderr.strip()] and "No space left on device" in res.stderr, res.stderr
     assert not (run_dir / "summary.json").exists()  # it could not be written; no empty or partial one either
@@ -290,6 +294,7 @@ def test_leftover_temp_files_and_orphan_sidecars_are_swept_at_start(trained, tmp
     (ck / f".step_000000003072.envs.pkl.tmp{os.getpid()}").write_bytes(b"partial")
     (ck / "step_000000009216.envs.pkl").write_bytes(b"an orphan: its .pt never landed")
     (run_dir / ".summary.json.tmp123").write_bytes(b"")
+    (run_dir / "..rltrain-key.tmp123").write_bytes(b"\0" * 7)
     res = _train(run_dir, "total_env_steps=3072", "resume=auto")
     assert res.returncode == 0, res.stderr
     assert _temp_files(run_dir) == []

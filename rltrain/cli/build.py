@@ -167,13 +167,14 @@ def run(cfg: Any, run_dir: Path) -> dict:
     from rltrain.run.summary import mark_failed
 
     run_dir = Path(run_dir)
+    owner = owns_run()
     # one owner per run dir (design 6): taken before anything is written; other ranks work under rank 0's lock
-    with RunDirLock(run_dir) if owns_run() else contextlib.nullcontext():
+    with RunDirLock(run_dir) if owner else contextlib.nullcontext():
         cfg = prepare(cfg, run_dir)
         trainer_cls = resolve_target(cfg["trainer"], "trainer")
         check_kwargs(trainer_cls, hparams(cfg["trainer"]), "trainer")
         trainer = trainer_cls(cfg=cfg, run_dir=run_dir, **hparams(cfg["trainer"]))
-        if owns_run():
+        if owner:
             sweep_temp_files(run_dir)  # what a killed earlier run left (we hold the lock: nobody is writing)
         try:
             return trainer.fit()

@@ -18,7 +18,6 @@ fsynced, then the sidecar is renamed, then the checkpoint. A sidecar without its
 
 from __future__ import annotations
 
-import contextlib
 import errno
 import hashlib
 import hmac
@@ -35,6 +34,7 @@ from rltrain.errors import ConfigError
 
 _STEP_RE = re.compile(r"^step_(\d+)\.pt$")
 KEY_FILE = ".rltrain-key"
+KEY_BYTES = 32
 TRUST_KEY = "resume_trust_envs"  # the config key that opts in to unpickling an unverified sidecar
 
 
@@ -85,6 +85,9 @@ def _sync_dir(directory: Path) -> None:
     fd = os.open(directory, os.O_RDONLY)
     try:
         os.fsync(fd)
+    except OSError as err:
+        if err.errno not in (errno.EINVAL, errno.ENOTSUP):  # file systems that cannot sync a directory
+            raise
     finally:
         os.close(fd)
 
@@ -110,20 +113,32 @@ def atomic_write_bytes(data: bytes, path: Path) -> None:
 
 
 def run_key(run_dir: Path, *, create: bool) -> bytes | None:
-    """The run dir's secret MAC key; created (0600, never overwritten) when ``create``, else None if absent."""
+    """The run dir's secret MAC key; created (0600) when ``create`` and there is no valid one, else None.
+
+    Only the run dir's owner (it holds the run-dir lock) creates it, so two writers never race here.
+    """
     path = Path(run_dir) / KEY_FILE
-    if create and not path.exists():
-        with contextlib.suppress(FileExistsError):  # O_EXCL: two writers never both create it
-            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-            try:
-                os.write(fd, secrets.token_bytes(32))
-                os.fsync(fd)
-            finally:
-                os.close(fd)
     try:
-        return path.read_bytes()
+        key = path.read_bytes()
     except FileNotFoundError:
+        key = b""
+    if len(key) == KEY_BYTES:
+        return key
+    if not create:
         return None
+    key = secrets.token_bytes(KEY_BYTES)  # also replaces one cut short by a kill: no MAC was made with it
+    tmp = _tmp_name(path)
+    try:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        try:
+            os.write(fd, key)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+    return key
 
 
 def envs_mac(key: bytes, blob: bytes) -> str:
@@ -137,7 +152,7 @@ def sweep_temp_files(run_dir: Path) -> list[Path]:
     """
     run_dir = Path(run_dir)
     ckdir = run_dir / "checkpoints"
-    found = list(run_dir.glob(".summary.json.tmp*"))
+    found = [p for p in run_dir.glob(".*.tmp*") if p.is_file()]  # summary.json's, the key's
     if ckdir.is_dir():
         found += [p for p in ckdir.glob(".*.tmp*") if p.is_file()]
         found += [p for p in ckdir.glob("*.envs.pkl") if not p.with_name(p.name[: -len(".envs.pkl")] + ".pt").exists()]
