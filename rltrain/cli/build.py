@@ -180,7 +180,7 @@ def prepare(cfg: Any, run_dir: Path) -> dict:
 
 
 TOP_LEVEL = ("seed", "device", "torch_threads", "total_env_steps", "target_return", "max_wall_time",
-             "allow_nested_processes", "resume", "seed_drawn", "max_wall_time_s",
+             "allow_nested_processes", "resume", "resume_trust_envs", "seed_drawn", "max_wall_time_s",
              "algo", "trainer", "env", "model", "logger", "eval", "log", "checkpoint")
 
 
@@ -209,6 +209,7 @@ def settings_from(cfg: dict) -> RunSettings:
         torch_threads=int(cfg["torch_threads"]), total_env_steps=int(cfg["total_env_steps"]),
         target_return=None if cfg.get("target_return") is None else float(cfg["target_return"]),
         max_wall_time_s=cfg.get("max_wall_time_s"), resume=str(cfg.get("resume") or "never"),
+        resume_trust_envs=bool(cfg.get("resume_trust_envs", False)),
         env=group_settings(EnvFactory, cfg["env"], "env"), algo=algo_factory(cfg),
         eval=group_settings(EvalSettings, cfg["eval"], "eval"), log=group_settings(LogSettings, cfg["log"], "log"),
         checkpoint=group_settings(CheckpointSettings, cfg["checkpoint"], "checkpoint"),
@@ -236,27 +237,62 @@ def build_trainer(cfg: dict, run_dir: Path):
 
 def run(cfg: Any, run_dir: Path) -> dict:
     """Train as configured; returns the summary (the dict written to ``summary.json``)."""
+    import contextlib
+
+    from rltrain.run.checkpoint import disk_write_failure, sweep_temp_files
+    from rltrain.run.lock import RunDirLock, owns_run
+    from rltrain.run.summary import mark_failed
+
     run_dir = Path(run_dir)
-    return build_trainer(prepare(cfg, run_dir), run_dir).fit()
+    owner = owns_run()
+    # one owner per run dir (design 6): taken before anything is written; other ranks work under rank 0's lock
+    with RunDirLock(run_dir) if owner else contextlib.nullcontext():
+        trainer = build_trainer(prepare(cfg, run_dir), run_dir)
+        if owner:
+            sweep_temp_files(run_dir)  # what a killed earlier run left (we hold the lock: nobody is writing)
+        try:
+            return trainer.fit()
+        except OSError as err:
+            message = disk_write_failure(err, run_dir)
+            if message is None:
+                raise
+            mark_failed(run_dir, message)  # e.g. the final checkpoint failed after the loop: no summary said so
+            raise ConfigError(message) from None
 
 
-def load_policy(path: Path, *, device: str = "cpu"):
-    """For ``rltrain-eval``: (policy, config, checkpoint path, eval seed) from a checkpoint or run dir."""
-    from rltrain.envs.make import env_spec, make_env
+def load_policy(path: Path, *, device: str = "cpu", allow_import: bool = False):
+    """For ``rltrain-eval``: (policy, config, checkpoint path, eval seed) from a checkpoint or run dir.
+
+    The config comes from inside the checkpoint, i.e. from whoever wrote the file: it may name a registered
+    Gymnasium id and an rltrain algorithm class, nothing else, unless ``allow_import`` (the user's
+    ``--allow-import``) lets an ``env.id`` import path ``module:Attr`` import and call its module.
+    """
+    from rltrain.algos.base import Algorithm
     from rltrain.run.checkpoint import CheckpointManager, load_checkpoint
 
     path = Path(path)
     if path.is_dir():
         ckdir = path / "checkpoints" if (path / "checkpoints").is_dir() else path
         path = ckdir / "final.pt" if (ckdir / "final.pt").exists() else (CheckpointManager(ckdir).latest() or ckdir)
-    state, _ = load_checkpoint(path, key="checkpoint")
+    state, _ = load_checkpoint(path, key="checkpoint")  # no run dir: its envs sidecar is never unpickled
     cfg = state["meta"]["config"]
     env = cfg["env"]
-    spec = env_spec(make_env(env["id"], env.get("kwargs") or {}, wrappers=env.get("wrappers"),
-                             max_episode_steps=env.get("max_episode_steps")), env["id"])
+    env_id = env.get("id")
+    if not isinstance(env_id, str):
+        raise ConfigError(f"checkpoint={path}: env.id={env_id!r} inside it is not an env id")
+    imports = [env_id] + [w if isinstance(w, str) else next(iter(w), "") for w in env.get("wrappers") or []]
+    named = [x for x in imports if ":" in str(x)]
+    if named and not allow_import:
+        raise ConfigError(f"checkpoint={path}: the env inside it names a module to import ({named[0]}), which runs "
+                          "its code; pass --allow-import if you trust this checkpoint")
+    cls = resolve_target(cfg["algo"], "checkpoint algo")
+    if not (isinstance(cls, type) and issubclass(cls, Algorithm)):
+        raise ConfigError(f"checkpoint={path}: algo._target_={cfg['algo']['_target_']} inside it is not an "
+                          "rltrain algorithm")
+    spec = env_factory(env).spec()
     dev = pick_device(device)
     algo = algo_factory(cfg)(spec, num_envs=env["num_envs"], device=dev)
-    algo.load_state_dict(state["algo"])
+    algo.policy.load_state_dict(state["algo"]["policy"])  # the acting weights only: no optimiser, no buffer
     return algo.policy, cfg, path, int(state["meta"]["eval_seed"])
 
 

@@ -10,7 +10,7 @@ from rltrain.errors import ConfigError
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``rltrain-eval <checkpoint or run dir> [--episodes N] [--stochastic] [--video] [--seed S]``."""
+    """``rltrain-eval <checkpoint or run dir> [--episodes N] [--stochastic] [--video] [--seed S] [--allow-import]``."""
     p = argparse.ArgumentParser(prog="rltrain-eval", description="Evaluate a trained rltrain policy.")
     p.add_argument("path", help="a checkpoint file (.pt) or a run directory (its best, final or latest checkpoint)")
     p.add_argument("--episodes", type=int, default=10)
@@ -18,6 +18,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--video", action="store_true", help="record every episode to <run dir>/videos (needs moviepy)")
     p.add_argument("--seed", type=int, default=None, help="eval seed base (default: the run's eval seed)")
     p.add_argument("--device", default="cpu")
+    p.add_argument("--allow-import", action="store_true",
+                   help="let an env.id import path (module:Attr) stored in the checkpoint import its module: "
+                        "that runs code from the checkpoint's author, so only for checkpoints you trust")
     p.add_argument("overrides", nargs="*", metavar="eval.KEY=VALUE",
                    help="the training config's spelling also works: eval.episodes=5 eval.video=true "
                         "eval.deterministic=false")
@@ -42,7 +45,8 @@ def main(argv: list[str] | None = None) -> int:
         from rltrain.cli.build import env_factory, load_policy
         from rltrain.trainers.episodes import evaluate
 
-        policy, cfg, ckpt_path, eval_seed = load_policy(Path(args.path), device=args.device)
+        policy, cfg, ckpt_path, eval_seed = load_policy(Path(args.path), device=args.device,
+                                                          allow_import=args.allow_import)
         if args.episodes <= 0:
             raise ConfigError(f"--episodes={args.episodes} must be > 0")
         video_dir = ckpt_path.parent.parent / "videos" if args.video else None

@@ -2,17 +2,61 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
+import math
+import numbers
+import os
 import re
 import shlex
 import sys
 from pathlib import Path
+from typing import Any
+
+
+def json_safe(value: Any) -> Any:
+    """Plain JSON values: NaN / inf become None (JSON has no spelling for them), numpy scalars plain numbers."""
+    if value is None or isinstance(value, (bool, str)):
+        return value
+    if isinstance(value, dict):
+        return {str(k): json_safe(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [json_safe(v) for v in value]
+    if isinstance(value, numbers.Integral):
+        return int(value)
+    if isinstance(value, numbers.Real):
+        return float(value) if math.isfinite(value) else None
+    try:  # 0-d tensors and arrays
+        return json_safe(float(value))
+    except (TypeError, ValueError):
+        return str(value)
 
 
 def write_summary(run_dir: Path, summary: dict) -> None:
-    tmp = run_dir / ".summary.json.tmp"
-    tmp.write_text(json.dumps(summary, indent=2, default=float) + "\n")
-    tmp.replace(run_dir / "summary.json")
+    """Valid JSON, written atomically (temp, fsync, rename); the temp file never outlives a failed write."""
+    run_dir = Path(run_dir)
+    tmp = run_dir / f".summary.json.tmp{os.getpid()}"
+    text = json.dumps(json_safe(summary), indent=2, allow_nan=False) + "\n"
+    try:
+        with open(tmp, "w") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, run_dir / "summary.json")
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def mark_failed(run_dir: Path, error: str) -> None:
+    """Make ``summary.json`` say ``failed`` unless it already does; best effort (the disk may be full)."""
+    path = Path(run_dir) / "summary.json"
+    try:
+        if json.loads(path.read_text()).get("status") == "failed":
+            return
+    except (OSError, ValueError, AttributeError):
+        pass
+    with contextlib.suppress(OSError):
+        write_summary(Path(run_dir), {"status": "failed", "error": error})
 
 
 def resume_command(run_dir: Path) -> str:

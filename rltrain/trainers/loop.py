@@ -22,7 +22,7 @@ import torch
 from rltrain.algos.base import Algorithm, Sync
 from rltrain.data.structs import Metrics, Rollout
 from rltrain.errors import ConfigError
-from rltrain.run.checkpoint import CheckpointManager, load_checkpoint
+from rltrain.run.checkpoint import CheckpointManager, load_checkpoint, sweep_temp_files
 from rltrain.run.metrics import CSVLogger, MetricLogger, TensorBoardLogger
 from rltrain.run.progress import ProgressDisplay
 from rltrain.run.seeding import SeedTree, capture_rng, derive, restore_rng, seed_process
@@ -132,13 +132,16 @@ class TrainLoop:
         return path
 
     def _restore(self) -> Path | None:
+        sweep_temp_files(self.run_dir)  # a killed earlier run's temp files and uncommitted sidecars
         spec = self.s.resume
         if spec == "never":
             return None
-        path = self.ckpt.latest() if spec == "auto" else Path(spec)
+        # corrupt ones are skipped out loud; all corrupt refuses rather than restart over the run
+        path = self.ckpt.latest(refuse_if_all_corrupt=True) if spec == "auto" else Path(spec)
         if path is None:
             return None
-        state, envs_blob = load_checkpoint(path)
+        # the envs sidecar is unpickled only if this run dir's run wrote it, or the user opted in
+        state, envs_blob = load_checkpoint(path, run_dir=self.run_dir, trust_envs=self.s.resume_trust_envs)
         error = self.hooks.check_resume(state["meta"], path)
         if error:
             raise ConfigError(error)

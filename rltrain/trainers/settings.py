@@ -57,6 +57,7 @@ class RunSettings:
     target_return: float | None
     max_wall_time_s: float | None
     resume: str  # never | auto | a checkpoint file or run dir
+    resume_trust_envs: bool = False  # unpickle an env sidecar this run dir did not write (only files you trust)
     env: EnvFactory
     algo: Callable[..., Any] = field(repr=False)  # functools.partial(AlgorithmClass, **hparams)
     eval: EvalSettings = EvalSettings()
