@@ -340,3 +340,22 @@ def test_checkpoint_with_the_old_flat_optimizer_state_still_loads(numpy_update):
     b = make(BOX, seed=1, activation="elu", numpy_update=numpy_update)
     b.load_state_dict(_roundtrip(old))
     _assert_equal_states(b.state_dict(), a.state_dict())
+
+
+def test_flat_adam_group_is_torch_adams_without_building_one():
+    """The numpy path's param group is exactly make_adam's; building the default PPO constructs no torch
+    optimiser (the first one imports torch._dynamo: seconds of start-up on every CartPole solve)."""
+    import subprocess
+    import sys
+
+    from rltrain.algos.base import make_adam
+    from rltrain.models.numpy_mlp import adam_group
+
+    params = [torch.nn.Parameter(torch.zeros(3))]
+    torch_group = {k: v for k, v in make_adam(params, 2e-3).param_groups[0].items() if k != "params"}
+    assert adam_group(2e-3, 1e-5) == torch_group
+    code = ("import sys, torch\nfrom rltrain.algos.ppo import PPO\nfrom rltrain.envs.make import EnvFactory\n"
+            "PPO(EnvFactory(id='CartPole-v1').spec(), num_envs=4, device=torch.device('cpu'))\n"
+            "print('torch._dynamo' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.stdout.strip() == "False", out.stderr

@@ -28,6 +28,7 @@ from rltrain.models.layers import (
 from rltrain.models.numpy_mlp import (
     FlatAdam,
     FlatParams,
+    adam_group,
     adam_state_from_flat,
     clip_grad_norm,
     single_thread_blas,
@@ -99,7 +100,7 @@ class PPO(ActorCriticState, Algorithm):
             single_thread_blas()
             self.flat = FlatParams(self.params)
             self.policy.flat_params = self.flat.flat
-            self.optimizer = FlatAdam(self.flat, like=make_adam(self.params, lr))
+            self.optimizer = FlatAdam(self.flat, group=adam_group(lr, 1e-5))  # make_adam's eps
             self._numpy_step = NumpyPPOStep(
                 self.flat, len(self.policy.nets.weights), activation=activation, discrete=self.policy.discrete,
                 act_dim=self.policy.act_dim, clip_coef=clip_coef, clip_vloss=clip_vloss, ent_coef=ent_coef,

@@ -133,19 +133,28 @@ class FlatParams:
                                                         strict=True)]
 
 
+def adam_group(lr: float, eps: float, *, fused: bool = True) -> dict:
+    """The param group (without ``params``) of ``torch.optim.Adam(params, lr=lr, eps=eps, fused=fused)``,
+    read from Adam's signature defaults; ``tests/test_ppo.py`` checks it against a constructed one."""
+    import inspect
+
+    defaults = {k: p.default for k, p in inspect.signature(torch.optim.Adam.__init__).parameters.items()
+                if k not in ("self", "params") and p.default is not inspect.Parameter.empty}
+    return {**defaults, "lr": lr, "eps": eps, "fused": fused}
+
+
 class FlatAdam:
     """``torch.optim.Adam``'s update rule over one flat parameter buffer, checkpointed in its format.
 
-    ``like`` is the torch Adam this one stands in for (same parameter list, e.g. ``make_adam(params, lr)``):
-    its hyper-parameters are used, and ``state_dict()`` returns what its ``state_dict()`` would after the
-    same steps (per-parameter ``step`` / ``exp_avg`` / ``exp_avg_sq``, its ``param_groups``), so either
-    path loads the other's checkpoints. The conversion happens only there, never in ``step()``.
+    ``group`` is the param group of the torch Adam this one stands in for (``adam_group(lr, eps)``: what
+    ``make_adam(params, lr, eps).param_groups[0]`` holds, without constructing a torch optimiser, whose first
+    construction imports torch._dynamo: seconds of start-up). ``state_dict()`` returns what that Adam's
+    ``state_dict()`` would after the same steps (per-parameter ``step`` / ``exp_avg`` / ``exp_avg_sq``, its
+    ``param_groups``), so either path loads the other's checkpoints. The conversion happens only there, never
+    in ``step()``.
     """
 
-    def __init__(self, flat: FlatParams, *, like: torch.optim.Adam):
-        group = like.param_groups[0]
-        if len(like.param_groups) != 1 or len(group["params"]) != len(flat.shapes):
-            raise ValueError("FlatAdam stands in for a one-group Adam over the same parameters as the FlatParams")
+    def __init__(self, flat: FlatParams, *, group: dict):
         _check_plain_adam(group)
         self.flat = flat
         self._group = {k: v for k, v in group.items() if k != "params"}
