@@ -35,8 +35,9 @@ def imports(path: Path) -> list[tuple[int, str]]:
             out += [(node.lineno, a.name) for a in node.names]
         elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
             out.append((node.lineno, node.module))
-            if node.module == "rltrain":  # `from rltrain import cli` imports the subpackage
-                out += [(node.lineno, f"rltrain.{a.name}") for a in node.names]
+            if node.module == "rltrain":  # `from rltrain import cli` imports the subpackage (not __version__)
+                out += [(node.lineno, f"rltrain.{a.name}") for a in node.names
+                        if (PKG / a.name).is_dir() or (PKG / f"{a.name}.py").exists()]
     return out
 
 

@@ -78,7 +78,7 @@ BAD_INPUTS = [
     (["resume=/no/such/ckpt.pt"], "resume=/no/such/ckpt.pt: no such checkpoint"),
     (["device=cuda"], "CUDA is not available"),
     (["device=tpu"], "device='tpu' is not one of"),
-    (["env.id=no_such_pkg.mod:Env"], "cannot import 'no_such_pkg.mod:Env'"),
+    (["env.id=no_such_pkg.mod:Env"], "env.id=no_such_pkg.mod:Env: cannot import 'no_such_pkg.mod'"),
     (["max_wall_time=soon"], "max_wall_time='soon' is not a duration"),
     (["algo=sac"], "algo=sac needs a Box action space; env.id=CartPole-v1 is Discrete(2); try env=pendulum"),
     (["algo=dqn", "env=pendulum"], "algo=dqn needs a Discrete action space; env.id=Pendulum-v1 is Box"),

@@ -280,11 +280,12 @@ def load_policy(path: Path, *, device: str = "cpu", allow_import: bool = False):
     env_id = env.get("id")
     if not isinstance(env_id, str):
         raise ConfigError(f"checkpoint={path}: env.id={env_id!r} inside it is not an env id")
-    imports = [env_id] + [w if isinstance(w, str) else next(iter(w), "") for w in env.get("wrappers") or []]
-    named = [x for x in imports if ":" in str(x)]
+    wrappers = [w if isinstance(w, str) else next(iter(w), "") for w in env.get("wrappers") or []]
+    named = [f"env.id={env_id}"] if ":" in env_id else []
+    named += [f"env.wrappers entry {w}" for w in wrappers if ":" in str(w)]
     if named and not allow_import:
-        raise ConfigError(f"checkpoint={path}: the env inside it names a module to import ({named[0]}), which runs "
-                          "its code; pass --allow-import if you trust this checkpoint")
+        raise ConfigError(f"checkpoint={path}: {named[0]} inside it names a module to import, which runs its "
+                          "code; pass --allow-import if you trust this checkpoint")
     cls = resolve_target(cfg["algo"], "checkpoint algo")
     if not (isinstance(cls, type) and issubclass(cls, Algorithm)):
         raise ConfigError(f"checkpoint={path}: algo._target_={cfg['algo']['_target_']} inside it is not an "

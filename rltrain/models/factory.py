@@ -30,6 +30,7 @@ from rltrain.models.encoders import ENCODERS, Encoder, Obs, image_layout, make_e
 from rltrain.models.heads import CategoricalHead, GaussianHead, QHead, ValueHead
 from rltrain.models.layers import ACTIVATIONS, RunningNorm
 
+DEFAULT_MLP, DEFAULT_ACTIVATION = (64, 64), "tanh"  # when neither the model group nor the algorithm says
 CORES = ("identity",)  # recurrent cores (lstm, gru) come with the recurrent work
 
 
@@ -102,6 +103,7 @@ class ModularActorCritic(Policy):
     def __init__(self, spec: EnvSpec, settings: ModelSettings, *, norm_obs: bool = False,
                  init_log_std: float = 0.0):
         super().__init__()
+        settings = settings.with_mlp(DEFAULT_MLP, DEFAULT_ACTIVATION)
         obs = spec.observation
         if norm_obs and not is_float_vector(obs):
             raise ConfigError(f"algo.norm_obs=true normalises float vector observations only; env.id={spec.env_id} "
@@ -169,7 +171,7 @@ class QNetwork(nn.Module):
             raise ConfigError(f"a Q-network needs Discrete actions; env.id={spec.env_id} has {spec.describe()}: "
                               "use algo=sac for Box actions")
         self.n_actions = spec.n_actions
-        self.encoder = make_encoder(spec.observation, settings)
+        self.encoder = make_encoder(spec.observation, settings.with_mlp(DEFAULT_MLP, DEFAULT_ACTIVATION))
         self.head = QHead(self.encoder.out_dim, spec.n_actions)
 
     def forward(self, obs: Obs) -> Tensor:
@@ -184,7 +186,7 @@ def make_actor_critic(spec: EnvSpec, settings: ModelSettings, *, norm_obs: bool 
     Float vectors with separate MLP torsos get ``ActorCritic``: the same maths (two MLPs, same init) run as
     one ``TwinMLP``, which keeps PPO's numpy fast path and the checkpoints of existing runs loadable.
     """
-    settings = settings.with_mlp((64, 64), "tanh")
+    settings = settings.with_mlp(DEFAULT_MLP, DEFAULT_ACTIVATION)
     obs = spec.observation
     if is_float_vector(obs) and settings.encoder in ("auto", "mlp") and not settings.shared and not \
             settings.ignore_keys:
@@ -195,4 +197,4 @@ def make_actor_critic(spec: EnvSpec, settings: ModelSettings, *, norm_obs: bool 
 
 def make_q_network(spec: EnvSpec, settings: ModelSettings) -> QNetwork:
     """The Q-network for ``spec`` (DQN; build a second one for the target network and load_state_dict)."""
-    return QNetwork(spec, settings.with_mlp((64, 64), "tanh"))
+    return QNetwork(spec, settings)
