@@ -42,7 +42,7 @@ def test_raising_worker_sends_its_traceback(orphan_watch):
     failed = [e for e in rep["events"] if e["type"] == "Failed"]
     assert len(failed) == 2
     assert "RuntimeError: boom in worker" in failed[0]["error"]
-    assert "workers_scenarios.py" in failed[0]["traceback"] and "in raising" in failed[0]["traceback"]
+    assert "supervise_scenarios.py" in failed[0]["traceback"] and "in raising" in failed[0]["traceback"]
     assert rep["exitcodes"] == [1, 1] and rep["alive"] == []
 
 
@@ -65,6 +65,23 @@ def test_shutdown_escalates_to_sigkill(orphan_watch):
     rep = scenario("stubborn")
     assert rep["alive"] == []
     assert rep["shutdown_s"] < 15
+
+
+@pytest.mark.parametrize("method", ["forkserver", "spawn", "fork"])
+def test_forkserver_workers_share_one_import_of_torch(method, orphan_watch):
+    """forkserver: the server imported torch and the target's module once, before forking both workers;
+    spawn (the control): each worker imported the module itself, and nothing loaded torch;
+    fork: the workers inherited the parent's modules."""
+    rep = scenario("imports", method)
+    results = [e["result"] for e in rep["events"] if e["type"] == "Done"]
+    assert len(results) == 2, rep
+    if method == "spawn":
+        assert all(r["module_imported_in"] == r["pid"] and not r["torch_loaded"] for r in results), results
+        return
+    assert all(r["torch_loaded"] for r in results), results
+    origin = {r["module_imported_in"] for r in results}
+    assert len(origin) == 1 and not origin & {r["pid"] for r in results}, results  # one import, elsewhere
+    assert (origin == {rep["parent"]}) == (method == "fork"), (origin, rep["parent"])
 
 
 def test_unknown_start_method_is_a_config_error():

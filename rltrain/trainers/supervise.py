@@ -28,6 +28,16 @@ A worker that raises sends ``Failed`` with its formatted traceback, then exits 1
 ``Heartbeat`` every ``heartbeat_s`` from a thread; a worker silent for ``heartbeat_timeout_s`` is reported
 ``Unresponsive`` (the parent decides what to do, e.g. ``kill(index)``).
 
+Start-up is paid once where the start method allows it: with ``forkserver`` the fork server imports
+``preload`` (numpy, torch, gymnasium by default) and the first target's module before it forks anyone, so
+every worker starts from an interpreter that already has them instead of importing torch again; with ``fork``
+the workers inherit the parent's modules (refused once CUDA is initialised, see ``check_start_method``);
+``spawn`` starts each worker from a fresh interpreter.
+
+Workers are daemonic by default (the interpreter's exit terminates them even when ``shutdown`` was never
+reached); a worker that starts processes of its own (``env.vectorization=async``, or a rank's children) needs
+``daemon=False``, since a daemonic process may not have children.
+
 Signals: workers ignore SIGINT (set before the child starts, so also during the spawn bootstrap): Ctrl-C
 reaches the whole foreground process group, and the parent alone decides how to stop (a ``Stop`` message
 to each worker, which the worker sees as ``ctx.stop_requested``). SIGTERM sent to a worker directly (e.g. by
@@ -44,14 +54,17 @@ import sys
 import threading
 import time
 import traceback
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection, wait
 from typing import Any
 
 from rltrain.errors import ConfigError
+from rltrain.run.signals import StopFlag
 
 START_METHODS = ("spawn", "forkserver", "fork")
+# imported once by the fork server (start_method=forkserver) instead of once per worker
+HEAVY_MODULES = ("numpy", "torch", "gymnasium")
 
 
 # -- messages -------------------------------------------------------------------------------------------------
@@ -181,6 +194,25 @@ class WorkerContext:
             self.send(Heartbeat(self.index, time.time()))
 
 
+class ContextStop(StopFlag):
+    """The ``StopFlag`` a worker's training loop polls: set by the parent's ``Stop`` (or a direct SIGTERM).
+
+    A stop whose reason names a signal (the parent was interrupted: ``Stop("SIGINT")``) keeps that signal,
+    so the worker's summary carries the exit code the parent's own signal would give (130 for Ctrl-C).
+    """
+
+    def __init__(self, ctx: WorkerContext):
+        super().__init__()
+        self.ctx = ctx
+
+    @property
+    def requested(self) -> bool:
+        if self.signum is None and self.ctx.stop_requested:
+            self.reason = self.ctx.stop_reason
+            self.signum = int(signal.Signals.__members__.get(self.reason or "", 0))
+        return self.signum is not None
+
+
 def _bootstrap(target: Callable[..., Any], index: int, conn: Connection, payload: Any, heartbeat_s: float,
                graceful_sigterm: bool) -> None:
     """Runs in the child: signals, threads, one torch thread, then ``target(ctx, payload)``."""
@@ -241,11 +273,13 @@ class WorkerGroup:
     """Starts workers with one start method, multiplexes their messages, and shuts them down for sure."""
 
     def __init__(self, *, start_method: str = "spawn", heartbeat_s: float = 1.0,
-                 heartbeat_timeout_s: float | None = 60.0, start_timeout_s: float = 300.0,
-                 graceful_sigterm: bool = True, name: str = "rltrain-worker"):
+                 heartbeat_timeout_s: float | None = 60.0, start_timeout_s: float | None = 300.0,
+                 graceful_sigterm: bool = True, name: str = "rltrain-worker", daemon: bool = True,
+                 preload: Sequence[str] = HEAVY_MODULES):
         self.ctx = mp.get_context(check_start_method(start_method))
         self.heartbeat_s, self.heartbeat_timeout_s = heartbeat_s, heartbeat_timeout_s
         self.start_timeout_s, self.graceful_sigterm, self.name = start_timeout_s, graceful_sigterm, name
+        self.daemon, self.preload = daemon, tuple(preload)
         self.workers: list[_Worker] = []
         self._closed = False
         self._reported_silent: set[int] = set()
@@ -254,8 +288,10 @@ class WorkerGroup:
     def start(self, target: Callable[[WorkerContext, Any], Any], payload: Any) -> int:
         """Start one worker running ``target(ctx, payload)``; returns its index. Both must pickle (spawn)."""
         index = len(self.workers)
+        if index == 0:
+            self._preload_for(target)
         parent_conn, child_conn = self.ctx.Pipe(duplex=True)
-        proc = self.ctx.Process(target=_bootstrap, name=f"{self.name}-{index}", daemon=True,
+        proc = self.ctx.Process(target=_bootstrap, name=f"{self.name}-{index}", daemon=self.daemon,
                                 args=(target, index, child_conn, payload, self.heartbeat_s, self.graceful_sigterm))
         # SIG_IGN survives fork and exec: the child ignores Ctrl-C from its very first instruction
         previous = signal.signal(signal.SIGINT, signal.SIG_IGN) if _main_thread() else None
@@ -267,6 +303,18 @@ class WorkerGroup:
         child_conn.close()  # the parent keeps only its end, so a dead child reads as EOF
         self.workers.append(_Worker(index, proc, parent_conn, time.monotonic()))
         return index
+
+    def _preload_for(self, target: Callable) -> None:
+        """forkserver: have the server import the heavy modules and the target's module before its first fork.
+
+        Only the process's first fork server reads this (it lives as long as this process); ``__main__`` is
+        left out because each child re-creates its own ``__main__`` anyway.
+        """
+        if self.ctx.get_start_method() != "forkserver":
+            return
+        module = getattr(target, "__module__", None)
+        names = [*self.preload, *([module] if module and module != "__main__" else [])]
+        self.ctx.set_forkserver_preload(list(dict.fromkeys(names)))
 
     # -- supervising ----------------------------------------------------------------------------------------
     @property
