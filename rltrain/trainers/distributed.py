@@ -12,7 +12,6 @@ Ranks come from our own local spawn (``trainer.world_size``), from torchrun or f
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import math
 import os
@@ -20,6 +19,7 @@ import sys
 import threading
 import time
 import traceback
+from dataclasses import dataclass, replace
 from datetime import timedelta
 from pathlib import Path
 
@@ -36,14 +36,15 @@ from rltrain.run.seeding import derive, seed_process, write_seeds
 from rltrain.run.signals import StopFlag
 from rltrain.run.summary import write_summary
 from rltrain.trainers.loop import Trainer, TrainLoop
-from rltrain.trainers.rendezvous import (
-    LaunchInfo,
-    RankDone,
-    RankFailed,
-    detect_launch,
-    free_port,
-    primary_failure,
-    supervise,
+from rltrain.trainers.rendezvous import LaunchInfo, detect_launch, free_port
+from rltrain.trainers.supervise import (
+    HEAVY_MODULES,
+    ContextStop,
+    Done,
+    Exited,
+    Failed,
+    WorkerContext,
+    WorkerGroup,
 )
 
 BACKENDS = ("auto", "gloo", "nccl")
@@ -249,15 +250,19 @@ def _to_cpu(obj):
     return obj
 
 
-def run_rank(launch: LaunchInfo, cfg: dict, run_dir: Path, *, backend: str, timeout_s: float) -> dict:
-    """One rank from start to finish: join the group, train, leave the group. Returns its summary."""
+def run_rank(launch: LaunchInfo, cfg: dict, run_dir: Path, *, backend: str, timeout_s: float,
+             stop: StopFlag | None = None) -> dict:
+    """One rank from start to finish: join the group, train, leave the group. Returns its summary.
+
+    ``stop``: the flag the loop polls; None installs signal handlers (torchrun / SLURM ranks).
+    """
     torch.set_num_threads(int(cfg["torch_threads"]))
     device = pick_device(cfg["device"], local_rank=launch.local_rank)
     if device.type == "cuda":
         torch.cuda.set_device(device)
     sync = init_distributed(launch, backend=backend, device=device, timeout_s=timeout_s)
     sync.start_watchdog(parent_pid=os.getppid() if launch.source == "local" else None)
-    stop = StopFlag().install()
+    stop = StopFlag().install() if stop is None else stop
     try:
         if launch.source != "local":  # ranks started by others agree on rank 0's root seed (seed=null draws)
             cfg["seed"] = sync.broadcast_object(cfg["seed"])
@@ -278,29 +283,87 @@ def run_rank(launch: LaunchInfo, cfg: dict, run_dir: Path, *, backend: str, time
             dist.destroy_process_group()
 
 
-def failure_of(rank: int, err: BaseException) -> RankFailed:
+# -- local spawn: W ranks as the W workers of one WorkerGroup ---------------------------------------------------
+@dataclass(frozen=True)
+class RankJob:
+    """What a locally spawned rank needs (plain, picklable)."""
+
+    launch: LaunchInfo
+    cfg: dict
+    run_dir: str
+    backend: str
+    timeout_s: float
+
+
+@dataclass(frozen=True)
+class RankFailure:
+    """Why a rank failed; rank -> parent just before the bootstrap's ``Failed``. ``kind``: ``config`` (bad
+    input), ``error`` (its own failure), ``peer`` (a collective failed because another rank is gone),
+    ``died`` (exited without a word: killed or crashed)."""
+
+    rank: int
+    kind: str
+    message: str
+    traceback: str = ""
+
+
+def failure_of(rank: int, err: BaseException) -> RankFailure:
     kind = "config" if isinstance(err, ConfigError) else "peer" if isinstance(err, PeerFailure) else "error"
-    return RankFailed(rank, kind, f"{type(err).__name__}: {err}" if kind != "config" else str(err),
-                      "".join(traceback.format_exception(type(err), err, err.__traceback__)))
+    return RankFailure(rank, kind, f"{type(err).__name__}: {err}" if kind != "config" else str(err),
+                       "".join(traceback.format_exception(type(err), err, err.__traceback__)))
 
 
-def _spawned_rank(launch: LaunchInfo, cfg: dict, run_dir: str, backend: str, timeout_s: float, conn) -> None:
-    """Entry point of a locally spawned rank: report a summary or a failure on ``conn``, then exit."""
-    os.setpgrp()  # the supervisor forwards Ctrl-C once; the terminal must not deliver it a second time
-    code = 0
+def primary_failure(failures: list[RankFailure]) -> RankFailure:
+    """The root cause: a rank that failed on its own beats ranks that only lost contact with it."""
+    own = [f for f in failures if f.kind != "peer"]
+    return (own or failures)[0]
+
+
+def _spawned_rank(ctx: WorkerContext, job: RankJob) -> dict:
+    """Worker ``rank`` of the parent's group: its summary returns as ``Done``; a failure is classified here,
+    where the exception's type is known, and sent before the bootstrap sends ``Failed`` with the traceback."""
     try:
-        conn.send(RankDone(launch.rank, run_rank(launch, cfg, Path(run_dir), backend=backend, timeout_s=timeout_s)))
-    except BaseException as err:  # noqa: B036 - report everything, KeyboardInterrupt included
-        failure = failure_of(launch.rank, err)
-        if failure.kind != "config":
-            print("".join(f"[rank {launch.rank}] {ln}\n" for ln in failure.traceback.splitlines()),
-                  file=sys.stderr, end="", flush=True)
-        with contextlib.suppress(OSError):
-            conn.send(failure)
-        code = 2 if failure.kind == "config" else 1
-    finally:
-        conn.close()
-    sys.exit(code)
+        return run_rank(job.launch, job.cfg, Path(job.run_dir), backend=job.backend, timeout_s=job.timeout_s,
+                        stop=ContextStop(ctx))  # the parent's Stop -> the all-reduced stop bit -> same update
+    except BaseException as err:  # noqa: B036 - classify everything, KeyboardInterrupt included; then re-raise
+        ctx.send(replace(failure_of(job.launch.rank, err), traceback=""))
+        raise
+
+
+def supervise_ranks(group: WorkerGroup, stop: StopFlag, *, timeout_s: float
+                    ) -> tuple[dict[int, dict], list[RankFailure]]:
+    """Wait for every rank; pass a stop request on; after the first failure give the others ``timeout_s``
+    to notice (their collectives fail), then terminate whatever is left, so a dead peer never hangs the job.
+    Returns the summaries by rank and the failures in the order they happened."""
+    summaries: dict[int, dict] = {}
+    failures: dict[int, RankFailure] = {}
+    first_failure: float | None = None
+    stopping = False
+    while group.alive:
+        if stop.requested and not stopping:
+            stopping = True
+            group.stop_all(stop.reason or "stop")
+        for ev in group.poll(timeout=0.25):
+            if isinstance(ev, Done):
+                summaries[ev.index] = ev.result
+            elif isinstance(ev, RankFailure):
+                failures.setdefault(ev.rank, ev)
+            elif isinstance(ev, Failed):  # the traceback joins the rank's RankFailure (sent just before)
+                known = failures.setdefault(ev.index, RankFailure(ev.index, "error", ev.error))
+                failures[ev.index] = replace(known, traceback=ev.traceback)
+            elif isinstance(ev, Exited):
+                failures.setdefault(ev.index, RankFailure(ev.index, "died" if ev.exitcode else "error",
+                                                          ev.description))
+        if failures and first_failure is None:
+            first_failure = time.monotonic()
+        if first_failure is not None and time.monotonic() - first_failure > timeout_s:
+            for w in group.workers:
+                if not w.finished:
+                    failures.setdefault(w.index, RankFailure(w.index, "peer", "did not stop within "
+                                                             f"trainer.timeout_s={timeout_s:g}"))
+            group.shutdown(grace_s=0.0)  # SIGTERM, then SIGKILL
+            break
+    return summaries, list(failures.values())
 
 
 class DistributedSimulatorTrainer(Trainer):
@@ -346,47 +409,33 @@ class DistributedSimulatorTrainer(Trainer):
                 raise ConfigError(error)
 
     def _spawn_and_supervise(self) -> dict:
-        import multiprocessing as mp
-        import signal
-
         self._precheck_resume()
-        ctx = mp.get_context("spawn")  # fork is unsafe once torch threads exist
         port = free_port(self.master_addr)
-        procs, conns, writers = [], [], []
-        for r in range(self.world_size):
-            launch = LaunchInfo(rank=r, world_size=self.world_size, local_rank=r, master_addr=self.master_addr,
-                                master_port=port, source="local")
-            reader, writer = ctx.Pipe(duplex=False)
-            p = ctx.Process(target=_spawned_rank, name=f"rltrain-rank{r}", daemon=False,
-                            args=(launch, self.cfg, str(self.run_dir), self.backend, self.timeout_s, writer))
-            procs.append(p)
-            conns.append(reader)
-            writers.append(writer)
-        forwarded: dict[int, object] = {}
-
-        def forward(signum, frame) -> None:  # the ranks checkpoint and stop together (agreed stop bit)
-            for p in procs:
-                if p.pid is not None and p.is_alive():
-                    os.kill(p.pid, signum)
-
-        for s in (signal.SIGINT, signal.SIGTERM):
-            if threading.current_thread() is threading.main_thread():
-                forwarded[s] = signal.signal(s, forward)
+        jobs = [RankJob(LaunchInfo(rank=r, world_size=self.world_size, local_rank=r, master_addr=self.master_addr,
+                                   master_port=port, source="local"), self.cfg, str(self.run_dir), self.backend,
+                        self.timeout_s) for r in range(self.world_size)]
+        stop = StopFlag().install()  # Ctrl-C / SIGTERM here -> Stop to every rank (the ranks ignore SIGINT)
         try:
-            for p, w in zip(procs, writers, strict=True):
-                p.start()
-                w.close()  # the parent keeps only the reading end, so a dead rank reads as EOF
-            done, failures = supervise(procs, conns, timeout_s=self.timeout_s)
+            # forkserver: torch and this module are imported once by the fork server, not once per rank (and
+            # never forked from this process, whose threads or CUDA state a child must not inherit);
+            # daemon=False: a rank may start processes of its own (env.vectorization=async)
+            with WorkerGroup(start_method="forkserver", heartbeat_timeout_s=None, start_timeout_s=None,
+                             name="rltrain-rank", daemon=False, preload=HEAVY_MODULES) as group:
+                for job in jobs:
+                    group.start(_spawned_rank, job)  # worker index == rank
+                summaries, failures = supervise_ranks(group, stop, timeout_s=self.timeout_s)
         finally:
-            for s, prev in forwarded.items():
-                signal.signal(s, prev)  # type: ignore[arg-type]
+            stop.uninstall()
         if failures:
             return self._report_failure(primary_failure(failures))
-        return done[0].summary
+        return summaries[0]
 
-    def _report_failure(self, failure: RankFailed) -> dict:
+    def _report_failure(self, failure: RankFailure) -> dict:
         if failure.kind == "config":
             raise ConfigError(failure.message)
+        if failure.traceback:
+            print("".join(f"[rank {failure.rank}] {ln}\n" for ln in failure.traceback.splitlines()),
+                  file=sys.stderr, end="", flush=True)
         message = f"rank {failure.rank} {failure.message}" if failure.kind == "died" else \
             f"rank {failure.rank} failed: {failure.message}"
         print(f"rltrain: {message}", file=sys.stderr, flush=True)
