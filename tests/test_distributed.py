@@ -194,8 +194,8 @@ def test_ranks_exit_when_their_parent_is_killed(tmp_path, orphan_watch):
         if csv.exists() and len(csv.read_text().splitlines()) >= 3:
             break
         time.sleep(0.2)
-    helpers = child_pids(p.pid)  # the fork server and the two ranks
-    assert p.poll() is None and len(helpers) >= 3, helpers
+    helpers = child_pids(p.pid)  # the two ranks (and a fork server, if one was needed)
+    assert p.poll() is None and len(helpers) >= 2, helpers
     p.kill()
     p.wait(timeout=10)
     deadline = time.monotonic() + 30

@@ -84,6 +84,35 @@ def test_forkserver_workers_share_one_import_of_torch(method, orphan_watch):
     assert (origin == {rep["parent"]}) == (method == "fork"), (origin, rep["parent"])
 
 
+def test_workers_that_start_processes_need_daemon_false(orphan_watch):
+    rep = scenario("child")  # daemon=False
+    assert [e["result"] for e in rep["events"] if e["type"] == "Done"] == [{"child_exitcode": 0}] * 2, rep
+    rep = scenario("child_of_daemon")  # the default, daemon=True: Python refuses
+    failed = [e for e in rep["events"] if e["type"] == "Failed"]
+    assert len(failed) == 2 and "daemonic processes are not allowed to have children" in failed[0]["error"], rep
+
+
+def test_auto_forks_only_while_that_is_safe(monkeypatch):
+    import threading
+
+    import torch
+
+    code = "from rltrain.trainers.supervise import check_start_method; print(check_start_method('auto'))"
+    fresh = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert fresh.stdout.strip() == "fork", fresh.stderr  # one thread, no CUDA: the workers inherit our modules
+    release = threading.Event()
+    other = threading.Thread(target=release.wait, daemon=True)
+    other.start()
+    try:
+        assert check_start_method("auto") == "forkserver"  # another thread could hold a lock across the fork
+    finally:
+        release.set()
+        other.join()
+    monkeypatch.setattr(threading, "active_count", lambda: 1)
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
+    assert check_start_method("auto") == "forkserver"
+
+
 def test_unknown_start_method_is_a_config_error():
     with pytest.raises(ConfigError, match="start_method"):
         check_start_method("threads")

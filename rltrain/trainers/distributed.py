@@ -416,10 +416,10 @@ class DistributedSimulatorTrainer(Trainer):
                         self.timeout_s) for r in range(self.world_size)]
         stop = StopFlag().install()  # Ctrl-C / SIGTERM here -> Stop to every rank (the ranks ignore SIGINT)
         try:
-            # forkserver: torch and this module are imported once by the fork server, not once per rank (and
-            # never forked from this process, whose threads or CUDA state a child must not inherit);
+            # auto: fork (the ranks inherit torch and this module: nothing to import) while this process has
+            # no other thread and no CUDA context, else forkserver (imported once by the server, not per rank);
             # daemon=False: a rank may start processes of its own (env.vectorization=async)
-            with WorkerGroup(start_method="forkserver", heartbeat_timeout_s=None, start_timeout_s=None,
+            with WorkerGroup(start_method="auto", heartbeat_timeout_s=None, start_timeout_s=None,
                              name="rltrain-rank", daemon=False, preload=HEAVY_MODULES) as group:
                 for job in jobs:
                     group.start(_spawned_rank, job)  # worker index == rank

@@ -28,11 +28,13 @@ A worker that raises sends ``Failed`` with its formatted traceback, then exits 1
 ``Heartbeat`` every ``heartbeat_s`` from a thread; a worker silent for ``heartbeat_timeout_s`` is reported
 ``Unresponsive`` (the parent decides what to do, e.g. ``kill(index)``).
 
-Start-up is paid once where the start method allows it: with ``forkserver`` the fork server imports
+Start-up is paid once where the start method allows it: with ``fork`` the workers inherit the parent's
+modules (nothing to import: the fastest start, but only safe before threads and CUDA); with ``forkserver`` the
+fork server imports
 ``preload`` (numpy, torch, gymnasium by default) and the first target's module before it forks anyone, so
-every worker starts from an interpreter that already has them instead of importing torch again; with ``fork``
-the workers inherit the parent's modules (refused once CUDA is initialised, see ``check_start_method``);
-``spawn`` starts each worker from a fresh interpreter.
+every worker starts from an interpreter that already has them instead of importing torch again; ``spawn``
+starts each worker from a fresh interpreter. ``auto`` is ``fork`` while the parent has no other thread and no
+CUDA context, else ``forkserver`` (see ``check_start_method``).
 
 Workers are daemonic by default (the interpreter's exit terminates them even when ``shutdown`` was never
 reached); a worker that starts processes of its own (``env.vectorization=async``, or a rank's children) needs
@@ -62,7 +64,7 @@ from typing import Any
 from rltrain.errors import ConfigError
 from rltrain.run.signals import StopFlag
 
-START_METHODS = ("spawn", "forkserver", "fork")
+START_METHODS = ("spawn", "forkserver", "fork", "auto")
 # imported once by the fork server (start_method=forkserver) instead of once per worker
 HEAVY_MODULES = ("numpy", "torch", "gymnasium")
 
@@ -246,16 +248,27 @@ def _bootstrap(target: Callable[..., Any], index: int, conn: Connection, payload
 
 # -- the parent side ------------------------------------------------------------------------------------------
 def check_start_method(method: str) -> str:
-    """Validate a start method; ``fork`` after CUDA is initialised would hand children a broken CUDA context."""
+    """Validate a start method and resolve ``auto``: ``fork`` while this process can still be forked safely,
+    else ``forkserver``. ``fork`` after CUDA is initialised would hand children a broken CUDA context."""
     if method not in START_METHODS:
         raise ConfigError(f"start_method={method!r} is not one of: {', '.join(START_METHODS)}")
-    if method == "fork":
-        import torch
-
-        if torch.cuda.is_initialized():
-            raise ConfigError("start_method=fork: CUDA is already initialised in this process and cannot be "
-                              "used in forked children; use start_method=spawn or forkserver")
+    if method == "auto":
+        return "fork" if _fork_is_safe() else "forkserver"
+    if method == "fork" and _cuda_initialized():
+        raise ConfigError("start_method=fork: CUDA is already initialised in this process and cannot be "
+                          "used in forked children; use start_method=spawn, forkserver or auto")
     return method
+
+
+def _cuda_initialized() -> bool:
+    torch = sys.modules.get("torch")  # not imported: certainly not initialised
+    return torch is not None and bool(torch.cuda.is_initialized())
+
+
+def _fork_is_safe() -> bool:
+    # a forked child holds a copy of every lock but only the forking thread: a lock another thread held
+    # stays held forever in the child; and a CUDA context does not survive fork at all
+    return threading.active_count() == 1 and not _cuda_initialized()
 
 
 @dataclass(eq=False)  # hashable by identity
@@ -276,7 +289,8 @@ class WorkerGroup:
                  heartbeat_timeout_s: float | None = 60.0, start_timeout_s: float | None = 300.0,
                  graceful_sigterm: bool = True, name: str = "rltrain-worker", daemon: bool = True,
                  preload: Sequence[str] = HEAVY_MODULES):
-        self.ctx = mp.get_context(check_start_method(start_method))
+        self.start_method = check_start_method(start_method)  # ``auto`` resolved
+        self.ctx = mp.get_context(self.start_method)
         self.heartbeat_s, self.heartbeat_timeout_s = heartbeat_s, heartbeat_timeout_s
         self.start_timeout_s, self.graceful_sigterm, self.name = start_timeout_s, graceful_sigterm, name
         self.daemon, self.preload = daemon, tuple(preload)
@@ -310,7 +324,7 @@ class WorkerGroup:
         Only the process's first fork server reads this (it lives as long as this process); ``__main__`` is
         left out because each child re-creates its own ``__main__`` anyway.
         """
-        if self.ctx.get_start_method() != "forkserver":
+        if self.start_method != "forkserver":
             return
         module = getattr(target, "__module__", None)
         names = [*self.preload, *([module] if module and module != "__main__" else [])]

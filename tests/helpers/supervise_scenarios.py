@@ -57,14 +57,25 @@ def imports(ctx, _: int) -> dict:
     return {"pid": os.getpid(), "module_imported_in": IMPORTED_IN, "torch_loaded": "torch" in sys.modules}
 
 
+def with_child(ctx, _: int) -> dict:
+    """Starts a process of its own, as a worker with ``env.vectorization=async`` does."""
+    import multiprocessing as mp
+
+    child = mp.get_context("fork").Process(target=os.getpid)
+    child.start()
+    child.join(10)
+    return {"child_exitcode": child.exitcode}
+
+
 def run(name: str, method: str) -> dict:
     report: dict = {"events": [], "pids": [], "parent": os.getpid()}
     # the targets by their module's real name, not ``__main__``: the fork server can preload that module
     me = importlib.import_module("tests.helpers.supervise_scenarios")
     target, payload = {"ok": (me.counting, 5), "raise": (me.raising, 3), "sigkill": (me.until_stopped, 0),
-                       "stop": (me.until_stopped, 0), "stubborn": (me.stubborn, 0), "imports": (me.imports, 0)}[name]
+                       "stop": (me.until_stopped, 0), "stubborn": (me.stubborn, 0), "imports": (me.imports, 0),
+                       "child": (me.with_child, 0), "child_of_daemon": (me.with_child, 0)}[name]
     t0 = time.monotonic()
-    with WorkerGroup(start_method=method, heartbeat_s=0.2) as group:
+    with WorkerGroup(start_method=method, heartbeat_s=0.2, daemon=name != "child") as group:
         for _ in range(2):
             group.start(target, payload)
         stopped = False
