@@ -227,7 +227,7 @@ class ParallelTrainer(Trainer):
         aborted: str | None = None
         try:
             with WorkerGroup(start_method=self.start_method, heartbeat_timeout_s=self.heartbeat_timeout_s,
-                             name="rltrain-agent") as group:
+                             name="rltrain-agent", daemon=False) as group:  # agents may start env processes
                 for job in jobs:
                     group.start(agent_main, job)
                 stopping = False
