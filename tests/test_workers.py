@@ -71,17 +71,19 @@ def test_shutdown_escalates_to_sigkill(orphan_watch):
 def test_forkserver_workers_share_one_import_of_torch(method, orphan_watch):
     """forkserver: the server imported torch and the target's module once, before forking both workers;
     spawn (the control): each worker imported the module itself, and nothing loaded torch;
-    fork: the workers inherited the parent's modules."""
+    fork: the workers inherited the parent's modules (the parent never imported torch here)."""
     rep = scenario("imports", method)
     results = [e["result"] for e in rep["events"] if e["type"] == "Done"]
     assert len(results) == 2, rep
     if method == "spawn":
         assert all(r["module_imported_in"] == r["pid"] and not r["torch_loaded"] for r in results), results
         return
-    assert all(r["torch_loaded"] for r in results), results
     origin = {r["module_imported_in"] for r in results}
     assert len(origin) == 1 and not origin & {r["pid"] for r in results}, results  # one import, elsewhere
-    assert (origin == {rep["parent"]}) == (method == "fork"), (origin, rep["parent"])
+    if method == "fork":
+        assert origin == {rep["parent"]}, (origin, rep["parent"])  # the parent's own import
+    else:  # the fork server's import, with torch preloaded although nothing the worker runs imports it
+        assert origin != {rep["parent"]} and all(r["torch_loaded"] for r in results), (results, rep["parent"])
 
 
 def test_workers_that_start_processes_need_daemon_false(orphan_watch):

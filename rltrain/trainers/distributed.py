@@ -6,8 +6,8 @@ are broadcast before the first update; every gradient step all-reduces the gradi
 bucket, averaged and waited, so all replicas apply the same update and stay identical (the DD-PPO
 recipe, Wijmans et al. 2020). Normaliser moments are summed and logged scalars averaged over ranks.
 
-Ranks come from our own local spawn (``trainer.world_size``), from torchrun or from a SLURM step
-(``launch.py``). Rank 0 alone logs, shows progress and writes checkpoints.
+Ranks come from our own local spawn (``trainer.world_size`` workers of one ``supervise.WorkerGroup``), from
+torchrun or from a SLURM step (``rendezvous.py``). Rank 0 alone logs, shows progress and writes checkpoints.
 """
 
 from __future__ import annotations

@@ -42,8 +42,8 @@ reached); a worker that starts processes of its own (``env.vectorization=async``
 
 Signals: workers ignore SIGINT (set before the child starts, so also during the spawn bootstrap): Ctrl-C
 reaches the whole foreground process group, and the parent alone decides how to stop (a ``Stop`` message
-to each worker, which the worker sees as ``ctx.stop_requested``). SIGTERM sent to a worker directly (e.g. by
-a batch system) also sets ``stop_requested`` when ``graceful_sigterm=True``.
+to each worker, which the worker sees as ``ctx.stop_requested``). SIGTERM or SIGUSR2 sent to a worker directly
+(e.g. by a batch system) also sets ``stop_requested`` when ``graceful_sigterm=True``.
 """
 
 from __future__ import annotations
@@ -220,8 +220,9 @@ def _bootstrap(target: Callable[..., Any], index: int, conn: Connection, payload
     """Runs in the child: signals, threads, one torch thread, then ``target(ctx, payload)``."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     ctx = WorkerContext(index, conn)
-    if graceful_sigterm:
-        signal.signal(signal.SIGTERM, lambda s, f: ctx.request_stop("SIGTERM"))
+    if graceful_sigterm:  # also replaces the handlers a forked child inherited from its parent
+        for signum in (signal.SIGTERM, signal.SIGUSR2):
+            signal.signal(signum, lambda s, f: ctx.request_stop(signal.Signals(s).name))
     if "torch" in sys.modules:  # the target's module (unpickled before we run) imported it
         # small nets on few cores: more threads only contend with the other workers
         sys.modules["torch"].set_num_threads(1)
