@@ -29,12 +29,11 @@ A worker that raises sends ``Failed`` with its formatted traceback, then exits 1
 ``Unresponsive`` (the parent decides what to do, e.g. ``kill(index)``).
 
 Start-up is paid once where the start method allows it: with ``fork`` the workers inherit the parent's
-modules (nothing to import: the fastest start, but only safe before threads and CUDA); with ``forkserver`` the
-fork server imports
-``preload`` (numpy, torch, gymnasium by default) and the first target's module before it forks anyone, so
-every worker starts from an interpreter that already has them instead of importing torch again; ``spawn``
-starts each worker from a fresh interpreter. ``auto`` is ``fork`` while the parent has no other thread and no
-CUDA context, else ``forkserver`` (see ``check_start_method``).
+modules (nothing to import: the fastest start, but only safe before threads and CUDA); with ``forkserver``
+the fork server imports ``preload`` (numpy, torch, gymnasium by default) and the first target's module
+before it forks anyone, so no worker imports torch again; ``spawn`` starts each worker from a fresh
+interpreter. ``auto`` is ``fork`` while the parent has no other thread and no CUDA context, else
+``forkserver`` (see ``check_start_method``).
 
 Workers are daemonic by default (the interpreter's exit terminates them even when ``shutdown`` was never
 reached); a worker that starts processes of its own (``env.vectorization=async``, or a rank's children) needs
@@ -197,7 +196,7 @@ class WorkerContext:
 
 
 class ContextStop(StopFlag):
-    """The ``StopFlag`` a worker's training loop polls: set by the parent's ``Stop`` (or a direct SIGTERM).
+    """The ``StopFlag`` a worker's training loop polls: set by the parent's ``Stop`` or a direct SIGTERM/SIGUSR2.
 
     A stop whose reason names a signal (the parent was interrupted: ``Stop("SIGINT")``) keeps that signal,
     so the worker's summary carries the exit code the parent's own signal would give (130 for Ctrl-C).
