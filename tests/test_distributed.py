@@ -127,7 +127,7 @@ def test_torchrun_two_nodes_on_localhost(tmp_path, no_leaks):
 
 # -- faults and Ctrl-C -------------------------------------------------------------------------------------
 @pytest.mark.parametrize(("mode", "expect"), [("raise", "rank 1 failed: RuntimeError: injected fault on rank 1"),
-                                              ("kill", "rank 1 was killed by SIGKILL")])
+                                              ("kill", "rank 1 killed by signal SIGKILL")])
 def test_a_failing_rank_stops_the_job(cli, tmp_path, no_leaks, mode, expect):
     timeout_s, stamp = 20, tmp_path / "fault.time"
     r = cli(*FAST, "total_env_steps=100000", f"trainer.timeout_s={timeout_s}",
@@ -164,6 +164,44 @@ def test_ctrl_c_checkpoints_and_stops_all_ranks(tmp_path, no_leaks):
     assert s["status"] == "interrupted" and s["stop_reason"] == "SIGINT" and "resume=auto" in s["resume_command"]
     assert len(set(s["rank_param_sha256"])) == 1  # both ranks stopped at the same update
     assert list((run / "checkpoints").glob("step_*.pt"))
+
+
+def test_config_error_in_a_rank_is_one_line_exit_2(cli, tmp_path, no_leaks):
+    # the parent never builds envs: the bad keyword fails inside the ranks, as a ConfigError
+    r = cli(*FAST, "env.id=tests.helpers.faulty_envs:faulty_cartpole", "+env.kwargs.bogus=1", timeout=180, env=TEST_ENV)
+    assert r.returncode == 2, r.stderr[-3000:]
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and "env.kwargs" in lines[0] and "bogus" in lines[0], r.stderr[-3000:]
+
+
+def _state(pid: int) -> str | None:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (FileNotFoundError, IndexError):
+        return None
+
+
+def test_ranks_exit_when_their_parent_is_killed(tmp_path, orphan_watch):
+    from tests.conftest import child_pids
+
+    run = tmp_path / "run"
+    env = {**os.environ, **TEST_ENV, "PYTHONUNBUFFERED": "1"}
+    p = subprocess.Popen([sys.executable, "-m", "rltrain", *FAST, "total_env_steps=10000000"], cwd=tmp_path,
+                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and p.poll() is None:  # wait until training is under way
+        csv = run / "metrics.csv"
+        if csv.exists() and len(csv.read_text().splitlines()) >= 3:
+            break
+        time.sleep(0.2)
+    helpers = child_pids(p.pid)  # the two ranks (and a fork server, if one was needed)
+    assert p.poll() is None and len(helpers) >= 2, helpers
+    p.kill()
+    p.wait(timeout=10)
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and any(_state(pid) not in (None, "Z") for pid in helpers):
+        time.sleep(0.2)
+    assert all(_state(pid) in (None, "Z") for pid in helpers), {pid: _state(pid) for pid in helpers}
 
 
 # -- GPU ---------------------------------------------------------------------------------------------------

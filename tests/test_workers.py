@@ -42,7 +42,7 @@ def test_raising_worker_sends_its_traceback(orphan_watch):
     failed = [e for e in rep["events"] if e["type"] == "Failed"]
     assert len(failed) == 2
     assert "RuntimeError: boom in worker" in failed[0]["error"]
-    assert "workers_scenarios.py" in failed[0]["traceback"] and "in raising" in failed[0]["traceback"]
+    assert "supervise_scenarios.py" in failed[0]["traceback"] and "in raising" in failed[0]["traceback"]
     assert rep["exitcodes"] == [1, 1] and rep["alive"] == []
 
 
@@ -65,6 +65,54 @@ def test_shutdown_escalates_to_sigkill(orphan_watch):
     rep = scenario("stubborn")
     assert rep["alive"] == []
     assert rep["shutdown_s"] < 15
+
+
+@pytest.mark.parametrize("method", ["forkserver", "spawn", "fork"])
+def test_forkserver_workers_share_one_import_of_torch(method, orphan_watch):
+    """forkserver: the server imported torch and the target's module once, before forking both workers;
+    spawn (the control): each worker imported the module itself, and nothing loaded torch;
+    fork: the workers inherited the parent's modules (the parent never imported torch here)."""
+    rep = scenario("imports", method)
+    results = [e["result"] for e in rep["events"] if e["type"] == "Done"]
+    assert len(results) == 2, rep
+    if method == "spawn":
+        assert all(r["module_imported_in"] == r["pid"] and not r["torch_loaded"] for r in results), results
+        return
+    origin = {r["module_imported_in"] for r in results}
+    assert len(origin) == 1 and not origin & {r["pid"] for r in results}, results  # one import, elsewhere
+    if method == "fork":
+        assert origin == {rep["parent"]}, (origin, rep["parent"])  # the parent's own import
+    else:  # the fork server's import, with torch preloaded although nothing the worker runs imports it
+        assert origin != {rep["parent"]} and all(r["torch_loaded"] for r in results), (results, rep["parent"])
+
+
+def test_workers_that_start_processes_need_daemon_false(orphan_watch):
+    rep = scenario("child")  # daemon=False
+    assert [e["result"] for e in rep["events"] if e["type"] == "Done"] == [{"child_exitcode": 0}] * 2, rep
+    rep = scenario("child_of_daemon")  # the default, daemon=True: Python refuses
+    failed = [e for e in rep["events"] if e["type"] == "Failed"]
+    assert len(failed) == 2 and "daemonic processes are not allowed to have children" in failed[0]["error"], rep
+
+
+def test_auto_forks_only_while_that_is_safe(monkeypatch):
+    import threading
+
+    import torch
+
+    code = "from rltrain.trainers.supervise import check_start_method; print(check_start_method('auto'))"
+    fresh = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert fresh.stdout.strip() == "fork", fresh.stderr  # one thread, no CUDA: the workers inherit our modules
+    release = threading.Event()
+    other = threading.Thread(target=release.wait, daemon=True)
+    other.start()
+    try:
+        assert check_start_method("auto") == "forkserver"  # another thread could hold a lock across the fork
+    finally:
+        release.set()
+        other.join()
+    monkeypatch.setattr(threading, "active_count", lambda: 1)
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
+    assert check_start_method("auto") == "forkserver"
 
 
 def test_unknown_start_method_is_a_config_error():

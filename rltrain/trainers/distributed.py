@@ -12,13 +12,12 @@ Ranks come from our own local spawn (``trainer.world_size``), from torchrun or f
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
+import json
 import os
 import sys
 import threading
 import time
-import traceback
 from datetime import timedelta
 from pathlib import Path
 
@@ -37,12 +36,7 @@ from rltrain.trainers.base import Trainer
 from rltrain.trainers.loop import LoopHooks, TrainLoop
 from rltrain.trainers.rendezvous import (
     LaunchInfo,
-    RankDone,
-    RankFailed,
     detect_launch,
-    free_port,
-    primary_failure,
-    supervise,
 )
 from rltrain.trainers.settings import RunSettings
 
@@ -235,32 +229,6 @@ def run_rank(launch: LaunchInfo, settings: RunSettings, run_dir: Path, *, backen
             dist.destroy_process_group()
 
 
-def failure_of(rank: int, err: BaseException) -> RankFailed:
-    kind = "config" if isinstance(err, ConfigError) else "peer" if isinstance(err, PeerFailure) else "error"
-    return RankFailed(rank, kind, f"{type(err).__name__}: {err}" if kind != "config" else str(err),
-                      "".join(traceback.format_exception(type(err), err, err.__traceback__)))
-
-
-def _spawned_rank(launch: LaunchInfo, settings: RunSettings, run_dir: str, backend: str, timeout_s: float, conn) -> None:
-    """Entry point of a locally spawned rank: report a summary or a failure on ``conn``, then exit."""
-    os.setpgrp()  # the supervisor forwards Ctrl-C once; the terminal must not deliver it a second time
-    code = 0
-    try:
-        conn.send(RankDone(launch.rank, run_rank(launch, settings, Path(run_dir), backend=backend, timeout_s=timeout_s,
-                                                stop=StopFlag().install())))
-    except BaseException as err:  # noqa: B036 - report everything, KeyboardInterrupt included
-        failure = failure_of(launch.rank, err)
-        if failure.kind != "config":
-            print("".join(f"[rank {launch.rank}] {ln}\n" for ln in failure.traceback.splitlines()),
-                  file=sys.stderr, end="", flush=True)
-        with contextlib.suppress(OSError):
-            conn.send(failure)
-        code = 2 if failure.kind == "config" else 1
-    finally:
-        conn.close()
-    sys.exit(code)
-
-
 class DistributedSimulatorTrainer(Trainer):
     def __init__(self, *, settings: RunSettings, run_dir: Path, world_size: int = 2, backend: str = "auto",
                  timeout_s: float = 300.0, master_addr: str = "127.0.0.1"):
@@ -288,9 +256,17 @@ class DistributedSimulatorTrainer(Trainer):
         return self.launch is None or self.launch.is_main
 
     def train(self, stop: StopFlag) -> dict:
+        from rltrain.trainers.ranks import failure_of, primary_failure, report_failure, spawn_ranks
+
         launch = self.launch
         if launch is None:
-            return self._spawn_and_supervise()
+            self._precheck_resume()
+            summaries, failures = spawn_ranks(self.settings, self.run_dir, stop, world_size=self.world_size,
+                                              backend=self.backend, timeout_s=self.timeout_s,
+                                              master_addr=self.master_addr)
+            if failures:
+                return self._failed(report_failure(primary_failure(failures)), primary_failure(failures).rank)
+            return summaries[0]
         try:
             return run_rank(launch, self.settings, self.run_dir, backend=self.backend, timeout_s=self.timeout_s,
                             stop=stop)
@@ -315,57 +291,12 @@ class DistributedSimulatorTrainer(Trainer):
             if error:
                 raise ConfigError(error)
 
-    def _spawn_and_supervise(self) -> dict:
-        import multiprocessing as mp
-        import signal
-
-        self._precheck_resume()
-        ctx = mp.get_context("spawn")  # fork is unsafe once torch threads exist
-        port = free_port(self.master_addr)
-        procs, conns, writers = [], [], []
-        for r in range(self.world_size):
-            launch = LaunchInfo(rank=r, world_size=self.world_size, local_rank=r, master_addr=self.master_addr,
-                                master_port=port, source="local")
-            reader, writer = ctx.Pipe(duplex=False)
-            p = ctx.Process(target=_spawned_rank, name=f"rltrain-rank{r}", daemon=False,
-                            args=(launch, self.settings, str(self.run_dir), self.backend, self.timeout_s, writer))
-            procs.append(p)
-            conns.append(reader)
-            writers.append(writer)
-        forwarded: dict[int, object] = {}
-
-        def forward(signum, frame) -> None:  # the ranks checkpoint and stop together (agreed stop bit)
-            for p in procs:
-                if p.pid is not None and p.is_alive():
-                    os.kill(p.pid, signum)
-
-        for s in (signal.SIGINT, signal.SIGTERM):
-            if threading.current_thread() is threading.main_thread():
-                forwarded[s] = signal.signal(s, forward)
-        try:
-            for p, w in zip(procs, writers, strict=True):
-                p.start()
-                w.close()  # the parent keeps only the reading end, so a dead rank reads as EOF
-            done, failures = supervise(procs, conns, timeout_s=self.timeout_s)
-        finally:
-            for s, prev in forwarded.items():
-                signal.signal(s, prev)  # type: ignore[arg-type]
-        if failures:
-            return self._report_failure(primary_failure(failures))
-        return done[0].summary
-
-    def _report_failure(self, failure: RankFailed) -> dict:
-        if failure.kind == "config":
-            raise ConfigError(failure.message)
-        message = f"rank {failure.rank} {failure.message}" if failure.kind == "died" else \
-            f"rank {failure.rank} failed: {failure.message}"
-        print(f"rltrain: {message}", file=sys.stderr, flush=True)
+    def _failed(self, message: str, rank: int) -> dict:
+        """The run's summary (rank 0's, when it got that far) marked failed by ``rank``."""
         path = self.run_dir / "summary.json"
         try:
-            import json
-
             summary = json.loads(path.read_text()) if path.exists() else {}
         except ValueError:
             summary = {}
-        summary.update(status="failed", error=message, failed_rank=failure.rank, world_size=self.world_size)
+        summary.update(status="failed", error=message, failed_rank=rank, world_size=self.world_size)
         return {**summary, "exit_code": 1}

@@ -116,7 +116,7 @@ class ParallelTrainer(Trainer):
 
     def __init__(self, *, settings: RunSettings, run_dir: Path, agents: list[RunSettings], num_agents: int = 2,
                  scopes: list[int] | None = None, devices: list[str] | None = None,
-                 agent_overrides: list[list[str] | dict] | None = None, start_method: str = "spawn",
+                 agent_overrides: list[list[str] | dict] | None = None, start_method: str = "auto",
                  on_agent_failure: str = "continue", heartbeat_timeout_s: float = 120.0,
                  shutdown_grace_s: float = 60.0):
         super().__init__(settings=settings, run_dir=run_dir)
@@ -127,6 +127,7 @@ class ParallelTrainer(Trainer):
         self.agents, self.num_agents = agents, len(agents)
         self.agent_overrides = agent_overrides
         self.start_method, self.on_agent_failure = start_method, on_agent_failure
+        self.resolved_start_method = start_method  # auto -> fork or forkserver, once the group decided
         self.heartbeat_timeout_s, self.shutdown_grace_s = heartbeat_timeout_s, shutdown_grace_s
 
     def seed_trees(self) -> dict[str, SeedTree]:
@@ -146,7 +147,8 @@ class ParallelTrainer(Trainer):
         aborted: str | None = None
         try:
             with WorkerGroup(start_method=self.start_method, heartbeat_timeout_s=self.heartbeat_timeout_s,
-                             name="rltrain-agent") as group:
+                             name="rltrain-agent", daemon=False) as group:  # agents may start env processes
+                self.resolved_start_method = group.start_method
                 for job in jobs:
                     group.start(agent_main, job)
                 stopping = False
@@ -227,7 +229,7 @@ class ParallelTrainer(Trainer):
             "status": status,
             "trainer": "parallel",
             "num_agents": self.num_agents,
-            "start_method": self.start_method,
+            "start_method": self.resolved_start_method,
             "seed": self.settings.seed,
             "env_id": self.settings.env.id,
             "final_eval_return": agg["mean"],  # what the CLI returns to sweepers (aggregate mean)

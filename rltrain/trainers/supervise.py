@@ -28,10 +28,21 @@ A worker that raises sends ``Failed`` with its formatted traceback, then exits 1
 ``Heartbeat`` every ``heartbeat_s`` from a thread; a worker silent for ``heartbeat_timeout_s`` is reported
 ``Unresponsive`` (the parent decides what to do, e.g. ``kill(index)``).
 
+Start-up is paid once where the start method allows it: with ``fork`` the workers inherit the parent's
+modules (nothing to import: the fastest start, but only safe before threads and CUDA); with ``forkserver``
+the fork server imports ``preload`` (numpy, torch, gymnasium by default) and the first target's module
+before it forks anyone, so no worker imports torch again; ``spawn`` starts each worker from a fresh
+interpreter. ``auto`` is ``fork`` while the parent has no other thread and no CUDA context, else
+``forkserver`` (see ``check_start_method``).
+
+Workers are daemonic by default (the interpreter's exit terminates them even when ``shutdown`` was never
+reached); a worker that starts processes of its own (``env.vectorization=async``, or a rank's children) needs
+``daemon=False``, since a daemonic process may not have children.
+
 Signals: workers ignore SIGINT (set before the child starts, so also during the spawn bootstrap): Ctrl-C
 reaches the whole foreground process group, and the parent alone decides how to stop (a ``Stop`` message
-to each worker, which the worker sees as ``ctx.stop_requested``). SIGTERM sent to a worker directly (e.g. by
-a batch system) also sets ``stop_requested`` when ``graceful_sigterm=True``.
+to each worker, which the worker sees as ``ctx.stop_requested``). SIGTERM or SIGUSR2 sent to a worker directly
+(e.g. by a batch system) also sets ``stop_requested`` when ``graceful_sigterm=True``.
 """
 
 from __future__ import annotations
@@ -44,14 +55,17 @@ import sys
 import threading
 import time
 import traceback
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection, wait
 from typing import Any
 
 from rltrain.errors import ConfigError
+from rltrain.run.signals import StopFlag
 
-START_METHODS = ("spawn", "forkserver", "fork")
+START_METHODS = ("spawn", "forkserver", "fork", "auto")
+# imported once by the fork server (start_method=forkserver) instead of once per worker
+HEAVY_MODULES = ("numpy", "torch", "gymnasium")
 
 
 # -- messages -------------------------------------------------------------------------------------------------
@@ -181,13 +195,33 @@ class WorkerContext:
             self.send(Heartbeat(self.index, time.time()))
 
 
+class ContextStop(StopFlag):
+    """The ``StopFlag`` a worker's training loop polls: set by the parent's ``Stop`` or a direct SIGTERM/SIGUSR2.
+
+    A stop whose reason names a signal (the parent was interrupted: ``Stop("SIGINT")``) keeps that signal,
+    so the worker's summary carries the exit code the parent's own signal would give (130 for Ctrl-C).
+    """
+
+    def __init__(self, ctx: WorkerContext):
+        super().__init__()
+        self.ctx = ctx
+
+    @property
+    def requested(self) -> bool:
+        if self.signum is None and self.ctx.stop_requested:
+            self.reason = self.ctx.stop_reason
+            self.signum = int(signal.Signals.__members__.get(self.reason or "", 0))
+        return self.signum is not None
+
+
 def _bootstrap(target: Callable[..., Any], index: int, conn: Connection, payload: Any, heartbeat_s: float,
                graceful_sigterm: bool) -> None:
     """Runs in the child: signals, threads, one torch thread, then ``target(ctx, payload)``."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     ctx = WorkerContext(index, conn)
-    if graceful_sigterm:
-        signal.signal(signal.SIGTERM, lambda s, f: ctx.request_stop("SIGTERM"))
+    if graceful_sigterm:  # also replaces the handlers a forked child inherited from its parent
+        for signum in (signal.SIGTERM, signal.SIGUSR2):
+            signal.signal(signum, lambda s, f: ctx.request_stop(signal.Signals(s).name))
     if "torch" in sys.modules:  # the target's module (unpickled before we run) imported it
         # small nets on few cores: more threads only contend with the other workers
         sys.modules["torch"].set_num_threads(1)
@@ -214,16 +248,27 @@ def _bootstrap(target: Callable[..., Any], index: int, conn: Connection, payload
 
 # -- the parent side ------------------------------------------------------------------------------------------
 def check_start_method(method: str) -> str:
-    """Validate a start method; ``fork`` after CUDA is initialised would hand children a broken CUDA context."""
+    """Validate a start method and resolve ``auto``: ``fork`` while this process can still be forked safely,
+    else ``forkserver``. ``fork`` after CUDA is initialised would hand children a broken CUDA context."""
     if method not in START_METHODS:
         raise ConfigError(f"start_method={method!r} is not one of: {', '.join(START_METHODS)}")
-    if method == "fork":
-        import torch
-
-        if torch.cuda.is_initialized():
-            raise ConfigError("start_method=fork: CUDA is already initialised in this process and cannot be "
-                              "used in forked children; use start_method=spawn or forkserver")
+    if method == "auto":
+        return "fork" if _fork_is_safe() else "forkserver"
+    if method == "fork" and _cuda_initialized():
+        raise ConfigError("start_method=fork: CUDA is already initialised in this process and cannot be "
+                          "used in forked children; use start_method=spawn, forkserver or auto")
     return method
+
+
+def _cuda_initialized() -> bool:
+    torch = sys.modules.get("torch")  # not imported: certainly not initialised
+    return torch is not None and bool(torch.cuda.is_initialized())
+
+
+def _fork_is_safe() -> bool:
+    # a forked child holds a copy of every lock but only the forking thread: a lock another thread held
+    # stays held forever in the child; and a CUDA context does not survive fork at all
+    return threading.active_count() == 1 and not _cuda_initialized()
 
 
 @dataclass(eq=False)  # hashable by identity
@@ -241,11 +286,14 @@ class WorkerGroup:
     """Starts workers with one start method, multiplexes their messages, and shuts them down for sure."""
 
     def __init__(self, *, start_method: str = "spawn", heartbeat_s: float = 1.0,
-                 heartbeat_timeout_s: float | None = 60.0, start_timeout_s: float = 300.0,
-                 graceful_sigterm: bool = True, name: str = "rltrain-worker"):
-        self.ctx = mp.get_context(check_start_method(start_method))
+                 heartbeat_timeout_s: float | None = 60.0, start_timeout_s: float | None = 300.0,
+                 graceful_sigterm: bool = True, name: str = "rltrain-worker", daemon: bool = True,
+                 preload: Sequence[str] = HEAVY_MODULES):
+        self.start_method = check_start_method(start_method)  # ``auto`` resolved
+        self.ctx = mp.get_context(self.start_method)
         self.heartbeat_s, self.heartbeat_timeout_s = heartbeat_s, heartbeat_timeout_s
         self.start_timeout_s, self.graceful_sigterm, self.name = start_timeout_s, graceful_sigterm, name
+        self.daemon, self.preload = daemon, tuple(preload)
         self.workers: list[_Worker] = []
         self._closed = False
         self._reported_silent: set[int] = set()
@@ -254,8 +302,10 @@ class WorkerGroup:
     def start(self, target: Callable[[WorkerContext, Any], Any], payload: Any) -> int:
         """Start one worker running ``target(ctx, payload)``; returns its index. Both must pickle (spawn)."""
         index = len(self.workers)
+        if index == 0:
+            self._preload_for(target)
         parent_conn, child_conn = self.ctx.Pipe(duplex=True)
-        proc = self.ctx.Process(target=_bootstrap, name=f"{self.name}-{index}", daemon=True,
+        proc = self.ctx.Process(target=_bootstrap, name=f"{self.name}-{index}", daemon=self.daemon,
                                 args=(target, index, child_conn, payload, self.heartbeat_s, self.graceful_sigterm))
         # SIG_IGN survives fork and exec: the child ignores Ctrl-C from its very first instruction
         previous = signal.signal(signal.SIGINT, signal.SIG_IGN) if _main_thread() else None
@@ -267,6 +317,18 @@ class WorkerGroup:
         child_conn.close()  # the parent keeps only its end, so a dead child reads as EOF
         self.workers.append(_Worker(index, proc, parent_conn, time.monotonic()))
         return index
+
+    def _preload_for(self, target: Callable) -> None:
+        """forkserver: have the server import the heavy modules and the target's module before its first fork.
+
+        Only the process's first fork server reads this (it lives as long as this process); ``__main__`` is
+        left out because each child re-creates its own ``__main__`` anyway.
+        """
+        if self.start_method != "forkserver":
+            return
+        module = getattr(target, "__module__", None)
+        names = [*self.preload, *([module] if module and module != "__main__" else [])]
+        self.ctx.set_forkserver_preload(list(dict.fromkeys(names)))
 
     # -- supervising ----------------------------------------------------------------------------------------
     @property

@@ -7,6 +7,7 @@ all is left behind once the scenario's process has exited. The last stdout line 
 
 from __future__ import annotations
 
+import importlib
 import json
 import os
 import signal
@@ -15,6 +16,8 @@ import time
 from dataclasses import dataclass
 
 from rltrain.trainers.supervise import Done, Exited, Failed, Started, WorkerGroup
+
+IMPORTED_IN = os.getpid()  # the process that ran this module's import: the worker itself, or the fork server
 
 
 @dataclass(frozen=True)
@@ -49,18 +52,36 @@ def stubborn(ctx, _: int) -> None:
         time.sleep(0.1)
 
 
+def imports(ctx, _: int) -> dict:
+    """Where this worker's modules came from: nothing in its own chain of imports loads torch."""
+    return {"pid": os.getpid(), "module_imported_in": IMPORTED_IN, "torch_loaded": "torch" in sys.modules}
+
+
+def with_child(ctx, _: int) -> dict:
+    """Starts a process of its own, as a worker with ``env.vectorization=async`` does."""
+    import multiprocessing as mp
+
+    child = mp.get_context("fork").Process(target=os.getpid)
+    child.start()
+    child.join(10)
+    return {"child_exitcode": child.exitcode}
+
+
 def run(name: str, method: str) -> dict:
-    report: dict = {"events": [], "pids": []}
-    target, payload = {"ok": (counting, 5), "raise": (raising, 3), "sigkill": (until_stopped, 0),
-                       "stop": (until_stopped, 0), "stubborn": (stubborn, 0)}[name]
+    report: dict = {"events": [], "pids": [], "parent": os.getpid()}
+    # the targets by their module's real name, not ``__main__``: the fork server can preload that module
+    me = importlib.import_module("tests.helpers.supervise_scenarios")
+    target, payload = {"ok": (me.counting, 5), "raise": (me.raising, 3), "sigkill": (me.until_stopped, 0),
+                       "stop": (me.until_stopped, 0), "stubborn": (me.stubborn, 0), "imports": (me.imports, 0),
+                       "child": (me.with_child, 0), "child_of_daemon": (me.with_child, 0)}[name]
     t0 = time.monotonic()
-    with WorkerGroup(start_method=method, heartbeat_s=0.2) as group:
+    with WorkerGroup(start_method=method, heartbeat_s=0.2, daemon=name != "child") as group:
         for _ in range(2):
             group.start(target, payload)
         stopped = False
         while group.alive and time.monotonic() - t0 < 60:
             for ev in group.poll(timeout=0.2):
-                if isinstance(ev, Tick):
+                if isinstance(ev, me.Tick):  # the workers send the module's Tick, not __main__'s
                     report["pids"].append(ev.pid)
                     if name == "sigkill" and ev.index == 1:
                         os.kill(ev.pid, signal.SIGKILL)
@@ -74,7 +95,7 @@ def run(name: str, method: str) -> dict:
                         rec["exitcode"], rec["description"] = ev.exitcode, ev.description
                     report["events"].append(rec)
                 # stop: as soon as a worker runs; sigkill: once the killed worker is reported
-                wanted = Tick if name == "stop" else Exited if name == "sigkill" else ()
+                wanted = me.Tick if name == "stop" else Exited if name == "sigkill" else ()
                 if isinstance(ev, wanted) and not stopped:
                     group.stop_all("test stop")
                     stopped = True

@@ -42,8 +42,9 @@ class ActorPool:
     def __init__(self, make_spec: Callable[[int, int], ActorSpec], num_actors: int, *, start_method: str,
                  on_failure: str, max_restarts: int, actor_timeout_s: float,
                  on_restart: Callable[[ActorSpec], None] | None = None):
+        # daemon=False: an actor may start env processes of its own (env.vectorization=async)
         self.group = WorkerGroup(start_method=start_method, heartbeat_s=1.0, heartbeat_timeout_s=actor_timeout_s,
-                                 name="rltrain-actor")
+                                 name="rltrain-actor", daemon=False)
         self.make_spec, self.on_restart = make_spec, on_restart
         self.on_failure, self.max_restarts = on_failure, max_restarts
         self.slots = [ActorSlot(k) for k in range(num_actors)]
