@@ -20,6 +20,8 @@ import torch
 
 from rltrain.cli.build import run
 from rltrain.errors import ConfigError
+from rltrain.run.checkpoint import load_checkpoint
+from rltrain.run.metrics import WALL_CLOCK_PREFIX, read_metrics
 from tests.conftest import REPO, compose_cfg, run_cli
 
 torch.set_num_threads(1)
@@ -136,3 +138,23 @@ def test_distributed_simulator_refuses_off_policy_algos_in_one_line(tmp_path, al
     assert "\n" not in message
     assert message == (f"trainer=distributed_simulator: algo={algo} is off-policy and its replay updates are not "
                        "all-reduced; use trainer=sequential, parallel or subprocess_actors")
+
+
+def test_cnn_checkpoint_round_trip_and_bitwise_resume(tmp_path):
+    """Sequential PPO on 10x10x3 uint8 frames (MinAtar CNN): 2N steps at once == N steps + resume + N, in
+    every metrics.csv row (wall clock aside) and in every final parameter; the checkpoint loads weights-only."""
+    base = [*overrides("ppo", "image"), "algo.anneal_lr=false", "log.every_env_steps=64",
+            "checkpoint.every_env_steps=128"]
+    run(compose_cfg([*base, "total_env_steps=512"]), tmp_path / "once")
+    run(compose_cfg([*base, "total_env_steps=256"]), tmp_path / "twice")
+    summary = run(compose_cfg([*base, "total_env_steps=512", "resume=auto"]), tmp_path / "twice")
+    assert summary["resumed_from_env_steps"] == 256
+    # the N run's final evaluation lands in its last row (256): the only cells allowed to differ
+    rows = [[{k: v for k, v in r.items() if not k.startswith((WALL_CLOCK_PREFIX, "eval/"))}
+             for r in read_metrics(tmp_path / name / "metrics.csv")] for name in ("once", "twice")]
+    assert len(rows[0]) == 8 and rows[0] == rows[1]
+    once = torch.load(tmp_path / "once" / "checkpoints" / "final.pt", weights_only=True)
+    twice, _ = load_checkpoint(tmp_path / "twice" / "checkpoints" / "final.pt")
+    p1, p2 = once["algo"]["policy"], twice["algo"]["policy"]
+    assert any(k.startswith("actor_encoder.convs.") for k in p1)  # the CNN, not an MLP on pixels
+    assert p1.keys() == p2.keys() and all(torch.equal(p1[k], p2[k]) for k in p1)
