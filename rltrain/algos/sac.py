@@ -5,6 +5,10 @@ double-Q, Fujimoto et al. 2018), a squashed Gaussian actor (tanh, with the chang
 correction), and automatic entropy tuning towards ``target_entropy = -dim(A)``. Updates are driven like
 DQN's: ``gradient_steps`` updates every ``train_frequency`` env steps after ``learning_starts`` steps of
 uniform-random warm-up (all counts in env steps over all envs and workers).
+
+Any observation the model family encodes: float vectors keep the plain MLP actor and critics below (same
+maths and checkpoints as always); images and Dicts get ``models.factory.make_sac_actor`` (encoder ->
+squashed Gaussian) and ``make_continuous_q`` (encoder(obs) ++ action -> MLP, one encoder per critic).
 """
 
 from __future__ import annotations
