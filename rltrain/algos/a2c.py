@@ -18,7 +18,7 @@ from torch import nn
 
 from rltrain.algos.base import ActorCriticState, Algorithm, RewardScaler, Sync, make_adam, positive
 from rltrain.data.returns import gae, nstep_returns
-from rltrain.data.structs import EnvSpec, Metrics, Rollout
+from rltrain.data.structs import EnvSpec, Metrics, Rollout, obs_map
 from rltrain.errors import ConfigError
 from rltrain.models.factory import ModelSettings, make_actor_critic
 from rltrain.models.layers import RunningNorm
@@ -80,8 +80,9 @@ class A2C(ActorCriticState, Algorithm):
     def learn(self, rollout: Rollout, *, progress: float) -> Metrics:
         T, N = rollout.shape
         dev, pol, shape = self.device, self.policy, self.spec.obs_shape
-        obs = torch.from_numpy(rollout.obs.reshape(T * N, *shape)).to(dev)
-        next_obs = torch.from_numpy(rollout.next_obs.reshape(T * N, *shape)).to(dev)
+        # [T, N, ...] -> [T * N, ...], per key for Dict observations
+        flat = lambda x: torch.from_numpy(x.reshape(T * N, *x.shape[2:])).to(dev)  # noqa: E731
+        obs, next_obs = obs_map(flat, rollout.obs), obs_map(flat, rollout.next_obs)
         actions = torch.from_numpy(rollout.actions.reshape(T * N, *self.spec.action_shape)).to(dev)
         rewards = self.reward_scaler(rollout, self.sync) if self.reward_scaler else rollout.rewards
 

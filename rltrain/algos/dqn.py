@@ -119,7 +119,7 @@ class DQN(Algorithm):
         # what the collector writes otherwise); frame stacks are stored one frame per step
         self.buffer = ReplayBuffer(buffer_size, spec.obs_shape, spec.action_shape, spec.action_dtype, device=device,
                                    obs_dtype=getattr(spec, "obs_dtype", np.dtype(np.float32)),
-                                   frame_stack=frame_stack)
+                                   frame_stack=frame_stack, obs_space=spec.observation)
         # counters in env steps over all workers; checkpointed so resume keeps the schedules
         self.env_steps = 0
         self.pending_updates = 0.0  # rounds of updates owed (train_frequency may not divide the batch)
@@ -160,8 +160,9 @@ class DQN(Algorithm):
     def _update(self) -> Tensor:
         """One TD step on a uniform minibatch; returns detached [td_loss, mean Q(s, a)]."""
         b = self.buffer.sample(self.batch_size)
-        # the buffer hands observations out in their stored dtype; these MLPs take float
-        obs, next_obs = b.obs.float(), b.next_obs.float()
+        # the buffer hands observations out in their stored dtype (a dict of them for Dict spaces); the
+        # Q-network converts them (the MLP casts to float, an encoder also scales uint8 pixels)
+        obs, next_obs = b.obs, b.next_obs
         with torch.no_grad():
             next_q_target = self.target(next_obs)
             if self.double_dqn:

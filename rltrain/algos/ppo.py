@@ -9,6 +9,7 @@ eps 1e-5, state-independent log-std for continuous actions.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from operator import itemgetter
 
 import numpy as np
 import torch
@@ -17,7 +18,7 @@ from torch import Tensor, nn
 from rltrain.algos.base import ActorCriticState, Algorithm, RewardScaler, Sync, make_adam, positive
 from rltrain.algos.surrogate_numpy import NumpyPPOStep
 from rltrain.data.returns import gae
-from rltrain.data.structs import EnvSpec, Metrics, Rollout
+from rltrain.data.structs import EnvSpec, Metrics, ObsArray, Rollout, obs_leaves, obs_map
 from rltrain.errors import ConfigError
 from rltrain.models.actor_critic import ActorCritic
 from rltrain.models.factory import ModelSettings, make_actor_critic
@@ -140,7 +141,7 @@ class PPO(ActorCriticState, Algorithm):
             batches = self._minibatches(self._normalised_obs(rollout.obs), rollout, adv, ret, values)
             step = self._numpy_step_and_update
         else:
-            obs = torch.from_numpy(rollout.obs.reshape(T * N, *self.spec.obs_shape)).to(self.device)
+            obs = obs_map(lambda x: torch.from_numpy(x.reshape(T * N, *x.shape[2:])).to(self.device), rollout.obs)
             batches = self._minibatches(obs, rollout, adv, ret, values)
             step = self._minibatch_step
         for epoch in range(self.update_epochs):
@@ -173,17 +174,17 @@ class PPO(ActorCriticState, Algorithm):
         evaluated. On the numpy path the critic runs in numpy (a torch forward here cost ~3 ms per update).
         """
         T, N = rollout.rewards.shape
-        obs = rollout.obs.reshape(T, N, -1)
-        nxt = rollout.next_obs.reshape(T, N, -1)
         term = rollout.terminated
         cont = ~(term[:-1] | rollout.truncated[:-1])
-        if np.array_equal(nxt[:-1][cont], obs[1:][cont]):
+        if all(np.array_equal(n[:-1][cont], o[1:][cont])  # every key of a Dict observation
+               for o, n in zip(obs_leaves(rollout.obs), obs_leaves(rollout.next_obs), strict=True)):
             own = rollout.truncated.copy()
             own[-1] = True
             own &= ~term
         else:
             own = np.ones((T, N), bool)
-        v = self._value_batch(np.concatenate([obs.reshape(T * N, -1), nxt[own]]))
+        v = self._value_batch(obs_map(lambda o, n: np.concatenate([o.reshape(T * N, *o.shape[2:]), n[own]]),
+                                      rollout.obs, rollout.next_obs))
         values = v[: T * N].reshape(T, N)
         next_values = np.zeros((T, N), np.float32)
         next_values[:-1] = values[1:]
@@ -191,13 +192,12 @@ class PPO(ActorCriticState, Algorithm):
         next_values[term] = 0.0
         return values, next_values
 
-    def _value_batch(self, x: np.ndarray) -> np.ndarray:
-        """x [B, obs_dim] raw observations -> V [B] float32."""
+    def _value_batch(self, x: ObsArray) -> np.ndarray:
+        """x [B, *obs_shape] raw observations (a dict of them for Dict spaces) -> V [B] float32."""
         if self.numpy_update:
             return self._numpy_step.value(self._normalised_obs(x[None])).astype(np.float32, copy=False)
         with torch.inference_mode():
-            obs = torch.from_numpy(x.reshape(len(x), *self.spec.obs_shape)).to(self.device)
-            return self.policy.value(obs).cpu().numpy()
+            return self.policy.value(obs_map(lambda a: torch.from_numpy(a).to(self.device), x)).cpu().numpy()
 
     def _normalised_obs(self, obs: np.ndarray) -> np.ndarray:
         """[T, N, *obs_shape] -> [T * N, obs_dim] as the nets see it (the normaliser is fixed during an update)."""
@@ -208,14 +208,15 @@ class PPO(ActorCriticState, Algorithm):
         mean, std = norm._mean32.numpy().reshape(-1), norm._std32.numpy().reshape(-1)
         return np.clip((x - mean) / std, -norm.clip, norm.clip).astype(np.float32)
 
-    def _minibatches(self, obs: np.ndarray | Tensor, rollout: Rollout, adv: np.ndarray, ret: np.ndarray,
+    def _minibatches(self, obs: np.ndarray | Tensor | dict, rollout: Rollout, adv: np.ndarray, ret: np.ndarray,
                      values: np.ndarray) -> list:
         """Every epoch's shuffled minibatches at once: [E * M] each of (obs, action, old log-prob,
         -advantage, return, old value), as numpy arrays (numpy update) or tensors. One gather per array
         per update instead of one per minibatch; advantages are normalised per minibatch (as CleanRL)
-        in one vectorised op for all of them. The permutations come from the torch RNG (seeded, saved)."""
+        in one vectorised op for all of them. The permutations come from the torch RNG (seeded, saved).
+        A Dict observation (a dict of [B, ...] tensors) is gathered per key: its minibatches are dicts."""
         E, M, dev = self.update_epochs, self.num_minibatches, self.device
-        B = obs.shape[0]
+        B = rollout.rewards.size
         idx = torch.argsort(torch.rand(E, B), dim=1).reshape(-1).numpy()  # E independent permutations
         shape = (E * M, B // M)
 
@@ -227,14 +228,15 @@ class PPO(ActorCriticState, Algorithm):
         if self.norm_adv:
             g_adv = (g_adv - g_adv.mean(1, keepdims=True)) / (g_adv.std(1, ddof=1, keepdims=True) + 1e-8)
         # the surrogate uses -A (a loss to minimise); negate once here rather than in every step
-        arrays = [gather(obs), act, gather(rollout.log_probs), (-g_adv).astype(np.float32), gather(ret),
-                  gather(values)]
+        arrays = [act, gather(rollout.log_probs), (-g_adv).astype(np.float32), gather(ret), gather(values)]
         if self.numpy_update:
-            return arrays
+            return [gather(obs), *arrays]
+        g_obs = obs_map(lambda x: torch.as_tensor(gather(x)).to(dev), obs)
         tensors = [torch.as_tensor(a).to(dev) for a in arrays]
         if self.policy.discrete:
-            tensors[1] = tensors[1].long().unsqueeze(-1)  # [.., mb, 1] index for gather
-        return [t.unbind(0) for t in tensors]
+            tensors[0] = tensors[0].long().unsqueeze(-1)  # [.., mb, 1] index for gather
+        obs_mbs = [obs_map(itemgetter(k), g_obs) for k in range(E * M)] if isinstance(g_obs, dict) else g_obs.unbind(0)
+        return [obs_mbs, *(t.unbind(0) for t in tensors)]
 
     def _numpy_step_and_update(self, *batch: np.ndarray) -> np.ndarray:
         stats = self._numpy_step(*batch)

@@ -5,6 +5,10 @@ double-Q, Fujimoto et al. 2018), a squashed Gaussian actor (tanh, with the chang
 correction), and automatic entropy tuning towards ``target_entropy = -dim(A)``. Updates are driven like
 DQN's: ``gradient_steps`` updates every ``train_frequency`` env steps after ``learning_starts`` steps of
 uniform-random warm-up (all counts in env steps over all envs and workers).
+
+Any observation the model family encodes: float vectors keep the plain MLP actor and critics below (same
+maths and checkpoints as always); images and Dicts get ``models.factory.make_sac_actor`` (encoder ->
+squashed Gaussian) and ``make_continuous_q`` (encoder(obs) ++ action -> MLP, one encoder per critic).
 """
 
 from __future__ import annotations
@@ -21,11 +25,9 @@ from rltrain.algos.base import Algorithm, Sync, make_adam, positive
 from rltrain.data.replay import ReplayBuffer
 from rltrain.data.structs import ActOutput, EnvSpec, Metrics, Policy, Rollout
 from rltrain.errors import ConfigError
-from rltrain.models.factory import is_float_vector
+from rltrain.models.factory import ModelSettings, is_float_vector, make_continuous_q, make_sac_actor
+from rltrain.models.heads import squashed_gaussian_sample
 from rltrain.models.layers import ACTIVATIONS, mlp
-
-LOG_STD_MIN, LOG_STD_MAX = -5.0, 2.0  # the actor's log-std range (CleanRL, SpinningUp)
-_LOG_SQRT_2PI = 0.5 * math.log(2 * math.pi)
 
 
 class SquashedGaussianActor(Policy):
@@ -46,16 +48,8 @@ class SquashedGaussianActor(Policy):
                generator: torch.Generator | None = None) -> tuple[Tensor, Tensor]:
         """obs [B, *obs_shape] -> (action [B, A] in the env's bounds, log pi(action|obs) [B]); differentiable."""
         h = self.torso(obs.flatten(1))
-        mu = self.mean(h)
-        # squash log-std smoothly into [LOG_STD_MIN, LOG_STD_MAX] (keeps gradients, unlike a clamp)
-        log_std = LOG_STD_MIN + 0.5 * (LOG_STD_MAX - LOG_STD_MIN) * (torch.tanh(self.log_std(h)) + 1)
-        eps = torch.zeros_like(mu) if deterministic else torch.randn(mu.shape, generator=generator,
-                                                                      device=mu.device)
-        u = mu + log_std.exp() * eps  # reparameterised: gradients flow through mu and sigma
-        logp_u = (-0.5 * eps**2 - log_std - _LOG_SQRT_2PI).sum(-1)
-        # log|d tanh(u)/du| = log(1 - tanh(u)^2) = 2 (log 2 - u - softplus(-2u)), stable for large |u|
-        log_det = (2.0 * (math.log(2.0) - u - F.softplus(-2.0 * u))).sum(-1) + torch.log(self.scale).sum()
-        return torch.tanh(u) * self.scale + self.bias, logp_u - log_det
+        return squashed_gaussian_sample(self.mean(h), self.log_std(h), self.scale, self.bias,
+                                        deterministic=deterministic, generator=generator)
 
     def act(self, obs: Tensor, *, deterministic: bool = False,
             generator: torch.Generator | None = None) -> ActOutput:
@@ -87,6 +81,7 @@ class SAC(Algorithm):
         num_envs: int,
         device: torch.device,
         sync: Sync | None = None,
+        model: ModelSettings | None = None,  # the model group: encoders for images / Dict (cli/build.py)
         rollout_len: int = 1,  # steps per env between two learn() calls
         buffer_size: int = 1_000_000,  # replay capacity in observations (one per transition + one per episode end)
         batch_size: int = 256,
@@ -106,10 +101,6 @@ class SAC(Algorithm):
         checkpoint_buffer: bool = False,  # put the replay buffer into state_dict (checkpoint.replay_buffer)
     ):
         super().__init__(spec, num_envs=num_envs, device=device, sync=sync)
-        if not is_float_vector(spec.observation):
-            raise ConfigError(f"algo=sac builds MLP actor and critics over float vector observations; env.id="
-                              f"{spec.env_id} observes {spec.observation.name or spec.observation.kind}: flatten it "
-                              "with env.wrappers=[FlattenObservation], or use algo=ppo (any observation space)")
         for key, value in [("algo.rollout_len", rollout_len), ("algo.batch_size", batch_size), ("algo.tau", tau),
                            ("algo.policy_lr", policy_lr), ("algo.q_lr", q_lr), ("algo.alpha", alpha),
                            ("algo.train_frequency", train_frequency), ("algo.gradient_steps", gradient_steps),
@@ -124,10 +115,19 @@ class SAC(Algorithm):
         self.gradient_steps, self.policy_frequency = gradient_steps, policy_frequency
         self.checkpoint_buffer = checkpoint_buffer
 
-        net = {"hidden_sizes": list(hidden_sizes), "activation": activation}
-        self.policy = SquashedGaussianActor(spec, **net).to(device)
-        self.qf1, self.qf2 = QNet(spec, **net).to(device), QNet(spec, **net).to(device)
-        self.qf1_target, self.qf2_target = QNet(spec, **net).to(device), QNet(spec, **net).to(device)
+        model = (model or ModelSettings()).with_mlp(hidden_sizes, activation)
+        # float vectors keep the plain MLP modules (same maths, init and checkpoints as before the model
+        # family); any other observation gets encoder -> squashed Gaussian and encoder(obs) ++ action -> MLP
+        self.flat = is_float_vector(spec.observation) and model.encoder in ("auto", "mlp") and not model.ignore_keys
+        if self.flat:
+            net = {"hidden_sizes": list(hidden_sizes), "activation": activation}
+            self.policy: SquashedGaussianActor | Policy = SquashedGaussianActor(spec, **net).to(device)
+            critic = lambda: QNet(spec, **net).to(device)  # noqa: E731
+        else:
+            self.policy = make_sac_actor(spec, model).to(device)
+            critic = lambda: make_continuous_q(spec, model).to(device)  # noqa: E731
+        self.qf1, self.qf2 = critic(), critic()
+        self.qf1_target, self.qf2_target = critic(), critic()
         self.qf1_target.load_state_dict(self.qf1.state_dict())
         self.qf2_target.load_state_dict(self.qf2.state_dict())
         self.qf1_target.requires_grad_(False)
@@ -142,7 +142,8 @@ class SAC(Algorithm):
         self.alpha_optimizer = make_adam([self.log_alpha], q_lr, eps=1e-8)
         # observations keep their dtype in the buffer (EnvSpec.obs_dtype where the spec has one)
         self.buffer = ReplayBuffer(buffer_size, spec.obs_shape, spec.action_shape, spec.action_dtype, device=device,
-                                   obs_dtype=getattr(spec, "obs_dtype", np.dtype(np.float32)))
+                                   obs_dtype=getattr(spec, "obs_dtype", np.dtype(np.float32)),
+                                   obs_space=spec.observation)
         self.env_steps = 0
         self.pending_updates = 0.0
         self.critic_steps = 0
@@ -168,7 +169,9 @@ class SAC(Algorithm):
     def _update(self) -> Tensor:
         """One SAC step; returns detached [q_loss, actor_loss, alpha_loss, alpha, entropy, mean Q]."""
         b = self.buffer.sample(self.batch_size)
-        obs, next_obs = b.obs.float(), b.next_obs.float()  # stored dtype -> what these MLPs take
+        obs, next_obs = b.obs, b.next_obs  # stored dtype (a dict of them for Dict spaces): encoders convert
+        if self.flat:
+            obs, next_obs = obs.float(), next_obs.float()  # what the plain MLPs take
         alpha = self.log_alpha.detach().exp()
 
         # 1. Critics: soft Bellman target from the clipped double-Q of the target nets.

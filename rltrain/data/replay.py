@@ -23,13 +23,23 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
+from operator import itemgetter
 
 import numpy as np
 import torch
 from torch import Tensor
 
 from rltrain.data import frames
-from rltrain.data.structs import Rollout
+from rltrain.data.structs import (
+    ObsArray,
+    ObsSpace,
+    Rollout,
+    obs_buffer,
+    obs_equal,
+    obs_leaves,
+    obs_map,
+    obs_put,
+)
 from rltrain.errors import ConfigError
 
 _GIB = 2**30
@@ -39,14 +49,15 @@ _GIB = 2**30
 class Batch:
     """A sampled minibatch of B transitions (tensors on the learner's device).
 
-    obs [B, *obs_shape] and next_obs [B, *obs_shape] in the stored dtype, actions [B, *action_shape],
+    obs [B, *obs_shape] and next_obs [B, *obs_shape] in the stored dtype (for a Dict observation space a
+    dict of such tensors, one per key, each in its own dtype), actions [B, *action_shape],
     rewards [B] float32, terminated [B] float32 (1.0 = no bootstrap)
     """
 
-    obs: Tensor
+    obs: Tensor | dict
     actions: Tensor
     rewards: Tensor
-    next_obs: Tensor
+    next_obs: Tensor | dict
     terminated: Tensor
 
 
@@ -63,29 +74,43 @@ def available_memory() -> int:
 
 
 def row_bytes(row_shape: tuple[int, ...], obs_dtype: np.dtype, action_shape: tuple[int, ...],
-              action_dtype: np.dtype, *, frame_stack: int | None) -> dict[str, int]:
-    """Bytes one ring row takes, per field: the stored observation (one frame with ``frame_stack``), the
-    action, the reward, two bool flags (terminated, final) and the int64 links (next; + prev, oldest)."""
-    return {"obs": int(np.prod(row_shape)) * np.dtype(obs_dtype).itemsize,
+              action_dtype: np.dtype, *, frame_stack: int | None, obs_bytes: int | None = None) -> dict[str, int]:
+    """Bytes one ring row takes, per field: the stored observation (one frame with ``frame_stack``; a Dict
+    observation passes its ``obs_bytes``, all keys together), the action, the reward, two bool flags
+    (terminated, final) and the int64 links (next; + prev, oldest)."""
+    if obs_bytes is None:
+        obs_bytes = int(np.prod(row_shape)) * np.dtype(obs_dtype).itemsize
+    return {"obs": obs_bytes,
             "action": int(np.prod(action_shape)) * np.dtype(action_dtype).itemsize, "reward": 4, "flags": 2,
             "links": 8 * (1 if frame_stack is None else 3)}
 
 
 class ReplayBuffer:
-    """Uniform-sampling ring of observations and the transitions that start at them."""
+    """Uniform-sampling ring of observations and the transitions that start at them.
+
+    ``obs_space`` of kind dict (a Dict observation space): ``obs`` is a dict of rings, one per stored key
+    (``structs.obs_buffer``), each in its own dtype; frame-stack storage is for plain arrays only."""
 
     def __init__(self, capacity: int, obs_shape: tuple[int, ...], action_shape: tuple[int, ...],
                  action_dtype: np.dtype, *, device: torch.device, obs_dtype: np.dtype = np.dtype(np.float32),
-                 frame_stack: int | None = None):
+                 frame_stack: int | None = None, obs_space: ObsSpace | None = None):
         if capacity <= 0:
             raise ConfigError(f"algo.buffer_size={capacity} must be > 0")
         self.capacity, self.device, self.frame_stack = int(capacity), device, frame_stack
-        self.obs_shape, self.obs_dtype = tuple(obs_shape), np.dtype(obs_dtype)
+        self.obs_shape, self.obs_dtype = tuple(obs_shape), np.dtype(obs_dtype or np.float32)
+        self.tree = obs_space is not None and obs_space.kind == "dict"
+        if self.tree and frame_stack is not None:
+            raise ConfigError(f"algo.frame_stack={frame_stack}: frames are stored once only for array observations, "
+                              f"not for the Dict {obs_space.name}; set algo.frame_stack=null")
         row_shape = self.obs_shape if frame_stack is None else frames.frame_shape(self.obs_shape, frame_stack)
-        self.nbytes = self._preflight(row_shape, action_shape, np.dtype(action_dtype))
+        obs_bytes = None
+        if self.tree:
+            obs_bytes = sum(int(np.prod(x.shape[1:])) * x.itemsize for x in obs_leaves(obs_buffer(obs_space, (0,))))
+        self.nbytes = self._preflight(row_shape, action_shape, np.dtype(action_dtype), obs_bytes)
         C = self.capacity
         # np.zeros maps untouched pages lazily: memory is committed as the ring fills
-        self.obs = np.zeros((C, *row_shape), self.obs_dtype)
+        self.obs: ObsArray = (obs_buffer(obs_space, (C,), np.zeros) if self.tree
+                              else np.zeros((C, *row_shape), self.obs_dtype))
         self.actions = np.zeros((C, *action_shape), action_dtype)
         self.rewards = np.zeros(C, np.float32)
         self.terminated = np.zeros(C, bool)
@@ -100,14 +125,16 @@ class ReplayBuffer:
         self.ready = 0  # transitions held whose successor has arrived (an upper bound on the sampleable)
         self.tails: dict[int, tuple[int, np.ndarray]] = {}  # stream -> (last row, its next_obs), mid-episode
 
-    def _preflight(self, row_shape: tuple[int, ...], action_shape: tuple[int, ...], action_dtype: np.dtype) -> int:
+    def _preflight(self, row_shape: tuple[int, ...], action_shape: tuple[int, ...], action_dtype: np.dtype,
+                   obs_bytes: int | None) -> int:
         """Bytes the full ring needs; refuses (one line) when that exceeds the machine's available memory."""
-        per_row = row_bytes(row_shape, self.obs_dtype, action_shape, action_dtype, frame_stack=self.frame_stack)
+        per_row = row_bytes(row_shape, self.obs_dtype, action_shape, action_dtype, frame_stack=self.frame_stack,
+                            obs_bytes=obs_bytes)
         per_total = sum(per_row.values())
         need, avail = self.capacity * per_total, available_memory()
         if need > avail:
             parts = " + ".join(f"{b} B {name}" for name, b in per_row.items())
-            stacked = self.frame_stack is None and len(self.obs_shape) >= 3 and 2 <= self.obs_shape[0] <= 16
+            stacked = self.frame_stack is None and not self.tree and len(self.obs_shape) >= 3 and 2 <= self.obs_shape[0] <= 16
             hint = f" or store each frame once with algo.frame_stack={self.obs_shape[0]}" if stacked else ""
             raise ConfigError(f"algo.buffer_size={self.capacity} needs {need / _GIB:.1f} GiB ({self.capacity} x "
                               f"({parts}) = {self.capacity} x {per_total} B) but {avail / _GIB:.1f} GiB are "
@@ -139,16 +166,17 @@ class ReplayBuffer:
         nxt = np.full((T, N), -1, np.int64)
         nxt[:-1] = gid[1:]
         nxt[ends_t, ends_n] = final_gid
-        prev0 = self._stream_heads(ids, obs[0])
+        prev0 = self._stream_heads(ids, obs_map(itemgetter(0), obs))
         top = base + T * N + len(ends_t)  # `written` after this add
         regular = {"obs": obs, "actions": rollout.actions, "rewards": rollout.rewards,
                    "terminated": rollout.terminated, "final": np.zeros((T, N), bool), "next_gid": nxt}
-        finals = {"obs": next_obs[ends_t, ends_n], "final": np.ones(len(ends_t), bool),
+        finals = {"obs": obs_map(lambda x: x[ends_t, ends_n], next_obs), "final": np.ones(len(ends_t), bool),
                   "next_gid": np.full(len(ends_t), -1, np.int64)}
         if self.frame_stack is not None:
             self._stack_links(regular, finals, gid, final_gid, done, prev0, ids, next_obs)
         self._forget(base - C, top - C)
-        self._put(base, {k: v.reshape(T * N, *v.shape[2:]) for k, v in regular.items()}, top - C)
+        self._put(base, {k: obs_map(lambda x: x.reshape(T * N, *x.shape[2:]), v) for k, v in regular.items()},
+                  top - C)
         self._put(base + T * N, finals, top - C)
         self.ready += int(np.count_nonzero(nxt.reshape(-1)[max(0, top - C - base):] >= 0))
         for n in np.flatnonzero((prev0 >= 0) & (prev0 >= top - C)):  # the previous rollout's last rows meet their successors
@@ -159,13 +187,17 @@ class ReplayBuffer:
             if done[-1, n]:
                 self.tails.pop(sid, None)
             else:
-                self.tails[sid] = (int(gid[-1, n]), next_obs[-1, n].astype(self.obs_dtype))
+                self.tails[sid] = (int(gid[-1, n]),
+                                   obs_map(lambda ring, x, n=n: x[-1, n].astype(ring.dtype), self.obs, next_obs))
 
-    def _checked(self, x: np.ndarray) -> np.ndarray:
-        if x.dtype != self.obs_dtype and not np.can_cast(x.dtype, self.obs_dtype, "safe"):
-            raise ValueError(f"rollout observations are {x.dtype} but the replay buffer stores {self.obs_dtype}: "
-                             "casting would lose information")
-        return x
+    def _checked(self, obs: ObsArray) -> ObsArray:
+        """The rollout's observations (the stored keys of a Dict), refused when casting would lose information."""
+        def check(ring: np.ndarray, x: np.ndarray) -> np.ndarray:
+            if x.dtype != ring.dtype and not np.can_cast(x.dtype, ring.dtype, "safe"):
+                raise ValueError(f"rollout observations are {x.dtype} but the replay buffer stores {ring.dtype}: "
+                                 "casting would lose information")
+            return x
+        return obs_map(check, self.obs, obs)
 
     def _stream_heads(self, ids: np.ndarray, first_obs: np.ndarray) -> np.ndarray:
         """[N] prev of each column's first row: the stream's last row when this rollout continues it
@@ -173,7 +205,7 @@ class ReplayBuffer:
         prev0 = np.full(len(ids), frames.UNKNOWN, np.int64)
         for n, sid in enumerate(ids.tolist()):
             tail = self.tails.get(sid)
-            if tail is not None and np.array_equal(tail[1], first_obs[n]):
+            if tail is not None and obs_equal(tail[1], obs_map(itemgetter(n), first_obs)):
                 prev0[n] = tail[0]
         if self.frame_stack is not None:  # a new stream starting with a reset-padded stack starts an episode
             fresh = np.flatnonzero(prev0 == frames.UNKNOWN)
@@ -214,8 +246,9 @@ class ReplayBuffer:
         if n - skip <= 0:
             return
         for dst, off in self._slices(g0 + skip, g0 + n):
+            part = slice(skip + off, skip + off + dst.stop - dst.start)
             for name, v in values.items():
-                getattr(self, name)[dst] = v[skip + off: skip + off + dst.stop - dst.start]
+                obs_put(getattr(self, name), dst, obs_map(itemgetter(part), v))
 
     def _forget(self, g0: int, g1: int) -> None:
         """Rows gids [g0, g1) are about to be overwritten: drop them from ``ready``."""
@@ -258,7 +291,7 @@ class ReplayBuffer:
     def _rows_obs(self, gids: np.ndarray) -> np.ndarray:
         """gids [B] -> observations [B, *obs_shape] (stacks rebuilt from their frames)."""
         if self.frame_stack is None:
-            return self.obs[gids % self.capacity]
+            return obs_map(itemgetter(gids % self.capacity), self.obs)
         return self.obs[frames.stack_slots(gids, self.prev_gid, self.frame_stack)]
 
     def sample(self, batch_size: int) -> Batch:
@@ -268,8 +301,8 @@ class ReplayBuffer:
     def batch(self, slots: np.ndarray) -> Batch:
         """The transitions at sampleable ``slots`` [B] (see ``sampleable``), observations in their dtype."""
         to = lambda x: torch.from_numpy(x).to(self.device)  # noqa: E731
-        return Batch(obs=to(self._rows_obs(self._gids(slots))), actions=to(self.actions[slots]),
-                     rewards=to(self.rewards[slots]), next_obs=to(self._rows_obs(self.next_gid[slots])),
+        return Batch(obs=obs_map(to, self._rows_obs(self._gids(slots))), actions=to(self.actions[slots]),
+                     rewards=to(self.rewards[slots]), next_obs=obs_map(to, self._rows_obs(self.next_gid[slots])),
                      terminated=to(self.terminated[slots].astype(np.float32)))
 
     # -- checkpoints ---------------------------------------------------------------------------------------
@@ -277,14 +310,18 @@ class ReplayBuffer:
         """Filled slots only (in slot order), the counters and the streams' open ends; tensors and ints."""
         rows = min(self.written, self.capacity)
         sids = list(self.tails)
-        tail_next = (np.stack([self.tails[s][1] for s in sids]) if sids
-                     else np.zeros((0, *self.obs_shape), self.obs_dtype))
+        if sids:
+            tail_next = obs_map(lambda *xs: np.stack(xs), *[self.tails[s][1] for s in sids])
+        elif self.tree:
+            tail_next = obs_map(lambda x: np.zeros((0, *x.shape[1:]), x.dtype), self.obs)
+        else:
+            tail_next = np.zeros((0, *self.obs_shape), self.obs_dtype)
         return {"capacity": self.capacity, "written": self.written, "ready": self.ready, "size": len(self),
                 "frame_stack": self.frame_stack or 0,
-                **{k: torch.from_numpy(getattr(self, k)[:rows].copy()) for k in self.fields},
+                **{k: obs_map(lambda x: torch.from_numpy(x[:rows].copy()), getattr(self, k)) for k in self.fields},
                 "tail_ids": torch.tensor(sids, dtype=torch.int64),
                 "tail_gids": torch.tensor([self.tails[s][0] for s in sids], dtype=torch.int64),
-                "tail_next_obs": torch.from_numpy(tail_next)}
+                "tail_next_obs": obs_map(torch.from_numpy, tail_next)}
 
     def load_state_dict(self, state: dict) -> None:
         saved_cap, written = int(state["capacity"]), int(state["written"])
@@ -297,15 +334,22 @@ class ReplayBuffer:
             raise ConfigError(f"algo.buffer_size={self.capacity}: the checkpoint's replay buffer holds {written} "
                               f"rows saved with algo.buffer_size={saved_cap}; resume with that value or "
                               "checkpoint.replay_buffer=false")
-        if tuple(state["obs"].shape[1:]) != self.obs.shape[1:]:
-            raise ConfigError(f"the checkpoint's replay buffer stores observations of shape "
-                              f"{tuple(state['obs'].shape[1:])}, this env gives {self.obs.shape[1:]}")
-        rows = state["obs"].shape[0]
+        saved, here = _row_shapes(state["obs"]), _row_shapes(self.obs)
+        if saved != here:
+            raise ConfigError(f"the checkpoint's replay buffer stores observations of shape {saved}, this env "
+                              f"gives {here}; resume with the same env or checkpoint.replay_buffer=false")
+        rows = obs_leaves(state["obs"])[0].shape[0]
         for k in self.fields:
-            getattr(self, k)[:rows] = state[k].numpy()
+            obs_put(getattr(self, k), slice(0, rows), obs_map(Tensor.numpy, state[k]))
         self.written, self.ready = written, int(state["ready"])
-        self.tails = {int(s): (int(g), o.numpy().copy()) for s, g, o in
-                      zip(state["tail_ids"], state["tail_gids"], state["tail_next_obs"], strict=True)}
+        tail_next = state["tail_next_obs"]
+        self.tails = {int(s): (int(g), obs_map(lambda x, i=i: x[i].numpy().copy(), tail_next))
+                      for i, (s, g) in enumerate(zip(state["tail_ids"], state["tail_gids"], strict=True))}
+
+
+def _row_shapes(obs) -> tuple | dict:
+    """The shape of one stored row (per key for a Dict observation): what a checkpoint must match."""
+    return obs_map(lambda x: tuple(x.shape[1:]), obs)
 
 
 def _unique_id_groups(ids: np.ndarray) -> list[np.ndarray]:
@@ -319,9 +363,9 @@ def _unique_id_groups(ids: np.ndarray) -> list[np.ndarray]:
 
 def _columns(rollout: Rollout, cols: np.ndarray) -> Rollout:
     """The env columns ``cols`` of a time-major rollout (episode statistics are not carried)."""
-    return Rollout(obs=rollout.obs[:, cols], actions=rollout.actions[:, cols], log_probs=rollout.log_probs[:, cols],
+    return Rollout(obs=obs_map(lambda x: x[:, cols], rollout.obs), actions=rollout.actions[:, cols], log_probs=rollout.log_probs[:, cols],
                    rewards=rollout.rewards[:, cols], terminated=rollout.terminated[:, cols],
-                   truncated=rollout.truncated[:, cols], next_obs=rollout.next_obs[:, cols],
+                   truncated=rollout.truncated[:, cols], next_obs=obs_map(lambda x: x[:, cols], rollout.next_obs),
                    policy_version=rollout.policy_version if rollout.policy_version.ndim == 1 else
                    rollout.policy_version[:, cols], env_ids=np.asarray(rollout.env_ids)[cols])
 

@@ -8,8 +8,9 @@ algorithms turn them into tensors with ``torch.from_numpy`` (zero copy).
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, Literal
 
 import numpy as np
 import torch
@@ -49,6 +50,50 @@ def storage_dtype(dtype: str | np.dtype) -> np.dtype:
     model, which converts and scales them on its device."""
     dtype = np.dtype(dtype or np.float32)
     return np.dtype(np.float32) if dtype.kind == "f" else dtype
+
+
+# A batch of observations as stored: one array, or (Dict spaces) a dict of them per key, nested like the space.
+ObsArray = np.ndarray | dict[str, "ObsArray"]
+
+
+def obs_buffer(space: ObsSpace, lead: tuple[int, ...], alloc: Callable = np.empty) -> ObsArray:
+    """Storage for observations of ``space`` with leading axes ``lead`` (e.g. (T, N)): one array per Dict key,
+    each in its ``storage_dtype``. Keys no encoder reads (``unsupported``, e.g. Text) get no storage: the model
+    refuses them by name unless ``model.ignore_keys`` drops them, so nothing downstream ever needs them."""
+    if space.kind == "dict":
+        return {k: obs_buffer(sub, lead, alloc) for k, sub in space.parts if sub.kind != "unsupported"}
+    return alloc((*lead, *space.shape), storage_dtype(space.dtype))
+
+
+def obs_map(fn: Callable[..., Any], first: Any, *others: Any) -> Any:
+    """``fn`` applied leaf by leaf to observation trees of the same structure (arrays or tensors, or dicts of
+    them); the keys are those of ``first``, so a storage tree as ``first`` drops the keys it does not store."""
+    if isinstance(first, dict):
+        return {k: obs_map(fn, v, *(o[k] for o in others)) for k, v in first.items()}
+    return fn(first, *others)
+
+
+def obs_put(dst: ObsArray, index: Any, src: Any) -> None:
+    """``dst[index] = src`` for every stored key (``src`` may hold more keys than ``dst``)."""
+    if isinstance(dst, dict):
+        for k, v in dst.items():
+            obs_put(v, index, src[k])
+    else:
+        dst[index] = src
+
+
+def obs_leaves(obs: Any) -> list:
+    """The arrays (or tensors) of an observation tree, in key order."""
+    if isinstance(obs, dict):
+        return [leaf for v in obs.values() for leaf in obs_leaves(v)]
+    return [obs]
+
+
+def obs_equal(a: Any, b: Any) -> bool:
+    """Same observations in every stored key of ``a``."""
+    if isinstance(a, dict):
+        return all(obs_equal(v, b[k]) for k, v in a.items())
+    return bool(np.array_equal(a, b))
 
 
 @dataclass(frozen=True)
@@ -103,26 +148,29 @@ class ActOutput:
 class Rollout:
     """T steps of N environments, time-major.
 
-    obs:            [T, N, *obs_shape] float32, raw (unnormalised) observation acted on
+    obs:            [T, N, *obs_shape] in the storage dtype (``storage_dtype``: float32 vectors, uint8 / bool
+                    pixels as they are), raw (unnormalised) observation acted on. For a Dict observation
+                    space a dict (nested like the space) of such arrays, one per key, each [T, N, *key_shape]
+                    in its own storage dtype (``obs_buffer``); keys no encoder reads (Text) are not stored
     actions:        [T, N, *action_shape] (int64 or float32)
     log_probs:      [T, N] float32, behaviour log-prob (for PPO ratios, V-trace rhos)
     rewards:        [T, N] float32, raw rewards
     terminated:     [T, N] bool, the MDP ended: no bootstrap
     truncated:      [T, N] bool, cut by a time limit: bootstrap from ``next_obs``
-    next_obs:       [T, N, *obs_shape] float32, the true next observation (the final one when the
-                    episode ended; gymnasium's autoreset observation never enters a transition)
+    next_obs:       like ``obs``: the true next observation (the final one when the episode ended;
+                    gymnasium's autoreset observation never enters a transition)
     policy_version: [T] int64, version of the weights that chose the actions
     env_ids:        [N] int64 or None, the env stream each column comes from (None: column n is stream n);
                     a replay buffer links a rollout's last step to the next rollout of the same stream
     """
 
-    obs: np.ndarray
+    obs: ObsArray
     actions: np.ndarray
     log_probs: np.ndarray
     rewards: np.ndarray
     terminated: np.ndarray
     truncated: np.ndarray
-    next_obs: np.ndarray
+    next_obs: ObsArray
     policy_version: np.ndarray
     episode_returns: list[float] = field(default_factory=list)  # episodes that finished in this rollout
     episode_lengths: list[int] = field(default_factory=list)

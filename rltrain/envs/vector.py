@@ -18,6 +18,8 @@ from collections.abc import Callable
 import gymnasium as gym
 import numpy as np
 
+from rltrain.data.structs import obs_map, obs_put
+
 
 class VecEnv:
     """N envs stepped in one process, in a plain list (cheaper than SyncVectorEnv), autoreset same-step."""
@@ -27,8 +29,9 @@ class VecEnv:
         self.seeds = list(seeds)
         self.num_envs = len(self.envs)
         space = self.envs[0].observation_space
-        self._obs = np.zeros((self.num_envs, *space.shape), space.dtype or np.float32)
-        self._final = np.zeros_like(self._obs)
+        self._dict = isinstance(space, gym.spaces.Dict)  # a dict of per-key batches instead of one array
+        self._obs = _batch_of(space, self.num_envs)
+        self._final = _batch_of(space, self.num_envs)
         self._rew = np.zeros(self.num_envs, np.float32)
         self._term = np.zeros(self.num_envs, bool)
         self._trunc = np.zeros(self.num_envs, bool)
@@ -38,25 +41,34 @@ class VecEnv:
     def reset(self) -> np.ndarray:
         for i, env in enumerate(self.envs):
             env.action_space.seed(self.seeds[i])
-            self._obs[i], _ = env.reset(seed=self.seeds[i])
-        return self._obs.copy()
+            o, _ = env.reset(seed=self.seeds[i])
+            obs_put(self._obs, i, o)
+        return obs_map(np.copy, self._obs)
 
     def step(self, actions: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         """actions [N, ...] -> (obs to act on [N,...], reward [N], terminated [N], truncated [N], true next obs [N,...])."""
         obs, final, rew, term, trunc = self._obs, self._final, self._rew, self._term, self._trunc
         acts = actions.tolist() if self._discrete else actions
-        real = self._real
+        real, put = self._real, obs_put if self._dict else None
         for i, env in enumerate(self.envs):
             o, r, te, tr, info = env.step(acts[i])
             if real is not None and "real_score" in info:
                 real.append((i, info["real_score"], info["real_length"]))
-            final[i] = o
+            if put is None:
+                final[i] = o
+            else:
+                put(final, i, o)
             rew[i] = r
             term[i] = te
             trunc[i] = tr
             if te or tr:
                 o, _ = env.reset()
-            obs[i] = o
+            if put is None:
+                obs[i] = o
+            else:
+                put(obs, i, o)
+        if put is not None:
+            return obs_map(np.copy, obs), rew.copy(), term.copy(), trunc.copy(), obs_map(np.copy, final)
         return obs.copy(), rew.copy(), term.copy(), trunc.copy(), final.copy()
 
     def pop_real_episodes(self) -> list[tuple[int, float, int]] | None:
@@ -83,6 +95,16 @@ class VecEnv:
             env.close()
 
 
+def _batch_of(space: gym.Space, n: int):
+    """Zeros for n observations of ``space``: an array, or for a Dict a dict of per-key batches (an object
+    array for a key without a fixed shape and dtype, e.g. Text, which the collector does not store)."""
+    if isinstance(space, gym.spaces.Dict):
+        return {k: _batch_of(sub, n) for k, sub in space.spaces.items()}
+    if space.shape is None or space.dtype is None or space.dtype == object:
+        return np.empty(n, object)
+    return np.zeros((n, *space.shape), space.dtype)
+
+
 class AsyncVecEnv:
     """Gymnasium's AsyncVectorEnv (one subprocess per env) adapted to the ``VecEnv`` interface."""
 
@@ -102,11 +124,11 @@ class AsyncVecEnv:
 
     def step(self, actions: np.ndarray):
         obs, rew, term, trunc, info = self.venv.step(actions)
-        final = obs.copy()
+        final = obs_map(np.array, obs)  # a copy; Dict spaces come as a dict of per-key batches
         done = term | trunc
         if done.any():
             for i in np.flatnonzero(done):
-                final[i] = info["final_obs"][i]
+                obs_put(final, i, info["final_obs"][i])
         if self._real is not None:
             self._gather_real(info, done)
         return obs, rew.astype(np.float32), term, trunc, final

@@ -4,6 +4,7 @@ An algorithm asks for a network by what it needs, never by observation space:
 
     policy = make_actor_critic(spec, settings, norm_obs=..., init_log_std=...)   # PPO, A2C, IMPALA
     q_net = make_q_network(spec, settings)                                       # DQN
+    actor = make_sac_actor(spec, settings); q = make_continuous_q(spec, settings)  # SAC (non-vector obs)
 
 Both take observations as tensors ([B, *obs_shape], or a dict of them) and follow the interface of
 ``actor_critic.ActorCritic`` (which ``make_actor_critic`` returns itself for float vectors with separate
@@ -27,8 +28,8 @@ from rltrain.data.structs import ActOutput, EnvSpec, ObsSpace, Policy
 from rltrain.errors import ConfigError, close_matches
 from rltrain.models.actor_critic import ActorCritic
 from rltrain.models.encoders import ENCODERS, Encoder, Obs, image_layout, make_encoder
-from rltrain.models.heads import CategoricalHead, GaussianHead, QHead, ValueHead
-from rltrain.models.layers import ACTIVATIONS, RunningNorm
+from rltrain.models.heads import CategoricalHead, GaussianHead, QHead, SquashedGaussianHead, ValueHead
+from rltrain.models.layers import ACTIVATIONS, RunningNorm, mlp
 
 DEFAULT_MLP, DEFAULT_ACTIVATION = (64, 64), "tanh"  # when neither the model group nor the algorithm says
 CORES = ("identity",)  # recurrent cores (lstm, gru) come with the recurrent work
@@ -198,3 +199,52 @@ def make_actor_critic(spec: EnvSpec, settings: ModelSettings, *, norm_obs: bool 
 def make_q_network(spec: EnvSpec, settings: ModelSettings) -> QNetwork:
     """The Q-network for ``spec`` (DQN; build a second one for the target network and load_state_dict)."""
     return QNetwork(spec, settings)
+
+
+class EncodedSquashedGaussianActor(Policy):
+    """SAC's actor over any observation: encoder -> squashed Gaussian head (Haarnoja et al. 2018)."""
+
+    def __init__(self, spec: EnvSpec, settings: ModelSettings):
+        super().__init__()
+        self.encoder = make_encoder(spec.observation, settings)
+        low, high = torch.tensor(spec.action_low), torch.tensor(spec.action_high)
+        shape = torch.Size(spec.action_shape)
+        self.head = SquashedGaussianHead(self.encoder.out_dim, shape.numel(), low.reshape(-1), high.reshape(-1))
+
+    def sample(self, obs: Obs, *, deterministic: bool = False,
+               generator: torch.Generator | None = None) -> tuple[Tensor, Tensor]:
+        """obs [B, ...] (or a dict of them, stored dtype) -> (action [B, A] in bounds, log_prob [B])."""
+        return self.head(self.encoder(obs), deterministic=deterministic, generator=generator)
+
+    def act(self, obs: Obs, *, deterministic: bool = False,
+            generator: torch.Generator | None = None) -> ActOutput:
+        return ActOutput(*self.sample(obs, deterministic=deterministic, generator=generator))
+
+
+class ContinuousQNetwork(nn.Module):
+    """Q(s, a) over any observation: encoder(obs) ++ action -> MLP -> Q [B] (SAC's critic; each critic owns
+    its encoder, as the SAC-AE / DrQ critics do, so the twin estimates stay independent)."""
+
+    def __init__(self, spec: EnvSpec, settings: ModelSettings):
+        super().__init__()
+        self.encoder = make_encoder(spec.observation, settings, warn=False)
+        act_dim = torch.Size(spec.action_shape).numel()
+        self.q = mlp(self.encoder.out_dim + act_dim, settings.hidden_sizes, 1, activation=settings.activation)
+
+    def forward(self, obs: Obs, action: Tensor) -> Tensor:
+        """obs [B, ...] (or a dict of them), action [B, A] -> Q [B]."""
+        features = self.encoder(obs)
+        return self.q(torch.cat([features, action.to(features.device)], -1)).squeeze(-1)
+
+
+def make_sac_actor(spec: EnvSpec, settings: ModelSettings) -> EncodedSquashedGaussianActor:
+    """SAC's actor for ``spec``: encoder by observation space + squashed Gaussian (Box actions)."""
+    if spec.action_kind != "box":
+        raise ConfigError(f"a squashed Gaussian actor needs Box actions; env.id={spec.env_id} has "
+                          f"{spec.describe()}: use algo=ppo or algo=dqn for Discrete actions")
+    return EncodedSquashedGaussianActor(spec, settings.with_mlp((256, 256), "relu"))
+
+
+def make_continuous_q(spec: EnvSpec, settings: ModelSettings) -> ContinuousQNetwork:
+    """One SAC critic for ``spec`` (build four: twin critics and their targets)."""
+    return ContinuousQNetwork(spec, settings.with_mlp((256, 256), "relu"))

@@ -7,11 +7,12 @@ class; they differ in where it runs, never in what a transition is.
 from __future__ import annotations
 
 from collections import deque
+from operator import itemgetter
 
 import numpy as np
 import torch
 
-from rltrain.data.structs import EnvSpec, Policy, Rollout, storage_dtype
+from rltrain.data.structs import EnvSpec, ObsArray, Policy, Rollout, obs_buffer, obs_leaves, obs_map, obs_put
 from rltrain.envs.make import AsyncVecEnv, VecEnv
 from rltrain.errors import ConfigError
 from rltrain.models.layers import NumpyActor
@@ -30,16 +31,16 @@ class RolloutCollector:
     def __init__(self, venv: VecEnv | AsyncVecEnv, policy: Policy, spec: EnvSpec, *, device: torch.device,
                  episode_window: int = 20):
         obs = spec.observation
-        if obs.kind not in ("box", "discrete", "multi_binary"):
+        if obs.kind == "unsupported":
             raise ConfigError(f"env.id={spec.env_id}: {obs.name or obs.kind} observations cannot be stored in "
-                              "rollouts yet (array observations only: Box, Discrete, MultiBinary); flatten them "
-                              "with a wrapper, e.g. env.wrappers=[FlattenObservation]")
+                              "rollouts (Box, Discrete, MultiBinary or a Dict of them); wrap the env to return one")
         self.venv = venv
         self.policy = policy
         self.spec = spec
         self.device = device
         self.num_envs = venv.num_envs
-        self.obs = venv.reset()
+        self.obs: ObsArray = venv.reset()
+        self._template = obs_buffer(obs, (0,))  # the stored keys and dtypes, for state_dict
         self.ep_return = np.zeros(self.num_envs, np.float64)
         self.ep_length = np.zeros(self.num_envs, np.int64)
         self.recent_returns: deque[float] = deque(maxlen=episode_window)
@@ -55,8 +56,9 @@ class RolloutCollector:
         """Step every env ``rollout_len`` times. ``random_actions`` samples the action space uniformly
         (off-policy warm-up); its log-probs are then those of the uniform policy."""
         T, N, spec = rollout_len, self.num_envs, self.spec
-        obs_buf = np.empty((T, N, *spec.obs_shape), storage_dtype(spec.obs_dtype))  # uint8 pixels stay uint8
-        next_buf = np.empty_like(obs_buf)
+        # one time-major array per Dict key, each in its storage dtype (uint8 pixels stay uint8)
+        obs_buf = obs_buffer(spec.observation, (T, N))
+        next_buf = obs_buffer(spec.observation, (T, N))
         act_buf = np.empty((T, N, *spec.action_shape), spec.action_dtype)
         logp_buf = np.empty((T, N), np.float32)
         rew_buf = np.empty((T, N), np.float32)
@@ -110,20 +112,27 @@ class RolloutCollector:
                        next_buf) -> None:
         T = rew_buf.shape[0]
         obs, on_cpu, box = self.obs, self.device.type == "cpu", self.spec.action_kind == "box"
+        tree = isinstance(obs_buf, dict)
         with torch.inference_mode():
             for t in range(T):
-                obs_buf[t] = obs
+                if tree:  # Dict observations: act on the stored keys, already in their storage dtype
+                    obs_put(obs_buf, t, obs)
+                    obs = obs_map(itemgetter(t), obs_buf)
+                else:
+                    obs_buf[t] = obs
                 if random_actions:
                     action, logp = self._random_actions()
                 else:
-                    obs_t = torch.from_numpy(obs) if on_cpu else torch.from_numpy(obs).to(self.device)
+                    obs_t = (obs_map(torch.from_numpy, obs) if on_cpu
+                             else obs_map(lambda x: torch.from_numpy(x).to(self.device), obs))
                     out = self.policy.act(obs_t)
                     action = out.action.numpy() if on_cpu else out.action.cpu().numpy()
                     logp = out.log_prob.numpy() if on_cpu else out.log_prob.cpu().numpy()
                 act_buf[t] = action
                 logp_buf[t] = logp
                 env_action = np.clip(action, self._low, self._high) if box else action
-                obs, rew_buf[t], term_buf[t], trunc_buf[t], next_buf[t] = self.venv.step(env_action)
+                obs, rew_buf[t], term_buf[t], trunc_buf[t], nxt = self.venv.step(env_action)
+                obs_put(next_buf, t, nxt)
         self.obs = obs
 
     def _episode_stats(self, rewards: np.ndarray, done: np.ndarray) -> tuple[list[float], list[int]]:
@@ -167,7 +176,8 @@ class RolloutCollector:
     # -- resume: collector state is part of the trainer checkpoint --------------------------------------
     def state_dict(self) -> dict:
         return {
-            "obs": torch.from_numpy(self.obs.copy()),
+            # the stored keys only (a Text key has no tensor form)
+            "obs": obs_map(lambda _, x: torch.from_numpy(np.array(x)), self._template, self.obs),
             "ep_return": torch.from_numpy(self.ep_return.copy()),
             "ep_length": torch.from_numpy(self.ep_length.copy()),
             "recent_returns": list(self.recent_returns),
@@ -183,8 +193,8 @@ class RolloutCollector:
         self.episodes = int(state["episodes"])
         if "rng" in state:
             self.rng.bit_generator.state = state["rng"]
-        if venv_blob is not None and state["obs"].shape[0] == self.num_envs:
+        if venv_blob is not None and obs_leaves(state["obs"])[0].shape[0] == self.num_envs:
             self.venv.set_state(venv_blob)
-            self.obs = state["obs"].numpy().copy()
+            self.obs = obs_map(lambda x: x.numpy().copy(), state["obs"])
             self.ep_return = state["ep_return"].numpy().copy()
             self.ep_length = state["ep_length"].numpy().copy()

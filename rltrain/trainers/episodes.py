@@ -14,7 +14,8 @@ import gymnasium as gym
 import numpy as np
 import torch
 
-from rltrain.data.structs import Policy, storage_dtype
+from rltrain.data.structs import Policy, obs_buffer, obs_map
+from rltrain.envs.make import env_spec
 from rltrain.errors import ConfigError
 
 
@@ -35,7 +36,8 @@ def evaluate(policy: Policy, make_env: Callable[..., gym.Env], *, episodes: int,
         env = make_env(render_mode="rgb_array" if video_dir else None)
         envs.append(_record_video(env, video_dir) if video_dir is not None else env)
     gen = torch.Generator(device=device).manual_seed(eval_seed)
-    dtype = storage_dtype(envs[0].observation_space.dtype)  # as in training: the model converts / scales
+    # as in training: the stored keys in their storage dtype (the model converts / scales), one array per key
+    template = obs_buffer(env_spec(envs[0], "eval").observation, (0,))
     space = envs[0].action_space
     low = high = None
     if hasattr(space, "low") and space.dtype != np.int64:
@@ -54,7 +56,8 @@ def evaluate(policy: Policy, make_env: Callable[..., gym.Env], *, episodes: int,
     try:
         with torch.inference_mode():
             while active:
-                batch = torch.as_tensor(np.stack([np.asarray(obs[i], dtype) for i in active]), device=device)
+                batch = obs_map(lambda t, *xs: torch.as_tensor(np.stack([np.asarray(x, t.dtype) for x in xs]),
+                                                               device=device), template, *[obs[i] for i in active])
                 actions = policy.act(batch, deterministic=deterministic, generator=gen).action.cpu().numpy()
                 still = []
                 for k, i in enumerate(active):

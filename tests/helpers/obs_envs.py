@@ -41,9 +41,11 @@ class ImageEnv(_RandomObsEnv):
 
 class DictEnv(_RandomObsEnv):
     """Dict observation: an HWC uint8 image, a float vector, a Discrete (values -1, 0, 1) and a MultiBinary
-    key; ``text=True`` adds a Text key ``mission`` (which no encoder reads)."""
+    key; ``text=True`` adds a Text key ``mission`` (which no encoder reads); ``nested=True`` adds a Dict key
+    ``arm`` holding a float vector ``joints`` and a Discrete ``gripper``."""
 
-    def __init__(self, text: bool = False, continuous: bool = False, image_shape: tuple[int, ...] = (12, 12, 3)):
+    def __init__(self, text: bool = False, continuous: bool = False, image_shape: tuple[int, ...] = (12, 12, 3),
+                 nested: bool = False):
         parts: dict[str, gym.Space] = {
             "pixels": spaces.Box(0, 255, tuple(image_shape), np.uint8),
             "state": spaces.Box(-1.0, 1.0, (5,), np.float32),
@@ -52,6 +54,9 @@ class DictEnv(_RandomObsEnv):
         }
         if text:
             parts["mission"] = spaces.Text(12)
+        if nested:
+            parts["arm"] = spaces.Dict({"joints": spaces.Box(-2.0, 2.0, (3,), np.float32),
+                                        "gripper": spaces.Discrete(2)})
         super().__init__(spaces.Dict(parts), continuous=continuous)
 
 

@@ -30,7 +30,7 @@ from pathlib import Path
 
 import numpy as np
 
-from rltrain.data.structs import Metrics, Rollout
+from rltrain.data.structs import Metrics, Rollout, obs_map
 from rltrain.errors import ConfigError
 from rltrain.run.device import pick_device
 from rltrain.run.progress import ProgressDisplay
@@ -54,10 +54,11 @@ def merge_rollouts(rollouts: list[Rollout]) -> Rollout:
     cat = functools.partial(np.concatenate, axis=1)
     T = rollouts[0].shape[0]
     versions = [np.broadcast_to(r.policy_version.reshape(T, -1), r.shape) for r in rollouts]
-    return Rollout(obs=cat([r.obs for r in rollouts]), actions=cat([r.actions for r in rollouts]),
+    obs_cat = functools.partial(obs_map, lambda *xs: np.concatenate(xs, axis=1))  # per key for Dict observations
+    return Rollout(obs=obs_cat(*[r.obs for r in rollouts]), actions=cat([r.actions for r in rollouts]),
                    log_probs=cat([r.log_probs for r in rollouts]), rewards=cat([r.rewards for r in rollouts]),
                    terminated=cat([r.terminated for r in rollouts]), truncated=cat([r.truncated for r in rollouts]),
-                   next_obs=cat([r.next_obs for r in rollouts]), policy_version=cat(versions),
+                   next_obs=obs_cat(*[r.next_obs for r in rollouts]), policy_version=cat(versions),
                    env_ids=None if any(r.env_ids is None for r in rollouts) else np.concatenate([r.env_ids for r in rollouts]),
                    episode_returns=[x for r in rollouts for x in r.episode_returns],
                    episode_lengths=[x for r in rollouts for x in r.episode_lengths])
