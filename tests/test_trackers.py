@@ -145,7 +145,9 @@ def test_mlflow_multirun_groups_jobs_in_the_sweep_store(tmp_path):
     assert res.returncode == 0, res.stderr
     client = _mlflow_client(sweep / "mlruns")
     runs = client.search_runs([client.get_experiment_by_name("rltrain").experiment_id])
-    assert sorted(r.info.run_name for r in runs) == ["0_seed=1", "1_seed=2"]
+    jobs = sorted(p.name for p in sweep.iterdir() if (p / "summary.json").exists())
+    assert len(jobs) == 2 and jobs[0].startswith("0_") and jobs[0].endswith("seed=1")
+    assert sorted(r.info.run_name for r in runs) == jobs  # one run per job, named by its job dir
     assert {r.data.tags["group"] for r in runs} == {"sweep"}
 
 
