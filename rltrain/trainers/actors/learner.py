@@ -100,7 +100,7 @@ class ActorsProgress(ProgressDisplay):
             self.set_rows(self._rows_of())  # rich redraws at most 4 times a second
             return
         now = time.monotonic()
-        if self.mode == "off" or now - self._last_rows < self.interval_s:
+        if self.mode == "off" or (now - self._last_rows < self.interval_s and env_steps < self.total):
             return
         self._last_rows = now
         print("\n".join("  " + r for r in self._rows_of()), flush=True)
@@ -123,7 +123,7 @@ class ActorBatches(LoopHooks):
         self.stats: dict[str, float] = {"dropped_steps": 0.0, "dropped_rollouts": 0.0, "preempted_batches": 0.0}
         self._window: dict[str, list[float]] = {}  # per-batch figures since the last log row
         self._received_steps, self._recv_t0 = 0, time.perf_counter()
-        self._rows_t0 = self._recv_t0  # per-actor SPS in the progress rows: steps received since the start
+        self._first_seen: dict[int, float] = {}  # progress rows: actor -> when it began its first rollout
 
     # -- the rollout source (what RolloutCollector is for the other trainers) --------------------------------
     @property
@@ -254,6 +254,8 @@ class ActorBatches(LoopHooks):
             if self.loop.stop.requested:
                 return []
             msgs = pool.poll(0.2)  # credits bound what can arrive
+            for m in msgs:
+                self._first_seen.setdefault(m.actor_id, time.perf_counter() - m.collect_s)
             self._received_steps += sum(m.num_steps for m in msgs)
             self.queue.extend(msgs)
         self._window.setdefault("dequeue_wait_s", []).append(time.perf_counter() - t0)
@@ -294,9 +296,11 @@ class ActorBatches(LoopHooks):
         return rows
 
     def _actor_row(self, slot) -> str:
-        elapsed = max(time.perf_counter() - self._rows_t0, 1e-9)
+        # throughput since it began its first rollout (process start-up is not the actor's speed)
+        elapsed = time.perf_counter() - self._first_seen.get(slot.actor_id, math.inf)
+        sps = slot.steps / elapsed if elapsed > 0 else 0.0
         version = f"v{slot.version}" if slot.version >= 0 else "no rollout yet"
-        return (f"actor {slot.actor_id}: {slot.steps / elapsed:,.0f} sps ({slot.sps:,.0f} while collecting)  "
+        return (f"actor {slot.actor_id}: {sps:,.0f} sps ({slot.sps:,.0f} while collecting)  "
                 f"steps {slot.steps:,}  episodes {slot.episodes}  {version}  restarts {slot.restarts}")
 
 
