@@ -165,6 +165,20 @@ def test_wandb_parallel_opens_one_run_per_agent(tmp_path):
     assert not (run_dir / "wandb").exists()  # the parent process logs nothing itself
 
 
+@pytest.mark.slow
+def test_wandb_distributed_logs_from_rank_0_only(tmp_path):
+    pytest.importorskip("wandb")
+    run_dir = tmp_path / "dist"
+    res = run_cli([*SMOKE, "trainer=distributed_simulator", "trainer.timeout_s=60", "logger=wandb",
+                   "logger.mode=offline", "logger.progress=off", f"hydra.run.dir={run_dir}"], cwd=tmp_path,
+                  timeout=400, env={"OMP_NUM_THREADS": "1"})
+    assert res.returncode == 0, res.stderr
+    assert len(list(tmp_path.rglob("offline-run-*"))) == 1  # one tracker run for the whole job
+    back = wandb_readback(run_dir)
+    _same_scalars(_csv_rows(run_dir), back["history"])
+    assert back["summary"]["world_size"] == 2
+
+
 def test_a_missing_tracker_package_is_one_line_naming_the_extra(tmp_path):
     # a `wandb` that cannot be found: a meta-path finder placed first answers None for it
     hide = ("import importlib.abc, sys\n"
