@@ -95,8 +95,11 @@ def trained(tmp_path_factory):
     return get
 
 
+SLOW = {"sac", "ppo_image"}  # their training runs take over 20 s on a busy machine
+
+
 @pytest.mark.parametrize("fmt", ["torchscript", "onnx"])
-@pytest.mark.parametrize("case", list(CASES))
+@pytest.mark.parametrize("case", [pytest.param(c, marks=pytest.mark.slow) if c in SLOW else c for c in CASES])
 def test_exported_policy_acts_like_eval(trained, tmp_path, case, fmt):
     if fmt == "onnx":
         pytest.importorskip("onnx")

@@ -82,6 +82,8 @@ def test_png_grid_titles_do_not_overlap(tmp_path, n_groups):
         fig.canvas.draw()
         renderer = fig.canvas.get_renderer()
         seen.extend(ax.title.get_window_extent(renderer) for ax in fig.axes if ax.get_visible())
+        width, height = fig.get_size_inches()
+        assert width <= 20 and height <= 14, "a figure this large is unreadable when shown on a screen"
         return orig(fig, *args, **kwargs)
 
     plt.Figure.savefig = spy
