@@ -121,20 +121,27 @@ def test_plain_progress_clamps_percent_and_eta(capsys):
     assert "-" not in lines[1].split("eta")[1]
 
 
-def test_rich_progress_shows_rows_under_an_uncut_bar():
+def _render(display) -> str:
     from rich.console import Console
 
+    console = Console(width=120, file=io.StringIO(), record=True)
+    console.print(*display._bar.get_renderables())
+    return console.export_text()
+
+
+def test_rich_progress_shows_rows_under_an_uncut_bar():
     from rltrain.run.progress import ProgressDisplay
 
     p = ProgressDisplay(150000, mode="rich", title="learner")
     try:
+        p.update(150512, sps=5000.0, episode_return=200.0)  # the last rollout overshoots: shown as the total
+        text_end = _render(p)
         p.update(93920, sps=5000.0, episode_return=200.0)
         p.set_rows([f"actor {k}: 2,400 sps  episodes {10 + k}  v41" for k in range(4)])
-        console = Console(width=120, file=io.StringIO(), record=True)
-        console.print(*p._bar.get_renderables())
-        text = console.export_text()
+        text = _render(p)
     finally:
         p.close()
+    assert "150000/150000" in text_end and "150512" not in text_end
     assert "93920/150000" in text
     assert "0/?" not in text and text.count("eta") == 1
     assert all(f"actor {k}: 2,400 sps  episodes {10 + k}  v41" in text for k in range(4))

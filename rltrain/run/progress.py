@@ -29,7 +29,7 @@ class ProgressDisplay:
             return
         ret = "-" if episode_return is None or math.isnan(episode_return) else f"{episode_return:.1f}"
         if self.mode == "rich":
-            self._bar.update(self._task, completed=env_steps, info=f"{sps:,.0f} sps  return {ret}")
+            self._bar.update(self._task, completed=min(env_steps, self.total), info=f"{sps:,.0f} sps  return {ret}")
             return
         now = time.monotonic()
         if now - self._last_print >= self.interval_s or env_steps >= self.total:
