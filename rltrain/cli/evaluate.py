@@ -39,6 +39,8 @@ def main(argv: list[str] | None = None) -> int:
         else:
             p.error(f"unknown override {item!r} (valid: eval.episodes=N, eval.video=BOOL, eval.deterministic=BOOL, "
                     "eval.seed=N)")
+    if args.video:
+        _private_runtime_dir()
     try:
         import torch
 
@@ -63,6 +65,17 @@ def main(argv: list[str] | None = None) -> int:
     if video_dir is not None:
         print(f"videos: {video_dir}")
     return 0
+
+
+def _private_runtime_dir() -> None:
+    """Rendering initialises SDL, which prints ``error: XDG_RUNTIME_DIR is invalid or not set`` on headless
+    machines (and the run still succeeds): give the render process a private one when none is set."""
+    import os
+    import tempfile
+
+    current = os.environ.get("XDG_RUNTIME_DIR")
+    if not current or not os.path.isdir(current):
+        os.environ["XDG_RUNTIME_DIR"] = tempfile.mkdtemp(prefix="rltrain-xdg-")  # mode 0700, as XDG requires
 
 
 if __name__ == "__main__":

@@ -60,19 +60,49 @@ def load_run(run: Path) -> dict:
     summary = json.loads((run / "summary.json").read_text())
     cfg_path = run / "config.yaml"
     cfg = flatten(yaml.safe_load(cfg_path.read_text()) or {}) if cfg_path.exists() else {}
-    return {"dir": run, "summary": summary, "config": cfg}
+    return {"dir": run, "summary": summary, "config": cfg, "overrides": typed_overrides(run)}
+
+
+def typed_overrides(run: Path) -> dict[str, str] | None:
+    """The job's command-line overrides as the user typed them (``.hydra/overrides.yaml``; a parallel
+    run's agents share their parent's): {"algo": "ppo", "seed": "1"}; None when Hydra wrote none."""
+    for d in (run, run.parent):
+        path = d / ".hydra" / "overrides.yaml"
+        if path.exists():
+            items = yaml.safe_load(path.read_text()) or []
+            return {k.lstrip("+~"): v for k, _, v in (str(o).partition("=") for o in items)}
+    return None
 
 
 def group_runs(runs: list[dict]) -> dict[str, list[dict]]:
     """{label: runs}; the label names the config keys (minus seed & co.) that vary across all runs."""
     keys = sorted({k for r in runs for k in r["config"]})
-    varying = [k for k in keys if not k.startswith(IGNORED) and k not in IGNORED
-               and len({repr(r["config"].get(k)) for r in runs}) > 1]
+    varying = [k for k in keys if not _ignored(k) and len({repr(r["config"].get(k)) for r in runs}) > 1]
     groups: dict[str, list[dict]] = {}
     for r in runs:
         label = ",".join(f"{k}={r['config'].get(k)}" for k in varying) or "all runs"
         groups.setdefault(label, []).append(r)
-    return groups
+    typed = _typed_labels(groups)
+    return {typed[label]: members for label, members in groups.items()} if typed else groups
+
+
+def _ignored(key: str) -> bool:
+    return key.startswith(IGNORED) or key in IGNORED
+
+
+def _typed_labels(groups: dict[str, list[dict]]) -> dict[str, str] | None:
+    """{resolved label: the overrides that differ between groups, as typed (``algo=ppo``)}, or None when some
+    run has no overrides file or the typed overrides do not tell the groups apart (e.g. agent_overrides)."""
+    runs = [r for members in groups.values() for r in members]
+    if len(groups) < 2 or any(r["overrides"] is None for r in runs):
+        return None
+    keys = dict.fromkeys(k for r in runs for k in r["overrides"] if not _ignored(k))
+    varying = [k for k in keys if len({r["overrides"].get(k) for r in runs}) > 1]
+    labels = {}
+    for label, members in groups.items():
+        first = members[0]["overrides"]
+        labels[label] = " ".join(f"{k}={first[k]}" for k in varying if k in first) or "defaults"
+    return labels if len(set(labels.values())) == len(labels) else None
 
 
 def summarize(groups: dict[str, list[dict]]) -> list[dict]:

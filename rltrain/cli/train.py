@@ -30,6 +30,8 @@ def _sweep_value(summary: dict) -> float:
 
 @hydra.main(config_path="../conf", config_name="train", version_base="1.3")
 def task(cfg: DictConfig) -> float:
+    if cfg.logger.progress not in ("off", False):  # within a second of launch, before torch & co. are imported
+        print("[rltrain] starting ...", flush=True)
     from hydra.core.hydra_config import HydraConfig
     from hydra.types import RunMode
 

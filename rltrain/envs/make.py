@@ -93,10 +93,27 @@ def _import(module_name: str, env_id: str):
 
 def _gym_make(env_id: str, kwargs: dict[str, Any], max_episode_steps: int | None) -> gym.Env:
     extra = {"max_episode_steps": max_episode_steps} if max_episode_steps else {}
+    spec = gym.spec(env_id) if env_id in gym.registry else None
+    if spec is not None and "mujoco" in str(spec.entry_point):
+        _quiet_mujoco()
     try:
         return gym.make(env_id, disable_env_checker=True, **extra, **kwargs)
     except TypeError as err:
         raise ConfigError(f"env.kwargs for {env_id}: {err}") from None
+
+
+def _quiet_mujoco() -> None:
+    """MuJoCo 4 prints each model deprecation warning once per env (16 envs: 16 times) and appends it to
+    ``MUJOCO_LOG.TXT`` in the working directory: route its warnings to Python's ``warnings`` (shown once per
+    message) and write no log file."""
+    import warnings
+
+    import mujoco
+
+    log = mujoco.MjLogConfig.get()
+    log.logto_file, log.logto_console = False, False
+    log.set()
+    mujoco.set_mju_user_warning(lambda text: warnings.warn(f"MuJoCo: {text}", RuntimeWarning, stacklevel=2))
 
 
 def _call_factory(factory, env_id: str, kwargs: dict[str, Any]) -> gym.Env:

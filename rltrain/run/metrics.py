@@ -1,4 +1,4 @@
-"""Metric sinks: CSV, TensorBoard. Scalar names use slash namespaces (``rollout/episode_return``).
+"""Metric sinks: CSV, TensorBoard (W&B and MLflow: trackers.py). Scalar names use slash namespaces (``rollout/episode_return``).
 
 Columns under ``time/`` are wall-clock dependent; everything else is a function of the seed.
 """
@@ -17,7 +17,7 @@ WALL_CLOCK_PREFIX = "time/"
 
 class MetricLogger(Protocol):
     def log(self, step: int, metrics: Metrics) -> None: ...
-    def close(self) -> None: ...
+    def close(self, summary: dict | None = None) -> None: ...  # summary: what summary.json says, at the end
 
 
 class CSVLogger:
@@ -57,7 +57,7 @@ class CSVLogger:
             w.writerows(self.rows)
         tmp.replace(self.path)
 
-    def close(self) -> None:
+    def close(self, summary: dict | None = None) -> None:
         pass
 
 
@@ -77,7 +77,7 @@ class TensorBoardLogger:
             if v is not None and not (isinstance(v, float) and math.isnan(v)):
                 self.writer.add_scalar(k, v, step)
 
-    def close(self) -> None:
+    def close(self, summary: dict | None = None) -> None:
         self.writer.flush()
         self.writer.close()
 

@@ -7,6 +7,8 @@ experiment) and by ``rltrain-report``.
 
 from __future__ import annotations
 
+import math
+import textwrap
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
@@ -45,6 +47,26 @@ def _band(values: np.ndarray, band: str) -> tuple[np.ndarray, np.ndarray]:
     return lo, hi
 
 
+def _draw_panel(ax, runs: Mapping[str, tuple[np.ndarray, np.ndarray]], band: str) -> None:
+    for label, (x, y) in runs.items():
+        if len(x):
+            ax.plot(x, y, lw=0.9, alpha=0.6, label=label)
+    curves: Sequence[tuple[np.ndarray, np.ndarray]] = [c for c in runs.values() if len(c[0])]
+    if len(curves) > 1:
+        grid, values = align_curves(curves)
+        if values.size:
+            lo, hi = _band(values, band)
+            ax.plot(grid, np.nanmean(values, axis=0), color="black", lw=2, label=f"mean (n={len(curves)})")
+            ax.fill_between(grid, lo, hi, color="black", alpha=0.15,
+                            label="95% CI of mean" if band == "ci" else "+-1 std")
+    ax.set_xlabel("env steps", fontsize=8)
+    ax.set_ylabel("return", fontsize=8)
+    ax.tick_params(labelsize=7)
+    ax.grid(alpha=0.3)
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend(fontsize=6)
+
+
 def plot_learning_curves(panels: Mapping[str, Mapping[str, tuple[np.ndarray, np.ndarray]]], out: Path, *,
                          title: str = "", band: str = "ci") -> Path:
     """One subplot per panel (e.g. {"training return": {"agent_0": (x, y), ...}, "eval return": {...}}).
@@ -56,28 +78,19 @@ def plot_learning_curves(panels: Mapping[str, Mapping[str, tuple[np.ndarray, np.
     matplotlib.use("Agg", force=False)
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, len(panels), figsize=(5.5 * len(panels), 4), squeeze=False)
-    for ax, (name, runs) in zip(axes[0], panels.items(), strict=True):
-        for label, (x, y) in runs.items():
-            if len(x):
-                ax.plot(x, y, lw=0.9, alpha=0.6, label=label)
-        curves: Sequence[tuple[np.ndarray, np.ndarray]] = [c for c in runs.values() if len(c[0])]
-        if len(curves) > 1:
-            grid, values = align_curves(curves)
-            if values.size:
-                lo, hi = _band(values, band)
-                ax.plot(grid, np.nanmean(values, axis=0), color="black", lw=2, label=f"mean (n={len(curves)})")
-                ax.fill_between(grid, lo, hi, color="black", alpha=0.15,
-                                label="95% CI of mean" if band == "ci" else "+-1 std")
-        ax.set_title(name)
-        ax.set_xlabel("env steps")
-        ax.set_ylabel("return")
-        ax.grid(alpha=0.3)
-        if ax.get_legend_handles_labels()[0]:
-            ax.legend(fontsize=7)
+    # a grid of at most 4 columns: 12 panels stay 4 x 3 readable subplots instead of one 66-inch row
+    ncols = min(4, len(panels))
+    nrows = math.ceil(len(panels) / ncols)
+    fig, axes = plt.subplots(nrows, ncols, figsize=(4.6 * ncols, 3.7 * nrows + 0.6), squeeze=False)
+    for ax in axes.flat[len(panels):]:
+        ax.set_visible(False)
+    for ax, (name, runs) in zip(axes.flat, panels.items(), strict=False):
+        _draw_panel(ax, runs, band)
+        # long labels wrap instead of running into the neighbouring subplot's title
+        ax.set_title("\n".join(textwrap.wrap(name, 38)) or " ", fontsize=9)
     if title:
         fig.suptitle(title)
-    fig.tight_layout()
+    fig.tight_layout(rect=(0, 0, 1, 0.97) if title else None)
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(out, dpi=110)

@@ -291,8 +291,20 @@ class TrainLoop:
         if resumed:
             csv_logger.truncate_after(steps)
         self.loggers = [csv_logger]
-        if "tensorboard" in self.s.logger.sinks:
+        lg = self.s.logger
+        if "tensorboard" in lg.sinks:
             self.loggers.append(TensorBoardLogger(self.run_dir / "tensorboard", purge_step=steps + 1 if resumed else None))
+        # trackers: one run per process that logs (rank 0; each agent of trainer=parallel opens its own)
+        if "wandb" in lg.sinks:
+            from rltrain.run.trackers import WandbLogger
+
+            self.loggers.append(WandbLogger(self.run_dir, config=self.s.config, project=lg.project, entity=lg.entity,
+                                            group=lg.group, name=lg.name, tags=lg.tags, mode=lg.mode))
+        if "mlflow" in lg.sinks:
+            from rltrain.run.trackers import MLflowLogger
+
+            self.loggers.append(MLflowLogger(self.run_dir, config=self.s.config, project=lg.project, group=lg.group,
+                                             name=lg.name, tags=lg.tags, tracking_uri=lg.tracking_uri))
 
     def _log(self, steps: int, row: Metrics) -> None:
         for lg in self.loggers:
@@ -343,7 +355,7 @@ class TrainLoop:
         if self.is_main:
             write_summary(self.run_dir, summary)
             for lg in self.loggers:
-                lg.close()
+                lg.close(summary)  # trackers record the summary's numbers as final metrics
         self.source.close()
         return summary
 

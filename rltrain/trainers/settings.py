@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from rltrain.envs.make import EnvFactory
+from rltrain.errors import ConfigError, close_matches
 from rltrain.models.factory import ModelSettings
 
 
@@ -38,11 +39,45 @@ class CheckpointSettings:
     replay_buffer: bool = False  # off-policy algos: also store the replay buffer
 
 
+SINKS = ("csv", "tensorboard", "wandb", "mlflow")
+WANDB_MODES = ("online", "offline", "disabled")
+
+
 @dataclass(frozen=True, kw_only=True)
 class LoggerSettings:
-    sinks: tuple[str, ...] = ("csv", "tensorboard")
+    sinks: tuple[str, ...] = ("csv", "tensorboard")  # metrics.csv is always written; plus any of SINKS
     progress: str = "auto"  # auto | rich | plain | off
     progress_interval_s: float = 10.0
+    # trackers (logger=wandb / logger=mlflow; run/trackers.py)
+    project: str = "rltrain"  # W&B project / MLflow experiment
+    entity: str | None = None  # W&B team or user (None: your default entity)
+    group: str | None = None  # None: the sweep dir's name for a multirun's jobs, the run's for parallel agents
+    name: str | None = None  # None: the run dir's name (agent_<k> for an agent of trainer=parallel)
+    tags: tuple[str, ...] = ()
+    mode: str = "online"  # W&B: online | offline (writes <run dir>/wandb, no network; `wandb sync` later) | disabled
+    tracking_uri: str | None = None  # MLflow: None = a local store <run dir>/mlruns; any MLflow URI otherwise
+
+    def __post_init__(self) -> None:
+        for sink in self.sinks:
+            if sink not in SINKS:
+                raise ConfigError(f"logger.sinks={list(self.sinks)}: unknown sink {sink!r}"
+                                  f"{close_matches(sink, SINKS)}; use any of {', '.join(SINKS)}")
+            # a missing tracker package is one line before anything starts (the import itself stays lazy)
+            if sink in ("wandb", "mlflow") and not _installed(sink):
+                raise ConfigError(f"logger.sinks={sink}: the {sink} package is missing; "
+                                  f"pip install 'rltrain[{sink}]'")
+        if self.mode not in WANDB_MODES:
+            raise ConfigError(f"logger.mode={self.mode!r} is not one of: {', '.join(WANDB_MODES)} "
+                              "(offline: no network, sync later with `wandb sync`)")
+
+
+def _installed(package: str) -> bool:
+    import importlib.util
+
+    try:
+        return importlib.util.find_spec(package) is not None
+    except (ImportError, ValueError):
+        return False
 
 
 @dataclass(frozen=True, kw_only=True)

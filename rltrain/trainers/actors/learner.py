@@ -88,24 +88,23 @@ class EpisodeStats:
 
 
 class ActorsProgress(ProgressDisplay):
-    """The usual bar/line plus one row per actor and the lag / queue figures."""
+    """The usual bar/line plus one row per actor and the lag / queue figures (under the bar on a terminal,
+    every ``interval_s`` as plain lines elsewhere)."""
 
     def __init__(self, *args, rows, **kwargs):
         super().__init__(*args, **kwargs)
-        self._rows, self._last_rows = rows, 0.0
-        if self.mode == "rich":
-            self._row_task = self._bar.add_task("actors", total=None, info="")
+        self._rows_of, self._last_rows = rows, 0.0
 
     def update(self, env_steps: int, *, sps: float, episode_return: float | None) -> None:
         super().update(env_steps, sps=sps, episode_return=episode_return)
+        if self.mode == "rich":
+            self.set_rows(self._rows_of())  # rich redraws at most 4 times a second
+            return
         now = time.monotonic()
-        if self.mode == "off" or now - self._last_rows < self.interval_s:
+        if self.mode == "off" or (now - self._last_rows < self.interval_s and env_steps < self.total):
             return
         self._last_rows = now
-        if self.mode == "rich":
-            self._bar.update(self._row_task, info="\n".join(self._rows()))
-        else:
-            print("\n".join("  " + r for r in self._rows()), flush=True)
+        print("\n".join("  " + r for r in self._rows_of()), flush=True)
 
 
 class ActorBatches(LoopHooks):
@@ -125,6 +124,7 @@ class ActorBatches(LoopHooks):
         self.stats: dict[str, float] = {"dropped_steps": 0.0, "dropped_rollouts": 0.0, "preempted_batches": 0.0}
         self._window: dict[str, list[float]] = {}  # per-batch figures since the last log row
         self._received_steps, self._recv_t0 = 0, time.perf_counter()
+        self._first_seen: dict[int, float] = {}  # progress rows: actor -> when it began its first rollout
 
     # -- the rollout source (what RolloutCollector is for the other trainers) --------------------------------
     @property
@@ -255,6 +255,8 @@ class ActorBatches(LoopHooks):
             if self.loop.stop.requested:
                 return []
             msgs = pool.poll(0.2)  # credits bound what can arrive
+            for m in msgs:
+                self._first_seen.setdefault(m.actor_id, time.perf_counter() - m.collect_s)
             self._received_steps += sum(m.num_steps for m in msgs)
             self.queue.extend(msgs)
         self._window.setdefault("dequeue_wait_s", []).append(time.perf_counter() - t0)
@@ -285,12 +287,22 @@ class ActorBatches(LoopHooks):
         return row
 
     def progress_rows(self) -> list[str]:
-        rows = self.pool.rows() if self.pool else []
+        """One row per actor (throughput of what reached the learner, episodes, version of its last rollout),
+        then the learner's policy version, lag, queue and drops."""
+        rows = [self._actor_row(slot) for slot in self.pool.slots] if self.pool else []
         lag = self._window.get("lag", [])
         lag_txt = f"{min(lag)}/{np.mean(lag):.1f}/{max(lag)}" if lag else "-"
         rows.append(f"policy v{self.loop.counters['updates']}  lag min/mean/max {lag_txt}  queue "
                     f"{len(self.queue)}/{self.capacity}  dropped {int(self.stats['dropped_rollouts'])} rollouts")
         return rows
+
+    def _actor_row(self, slot) -> str:
+        # throughput since it began its first rollout (process start-up is not the actor's speed)
+        elapsed = time.perf_counter() - self._first_seen.get(slot.actor_id, math.inf)
+        sps = slot.steps / elapsed if elapsed > 0 else 0.0
+        version = f"v{slot.version}" if slot.version >= 0 else "no rollout yet"
+        return (f"actor {slot.actor_id}: {sps:,.0f} sps ({slot.sps:,.0f} while collecting)  "
+                f"steps {slot.steps:,}  episodes {slot.episodes}  {version}  restarts {slot.restarts}")
 
 
 class SubprocessActorsTrainer(Trainer):

@@ -1,0 +1,154 @@
+"""``rltrain-export <run dir or checkpoint> --format torchscript|onnx [--out DIR]``: a standalone policy.
+
+The file maps a batch of observations to a batch of actions with nothing of rltrain needed to run it:
+observation normalisation folded in, deterministic (argmax for Discrete, the Gaussian mean for Box, SAC's
+mean squashed by tanh and scaled to the bounds), Box actions clipped to the action space as ``rltrain-eval``
+does before stepping an env. Beside it, ``policy.json`` describes the spaces. The checkpoint is loaded through
+``rltrain.cli.build.load_policy``: nothing named inside it is imported without ``--allow-import``.
+
+    obs [B, *obs_shape] (the env's dtype: float32, uint8 pixels ...) -> action [B] int64 | [B, *action_shape] float32
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import warnings
+from pathlib import Path
+
+from rltrain.errors import ConfigError
+
+FORMATS = {"torchscript": "policy.pt", "onnx": "policy.onnx"}
+
+
+def deterministic_actor(policy, spec):
+    """An ``nn.Module`` obs -> action that runs only torch ops (no numpy fast path, no sampling)."""
+    import torch
+    from torch import nn
+
+    from rltrain.algos.dqn import QPolicy
+    from rltrain.algos.sac import SquashedGaussianActor
+    from rltrain.models.actor_critic import ActorCritic
+    from rltrain.models.factory import ModularActorCritic
+
+    kinds = {ActorCritic: "actor_critic", ModularActorCritic: "modular", QPolicy: "q", SquashedGaussianActor: "sac"}
+    kind = next((k for cls, k in kinds.items() if isinstance(policy, cls)), None)
+    if kind is None:
+        raise ConfigError(f"policy={type(policy).__name__}: no export for this policy type; export supports "
+                          "ppo, a2c, impala, dqn and sac checkpoints")
+
+    class DeterministicActor(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.policy = policy
+            box = spec.action_kind != "discrete"
+            self.register_buffer("low", torch.tensor(spec.action_low if box else (), dtype=torch.float32))
+            self.register_buffer("high", torch.tensor(spec.action_high if box else (), dtype=torch.float32))
+
+        def forward(self, obs):
+            if kind == "q":
+                return self.policy(obs).argmax(-1)
+            if kind == "sac":
+                action = self.policy.sample(obs, deterministic=True)[0]
+            else:
+                if kind == "actor_critic":
+                    out = self.policy(obs)[0]
+                else:
+                    p = self.policy
+                    out = p.actor_head(p.actor_encoder(p._normalised(obs)))
+                if spec.action_kind == "discrete":
+                    return out.argmax(-1)
+                action = out
+            action = action.reshape(obs.shape[0], *spec.action_shape)
+            return torch.maximum(torch.minimum(action, self.high), self.low)  # what evaluation clips to
+
+    # frozen: the exported graph returns plain tensors (no autograd) to whoever runs it
+    return DeterministicActor().eval().requires_grad_(False)
+
+
+def spaces_record(spec, *, out: Path, cfg: dict, checkpoint: Path) -> dict:
+    """The JSON beside the policy files: what goes in, what comes out."""
+    if spec.action_kind == "discrete":
+        action = {"kind": "discrete", "n": spec.n_actions, "dtype": "int64"}
+    else:
+        action = {"kind": "box", "shape": list(spec.action_shape), "dtype": "float32",
+                  "low": list(spec.action_low), "high": list(spec.action_high)}
+    files = {fmt: name for fmt, name in FORMATS.items() if (out / name).exists()}
+    return {"files": files, "env_id": spec.env_id, "algo": cfg["algo"]["_target_"],
+            "checkpoint": str(checkpoint.resolve()), "input": "obs [B, *shape]", "output": "action [B] or [B, *shape]",
+            "observation": {"shape": list(spec.obs_shape), "dtype": spec.obs_dtype}, "action": action}
+
+
+def example_observations(spec, batch: int = 2):
+    """A batch in the observation space's dtype (values are irrelevant: tracing records the ops)."""
+    import numpy as np
+    import torch
+
+    return torch.as_tensor(np.zeros((batch, *spec.obs_shape), dtype=np.dtype(spec.obs_dtype)))
+
+
+def export(path: Path, *, fmt: str, out: Path | None = None, allow_import: bool = False) -> Path:
+    """Write ``policy.pt`` / ``policy.onnx`` and ``policy.json`` into ``out``; returns the policy file."""
+    import torch
+
+    from rltrain.cli.build import env_factory, load_policy
+
+    if fmt not in FORMATS:
+        raise ConfigError(f"--format={fmt}: unknown format; use torchscript or onnx")
+    policy, cfg, ckpt_path, _ = load_policy(Path(path), device="cpu", allow_import=allow_import)
+    spec = env_factory(cfg["env"]).spec()
+    if spec.obs_space is not None and spec.observation.kind != "box":
+        raise ConfigError(f"checkpoint={ckpt_path}: observations of {spec.observation.name} cannot be exported "
+                          "(Box observations only: one array in, one action out)")
+    out = Path(out) if out else ckpt_path.parent.parent / "export"
+    out.mkdir(parents=True, exist_ok=True)
+    actor = deterministic_actor(policy, spec)
+    example = example_observations(spec)
+    target = out / FORMATS[fmt]
+    with torch.no_grad():
+        if fmt == "torchscript":
+            with warnings.catch_warnings():  # torch 2.13 marks jit.trace deprecated; torch.jit.load still reads it
+                warnings.simplefilter("ignore", DeprecationWarning)
+                torch.jit.trace(actor, example).save(str(target))
+        else:
+            _onnx(actor, example, target)
+    (out / "policy.json").write_text(json.dumps(spaces_record(spec, out=out, cfg=cfg, checkpoint=ckpt_path),
+                                                indent=2) + "\n")
+    return target
+
+
+def _onnx(actor, example, target: Path) -> None:
+    import importlib.util
+
+    import torch
+
+    if importlib.util.find_spec("onnx") is None:
+        raise ConfigError("--format=onnx needs the onnx package: pip install 'rltrain[export]'")
+    # the TorchScript-based exporter (the torch.export one needs onnxscript too): our actors are straight-line
+    # torch ops, which it handles; its deprecation notice is about exporters, not about this file
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        torch.onnx.export(actor, (example,), str(target), input_names=["obs"], output_names=["action"],
+                          dynamic_axes={"obs": {0: "batch"}, "action": {0: "batch"}}, dynamo=False)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="rltrain-export", description=__doc__.splitlines()[0].split(": ", 1)[1])
+    p.add_argument("path", help="a checkpoint file (.pt) or a run directory (its final or latest checkpoint)")
+    p.add_argument("--format", default="torchscript", help="torchscript (torch.jit.load) or onnx (onnxruntime)")
+    p.add_argument("--out", type=Path, default=None, help="output directory (default: <run dir>/export)")
+    p.add_argument("--allow-import", action="store_true",
+                   help="let an env.id import path stored in the checkpoint import its module (trusted files only)")
+    args = p.parse_args(argv)
+    try:
+        target = export(Path(args.path), fmt=args.format, out=args.out, allow_import=args.allow_import)
+    except ConfigError as err:
+        print(f"rltrain-export: error: {err}", file=sys.stderr)
+        return 2
+    print(f"wrote {target} and {target.with_name('policy.json')}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,159 @@
+"""Experiment trackers as metric sinks beside CSV and TensorBoard: Weights & Biases and MLflow.
+
+Both receive exactly what ``metrics.csv`` receives (same scalar names, one point per log row, the x axis is
+env steps), the resolved config as parameters (flattened to dotted keys: ``algo.lr``) and, when the run ends,
+the numbers of ``summary.json`` as final metrics. Neither package is imported unless its sink is chosen.
+
+Who a tracker run is follows from the run dir (``run_identity``): a multirun job is grouped under its sweep
+dir's name, an agent of ``trainer=parallel`` (``<run>/agent_<k>``) under its run's name; ``logger.group`` and
+``logger.name`` override both.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+from rltrain.data.structs import Metrics
+from rltrain.errors import ConfigError
+
+EXTRAS = {"wandb": "wandb", "mlflow": "mlflow"}  # sink -> (package, rltrain extra) share the name
+
+
+@dataclass(frozen=True)
+class RunIdentity:
+    name: str  # the tracker run's display name
+    group: str | None  # wandb group / mlflow tag ``group``: runs that belong together
+    store_root: Path  # where a local store goes: the top-level run dir, or the sweep dir of a multirun
+
+
+def run_identity(run_dir: Path) -> RunIdentity:
+    """``outputs/multirun/D/T/3_algo=a2c`` -> (3_algo=a2c, group T); ``<run>/agent_1`` -> (agent_1, group run)."""
+    run_dir = Path(run_dir).resolve()
+    top, name, group = run_dir, run_dir.name, None
+    if re.fullmatch(r"agent_\d+", run_dir.name) and (run_dir.parent / "config.yaml").exists():
+        top, group = run_dir.parent, run_dir.parent.name
+    if (top.parent / "multirun.yaml").exists():  # Hydra writes it into the sweep dir of every multirun
+        name = name if top == run_dir else f"{top.name}/{name}"
+        return RunIdentity(name=name, group=top.parent.name, store_root=top.parent)
+    return RunIdentity(name=name, group=group, store_root=top)
+
+
+def flat_params(config: dict, prefix: str = "") -> dict[str, str | float | int | bool | None]:
+    """{"algo": {"lr": 0.01}} -> {"algo.lr": 0.01}; lists become JSON text."""
+    out: dict = {}
+    for key, value in config.items():
+        if isinstance(value, dict):
+            out.update(flat_params(value, f"{prefix}{key}."))
+        else:
+            out[f"{prefix}{key}"] = json.dumps(value) if isinstance(value, (list, tuple)) else value
+    return out
+
+
+def final_numbers(summary: dict) -> dict[str, float]:
+    """The summary's finite numbers (status, paths and None left out: trackers take numbers only)."""
+    return {k: float(v) for k, v in summary.items()
+            if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)}
+
+
+def _finite(metrics: Metrics) -> dict[str, float]:
+    return {k: float(v) for k, v in metrics.items() if v is not None and math.isfinite(float(v))}
+
+
+def _require(sink: str):
+    import importlib
+
+    try:
+        return importlib.import_module(sink)
+    except ImportError:
+        raise ConfigError(f"logger.sinks={sink}: the {sink} package is missing; "
+                          f"pip install 'rltrain[{EXTRAS[sink]}]'") from None
+
+
+class WandbLogger:
+    """One W&B run per process that logs (rank 0; each agent of ``trainer=parallel``).
+
+    ``mode=offline`` writes ``<run dir>/wandb/offline-run-*`` without network (upload later: ``wandb sync``).
+    """
+
+    def __init__(self, run_dir: Path, *, config: dict, project: str, entity: str | None, group: str | None,
+                 name: str | None, tags: tuple[str, ...], mode: str):
+        wandb = _require("wandb")
+        who = run_identity(run_dir)
+        self.run = wandb.init(project=project, entity=entity, group=group or who.group, name=name or who.name,
+                              tags=list(tags), mode=mode, dir=str(run_dir), config=flat_params(config),
+                              reinit="create_new",
+                              # our progress display owns the terminal; wandb's console capture would fight it
+                              settings=wandb.Settings(console="off", silent=True, x_disable_stats=True))
+
+    def log(self, step: int, metrics: Metrics) -> None:
+        self.run.log(_finite(metrics), step=step)
+
+    def close(self, summary: dict | None = None) -> None:
+        if summary is not None:
+            self.run.summary.update(final_numbers(summary))
+            self.run.summary["status"] = summary.get("status")
+        failed = summary is not None and summary.get("status") == "failed"
+        self.run.finish(exit_code=1 if failed else 0)
+
+
+class MLflowLogger:
+    """One MLflow run per process that logs; ``tracking_uri=None`` uses a local store ``<run dir>/mlruns``
+    (the sweep dir's under a multirun, the run's for parallel agents: one store per experiment)."""
+
+    def __init__(self, run_dir: Path, *, config: dict, project: str, group: str | None, name: str | None,
+                 tags: tuple[str, ...], tracking_uri: str | None):
+        _require("mlflow")
+        from mlflow.tracking import MlflowClient
+
+        who = run_identity(run_dir)
+        if tracking_uri is None:
+            tracking_uri = str(who.store_root / "mlruns")
+            # a plain directory is MLflow's file store, which MLflow 3 keeps behind this opt-in; pass
+            # logger.tracking_uri=sqlite:///... (or a server) for a database store
+            os.environ.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")
+        self.client = MlflowClient(tracking_uri=tracking_uri)
+        experiment = self.client.get_experiment_by_name(project)
+        if experiment is None:
+            try:
+                experiment_id = self.client.create_experiment(project)
+            except Exception:  # another agent of this run created it first
+                experiment_id = self.client.get_experiment_by_name(project).experiment_id
+        else:
+            experiment_id = experiment.experiment_id
+        run_tags = {"group": group or who.group or "", "run_dir": str(Path(run_dir).resolve()),
+                    **{f"tag.{t}": "true" for t in tags}}
+        self.run_id = self.client.create_run(experiment_id, run_name=name or who.name, tags=run_tags).info.run_id
+        self._log_params(flat_params(config))
+
+    def _log_params(self, params: dict) -> None:
+        from mlflow.entities import Param
+
+        items = [Param(k, str(v)[:6000]) for k, v in params.items()]
+        for i in range(0, len(items), 100):  # log_batch takes at most 100 params per call
+            self.client.log_batch(self.run_id, params=items[i:i + 100])
+
+    def _log_numbers(self, step: int, numbers: dict[str, float]) -> None:
+        import time
+
+        from mlflow.entities import Metric
+
+        now = int(time.time() * 1000)
+        items = [Metric(k, v, now, step) for k, v in numbers.items()]
+        for i in range(0, len(items), 1000):
+            self.client.log_batch(self.run_id, metrics=items[i:i + 1000])
+
+    def log(self, step: int, metrics: Metrics) -> None:
+        self._log_numbers(step, _finite(metrics))
+
+    def close(self, summary: dict | None = None) -> None:
+        status = "FINISHED"
+        if summary is not None:
+            self._log_numbers(int(summary.get("total_env_steps") or 0), final_numbers(summary))
+            self.client.set_tag(self.run_id, "status", str(summary.get("status")))
+            status = {"failed": "FAILED", "interrupted": "KILLED"}.get(summary.get("status"), "FINISHED")
+        self.client.set_terminated(self.run_id, status)

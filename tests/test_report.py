@@ -1,0 +1,185 @@
+"""rltrain-report labels and figures, and the progress output around a run (issue 16, items 2 and 4)."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from rltrain.cli import report
+from tests.conftest import run_cli
+
+SMOKE = ["debug=smoke", "total_env_steps=1024", "env.num_envs=2"]
+
+
+def _fake_job(sweep: Path, num: int, overrides: list[str], cfg: dict, ret: float) -> Path:
+    """A job dir as a multirun writes it: summary.json, config.yaml, metrics.csv, .hydra/overrides.yaml."""
+    job = sweep / f"{num}_{','.join(overrides)}"
+    (job / ".hydra").mkdir(parents=True)
+    (job / ".hydra" / "overrides.yaml").write_text(yaml.safe_dump(overrides))
+    (job / "config.yaml").write_text(yaml.safe_dump(cfg))
+    (job / "summary.json").write_text(json.dumps({"status": "completed", "final_eval_return": ret, "seed": cfg["seed"],
+                                                  "wall_time_s": 1.0}))
+    rows = "\n".join(f"{s},{ret * s / 4000:.2f}" for s in range(1000, 5000, 1000))
+    (job / "metrics.csv").write_text("env_steps,rollout/episode_return\n" + rows + "\n")
+    return job
+
+
+def _sweep_of_groups(root: Path, n_groups: int) -> Path:
+    sweep = root / "multirun"
+    num = 0
+    for g in range(n_groups):
+        for seed in (1, 2):
+            lr = 10.0 ** -(2 + g % 4)
+            overrides = [f"algo.lr={lr:g}", f"algo.hidden_sizes=[{32 * (1 + g // 4)},{32 * (1 + g // 4)}]", f"seed={seed}"]
+            cfg = {"seed": seed, "algo": {"lr": lr, "hidden_sizes": [32 * (1 + g // 4)] * 2, "gamma": 0.99},
+                   "env": {"id": "CartPole-v1"}, "logger": {"progress": "plain"}}
+            _fake_job(sweep, num, overrides, cfg, 100.0 + g)
+            num += 1
+    return sweep
+
+
+def test_labels_are_the_typed_overrides_that_differ(tmp_path):
+    sweep = _sweep_of_groups(tmp_path, 3)
+    groups = report.group_runs([report.load_run(r) for r in report.find_runs([sweep])])
+    assert sorted(groups) == ["algo.lr=0.0001", "algo.lr=0.001", "algo.lr=0.01"]  # hidden_sizes is the same
+    assert all(len(runs) == 2 for runs in groups.values())  # seeds aggregated, seed never in a label
+
+
+def test_two_swept_keys_label_both(tmp_path):
+    sweep = _sweep_of_groups(tmp_path, 5)
+    groups = report.group_runs([report.load_run(r) for r in report.find_runs([sweep])])
+    assert "algo.lr=0.01 algo.hidden_sizes=[64,64]" in groups and len(groups) == 5
+
+
+def test_without_overrides_files_labels_fall_back_to_resolved_keys(tmp_path):
+    sweep = _sweep_of_groups(tmp_path, 2)
+    for f in sweep.glob("*/.hydra/overrides.yaml"):
+        f.unlink()
+    groups = report.group_runs([report.load_run(r) for r in report.find_runs([sweep])])
+    assert sorted(groups) == ["algo.lr=0.001", "algo.lr=0.01"]
+
+
+@pytest.mark.parametrize("n_groups", [2, 12])
+def test_png_grid_titles_do_not_overlap(tmp_path, n_groups):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    sweep = _sweep_of_groups(tmp_path, n_groups)
+    groups = report.group_runs([report.load_run(r) for r in report.find_runs([sweep])])
+    seen = []
+    orig = plt.Figure.savefig
+
+    def spy(fig, *args, **kwargs):
+        fig.canvas.draw()
+        renderer = fig.canvas.get_renderer()
+        seen.extend(ax.title.get_window_extent(renderer) for ax in fig.axes if ax.get_visible())
+        width, height = fig.get_size_inches()
+        assert width <= 20 and height <= 14, "a figure this large is unreadable when shown on a screen"
+        return orig(fig, *args, **kwargs)
+
+    plt.Figure.savefig = spy
+    try:
+        png = report.plot(groups, tmp_path / "curves.png", "rollout/episode_return")
+    finally:
+        plt.Figure.savefig = orig
+    assert png is not None and png.stat().st_size > 10_000
+    assert len(seen) == n_groups
+    for i, a in enumerate(seen):
+        for b in seen[i + 1:]:
+            assert not a.overlaps(b), "two subplot titles overlap"
+
+
+@pytest.mark.slow
+def test_report_on_a_real_multirun_labels_by_algo(tmp_path):
+    res = run_cli(["-m", "algo=ppo,a2c", *SMOKE, f"hydra.sweep.dir={tmp_path / 'sweep'}"], cwd=tmp_path, timeout=300)
+    assert res.returncode == 0, res.stderr
+    out = subprocess.run([sys.executable, "-m", "rltrain.cli.report", str(tmp_path / "sweep"), "--json"],
+                         capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    assert sorted(r["group"] for r in json.loads(out.stdout)) == ["algo=a2c", "algo=ppo"]
+
+
+# -- progress output (item 4) ------------------------------------------------------------------------------
+def test_plain_progress_clamps_percent_and_eta(capsys):
+    from rltrain.run.progress import ProgressDisplay
+
+    p = ProgressDisplay(1000, mode="plain", interval_s=0.0)
+    p.update(500, sps=100.0, episode_return=1.0)
+    p.update(1024, sps=100.0, episode_return=1.0)  # the last rollout overshoots the budget
+    lines = capsys.readouterr().out.splitlines()
+    assert "(50%)" in lines[0]
+    assert "1000/1000 steps (100%)" in lines[1] and "eta 0s" in lines[1]
+    assert "-" not in lines[1].split("eta")[1]
+
+
+def _render(display) -> str:
+    from rich.console import Console
+
+    console = Console(width=120, file=io.StringIO(), record=True)
+    console.print(*display._bar.get_renderables())
+    return console.export_text()
+
+
+def test_rich_progress_shows_rows_under_an_uncut_bar():
+    from rltrain.run.progress import ProgressDisplay
+
+    p = ProgressDisplay(150000, mode="rich", title="learner")
+    try:
+        p.update(150512, sps=5000.0, episode_return=200.0)  # the last rollout overshoots: shown as the total
+        text_end = _render(p)
+        p.update(93920, sps=5000.0, episode_return=200.0)
+        p.set_rows([f"actor {k}: 2,400 sps  episodes {10 + k}  v41" for k in range(4)])
+        text = _render(p)
+    finally:
+        p.close()
+    assert "150000/150000" in text_end and "150512" not in text_end
+    assert "93920/150000" in text
+    assert "0/?" not in text and text.count("eta") == 1
+    assert all(f"actor {k}: 2,400 sps  episodes {10 + k}  v41" in text for k in range(4))
+
+
+def test_first_output_is_printed_before_the_heavy_imports(tmp_path):
+    env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[1]))
+    proc = subprocess.Popen([sys.executable, "-m", "rltrain", *SMOKE, "logger.progress=plain",
+                             f"hydra.run.dir={tmp_path / 'run'}"], stdout=subprocess.PIPE, text=True, env=env,
+                            cwd=tmp_path)
+    first = proc.stdout.readline()
+    proc.communicate(timeout=300)
+    assert first.strip() == "[rltrain] starting ..."
+    assert proc.returncode == 0
+
+
+def test_mujoco_warns_once_and_writes_no_log_in_cwd(tmp_path):
+    pytest.importorskip("mujoco")
+    code = ("import torch; torch.set_num_threads(1)\n"
+            "from rltrain.envs.make import make_env\n"
+            "envs = [make_env('HalfCheetah-v5') for _ in range(3)]\n"
+            "[e.reset(seed=0) for e in envs]\n")
+    env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[1]))
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path, env=env,
+                         timeout=120)
+    assert res.returncode == 0, res.stderr
+    assert (res.stdout + res.stderr).count("settotalmass") == 1
+    assert not (tmp_path / "MUJOCO_LOG.TXT").exists()
+
+
+def test_eval_video_prints_no_runtime_dir_noise(tmp_path):
+    pytest.importorskip("moviepy")
+    res = run_cli([*SMOKE, f"hydra.run.dir={tmp_path / 'run'}"], cwd=tmp_path, timeout=300)
+    assert res.returncode == 0, res.stderr
+    env = {k: v for k, v in os.environ.items() if k != "XDG_RUNTIME_DIR"}
+    env["PYTHONPATH"] = str(Path(__file__).resolve().parents[1])
+    res = subprocess.run([sys.executable, "-m", "rltrain.cli.evaluate", str(tmp_path / "run"), "--episodes", "1",
+                          "--video"], capture_output=True, text=True, timeout=180, env=env, cwd=tmp_path)
+    assert res.returncode == 0, res.stderr
+    assert "XDG_RUNTIME_DIR" not in res.stdout + res.stderr
+    assert list((tmp_path / "run" / "videos").glob("*.mp4"))
