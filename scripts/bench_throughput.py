@@ -15,6 +15,10 @@ Sections (add yours: write ``def section_<name>(args) -> list[Row]`` and registe
   actors       ``trainer=subprocess_actors`` IMPALA SPS with 1/2/4 actors, CartPole and a 200 us/step CartPole
   sb3          Stable-Baselines3 at the same moment (needs --sb3-python): time to solve (zoo settings) and
                PPO SPS at CleanRL settings, side by side; not in the default set
+  pixels       PPO from pixels: ALE/Breakout-v5 with env=atari and the Nature CNN at CleanRL's ppo_atari settings
+               (8 envs x 128, 4 epochs x 4 minibatches) beside SB3's CnnPolicy + AtariWrapper + 4-frame stack
+               (needs --sb3-python with ale-py); subprocess_actors IMPALA on Breakout with 2 actors vs 1;
+               PPO on MinAtar Breakout (experiment=ppo_minatar); not in the default set
 
 Both wall-clock and CPU-time (this process) rates are printed: on a shared machine wall time measures the
 neighbours too, CPU time is the cost of our own code. Timings are not asserted anywhere; compare ratios.
@@ -219,6 +223,40 @@ def section_actors(args) -> list[Row]:
     return rows
 
 
+def section_pixels(args) -> list[Row]:
+    """PPO from pixels side by side with SB3 in this run; actors 2 vs 1 on Atari; the MinAtar PPO SPS."""
+    warmup, measure = (1024, 2048) if args.quick else (2048, 6144)
+    rows = []
+    ours, our_cpu, _ = measure_train(["experiment=ppo_atari", "env.id=ALE/Breakout-v5"], warmup=warmup,
+                                     measure=measure)
+    if args.sb3_python:
+        out = subprocess.run([args.sb3_python, str(REPO / "scripts" / "peers" / "sb3_ppo.py"), "pixels",
+                              "BreakoutNoFrameskip-v4", str(warmup), str(measure)],
+                             capture_output=True, text=True, timeout=3600)
+        if out.returncode != 0:
+            raise RuntimeError(f"sb3_ppo.py pixels failed:\n{out.stderr[-2000:]}")
+        theirs = json.loads(out.stdout.strip().splitlines()[-1])["sps"]
+        rows.append(Row("pixels", "PPO Breakout, Nature CNN, 8 x 128, 4 x 4 mb: rltrain vs SB3 CnnPolicy", ours,
+                        our_cpu, f"x{ours / theirs:.2f} SB3 (target >= 1.5)",
+                        f"SB3 {theirs:,.0f} steps/s; {measure} steps after {warmup} warm-up each"))
+    else:
+        rows.append(Row("pixels", "PPO Breakout, Nature CNN (SB3 skipped: pass --sb3-python)", ours, our_cpu))
+    steps = 4096 if args.quick else 12288
+    actor_sps = {}
+    for n in (1, 2):
+        with tempfile.TemporaryDirectory() as tmp:
+            _, _, s = run_cli(["experiment=impala_atari", f"trainer.num_actors={n}", f"total_env_steps={steps}",
+                               "logger=quiet", "eval.episodes=1", "eval.every_env_steps=0",
+                               "checkpoint.every_env_steps=0"], Path(tmp))
+        actor_sps[n] = float(s["sps"])
+        rows.append(Row("pixels", f"IMPALA Breakout (impala CNN), subprocess_actors, {n} actor(s)", actor_sps[n],
+                        ratio=f"x{actor_sps[n] / actor_sps[1]:.2f} vs 1 actor" + (" (target >= 1.5)" if n == 2 else ""),
+                        notes=f"{steps} steps, loop SPS from summary.json"))
+    mw, mc, _ = measure_train(["experiment=ppo_minatar"], warmup=2048, measure=8192 if args.quick else 20480)
+    rows.append(Row("pixels", "PPO MinAtar Breakout (experiment=ppo_minatar: MinAtar CNN, 16 x 128)", mw, mc))
+    return rows
+
+
 def section_sb3(args) -> list[Row]:
     """Stable-Baselines3 beside rltrain at the same moment (this machine's speed drifts ~2x over a day):
     time to solve, interleaved seed by seed (SB3 with rl-baselines3-zoo's CartPole settings, rltrain with its
@@ -264,6 +302,7 @@ SECTIONS: dict[str, Callable[[argparse.Namespace], list[Row]]] = {
     "distributed": section_distributed,
     "actors": section_actors,
     "sb3": section_sb3,
+    "pixels": section_pixels,
 }
 
 
@@ -280,7 +319,7 @@ def print_table(rows: list[Row]) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--only", default=",".join(k for k in SECTIONS if k != "sb3"), help=f"comma-separated sections: {', '.join(SECTIONS)}")
+    p.add_argument("--only", default=",".join(k for k in SECTIONS if k not in ("sb3", "pixels")), help=f"comma-separated sections: {', '.join(SECTIONS)}")
     p.add_argument("--quick", action="store_true", help="smaller budgets and one seed")
     p.add_argument("--solve-args", nargs="*", default=[], help="extra overrides for the solve runs")
     p.add_argument("--sb3-python", default=os.environ.get("RLTRAIN_SB3_PYTHON"),

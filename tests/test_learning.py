@@ -64,3 +64,18 @@ def test_ppo_torch_update_path_learns_cartpole(tmp_path, monkeypatch):
     assert summary["status"] == "completed", summary
     assert summary["solved_at_env_steps"] is not None, summary
     assert summary["final_eval_return"] >= 150, summary
+
+
+@pytest.mark.learning
+@pytest.mark.slow
+def test_ppo_learns_minatar_breakout_from_pixels(tmp_path):
+    """experiment=ppo_minatar (MinAtar CNN on bool [10, 10, 4] frames), cut short: the mean of the last 20
+    training games must reach 2.0, five times what random play scores (0.4), within 100k env steps, and the
+    stopped policy must play above random in the deterministic evaluation."""
+    pytest.importorskip("minatar")
+    summary = run(compose_cfg(["experiment=ppo_minatar", "logger=quiet", "seed=1", "total_env_steps=100000",
+                               "target_return=2.0", "eval.every_env_steps=0", "checkpoint.every_env_steps=0"]),
+                  tmp_path)
+    assert summary["status"] == "completed", summary
+    assert summary["solved_at_env_steps"] is not None, summary
+    assert summary["final_eval_return"] > 0.4, summary

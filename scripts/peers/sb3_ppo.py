@@ -6,6 +6,9 @@ Runs under a Python that has ``stable-baselines3`` installed (it is not an rltra
                                                  # training return of 475; prints JSON (steps, loop seconds)
     python scripts/peers/sb3_ppo.py sps          # CleanRL's settings (4 envs x 128, 4 epochs x 4 minibatches):
                                                  # env steps per second after a warm-up; prints JSON
+    python scripts/peers/sb3_ppo.py pixels ENV_ID WARMUP MEASURE
+                                                 # CnnPolicy on Atari (make_atari_env's AtariWrapper + 4-frame
+                                                 # stack), CleanRL's ppo_atari settings; env steps per second
 
 The caller times the whole process, as it does for ``rltrain target_return=475``.
 """
@@ -65,7 +68,29 @@ def sps() -> dict:
     return {"sps": 102_400 / (time.perf_counter() - t0)}
 
 
+def pixels(env_id: str, warmup: int, measure: int) -> dict:
+    # CleanRL ppo_atari.py: 8 envs x 128 steps, 4 epochs x 4 minibatches (of 256), lr 2.5e-4, clip 0.1, ent 0.01;
+    # SB3's CnnPolicy is the Nature CNN with the features extractor shared by actor and critic
+    from stable_baselines3.common.env_util import make_atari_env
+    from stable_baselines3.common.vec_env import VecFrameStack
+
+    env = VecFrameStack(make_atari_env(env_id, n_envs=8, seed=1), n_stack=4)
+    model = PPO("CnnPolicy", env, n_steps=128, batch_size=256, n_epochs=4, learning_rate=2.5e-4, clip_range=0.1,
+                ent_coef=0.01, vf_coef=0.5, gamma=0.99, gae_lambda=0.95, seed=1, device="cpu")
+    model.learn(warmup)
+    t0 = time.perf_counter()
+    model.learn(measure, reset_num_timesteps=False)
+    return {"sps": measure / (time.perf_counter() - t0)}
+
+
 if __name__ == "__main__":
     torch.set_num_threads(1)
     mode = sys.argv[1]
-    print(json.dumps(solve(int(sys.argv[2])) if mode == "solve" else sps()))
+    if mode == "pixels":
+        import ale_py
+        import gymnasium
+
+        gymnasium.register_envs(ale_py)
+        print(json.dumps(pixels(sys.argv[2], int(sys.argv[3]), int(sys.argv[4]))))
+    else:
+        print(json.dumps(solve(int(sys.argv[2])) if mode == "solve" else sps()))
