@@ -277,3 +277,33 @@ def _trusted_sidecar(sidecar: Path, mac: object, run_dir: Path | None, trust_env
         warn(f"not loading {sidecar}: it does not unpickle ({type(err).__name__}); the envs restart fresh")
         return None
     return blob
+
+
+# What must match for a checkpoint to continue this run, in the order a user thinks of it: the algorithm, the
+# env (its observations and actions shape the networks), then the network itself. (label, config path)
+_RESUME_KEYS = (("algorithm", ("algo", "_target_")), ("env", ("env", "id")), ("env wrappers", ("env", "wrappers")),
+                ("architecture", ("algo", "hidden_sizes")), ("architecture", ("algo", "activation")),
+                ("architecture", ("algo", "frame_stack")), ("architecture", ("algo", "norm_obs")),
+                ("architecture", ("model",)))
+
+
+def _at(config: dict, keys: tuple[str, ...]):
+    for key in keys:
+        if not isinstance(config, dict) or key not in config:
+            return None
+        config = config[key]
+    return config
+
+
+def resume_mismatch(path: Path, saved: dict, current: dict) -> str | None:
+    """One line naming what differs between a checkpoint's config (``meta.config``) and this run's, else None.
+
+    Loading another run's weights fails deep inside ``load_state_dict`` (``size mismatch``, ``KeyError``);
+    comparing the recorded configs first names the difference and the fix."""
+    for label, keys in _RESUME_KEYS:
+        was, now = _at(saved, keys), _at(current, keys)
+        if was != now and not (label == "architecture" and was is None):  # older checkpoints lack newer keys
+            key = ".".join(keys)
+            return (f"resume={path}: the checkpoint is of another {label} ({key}={was!r} in it, {now!r} in this "
+                    f"run); resume with the same {key}, or start a fresh run in another hydra.run.dir")
+    return None
