@@ -159,7 +159,8 @@ class TrainLoop:
         try:
             self.algo.load_state_dict(state["algo"])
         except (RuntimeError, KeyError, ValueError) as err:  # what the config comparison could not see
-            detail = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+            lines = [ln.strip() for ln in str(err).splitlines() if ln.strip()] or [type(err).__name__]
+            detail = next((ln for ln in lines if ln.startswith(("size mismatch", "Missing", "Unexpected"))), lines[0])
             raise ConfigError(f"resume={path}: its weights do not fit this run's networks ({detail}); resume with "
                               "the checkpoint's algo, env and model settings") from None
         self.counters.update(state["counters"])
@@ -271,7 +272,8 @@ class TrainLoop:
         # or the healthy ones wait in learn()'s all-reduce forever)
         self._guard(rollout_problem(rollout), update, at_step)
         t0 = time.perf_counter()
-        learn_metrics = self.algo.learn(rollout, progress=steps / total)
+        with np.errstate(all="ignore"):  # an overflow is reported by the guard below, in one line, not as warnings
+            learn_metrics = self.algo.learn(rollout, progress=steps / total)
         learn_s = time.perf_counter() - t0
         self._guard(metrics_problem(learn_metrics) or tensors_problem(self._tensors), update, at_step)
         self.counters["env_steps"] += rollout.num_steps * self.sync.world_size
