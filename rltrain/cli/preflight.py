@@ -7,7 +7,9 @@ later with a traceback, and says so in one line with the arithmetic:
   or below ``learning_starts`` (no gradient step would ever be taken);
 - the size: one update's rollout (env steps per update x bytes per step) larger than the available memory,
   more envs per worker than a vector env can step, more env processes than the machine can schedule;
-- the env: one env is built and reset, so a factory or ``reset`` that raises is reported with its env id.
+- the env: one env is built and reset, so a factory or ``reset`` that raises is reported with its env id;
+- the algorithm: constructed once on the CPU for that env, so its own checks (``algo.target_kl``, minibatch
+  divisibility, the action space) fail here, also in ``rltrain-check``, not in the first worker.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import inspect
 import os
 
 import numpy as np
+import torch
 
 from rltrain.data.replay import available_memory
 from rltrain.data.structs import EnvSpec, ObsSpace, storage_dtype
@@ -126,4 +129,6 @@ def preflight(settings: RunSettings, trainer) -> None:
     """Every check above, cheapest first."""
     check_envs(settings)
     check_budget(settings, trainer)
-    check_size(settings, trainer, probe_env(settings))
+    spec = probe_env(settings)
+    check_size(settings, trainer, spec)
+    settings.algo(spec, num_envs=settings.env.num_envs, device=torch.device("cpu"))
