@@ -126,9 +126,9 @@ def probe_env(settings: RunSettings) -> EnvSpec:
 
 
 def preflight(settings: RunSettings, trainer) -> None:
-    """Every check above, cheapest first."""
+    """Every check above."""
     check_envs(settings)
-    check_budget(settings, trainer)
-    spec = probe_env(settings)
-    check_size(settings, trainer, spec)
+    spec = probe_env(settings)  # what the env is, and the algorithm fits it, before what the budget does with it
     settings.algo(spec, num_envs=settings.env.num_envs, device=torch.device("cpu"))
+    check_budget(settings, trainer)
+    check_size(settings, trainer, spec)
