@@ -97,7 +97,9 @@ class Algorithm(ABC):
 
 
 def positive(name: str, value: float, *, allow_zero: bool = False) -> None:
-    """Fail with the key name when a size or rate is not positive."""
+    """Fail with the key name when a size or rate is not positive, or not finite (nan passes ``value < 0``)."""
+    if not np.isfinite(value):
+        raise ConfigError(f"{name}={value} must be a finite number {'>= 0' if allow_zero else '> 0'}")
     if value < 0 or (value == 0 and not allow_zero):
         raise ConfigError(f"{name}={value} must be {'>= 0' if allow_zero else '> 0'}")
 

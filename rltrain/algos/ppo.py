@@ -74,6 +74,8 @@ class PPO(ActorCriticState, Algorithm):
             positive(key, value)
         for key, value in [("algo.max_grad_norm", max_grad_norm), ("algo.clip_coef", clip_coef)]:
             positive(key, value)
+        if target_kl is not None:  # a KL is >= 0: a threshold <= 0 would end every update after one minibatch
+            positive("algo.target_kl", target_kl)
         if not 0 <= gamma <= 1 or not 0 <= gae_lambda <= 1:
             raise ConfigError(f"algo.gamma={gamma} and algo.gae_lambda={gae_lambda} must lie in [0, 1]")
         if activation not in ("tanh", "relu", "elu", "silu"):

@@ -12,6 +12,8 @@ import functools
 import importlib
 import inspect
 import json
+import math
+import tempfile
 import typing
 from collections.abc import Sequence
 from pathlib import Path
@@ -70,6 +72,12 @@ def check_kwargs(cls: type, params: dict, group: str) -> None:
         hint = hints.get(key)
         if hint is not None and not _type_ok(value, hint):
             raise ConfigError(f"{group}.{key}={value!r} has the wrong type: expected {_type_name(hint)}")
+        # nan passes every `x <= 0` test and inf every `x > 0` test: no float hyper-parameter may be either
+        if any(isinstance(v, float) and not math.isfinite(v) for v in (value if isinstance(value, list) else [value])):
+            raise ConfigError(f"{group}.{key}={value}: must be a finite number (nan and inf train nothing)")
+        if key == "hidden_sizes" and isinstance(value, list) and any(isinstance(v, int) and v <= 0 for v in value):
+            raise ConfigError(f"{group}.hidden_sizes={value}: every width must be a positive integer "
+                              f"(e.g. {group}.hidden_sizes=[64,64])")
 
 
 def _type_ok(value: Any, hint: Any) -> bool:
@@ -136,8 +144,13 @@ def validate(cfg: dict) -> None:
             raise ConfigError(f"{group}.every_env_steps={value!r} must be an integer >= 0 (0 disables)")
     if cfg["seed"] is not None and (not isinstance(cfg["seed"], int) or cfg["seed"] < 0):
         raise ConfigError(f"seed={cfg['seed']!r} must be a non-negative integer or null")
-    if cfg.get("target_return") is not None and not isinstance(cfg["target_return"], (int, float)):
-        raise ConfigError(f"target_return={cfg['target_return']!r} must be a number or null")
+    target = cfg.get("target_return")
+    if target is not None and (not isinstance(target, (int, float)) or not math.isfinite(target)):
+        raise ConfigError(f"target_return={target!r} must be a finite number or null")
+    steps = cfg["env"].get("max_episode_steps")
+    if steps is not None and (not isinstance(steps, int) or isinstance(steps, bool) or steps <= 0):
+        raise ConfigError(f"env.max_episode_steps={steps!r} must be a positive integer, or null for the env's own "
+                          "time limit")
     resume = cfg.get("resume") or "never"
     if resume not in ("never", "auto") and not Path(resume).exists():
         raise ConfigError(f"resume={resume}: no such checkpoint file or run directory (use auto, never or a path)")
@@ -153,8 +166,8 @@ def parse_duration(value: Any, key: str) -> float | None:
     if value is None:
         return None
     if isinstance(value, (int, float)) and not isinstance(value, bool):
-        if value <= 0:
-            raise ConfigError(f"{key}={value} must be > 0")
+        if not value > 0 or not math.isfinite(value):
+            raise ConfigError(f"{key}={value} must be a finite number of seconds > 0 (or null for no limit)")
         return float(value)
     import re
 
@@ -163,7 +176,10 @@ def parse_duration(value: Any, key: str) -> float | None:
     if not parts or not any(parts.groups()):
         raise ConfigError(f"{key}={value!r} is not a duration like 23h, 90m, 1d2h or 3600")
     d, h, m, s = (float(g or 0) for g in parts.groups())
-    return d * 86400 + h * 3600 + m * 60 + s
+    seconds = d * 86400 + h * 3600 + m * 60 + s
+    if seconds <= 0:  # 0 would stop before the first update: a run that can only end interrupted
+        raise ConfigError(f"{key}={value} must be > 0 (or null for no limit)")
+    return seconds
 
 
 def prepare(cfg: Any, run_dir: Path) -> dict:
@@ -232,7 +248,12 @@ def build_trainer(cfg: dict, run_dir: Path):
         from rltrain.cli.agents import agent_settings
 
         extra["agents"] = agent_settings(cfg, params)
-    return trainer_cls(settings=settings_from(cfg), run_dir=Path(run_dir), **params, **extra)
+    from rltrain.cli.preflight import preflight
+
+    settings = settings_from(cfg)
+    trainer = trainer_cls(settings=settings, run_dir=Path(run_dir), **params, **extra)
+    preflight(settings, trainer)  # budget arithmetic, sizes against this machine, one env built and reset
+    return trainer
 
 
 def run(cfg: Any, run_dir: Path) -> dict:
@@ -245,6 +266,8 @@ def run(cfg: Any, run_dir: Path) -> dict:
 
     run_dir = Path(run_dir)
     owner = owns_run()
+    if owner:
+        writable_run_dir(run_dir)
     # one owner per run dir (design 6): taken before anything is written; other ranks work under rank 0's lock
     with RunDirLock(run_dir) if owner else contextlib.nullcontext():
         trainer = build_trainer(prepare(cfg, run_dir), run_dir)
@@ -258,6 +281,17 @@ def run(cfg: Any, run_dir: Path) -> dict:
                 raise
             mark_failed(run_dir, message)  # e.g. the final checkpoint failed after the loop: no summary said so
             raise ConfigError(message) from None
+
+
+def writable_run_dir(run_dir: Path) -> None:
+    """Create the run dir and write a file in it, or fail in one line naming it (e.g. ``/proc/x``, read-only)."""
+    try:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=run_dir):
+            pass
+    except OSError as err:
+        raise ConfigError(f"hydra.run.dir={run_dir}: cannot write there ({err.strerror or err}); pick a writable "
+                          "hydra.run.dir") from None
 
 
 def load_policy(path: Path, *, device: str = "cpu", allow_import: bool = False):

@@ -277,3 +277,38 @@ def _trusted_sidecar(sidecar: Path, mac: object, run_dir: Path | None, trust_env
         warn(f"not loading {sidecar}: it does not unpickle ({type(err).__name__}); the envs restart fresh")
         return None
     return blob
+
+
+# What must match for a checkpoint to continue this run, in the order a user thinks of it: the algorithm, the
+# env (its observations and actions shape the networks), then the network itself. (label, config path)
+_RESUME_KEYS = (("algorithm", ("algo", "_target_")), ("env", ("env", "id")), ("env wrappers", ("env", "wrappers")),
+                ("architecture", ("algo", "hidden_sizes")), ("architecture", ("algo", "activation")),
+                ("architecture", ("algo", "frame_stack")), ("architecture", ("algo", "norm_obs")))
+
+
+_ABSENT = object()
+
+
+def _at(config: dict, keys: tuple[str, ...]):
+    for key in keys:
+        if not isinstance(config, dict) or key not in config:
+            return _ABSENT
+        config = config[key]
+    return config
+
+
+def resume_mismatch(path: Path, saved: dict, current: dict) -> str | None:
+    """One line naming what differs between a checkpoint's config (``meta.config``) and this run's, else None.
+
+    Loading another run's weights fails deep inside ``load_state_dict`` (``size mismatch``, ``KeyError``);
+    comparing the recorded configs first names the difference and the fix."""
+    models = [m for m in (_at(saved, ("model",)), _at(current, ("model",))) if isinstance(m, dict)]
+    model_keys = sorted(set().union(*models))
+    for label, keys in (*_RESUME_KEYS, *(("architecture", ("model", k)) for k in model_keys)):
+        was, now = _at(saved, keys), _at(current, keys)
+        if was != now and was is not _ABSENT:  # a checkpoint older than a key cannot be compared on it
+            key = ".".join(keys)
+            now = None if now is _ABSENT else now
+            return (f"resume={path}: the checkpoint is of another {label} ({key}={was!r} in it, {now!r} in this "
+                    f"run); resume with the same {key}, or start a fresh run in another hydra.run.dir")
+    return None

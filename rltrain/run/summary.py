@@ -59,10 +59,21 @@ def mark_failed(run_dir: Path, error: str) -> None:
         write_summary(Path(run_dir), {"status": "failed", "error": error})
 
 
+def hydra_quote(value: str) -> str:
+    """``value`` as a Hydra override value that parses back to exactly ``value``.
+
+    Plain ASCII path characters stay bare; anything else is single-quoted, where Hydra's grammar treats a
+    backslash as an escape only before a quote (or the closing quote), so ``'`` becomes ``\\'``, backslashes
+    right before a quote or the end are doubled, and ``${`` (an interpolation even inside quotes) becomes
+    ``\\${``."""
+    if re.fullmatch(r"[\w./-]+", value, re.ASCII):
+        return value
+    body = re.sub(r"(\\*)('|$)", lambda m: m.group(1) * 2 + ("\\'" if m.group(2) else ""), value)
+    return "'" + body.replace("${", "\\${") + "'"
+
+
 def resume_command(run_dir: Path) -> str:
-    """The exact command that continues this run in the same directory."""
+    """The exact command that continues this run in the same directory: the run dir quoted for Hydra's
+    override grammar, then every argument quoted for a POSIX shell."""
     args = [a for a in sys.argv[1:] if not a.startswith(("resume=", "hydra.run.dir="))]
-    path = str(run_dir)
-    if not re.fullmatch(r"[\w./-]+", path):
-        path = f"'{path}'"  # Hydra's override grammar needs quotes around '=', ',', spaces...
-    return shlex.join(["rltrain", *args, f"hydra.run.dir={path}", "resume=auto"])
+    return shlex.join(["rltrain", *args, f"hydra.run.dir={hydra_quote(str(run_dir))}", "resume=auto"])

@@ -33,10 +33,27 @@ def in_submitit_job() -> bool:
 
 
 def record_failure(run_dir: Path, err: BaseException) -> None:
-    """Mark the job ``failed`` in its ``summary.json`` (keeping what the train loop wrote) + ``error.txt``."""
+    """Mark the job ``failed`` in its ``summary.json`` (keeping what the train loop wrote) + ``error.txt``.
+
+    Only under the run-dir lock: a job refused because another run owns its dir (a live run, e.g. a requeued
+    copy of the job) must not write that run's summary; its failure is the line already printed."""
+    from rltrain.run.lock import RunDirLock
+
+    lock = RunDirLock(run_dir)
+    try:
+        lock.acquire()
+    except (ConfigError, OSError):
+        SweepCallback.refused_jobs.append(f"{run_dir.name}: {err}")  # counted at the end (same process only)
+        return
+    try:
+        _write_failure(run_dir, err)
+    finally:
+        lock.release()
+
+
+def _write_failure(run_dir: Path, err: BaseException) -> None:
     from rltrain.run.summary import write_summary
 
-    run_dir.mkdir(parents=True, exist_ok=True)
     path = run_dir / "summary.json"
     try:
         summary = json.loads(path.read_text()) if path.exists() else {}
@@ -109,6 +126,18 @@ class SweepCallback(Callback):
     """Registered in ``train.yaml`` under ``hydra.callbacks``; only the multirun hooks do anything."""
 
     failed_jobs: int = 0  # read by cli.main to set the exit code of the submitting process
+    refused_jobs: list[str] = []  # jobs whose dir another run held: no summary of theirs to count
+
+    def on_run_start(self, config: DictConfig, **kwargs: Any) -> None:
+        # Hydra creates the run dir itself, before the task starts: an unwritable one (hydra.run.dir=/proc/x)
+        # would end in its mkdir traceback
+        run_dir = Path(str(config.hydra.run.dir))
+        try:
+            run_dir.mkdir(parents=True, exist_ok=True)
+        except OSError as err:
+            print(f"rltrain: error: hydra.run.dir={run_dir}: cannot create it ({err.strerror or err}); pick a "
+                  "writable hydra.run.dir", file=sys.stderr)
+            sys.exit(2)
 
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
         launcher = str(config.hydra.launcher.get("_target_", ""))
@@ -123,10 +152,13 @@ class SweepCallback(Callback):
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
         sweep_dir = Path(str(config.hydra.sweep.dir))
         rows = collect_summaries(sweep_dir)
+        for line in SweepCallback.refused_jobs:
+            print(f"  refused: {line}", file=sys.stderr)
+        SweepCallback.failed_jobs = len(SweepCallback.refused_jobs)
         if not rows:
             return
         failed = [(d, s) for d, s in rows if s.get("status") != "completed"]
-        SweepCallback.failed_jobs = sum(1 for _, s in failed if s.get("status") == "failed")
+        SweepCallback.failed_jobs += sum(1 for _, s in failed if s.get("status") == "failed")
         done = len(rows) - len(failed)
         print(f"rltrain: sweep {sweep_dir}: {done}/{len(rows)} jobs completed", file=sys.stderr)
         for d, s in failed:

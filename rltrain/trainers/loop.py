@@ -22,7 +22,7 @@ import torch
 from rltrain.algos.base import Algorithm, Sync
 from rltrain.data.structs import Metrics, Rollout
 from rltrain.errors import ConfigError
-from rltrain.run.checkpoint import CheckpointManager, load_checkpoint, sweep_temp_files
+from rltrain.run.checkpoint import CheckpointManager, load_checkpoint, resume_mismatch, sweep_temp_files
 from rltrain.run.metrics import CSVLogger, MetricLogger, TensorBoardLogger
 from rltrain.run.progress import ProgressDisplay
 from rltrain.run.seeding import SeedTree, capture_rng, derive, restore_rng, seed_process
@@ -30,6 +30,14 @@ from rltrain.run.signals import StopFlag
 from rltrain.run.summary import resume_command, write_summary
 from rltrain.trainers.collector import RolloutCollector
 from rltrain.trainers.episodes import evaluate
+from rltrain.trainers.finite import (
+    NonFiniteError,
+    metrics_problem,
+    named_tensors,
+    non_finite_line,
+    rollout_problem,
+    tensors_problem,
+)
 from rltrain.trainers.settings import RunSettings
 
 
@@ -90,6 +98,8 @@ class TrainLoop:
         self.loggers: list[MetricLogger] = []
         self.last_learn: Metrics = {}
         self.resumed_from: Path | None = None
+        self.last_checkpoint: Path | None = None  # the newest checkpoint written or resumed from: finite weights
+        self._tensors = named_tensors(self.algo)  # checked after every update (trainers/finite.py)
         self._resume_done = False
         self.hooks = hooks or LoopHooks()
         self.hooks.bind(self)
@@ -128,7 +138,7 @@ class TrainLoop:
                 if payload["path"]:  # fresh, distinct random streams after a resume
                     seed_process(derive(self.seeds.root, 0, path=(self.sync.rank, self.counters["env_steps"])).torch_seed)
             path = Path(payload["path"]) if payload["path"] else None
-        self.resumed_from = path
+        self.resumed_from = self.last_checkpoint = path
         return path
 
     def _restore(self) -> Path | None:
@@ -142,10 +152,17 @@ class TrainLoop:
             return None
         # the envs sidecar is unpickled only if this run dir's run wrote it, or the user opted in
         state, envs_blob = load_checkpoint(path, run_dir=self.run_dir, trust_envs=self.s.resume_trust_envs)
-        error = self.hooks.check_resume(state["meta"], path)
+        error = resume_mismatch(path, state["meta"].get("config") or {}, self.s.config) or \
+            self.hooks.check_resume(state["meta"], path)
         if error:
             raise ConfigError(error)
-        self.algo.load_state_dict(state["algo"])
+        try:
+            self.algo.load_state_dict(state["algo"])
+        except (RuntimeError, KeyError, ValueError) as err:  # what the config comparison could not see
+            lines = [ln.strip() for ln in str(err).splitlines() if ln.strip()] or [type(err).__name__]
+            detail = next((ln for ln in lines if ln.startswith(("size mismatch", "Missing", "Unexpected"))), lines[0])
+            raise ConfigError(f"resume={path}: its weights do not fit this run's networks ({detail}); resume with "
+                              "the checkpoint's algo, env and model settings") from None
         self.counters.update(state["counters"])
         self.best_eval = float(state.get("best_eval", -math.inf))
         self.solved = state.get("solved")
@@ -171,8 +188,15 @@ class TrainLoop:
     def save(self, kind: str = "step") -> Path | None:
         if not self.is_main:
             return None
-        return self.ckpt.save(self.checkpoint_state(), self.counters["env_steps"], envs=self.source.env_state(),
+        # never write NaN weights over the last finite checkpoint (the loop checks every update; this is the gate)
+        problem = tensors_problem(self._tensors)
+        if problem:
+            raise NonFiniteError(non_finite_line(problem, self.counters["updates"], self.counters["env_steps"],
+                                                       self.last_checkpoint))
+        path = self.ckpt.save(self.checkpoint_state(), self.counters["env_steps"], envs=self.source.env_state(),
                               kind=kind)
+        self.last_checkpoint = path
+        return path
 
     # -- the loop -----------------------------------------------------------------------------------------
     def run(self) -> dict:
@@ -243,14 +267,32 @@ class TrainLoop:
                                       random_actions=self.algo.wants_random_actions(steps))
         if rollout is None:  # the source stopped (e.g. an actor failure requested the stop)
             return {}
+        update, at_step = self.counters["updates"] + 1, steps + rollout.num_steps * self.sync.world_size
+        # before learn(): a NaN observation or reward would reach the weights (and every rank must agree first,
+        # or the healthy ones wait in learn()'s all-reduce forever)
+        self._guard(rollout_problem(rollout), update, at_step)
         t0 = time.perf_counter()
-        learn_metrics = self.algo.learn(rollout, progress=steps / total)
+        with np.errstate(all="ignore"):  # an overflow is reported by the guard below, in one line, not as warnings
+            learn_metrics = self.algo.learn(rollout, progress=steps / total)
         learn_s = time.perf_counter() - t0
+        self._guard(metrics_problem(learn_metrics) or tensors_problem(self._tensors), update, at_step)
         self.counters["env_steps"] += rollout.num_steps * self.sync.world_size
         self.counters["updates"] += 1
         self.counters["episodes"] = self.source.episodes
         self.hooks.after_learn(rollout, learn_s)
         return learn_metrics
+
+    def _guard(self, problem: str | None, update: int, env_step: int) -> None:
+        """Stop the run (``NonFiniteError``: status failed, one line) when ``problem`` is set on any worker."""
+        if not self.sync.any(problem is not None):
+            return
+        # every rank raises the same line: the first rank's problem, rank 0's last checkpoint
+        found = self.sync.gather_object((problem, str(self.last_checkpoint) if self.last_checkpoint else None))
+        rank, first = next((r, p) for r, (p, _) in enumerate(found) if p is not None)
+        if self.sync.world_size > 1:
+            first = f"{first} on rank {rank}"
+        ckpt = found[0][1]
+        raise NonFiniteError(non_finite_line(first, update, env_step, Path(ckpt) if ckpt else None))
 
     def _recent_return(self) -> float | None:
         """Mean of the recent episode returns, pooled over workers (so ranks agree on ``target_return``)."""
@@ -351,6 +393,8 @@ class TrainLoop:
             summary["resume_command"] = resume_command(self.run_dir)
         if error:
             summary["error"] = error
+        if status == "failed":
+            summary["last_checkpoint"] = str(self.last_checkpoint) if self.last_checkpoint else None
         self.hooks.extend_summary(summary, status)
         if self.is_main:
             write_summary(self.run_dir, summary)

@@ -117,7 +117,13 @@ def _expand_one(item: str) -> list[str]:
 
 
 def free_port(host: str = "127.0.0.1") -> int:
-    """A TCP port free right now on ``host`` (the rendezvous port of a local spawn)."""
+    """A TCP port free right now on ``host`` (the rendezvous port of a local spawn); an address that is not
+    this machine's (or no address at all, e.g. ``256.1.1.1``) is a one-line error, not a socket traceback."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((host, 0))
+        try:
+            s.bind((host, 0))
+        except OSError as err:  # socket.gaierror (no such name / address) is an OSError too
+            reason = err.strerror or str(err)
+            raise ConfigError(f"trainer.master_addr={host}: cannot listen on it for the rendezvous ({reason}); "
+                              "use 127.0.0.1 or an address of this machine") from None
         return int(s.getsockname()[1])

@@ -1,0 +1,134 @@
+"""Pre-flight checks that need the built trainer and one real env, run by ``rltrain`` and ``rltrain-check`` alike.
+
+Each refuses a run that would train nothing, train silently more than asked, hang while memory grows, or fail
+later with a traceback, and says so in one line with the arithmetic:
+
+- the budget: ``total_env_steps`` below one update (the loop would round it up), and an off-policy budget at
+  or below ``learning_starts`` (no gradient step would ever be taken);
+- the size: one update's rollout (env steps per update x bytes per step) larger than the available memory,
+  more envs per worker than a vector env can step, more env processes than the machine can schedule;
+- the env: one env is built and reset, so a factory or ``reset`` that raises is reported with its env id;
+- the algorithm: constructed once on the CPU for that env, so its own checks (``algo.target_kl``, minibatch
+  divisibility, the action space) fail here, also in ``rltrain-check``, not in the first worker.
+"""
+
+from __future__ import annotations
+
+import inspect
+import os
+
+import numpy as np
+import torch
+
+from rltrain.data.replay import available_memory
+from rltrain.data.structs import EnvSpec, ObsSpace, storage_dtype
+from rltrain.envs.make import env_spec
+from rltrain.errors import ConfigError
+from rltrain.trainers.settings import RunSettings
+
+# Envs of one worker are Python objects stepped one after another; beyond this many a worker spends its time
+# building and stepping envs, never learning (1e9 envs hangs while memory grows). Raise it here if you mean it.
+MAX_ENVS_PER_WORKER = 65_536
+PROCESSES_PER_CORE = 8  # async env processes beyond this per core only time-slice
+
+
+def algo_default(cls: type, node: dict, key: str):
+    """``node[key]``, else the default of ``cls.__init__``'s keyword ``key`` (None when it has none)."""
+    if key in node:
+        return node[key]
+    param = inspect.signature(cls.__init__).parameters.get(key)
+    return None if param is None or param.default is param.empty else param.default
+
+
+def update_size(trainer, settings: RunSettings, rollout_len: int) -> tuple[int, str, int]:
+    """(env steps one update consumes, that product spelled out, env processes with async envs)."""
+    steps = getattr(trainer, "rollout_len", None) or rollout_len
+    if hasattr(trainer, "batch_rollouts"):  # subprocess_actors: the learner merges batch_rollouts actor rollouts
+        envs, batches = trainer.envs_per_actor, trainer.batch_rollouts
+        text = f"trainer.batch_rollouts ({batches}) x envs per actor ({envs}) x rollout_len ({steps})"
+        return batches * envs * steps, text, trainer.num_actors * envs
+    workers = int(getattr(trainer, "world_size", 1) or 1)
+    envs = settings.env.num_envs
+    text = f"algo.rollout_len ({steps}) x env.num_envs ({envs})" + \
+        (f" x trainer.world_size ({workers})" if workers > 1 else "")
+    return steps * envs * workers, text, envs * workers
+
+
+def check_envs(settings: RunSettings) -> None:
+    """Refuse absurd env counts before anything is built or multiplied."""
+    env = settings.env
+    if env.num_envs > MAX_ENVS_PER_WORKER:
+        raise ConfigError(f"env.num_envs={env.num_envs} is more envs than one worker can step (at most "
+                          f"{MAX_ENVS_PER_WORKER}); spread them over workers (trainer=subprocess_actors, "
+                          "distributed_simulator) or use fewer")
+
+
+def check_budget(settings: RunSettings, trainer) -> None:
+    """``total_env_steps`` against one update and against an off-policy ``learning_starts``."""
+    cls, node, total = settings.algo_class, settings.config["algo"], settings.total_env_steps
+    batch, text, _ = update_size(trainer, settings, int(algo_default(cls, node, "rollout_len") or 1))
+    if total < batch:
+        raise ConfigError(f"total_env_steps={total} is less than one update: {text} = {batch} env steps; set "
+                          f"total_env_steps >= {batch} or make the rollout smaller")
+    starts = algo_default(cls, node, "learning_starts")
+    if not getattr(cls, "on_policy", True) and starts is not None and total <= starts:
+        raise ConfigError(f"total_env_steps={total} <= algo.learning_starts={starts}: no gradient step would ever be "
+                          f"taken; set total_env_steps above {starts} or lower algo.learning_starts")
+
+
+def obs_bytes(space: ObsSpace) -> int:
+    """Bytes of one stored observation (Dict: the sum of its parts)."""
+    if space.kind == "dict":
+        return sum(obs_bytes(part) for _, part in space.parts)
+    return int(np.prod(space.shape or (1,))) * storage_dtype(space.dtype or "float32").itemsize
+
+
+def check_size(settings: RunSettings, trainer, spec: EnvSpec) -> None:
+    """Env processes, and one update's rollout in memory, each against this machine."""
+    env = settings.env
+    rollout_len = int(algo_default(settings.algo_class, settings.config["algo"], "rollout_len") or 1)
+    batch, text, processes = update_size(trainer, settings, rollout_len)
+    cap = PROCESSES_PER_CORE * (os.cpu_count() or 1)
+    if env.vectorization == "async" and processes > cap:
+        raise ConfigError(f"env.vectorization=async would start {processes} env processes, more than "
+                          f"{PROCESSES_PER_CORE} per core on this machine ({cap}); use env.vectorization=sync or "
+                          "fewer envs")
+    # a transition stores obs and next_obs, the action, its log-prob, the reward and two flags
+    per_step = 2 * obs_bytes(spec.observation) + int(np.prod(spec.action_shape or (1,))) * 8 + 4 + 4 + 2
+    need, avail = batch * per_step, available_memory()
+    if need > avail:
+        raise ConfigError(f"one update's rollout needs {need / 2**30:.1f} GiB: {text} = {batch} env steps x "
+                          f"{per_step} bytes per step, but {avail / 2**30:.1f} GiB are available; lower "
+                          "env.num_envs or algo.rollout_len")
+
+
+def probe_env(settings: RunSettings) -> EnvSpec:
+    """Build and reset one env: a factory or ``reset`` that raises is one line naming the env, not a traceback."""
+    env_id = settings.env.id
+    try:
+        env = settings.env.make()
+    except ConfigError:
+        raise
+    except Exception as err:
+        raise ConfigError(f"env.id={env_id}: building the env raised {type(err).__name__}: {err}; fix the env or "
+                          "its env.kwargs") from None
+    try:
+        spec = env_spec(env, env_id)
+        env.reset(seed=0)
+    except ConfigError:
+        raise
+    except Exception as err:
+        raise ConfigError(f"env.id={env_id}: reset() raised {type(err).__name__}: {err}; fix the env or its "
+                          "env.kwargs") from None
+    finally:
+        env.close()
+    return spec
+
+
+def preflight(settings: RunSettings, trainer) -> None:
+    """Every check above."""
+    check_envs(settings)
+    spec = probe_env(settings)  # what the env is, and the algorithm fits it, before what the budget does with it
+    settings.algo(spec, num_envs=settings.env.num_envs, device=torch.device("cpu"))
+    check_budget(settings, trainer)
+    check_size(settings, trainer, spec)

@@ -1,0 +1,112 @@
+"""The non-finite guard of the training loop: the first NaN / inf in a rollout, a learner metric, a gradient or
+a parameter, named so that the run can stop as ``failed`` in one line (design 6, "a failure is never reported
+as success").
+
+A NaN spreads: one NaN reward gives NaN advantages, NaN gradients, then NaN weights in every later checkpoint,
+while the run still counts env steps and ends ``completed``. The checks are cheap on purpose: learner metrics
+are floats already; parameters and gradients are summed per tensor (a sum is NaN / inf when any element is,
+barring overflow of values ~1e38, which is itself a broken run) and read back once per update; rollout arrays
+get one ``np.isfinite`` each, and integer / bool arrays (pixels, discrete actions, done flags) are skipped,
+they cannot hold a NaN.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch import nn
+
+from rltrain.data.structs import Metrics, Rollout
+from rltrain.errors import ConfigError
+
+
+class NonFiniteError(ConfigError):
+    """A NaN / inf reached the learner. A ConfigError so every CLI path prints it as one line (exit 2); the
+    cause is usually input: a hyper-parameter that diverges, an env that returns NaN."""
+
+
+def non_finite_line(problem: str, update: int, env_step: int, ckpt: Path | None) -> str:
+    """The one line the run ends with: what, when, and the checkpoint to go back to."""
+    where = f"the last finite checkpoint is {ckpt}" if ckpt else "no checkpoint was written before it"
+    return f"non-finite {problem} at update {update} (env step {env_step}); {where}"
+
+
+def _first_bad(array: np.ndarray) -> str | None:
+    """``"nan (rollout step t, env n, element [...])"`` for the first non-finite element of a float [T, N, ...]
+    array; None when all are finite."""
+    if not np.issubdtype(array.dtype, np.floating):
+        return None
+    bad = ~np.isfinite(array)
+    if not bad.any():
+        return None
+    index = tuple(int(i) for i in np.argwhere(bad)[0])
+    where = f"rollout step {index[0]}, env {index[1]}" if len(index) >= 2 else f"index {index}"
+    rest = f", element {list(index[2:])}" if len(index) > 2 else ""
+    return f"{array[index]} ({where}{rest})"
+
+
+def _fields(value, name: str) -> Iterator[tuple[str, np.ndarray]]:
+    if isinstance(value, dict):  # Dict observations
+        for key, part in value.items():
+            yield from _fields(part, f"{name}.{key}")
+    elif isinstance(value, np.ndarray):
+        yield name, value
+
+
+def rollout_problem(rollout: Rollout) -> str | None:
+    """The first non-finite observation or reward of a rollout ([T, N, ...], index = step, env), or None."""
+    for field in ("obs", "rewards", "next_obs"):
+        for name, array in _fields(getattr(rollout, field), field):
+            found = _first_bad(array)
+            if found is not None:
+                what = {"obs": "observation", "rewards": "reward", "next_obs": "next observation"}[field]
+                return f"{what}{name[len(field):]}={found} from the env"
+    return None
+
+
+def metrics_problem(metrics: Metrics) -> str | None:
+    """The first learner metric (losses, KL, norms) that is NaN or inf, as ``key=value``."""
+    for key, value in metrics.items():
+        if isinstance(value, float) and not math.isfinite(value):
+            return f"{key}={value}"
+    return None
+
+
+def named_tensors(owner) -> list[tuple[str, torch.Tensor]]:
+    """Every trainable tensor an algorithm owns: the parameters of its ``nn.Module`` attributes (policy,
+    critics, target networks) and its bare leaf tensors (e.g. SAC's ``log_alpha``), each named once."""
+    seen: set[int] = set()
+    out: list[tuple[str, torch.Tensor]] = []
+    for attr, value in vars(owner).items():
+        if isinstance(value, nn.Module):
+            pairs = [(f"{attr}.{n}", p) for n, p in value.named_parameters()]
+        elif isinstance(value, torch.Tensor) and value.is_floating_point() and value.is_leaf:
+            pairs = [(attr, value)]
+        else:
+            continue
+        for name, tensor in pairs:
+            if id(tensor) not in seen:
+                seen.add(id(tensor))
+                out.append((name, tensor))
+    return out
+
+
+def tensors_problem(tensors: list[tuple[str, torch.Tensor]]) -> str | None:
+    """The first non-finite gradient or parameter, as ``gradient/<name>=nan``; one read-back when all are fine."""
+    grads = [(n, t.grad) for n, t in tensors if t.grad is not None]
+    for kind, group in (("gradient", grads), ("parameter", tensors)):
+        if not group:
+            continue
+        total = torch.stack([t.detach().sum().float() for _, t in group]).sum()
+        if math.isfinite(float(total)):
+            continue
+        for name, t in group:
+            t = t.detach()
+            bad = ~torch.isfinite(t)
+            if bad.any():
+                return f"{kind}/{name}={t[bad].flatten()[0].item()}"
+    return None
