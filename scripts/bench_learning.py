@@ -27,6 +27,9 @@ THRESHOLDS: dict[str, tuple[int, float]] = {
     "ppo_cartpole": (100_000, 475), "a2c_cartpole": (200_000, 400), "dqn_cartpole": (100_000, 400),
     "impala_cartpole": (200_000, 400), "sac_pendulum": (20_000, -250), "ppo_acrobot": (200_000, -100),
     "dqn_acrobot": (200_000, -100), "ppo_pendulum": (300_000, -300),
+    # MinAtar from pixels (issue 13): PPO aims from the issue; DQN / IMPALA: well above random play (0.4)
+    "ppo_minatar": (2_000_000, 15), "ppo_minatar_spaceinvaders": (2_000_000, 60),
+    "dqn_minatar": (1_000_000, 5), "impala_minatar": (2_000_000, 5),
 }
 
 

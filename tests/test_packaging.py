@@ -35,4 +35,4 @@ def test_wheel_install_finds_configs(tmp_path):
     assert res.returncode == 0, res.stderr
     assert list(work.glob("outputs/runs/*/*/summary.json"))
     res = subprocess.run([str(venv / "bin" / "rltrain"), "--help"], cwd=work, capture_output=True, text=True)
-    assert "env: acrobot, cartpole" in res.stdout
+    assert "env: acrobot, atari, cartpole" in res.stdout and "model: default" in res.stdout  # groups ship too

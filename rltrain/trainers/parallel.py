@@ -32,7 +32,16 @@ from rltrain.run.summary import resume_command
 from rltrain.trainers.base import Trainer
 from rltrain.trainers.loop import TrainLoop
 from rltrain.trainers.settings import RunSettings
-from rltrain.trainers.supervise import Done, Exited, Failed, Started, Unresponsive, WorkerContext, WorkerGroup
+from rltrain.trainers.supervise import (
+    ContextStop,
+    Done,
+    Exited,
+    Failed,
+    Started,
+    Unresponsive,
+    WorkerContext,
+    WorkerGroup,
+)
 
 FAILURE_POLICIES = ("continue", "abort")
 
@@ -78,20 +87,6 @@ class _MessageProgress:
         self.ctx.send(self._latest)
 
 
-class _AgentStop(StopFlag):
-    """The ``StopFlag`` an agent's TrainLoop polls: set by the parent's ``Stop`` message (or a direct SIGTERM)."""
-
-    def __init__(self, ctx: WorkerContext):
-        super().__init__()
-        self.ctx = ctx
-
-    @property
-    def requested(self) -> bool:
-        if self.signum is None and self.ctx.stop_requested:
-            self.reason, self.signum = self.ctx.stop_reason, 0
-        return self.signum is not None
-
-
 def agent_main(ctx: WorkerContext, job: AgentJob) -> dict:
     """One agent, in its own process: what ``trainer=sequential`` does, minus signal handling (the parent
     decides when everyone stops)."""
@@ -104,7 +99,7 @@ def agent_main(ctx: WorkerContext, job: AgentJob) -> dict:
     (run_dir / "config.yaml").write_text(yaml.safe_dump(s.config, sort_keys=False))
     seeds = derive(s.seed, s.env.num_envs)
     write_seeds(run_dir / "seeds.json", s.seed, {"main": seeds}, drawn=False)
-    loop = TrainLoop(s, run_dir, seeds=seeds, device=pick_device(s.device), stop=_AgentStop(ctx),
+    loop = TrainLoop(s, run_dir, seeds=seeds, device=pick_device(s.device), stop=ContextStop(ctx),
                      title=f"agent_{job.index}", progress_factory=partial(_MessageProgress, ctx, job.progress_interval_s))
     return loop.run()
 
