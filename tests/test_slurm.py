@@ -57,7 +57,8 @@ def test_slurm_failing_job_reports_failure(tmp_path):
                     reason="trainer=distributed_simulator is not on this branch yet")
 def test_slurm_two_tasks_become_two_ranks(tmp_path):
     res = run_cli(["-m", *SLURM, "hydra.launcher.tasks_per_node=2", "trainer=distributed_simulator",
-                   "allow_nested_processes=true", "seed=1", *TINY, "hydra.sweep.dir=sweep"], cwd=tmp_path,
+                   "allow_nested_processes=true", "seed=1", *TINY, "total_env_steps=512",  # one update of 2 ranks
+                   "hydra.sweep.dir=sweep"], cwd=tmp_path,
                   timeout=400)
     assert res.returncode == 0, res.stderr[-3000:]
     s = by_job_num(tmp_path / "sweep")[0]
