@@ -2,7 +2,7 @@
 
 An ``Algorithm`` owns its networks, optimisers and (off-policy) its replay buffer, and knows nothing of
 processes: trainers move rollouts to it and weights out of it. Hyper-parameters are keyword-only and
-typed: the constructor signature is the config schema (``build.py`` checks keys and types against it).
+typed: the constructor signature is the config schema (``cli/build.py`` checks keys and types against it).
 """
 
 from __future__ import annotations

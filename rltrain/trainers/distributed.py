@@ -7,7 +7,7 @@ bucket, averaged and waited, so all replicas apply the same update and stay iden
 recipe, Wijmans et al. 2020). Normaliser moments are summed and logged scalars averaged over ranks.
 
 Ranks come from our own local spawn (``trainer.world_size``), from torchrun or from a SLURM step
-(``launch.py``). Rank 0 alone logs, shows progress and writes checkpoints.
+(``rendezvous.py``; the local spawn is ``ranks.py``). Rank 0 alone logs, shows progress and writes checkpoints.
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
 An actor builds its envs and a policy-only copy of the algorithm, attaches the learner's shared weights
 and loops: reload weights when the version moved, collect ``rollout_len`` steps with the shared
 ``RolloutCollector`` (so a transition is exactly what the sequential trainer records, tagged with the
-policy version that chose it), send it to the learner through its own pipe (``workers.py``: one pipe
+policy version that chose it), send it to the learner through its own pipe (``trainers/supervise.py``: one pipe
 per worker, heartbeats, forwarded tracebacks, stop messages).
 
 Backpressure is credit-based: an actor may have ``credits`` rollouts in flight (in its pipe or in the

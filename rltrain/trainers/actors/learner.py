@@ -1,10 +1,10 @@
 """Trainer ``subprocess_actors``: A actor processes collect, one learner learns (IMPALA / APPO style).
 
-Actors (``actor_loop.py``) step their envs with a copy of the policy and send rollouts through their
+Actors (``actors/actor.py``) step their envs with a copy of the policy and send rollouts through their
 pipes; the learner keeps a bounded queue of ``batch_rollouts x queue_out_of_sync_factor`` rollouts
 (reading stops when it is full, so actors block: backpressure), concatenates ``batch_rollouts`` of them
 along the env axis into one ``[T, batch_rollouts * envs_per_actor]`` rollout, runs the algorithm's
-``learn()`` and publishes the new weights through shared memory (``shm_weights.py``).
+``learn()`` and publishes the new weights through shared memory (``actors/shared_weights.py``).
 
 - async (default): actors never wait; data older than ``max_policy_lag`` versions is dropped (counted).
   IMPALA corrects the remaining lag with V-trace (Espeholt et al. 2018); PPO's clipped ratio against the
