@@ -251,6 +251,10 @@ def build_trainer(cfg: dict, run_dir: Path):
     from rltrain.cli.preflight import preflight
 
     settings = settings_from(cfg)
+    if trainer_cls.__name__ != "SequentialTrainer":  # recurrent cores: only the sequential trainer for now
+        from rltrain.algos.base import refuse_recurrent
+
+        refuse_recurrent(f"trainer={trainer_cls.__module__.rsplit('.', 1)[-1]}", settings.model.core)
     trainer = trainer_cls(settings=settings, run_dir=Path(run_dir), **params, **extra)
     preflight(settings, trainer)  # budget arithmetic, sizes against this machine, one env built and reset
     return trainer
