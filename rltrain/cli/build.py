@@ -254,7 +254,8 @@ def build_trainer(cfg: dict, run_dir: Path):
     if trainer_cls.__name__ != "SequentialTrainer":  # recurrent cores: only the sequential trainer for now
         from rltrain.algos.base import refuse_recurrent
 
-        refuse_recurrent(f"trainer={trainer_cls.__module__.rsplit('.', 1)[-1]}", settings.model.core)
+        name = "".join(f"_{c.lower()}" if c.isupper() else c for c in trainer_cls.__name__.removesuffix("Trainer"))
+        refuse_recurrent(f"trainer={name.lstrip('_')}", settings.model.core)
     trainer = trainer_cls(settings=settings, run_dir=Path(run_dir), **params, **extra)
     preflight(settings, trainer)  # budget arithmetic, sizes against this machine, one env built and reset
     return trainer
