@@ -46,11 +46,12 @@ def _mixed_envs() -> VecEnv:
     return VecEnv(fns, seeds=[0, 1, 2, 3])
 
 
-def _recurrent_ppo(core: str = "lstm", *, num_envs: int = 4, num_minibatches: int = 1, **kw) -> PPO:
+def _recurrent_ppo(core: str = "lstm", *, num_envs: int = 4, num_minibatches: int = 1, shared: bool = False,
+                   **kw) -> PPO:
     torch.manual_seed(0)
     spec = env_spec(Counting(TERM_LEN), "counting")
     return PPO(spec, num_envs=num_envs, device=CPU, rollout_len=12, num_minibatches=num_minibatches,
-               hidden_sizes=(8,), model=ModelSettings(core=core, core_size=6), **kw)
+               hidden_sizes=(8,), model=ModelSettings(core=core, core_size=6, shared=shared), **kw)
 
 
 def _recording(policy, given: list | None = None) -> list:
@@ -99,8 +100,10 @@ def test_state_is_reset_at_termination_and_truncation(core):
     assert all(torch.count_nonzero(s) == 0 for s in second.core_state)
 
 
-def test_sequence_recomputation_matches_acting_and_truncated_bootstrap_uses_pre_reset_state():
-    algo = _recurrent_ppo("lstm", norm_obs=True)
+@pytest.mark.parametrize("shared", [False, True], ids=["actor+critic cores", "shared core"])
+def test_sequence_recomputation_matches_acting_and_truncated_bootstrap_uses_pre_reset_state(shared):
+    algo = _recurrent_ppo("lstm", norm_obs=True, shared=shared)
+    assert len(algo.policy.initial_state(4)) == (2 if shared else 4)
     algo.policy.obs_norm.update_from_moments(algo.policy.obs_norm.moments(np.random.default_rng(0).random(
         (50, 4, 3)).astype(np.float32), 1))  # a non-trivial normaliser: both forms must apply it
     collector = RolloutCollector(_mixed_envs(), algo.policy, algo.spec, device=CPU)
