@@ -289,3 +289,11 @@ def test_recurrent_ppo_learns_cartpole_without_velocities(tmp_path):
         run(compose_cfg(common + [f"model.core={core}"]), tmp_path / core)
         returns[core] = float(read_metrics(tmp_path / core / "metrics.csv")[-1]["rollout/episode_return"])
     assert returns["lstm"] >= 100.0 > 70.0 > returns["identity"], returns
+
+
+def test_export_refuses_a_recurrent_policy():
+    from rltrain.cli.export import deterministic_actor
+
+    algo = _recurrent_ppo("gru")
+    with pytest.raises(ConfigError, match="rltrain-export does not export recurrent policies yet"):
+        deterministic_actor(algo.policy, algo.spec)
