@@ -3,9 +3,8 @@
 ``env.wrappers`` is an ordered list applied inside every env (first entry innermost), so the sync and
 async vector backends, evaluation envs and actor processes all see the same env. Each entry is a name or
 ``{name: {kwargs}}``; a name is one of ours (``FireReset``, ``EpisodicLife``, ``SignReward``,
-``VelocityMask``), a class of
-``gymnasium.wrappers`` (``AtariPreprocessing``, ``FrameStackObservation``, ``ClipReward``, ...) or an
-import path ``package.module:Wrapper``.
+``VelocityMask``), a class of ``gymnasium.wrappers`` (``AtariPreprocessing``, ``FrameStackObservation``,
+``ClipReward``, ...) or an import path ``package.module:Wrapper``.
 
 The real game score. Learning wrappers change what the agent sees as an episode and a reward:
 ``EpisodicLife`` ends an episode at every life loss and ``SignReward`` clips rewards to {-1, 0, 1}
