@@ -208,7 +208,7 @@ def test_mlp_on_large_frames_warns_once_with_the_parameter_count():
     ({"encoder": "resnet"}, "model.encoder=resnet: unknown (valid: auto, mlp, nature, impala, minatar)"),
     ({"encoder": "natur"}, "model.encoder=natur: unknown; did you mean 'nature', 'minatar'? (valid: auto, mlp, nature, "
                            "impala, minatar)"),
-    ({"core": "lstm"}, "model.core=lstm: not available yet (only identity); set model.core=identity"),
+    ({"core": "lstn"}, "model.core=lstn: unknown; did you mean 'lstm'? (valid: identity, lstm, gru)"),
     ({"activation": "gelu"}, "model.activation=gelu: unknown; did you mean 'elu', 'relu'? (valid: tanh, relu, elu, silu)"),
     ({"hidden_sizes": [64, 0]}, "model.hidden_sizes=[64, 0]: every width must be a positive integer "
                                 "(e.g. model.hidden_sizes=[64,64])"),

@@ -16,7 +16,15 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from rltrain.algos.base import ActorCriticState, Algorithm, RewardScaler, Sync, make_adam, positive
+from rltrain.algos.base import (
+    ActorCriticState,
+    Algorithm,
+    RewardScaler,
+    Sync,
+    make_adam,
+    positive,
+    refuse_recurrent,
+)
 from rltrain.data.returns import gae, nstep_returns
 from rltrain.data.structs import EnvSpec, Metrics, Rollout, obs_map
 from rltrain.errors import ConfigError
@@ -63,6 +71,7 @@ class A2C(ActorCriticState, Algorithm):
         init_log_std: float = 0.0,  # Box actions: initial log std of the Gaussian
     ):
         super().__init__(spec, num_envs=num_envs, device=device, sync=sync)
+        refuse_recurrent("algo=a2c", (model or ModelSettings()).core)
         for key, value in [("algo.rollout_len", rollout_len), ("algo.lr", lr), ("algo.max_grad_norm", max_grad_norm),
                            ("algo.optimizer_eps", optimizer_eps)]:
             positive(key, value)

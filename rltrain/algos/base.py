@@ -104,6 +104,14 @@ def positive(name: str, value: float, *, allow_zero: bool = False) -> None:
         raise ConfigError(f"{name}={value} must be {'>= 0' if allow_zero else '> 0'}")
 
 
+def refuse_recurrent(where: str, core: str) -> None:
+    """One line for the combinations this slice of recurrent support does not cover: recurrent cores learn
+    with algo=ppo under trainer=sequential only (off-policy replay of sequences is a later step)."""
+    if core != "identity":
+        raise ConfigError(f"model.core={core}: {where} does not support a recurrent core yet (only algo=ppo with "
+                          "trainer=sequential does); set model.core=identity")
+
+
 def make_adam(params, lr: float, eps: float = 1e-5) -> torch.optim.Adam:
     """Adam with the fused CPU/GPU kernel when this torch has it (~12% faster PPO updates here)."""
     try:

@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from rltrain.algos.base import Algorithm, Sync, make_adam, positive
+from rltrain.algos.base import Algorithm, Sync, make_adam, positive, refuse_recurrent
 from rltrain.data.replay import ReplayBuffer
 from rltrain.data.structs import ActOutput, EnvSpec, Metrics, Policy, Rollout
 from rltrain.errors import ConfigError
@@ -94,6 +94,7 @@ class DQN(Algorithm):
         frame_stack: int | None = None,  # K: observations are K-frame stacks; the buffer stores each frame once
     ):
         super().__init__(spec, num_envs=num_envs, device=device, sync=sync)
+        refuse_recurrent("algo=dqn (off-policy)", (model or ModelSettings()).core)
         for key, value in [("algo.rollout_len", rollout_len), ("algo.lr", lr), ("algo.batch_size", batch_size),
                            ("algo.tau", tau), ("algo.target_network_frequency", target_network_frequency),
                            ("algo.train_frequency", train_frequency), ("algo.gradient_steps", gradient_steps),

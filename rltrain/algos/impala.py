@@ -22,7 +22,7 @@ import torch
 from torch import nn
 
 from rltrain.algos.a2c import make_optimizer
-from rltrain.algos.base import ActorCriticState, Algorithm, RewardScaler, Sync, positive
+from rltrain.algos.base import ActorCriticState, Algorithm, RewardScaler, Sync, positive, refuse_recurrent
 from rltrain.data.returns import vtrace
 from rltrain.data.structs import EnvSpec, Metrics, Rollout, obs_map
 from rltrain.errors import ConfigError
@@ -62,6 +62,7 @@ class IMPALA(ActorCriticState, Algorithm):
         init_log_std: float = 0.0,
     ):
         super().__init__(spec, num_envs=num_envs, device=device, sync=sync)
+        refuse_recurrent("algo=impala", (model or ModelSettings()).core)
         for key, value in [("algo.rollout_len", rollout_len), ("algo.lr", lr), ("algo.max_grad_norm", max_grad_norm),
                            ("algo.rho_bar", rho_bar), ("algo.c_bar", c_bar), ("algo.pg_rho_bar", pg_rho_bar),
                            ("algo.optimizer_eps", optimizer_eps)]:

@@ -4,6 +4,11 @@ Hyper-parameter names follow CleanRL's ppo.py so settings carry over. Implementa
 "The 37 Implementation Details of PPO" (Huang et al. 2022): orthogonal init, GAE, advantage
 normalisation per minibatch, clipped value loss, global grad-norm clipping, linear LR annealing, Adam
 eps 1e-5, state-independent log-std for continuous actions.
+
+Recurrent cores (``model.core=lstm|gru``): the collector stores the core state at each rollout's start;
+the learner recomputes log-probs and values over the whole rollout from it, zeroing the state at episode
+boundaries (truncated BPTT over one rollout), and minibatches split the envs (columns), never time, so
+every sequence stays whole (as SB3-contrib's RecurrentPPO; Kapturowski et al. 2019 on stored states).
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ from rltrain.data.returns import gae
 from rltrain.data.structs import EnvSpec, Metrics, ObsArray, Rollout, obs_leaves, obs_map
 from rltrain.errors import ConfigError
 from rltrain.models.actor_critic import ActorCritic
+from rltrain.models.cores import stack_states
 from rltrain.models.factory import ModelSettings, make_actor_critic
 from rltrain.models.layers import (
     RunningNorm,
@@ -91,12 +97,18 @@ class PPO(ActorCriticState, Algorithm):
         self.clip_coef, self.clip_vloss = clip_coef, clip_vloss
         self.ent_coef, self.vf_coef, self.max_grad_norm = ent_coef, vf_coef, max_grad_norm
         self.norm_adv, self.target_kl = norm_adv, target_kl
-        self.policy = make_actor_critic(spec, (model or ModelSettings()).with_mlp(hidden_sizes, activation),
+        model = model or ModelSettings()
+        self.recurrent = model.core != "identity"
+        if self.recurrent and num_envs % num_minibatches:
+            raise ConfigError(f"algo.num_minibatches={num_minibatches}: a recurrent core splits minibatches by env, "
+                              f"so it must divide env.num_envs={num_envs}; set algo.num_minibatches to a divisor")
+        self.policy = make_actor_critic(spec, model.with_mlp(hidden_sizes, activation),
                                         norm_obs=norm_obs, init_log_std=init_log_std).to(device)
         # TwinMLP weights, biases, then log_std (box): the numpy update relies on this order, and both
         # paths' optimiser state (torch Adam's format) is indexed by it
         self.params = self.policy.param_list()
-        # the numpy update is written for the twin-MLP actor-critic (float vectors); CNN / Dict models learn in torch
+        # the numpy update is written for the twin-MLP actor-critic (float vectors); CNN / Dict models and
+        # recurrent cores learn in torch
         self.numpy_update = numpy_update and device.type == "cpu" and isinstance(self.policy, ActorCritic)
         self.optimizer: torch.optim.Optimizer | FlatAdam
         if self.numpy_update:
@@ -122,20 +134,16 @@ class PPO(ActorCriticState, Algorithm):
 
     def learn(self, rollout: Rollout, *, progress: float) -> Metrics:
         T, N = rollout.shape
-        pol = self.policy
         rewards = self.reward_scaler(rollout, self.sync) if self.reward_scaler else rollout.rewards
 
+        if self.recurrent:
+            return self._learn_recurrent(rollout, rewards, progress)
         # 1. Values of every observation and every true successor.
         values, next_values = self._values(rollout)
         adv, ret = gae(rewards, values, next_values, rollout.terminated, rollout.truncated,
                        gamma=self.gamma, lam=self.gae_lambda)
 
-        lr = self.lr * max(1.0 - progress, 0.0) if self.anneal_lr else self.lr
-        if isinstance(self.optimizer, FlatAdam):
-            self.optimizer.lr = lr
-        else:
-            for group in self.optimizer.param_groups:
-                group["lr"] = lr
+        lr = self._set_lr(progress)
 
         # 2. Epochs of clipped-surrogate updates over shuffled minibatches (all gathered up front).
         stats: list = []
@@ -156,7 +164,20 @@ class PPO(ActorCriticState, Algorithm):
                 if kl > self.target_kl:
                     break
 
-        # 3. Observation statistics move after the update, so this update's ratios start at exactly 1.
+        return self._finish(rollout, stats, values, ret, lr)
+
+    def _set_lr(self, progress: float) -> float:
+        lr = self.lr * max(1.0 - progress, 0.0) if self.anneal_lr else self.lr
+        if isinstance(self.optimizer, FlatAdam):
+            self.optimizer.lr = lr
+        else:
+            for group in self.optimizer.param_groups:
+                group["lr"] = lr
+        return lr
+
+    def _finish(self, rollout: Rollout, stats: list, values: np.ndarray, ret: np.ndarray, lr: float) -> Metrics:
+        """3. Observation statistics move after the update, so this update's ratios start at exactly 1."""
+        pol = self.policy
         if pol.obs_norm.enabled:
             pol.obs_norm.update_from_moments(self.sync.sum(RunningNorm.moments(rollout.obs, len(self.spec.obs_shape))))
         s = np.stack(stats).mean(0) if self.numpy_update else torch.stack(stats).mean(0).cpu().numpy()
@@ -193,6 +214,77 @@ class PPO(ActorCriticState, Algorithm):
         next_values[own] = v[T * N:]
         next_values[term] = 0.0
         return values, next_values
+
+    # -- recurrent cores: whole sequences from the stored start state ------------------------------------
+    def _learn_recurrent(self, rollout: Rollout, rewards: np.ndarray, progress: float) -> Metrics:
+        """PPO over sequences: the same epochs and losses, with minibatches of whole env columns [T, N / M]."""
+        T, N = rollout.shape
+        dev = self.device
+        obs = obs_map(lambda x: torch.from_numpy(x).to(dev), rollout.obs)  # [T, N, ...]
+        done = rollout.terminated | rollout.truncated
+        mask = np.ones((T, N), np.float32)
+        mask[1:] = ~done[:-1]  # step 0 starts from the stored state, already zeroed after an episode's end
+        mask_t = torch.from_numpy(mask).to(dev)
+        start = tuple(x.to(dev) for x in rollout.core_state)  # type: ignore[union-attr]
+        values, next_values = self._recurrent_values(rollout, obs, start, mask_t)
+        adv, ret = gae(rewards, values, next_values, rollout.terminated, rollout.truncated,
+                       gamma=self.gamma, lam=self.gae_lambda)
+        lr = self._set_lr(progress)
+        act = torch.from_numpy(rollout.actions).to(dev)
+        old = [torch.from_numpy(np.ascontiguousarray(a, np.float32)).to(dev)
+               for a in (rollout.log_probs, adv, ret, values)]
+        width = N // self.num_minibatches
+        stats: list = []
+        for _ in range(self.update_epochs):
+            perm = torch.randperm(N)  # torch RNG: seeded and checkpointed
+            for k in range(self.num_minibatches):
+                cols = perm[k * width:(k + 1) * width].to(dev)
+                stats.append(self._sequence_step(obs_map(lambda x, c=cols: x[:, c], obs),
+                                                 tuple(x[:, cols] for x in start), mask_t[:, cols],
+                                                 act[:, cols], *(a[:, cols] for a in old)))
+            if self.target_kl is not None:
+                kl = float(self.sync.mean(np.asarray([stats[-1][3].item()], np.float64))[0])
+                if kl > self.target_kl:
+                    break
+        return self._finish(rollout, stats, values, ret, lr)
+
+    def _recurrent_values(self, rollout: Rollout, obs: ObsArray, start: tuple, mask: Tensor
+                          ) -> tuple[np.ndarray, np.ndarray]:
+        """(V(obs), V(next_obs)) [T, N] from one unroll of the critic. Inside an episode V(next_obs[t]) is
+        V(obs[t+1]); at a truncation and at the rollout's end the successor is evaluated with the state the
+        step ended in (before the collector's reset), so a cut episode bootstraps from its own memory."""
+        T, N = rollout.shape
+        term = rollout.terminated
+        own = rollout.truncated.copy()
+        own[-1] = True
+        own &= ~term
+        with torch.inference_mode():
+            _, value, states = self.policy.unroll(obs, start, mask)
+            values = value.cpu().numpy().astype(np.float32)
+            next_values = np.zeros((T, N), np.float32)
+            next_values[:-1] = values[1:]
+            if own.any():
+                t_idx, n_idx = np.nonzero(own)  # row-major: the order of next_values[own]
+                ended_in = tuple(x[t_idx, n_idx][None] for x in stack_states(states))
+                succ = obs_map(lambda x: torch.from_numpy(x[t_idx, n_idx]).to(self.device), rollout.next_obs)
+                next_values[own] = self.policy.value(succ, ended_in).cpu().numpy()
+        next_values[term] = 0.0
+        return values, next_values
+
+    def _sequence_step(self, obs: ObsArray, start: tuple, mask: Tensor, act: Tensor, old_logp: Tensor,
+                       adv: Tensor, ret: Tensor, old_val: Tensor) -> Tensor:
+        """One gradient step on whole sequences: obs [T, n, ...], mask / old_logp / adv / ret / old_val [T, n],
+        act [T, n] or [T, n, A]; the unroll restarts from the stored state ``start`` (each [1, n, H])."""
+        out, value, _ = self.policy.unroll(obs, start, mask)
+        B = mask.numel()
+        adv = adv.reshape(B)
+        if self.norm_adv:
+            adv = (adv - adv.mean()) / (adv.std() + 1e-8)
+        act = act.reshape(B, *act.shape[2:])
+        if self.policy.discrete:
+            act = act.long().unsqueeze(-1)
+        return self._surrogate_step(out.reshape(B, -1), value.reshape(B), act, old_logp.reshape(B), -adv,
+                                    ret.reshape(B), old_val.reshape(B))
 
     def _value_batch(self, x: ObsArray) -> np.ndarray:
         """x [B, *obs_shape] raw observations (a dict of them for Dict spaces) -> V [B] float32."""
@@ -254,6 +346,12 @@ class PPO(ActorCriticState, Algorithm):
         obs [mb, ...], act [mb, 1] int64 (discrete) or [mb, A], the rest [mb]; ``neg_adv`` is -advantage,
         already normalised."""
         out, value = self.policy(obs)
+        return self._surrogate_step(out, value, act, old_logp, neg_adv, ret, old_val)
+
+    def _surrogate_step(self, out: Tensor, value: Tensor, act: Tensor, old_logp: Tensor, neg_adv: Tensor,
+                        ret: Tensor, old_val: Tensor) -> Tensor:
+        """The clipped surrogate, value and entropy losses for policy outputs ``out`` [mb, A] and ``value``
+        [mb]; one optimiser step. Returns detached [pg_loss, v_loss, entropy, approx_kl, clip_frac]."""
         if self.policy.discrete:
             logp_all = torch.log_softmax(out, dim=-1)
             logp = logp_all.gather(-1, act).squeeze(-1)

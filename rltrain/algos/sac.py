@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from rltrain.algos.base import Algorithm, Sync, make_adam, positive
+from rltrain.algos.base import Algorithm, Sync, make_adam, positive, refuse_recurrent
 from rltrain.data.replay import ReplayBuffer
 from rltrain.data.structs import ActOutput, EnvSpec, Metrics, Policy, Rollout
 from rltrain.errors import ConfigError
@@ -101,6 +101,7 @@ class SAC(Algorithm):
         checkpoint_buffer: bool = False,  # put the replay buffer into state_dict (checkpoint.replay_buffer)
     ):
         super().__init__(spec, num_envs=num_envs, device=device, sync=sync)
+        refuse_recurrent("algo=sac (off-policy)", (model or ModelSettings()).core)
         for key, value in [("algo.rollout_len", rollout_len), ("algo.batch_size", batch_size), ("algo.tau", tau),
                            ("algo.policy_lr", policy_lr), ("algo.q_lr", q_lr), ("algo.alpha", alpha),
                            ("algo.train_frequency", train_frequency), ("algo.gradient_steps", gradient_steps),

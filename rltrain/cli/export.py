@@ -37,6 +37,9 @@ def deterministic_actor(policy, spec):
     if kind is None:
         raise ConfigError(f"policy={type(policy).__name__}: no export for this policy type; export supports "
                           "ppo, a2c, impala, dqn and sac checkpoints")
+    if getattr(policy, "recurrent", False):  # the actor head alone would silently drop the core's memory
+        raise ConfigError("model.core: rltrain-export does not export recurrent policies yet (their state is an "
+                          "input); export a model.core=identity checkpoint")
 
     class DeterministicActor(nn.Module):
         def __init__(self):

@@ -138,10 +138,13 @@ class ActOutput:
 
     action:   [N] int64 (discrete) or [N, A] float32 (box, unclipped sample)
     log_prob: [N] float32, log-probability of ``action`` under the acting policy
+    state:    recurrent policies: the core state after this step (a tuple of [1, N, H] tensors); None for
+              feed-forward policies
     """
 
     action: torch.Tensor
     log_prob: torch.Tensor
+    state: tuple[torch.Tensor, ...] | None = None
 
 
 @dataclass
@@ -162,6 +165,8 @@ class Rollout:
     policy_version: [T] int64, version of the weights that chose the actions
     env_ids:        [N] int64 or None, the env stream each column comes from (None: column n is stream n);
                     a replay buffer links a rollout's last step to the next rollout of the same stream
+    core_state:     recurrent policies: the core state at the rollout's start (a tuple of CPU tensors
+                    [1, N, H], already zeroed for envs that start an episode); None for feed-forward ones
     """
 
     obs: ObsArray
@@ -175,6 +180,7 @@ class Rollout:
     episode_returns: list[float] = field(default_factory=list)  # episodes that finished in this rollout
     episode_lengths: list[int] = field(default_factory=list)
     env_ids: np.ndarray | None = None
+    core_state: tuple[torch.Tensor, ...] | None = None
 
     @property
     def num_steps(self) -> int:
@@ -189,6 +195,12 @@ class Policy(nn.Module, ABC):
     """The only object shipped to actors / agent processes. Acts on a batch of raw observations."""
 
     @abstractmethod
-    def act(self, obs: Tensor, *, deterministic: bool = False,
+    def act(self, obs: Tensor, state: tuple[Tensor, ...] | None = None, *, deterministic: bool = False,
             generator: torch.Generator | None = None) -> ActOutput:
-        """obs [N, *obs_shape] float32 -> ActOutput(action [N, ...], log_prob [N])."""
+        """obs [N, *obs_shape] float32 -> ActOutput(action [N, ...], log_prob [N]). A recurrent policy also
+        takes the core ``state`` (its ``initial_state(N)`` at the start) and returns the next one in
+        ``ActOutput.state``; feed-forward policies are called without it."""
+
+    def initial_state(self, n: int) -> tuple[Tensor, ...] | None:
+        """The core state of n envs at an episode's start; None for a feed-forward policy (the default)."""
+        return None

@@ -2,9 +2,9 @@
 
 ``env.wrappers`` is an ordered list applied inside every env (first entry innermost), so the sync and
 async vector backends, evaluation envs and actor processes all see the same env. Each entry is a name or
-``{name: {kwargs}}``; a name is one of ours (``FireReset``, ``EpisodicLife``, ``SignReward``), a class of
-``gymnasium.wrappers`` (``AtariPreprocessing``, ``FrameStackObservation``, ``ClipReward``, ...) or an
-import path ``package.module:Wrapper``.
+``{name: {kwargs}}``; a name is one of ours (``FireReset``, ``EpisodicLife``, ``SignReward``,
+``VelocityMask``), a class of ``gymnasium.wrappers`` (``AtariPreprocessing``, ``FrameStackObservation``,
+``ClipReward``, ...) or an import path ``package.module:Wrapper``.
 
 The real game score. Learning wrappers change what the agent sees as an episode and a reward:
 ``EpisodicLife`` ends an episode at every life loss and ``SignReward`` clips rewards to {-1, 0, 1}
@@ -151,8 +151,31 @@ class EpisodicLife(gym.Wrapper):
         return obs, info
 
 
+class VelocityMask(gym.ObservationWrapper):
+    """Zeroes the observation entries ``indices`` (the velocities), making the env partially observable:
+    a feed-forward policy then has to act on positions alone, a recurrent one can infer the velocities from
+    its memory. rl-baselines3-zoo's ``MaskVelocityWrapper`` (CartPoleNoVel-v1: entries 1 and 3,
+    PendulumNoVel-v1: entry 2) multiplies by such a 0/1 mask; the observation space stays the same."""
+
+    def __init__(self, env: gym.Env, indices: list[int] | tuple[int, ...]):
+        super().__init__(env)
+        shape = env.observation_space.shape
+        if not isinstance(env.observation_space, gym.spaces.Box) or len(shape) != 1:
+            raise ConfigError(f"env.wrappers: VelocityMask needs a flat Box observation, got {env.observation_space}; "
+                              "remove it from env.wrappers")
+        bad = [i for i in indices if isinstance(i, bool) or not isinstance(i, int) or not -shape[0] <= i < shape[0]]
+        if bad or not indices:
+            raise ConfigError(f"env.wrappers: VelocityMask indices={list(indices)}: each must be an integer index "
+                              f"into the observation of size {shape[0]}, e.g. {{VelocityMask: {{indices: [1, 3]}}}}")
+        self.mask = np.ones(shape, env.observation_space.dtype)
+        self.mask[list(indices)] = 0
+
+    def observation(self, observation):
+        return observation * self.mask
+
+
 OURS: dict[str, type[gym.Wrapper]] = {"FireReset": FireReset, "EpisodicLife": EpisodicLife,
-                                      "SignReward": SignReward}
+                                      "SignReward": SignReward, "VelocityMask": VelocityMask}
 
 
 def _gymnasium_wrappers() -> dict[str, type]:

@@ -24,15 +24,15 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
-from rltrain.data.structs import ActOutput, EnvSpec, ObsSpace, Policy
+from rltrain.data.structs import ActOutput, EnvSpec, ObsSpace, Policy, obs_leaves, obs_map
 from rltrain.errors import ConfigError, close_matches
 from rltrain.models.actor_critic import ActorCritic
+from rltrain.models.cores import CORES, CoreState, make_core
 from rltrain.models.encoders import ENCODERS, Encoder, Obs, image_layout, make_encoder
 from rltrain.models.heads import CategoricalHead, GaussianHead, QHead, SquashedGaussianHead, ValueHead
 from rltrain.models.layers import ACTIVATIONS, RunningNorm, mlp
 
 DEFAULT_MLP, DEFAULT_ACTIVATION = (64, 64), "tanh"  # when neither the model group nor the algorithm says
-CORES = ("identity",)  # recurrent cores (lstm, gru) come with the recurrent work
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -45,7 +45,8 @@ class ModelSettings:
     cnn_features: width of a CNN's last Linear; None keeps the paper's (nature 512, impala 256, minatar 128)
     shared:       one torso for actor and critic (as CleanRL's Atari PPO) instead of one each
     ignore_keys:  Dict observation keys to drop (e.g. a Text key no encoder reads)
-    core:         identity only for now; core_size is reserved for the recurrent cores
+    core:         identity | lstm | gru: the memory between encoder and heads (models/cores.py)
+    core_size:    the hidden width of an lstm / gru core
     """
 
     encoder: str = "auto"
@@ -70,9 +71,8 @@ class ModelSettings:
                               "integer (e.g. model.hidden_sizes=[64,64])")
         if self.cnn_features is not None and (isinstance(self.cnn_features, bool) or self.cnn_features <= 0):
             raise ConfigError(f"model.cnn_features={self.cnn_features}: must be a positive integer or null")
-        if self.core not in CORES:
-            raise ConfigError(f"model.core={self.core}: not available yet (only identity); set model.core=identity")
-        if self.core_size <= 0:
+        _one_of("model.core", self.core, CORES)
+        if isinstance(self.core_size, bool) or not isinstance(self.core_size, int) or self.core_size <= 0:
             raise ConfigError(f"model.core_size={self.core_size}: must be a positive integer")
 
 
@@ -99,6 +99,11 @@ class ModularActorCritic(Policy):
     ``shared``: one encoder feeds both heads (CleanRL's Atari PPO); otherwise actor and critic each own
     one. ``obs_norm`` normalises float vector observations when enabled (a ``RunningNorm`` the algorithm
     updates); for images, Discrete and Dict observations it stays disabled: the encoder scales them.
+
+    ``model.core`` (lstm / gru) puts a recurrent core between each encoder and its head (one per torso:
+    shared with ``shared``). The policy's state is then the actor core's state followed by the critic
+    core's (``initial_state``); ``act`` steps both, so the state stored at a rollout's start lets the
+    learner recompute actor and critic over the rollout (``unroll``).
     """
 
     def __init__(self, spec: EnvSpec, settings: ModelSettings, *, norm_obs: bool = False,
@@ -115,7 +120,12 @@ class ModularActorCritic(Policy):
         self.obs_norm = RunningNorm(obs.shape if is_float_vector(obs) else (), enabled=norm_obs)
         self.actor_encoder = make_encoder(obs, settings)
         self.critic_encoder: Encoder | None = None if self.shared else make_encoder(obs, settings, warn=False)
-        width = self.actor_encoder.out_dim
+        self.actor_core = make_core(settings.core, self.actor_encoder.out_dim, settings.core_size)
+        self.critic_core = None if self.shared else make_core(settings.core, self.actor_encoder.out_dim,
+                                                              settings.core_size)
+        self.recurrent = self.actor_core.recurrent
+        self._actor_state_len = len(self.actor_core.initial_state(0))
+        width = self.actor_core.out_dim
         self.actor_head: CategoricalHead | GaussianHead = (
             CategoricalHead(width, self.act_dim) if self.discrete
             else GaussianHead(width, self.act_dim, init_log_std=init_log_std))
@@ -137,24 +147,72 @@ class ModularActorCritic(Policy):
             return obs
         return self.obs_norm(obs.float())  # type: ignore[union-attr]
 
+    def initial_state(self, n: int) -> CoreState | None:
+        """The zero state of n envs (actor core's tensors, then the critic core's), or None: feed-forward."""
+        if not self.recurrent:
+            return None
+        device = self.critic_head.linear.weight.device
+        critic = () if self.critic_core is None else self.critic_core.initial_state(n, device)
+        return self.actor_core.initial_state(n, device) + critic
+
+    def _split(self, state: CoreState | None, n: int) -> tuple[CoreState, CoreState]:
+        state = self.initial_state(n) if state is None else state
+        return state[: self._actor_state_len], state[self._actor_state_len:]
+
     def forward(self, obs: Obs) -> tuple[Tensor, Tensor]:
-        """obs [B, *obs_shape] (or a dict of them) -> (logits or Gaussian mean [B, A], value [B])."""
+        """obs [B, *obs_shape] (or a dict of them) -> (logits or Gaussian mean [B, A], value [B]).
+        Feed-forward only: a recurrent policy learns through ``unroll``."""
+        if self.recurrent:
+            raise TypeError("a recurrent policy has no stateless forward: use unroll(obs, state, mask)")
         obs = self._normalised(obs)
         features = self.actor_encoder(obs)
         critic_features = features if self.critic_encoder is None else self.critic_encoder(obs)
         return self.actor_head(features), self.critic_head(critic_features)
 
-    def act(self, obs: Obs, *, deterministic: bool = False,
+    def act(self, obs: Obs, state: CoreState | None = None, *, deterministic: bool = False,
             generator: torch.Generator | None = None) -> ActOutput:
-        """obs [N, ...] -> ActOutput(action [N] int64 or [N, A] float32, log_prob [N]); actor only."""
-        out = self.actor_head(self.actor_encoder(self._normalised(obs)))
-        return ActOutput(*self.actor_head.sample(out, deterministic, generator))
+        """obs [N, ...], state (recurrent: the state the envs' previous step ended in, zero after an
+        episode's end) -> ActOutput(action [N] int64 or [N, A] float32, log_prob [N], state: the next state).
+        Feed-forward: actor only. Recurrent: the critic core steps too, so its state stays current."""
+        obs = self._normalised(obs)
+        if not self.recurrent:
+            return ActOutput(*self.actor_head.sample(self.actor_head(self.actor_encoder(obs)), deterministic,
+                                                     generator))
+        actor_state, critic_state = self._split(state, len(obs_leaves(obs)[0]))
+        features, actor_state = self.actor_core.step(self.actor_encoder(obs), actor_state)
+        if self.critic_core is not None:
+            _, critic_state = self.critic_core.step(self.critic_encoder(obs), critic_state)  # type: ignore[misc]
+        out = self.actor_head(features)
+        return ActOutput(*self.actor_head.sample(out, deterministic, generator), state=actor_state + critic_state)
 
-    def value(self, obs: Obs) -> Tensor:
-        """obs [B, ...] -> V(obs) [B]; critic only."""
+    def value(self, obs: Obs, state: CoreState | None = None) -> Tensor:
+        """obs [B, ...], state (recurrent: the state before this observation; None: the initial state)
+        -> V(obs) [B]; critic only."""
         obs = self._normalised(obs)
         encoder = self.actor_encoder if self.critic_encoder is None else self.critic_encoder
-        return self.critic_head(encoder(obs))
+        features = encoder(obs)
+        if self.recurrent:
+            actor_state, critic_state = self._split(state, features.shape[0])
+            core = self.actor_core if self.critic_core is None else self.critic_core
+            features, _ = core.step(features, actor_state if self.critic_core is None else critic_state)
+        return self.critic_head(features)
+
+    def unroll(self, obs: Obs, state: CoreState, mask: Tensor) -> tuple[Tensor, Tensor, list[CoreState]]:
+        """A recurrent policy over a rollout: obs [T, N, ...] (or a dict of them), state at step 0, mask [T, N]
+        (0 where an episode ended before step t) -> (logits or Gaussian mean [T, N, A], value [T, N], the
+        state after each step: a list of T states, actor then critic tensors, each [1, N, H])."""
+        T, N = mask.shape
+        x = self._normalised(obs_map(lambda o: o.reshape(T * N, *o.shape[2:]), obs))
+        actor_state, critic_state = self._split(state, N)
+        actor_out, actor_states = self.actor_core.sequence(self.actor_encoder(x).reshape(T, N, -1), actor_state,
+                                                           mask)
+        if self.critic_core is None:
+            critic_out, critic_states = actor_out, [()] * T
+        else:
+            critic_features = self.critic_encoder(x).reshape(T, N, -1)  # type: ignore[misc]
+            critic_out, critic_states = self.critic_core.sequence(critic_features, critic_state, mask)
+        states = [a + c for a, c in zip(actor_states, critic_states, strict=True)]
+        return self.actor_head(actor_out), self.critic_head(critic_out), states
 
     def evaluate(self, obs: Obs, action: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         """obs [B, ...], action [B] or [B, A] -> (log_prob [B], entropy [B], value [B])."""
@@ -186,11 +244,12 @@ def make_actor_critic(spec: EnvSpec, settings: ModelSettings, *, norm_obs: bool 
 
     Float vectors with separate MLP torsos get ``ActorCritic``: the same maths (two MLPs, same init) run as
     one ``TwinMLP``, which keeps PPO's numpy fast path and the checkpoints of existing runs loadable.
+    A recurrent ``model.core`` always gets ``ModularActorCritic`` (the fast path is feed-forward only).
     """
     settings = settings.with_mlp(DEFAULT_MLP, DEFAULT_ACTIVATION)
     obs = spec.observation
     if is_float_vector(obs) and settings.encoder in ("auto", "mlp") and not settings.shared and not \
-            settings.ignore_keys:
+            settings.ignore_keys and settings.core == "identity":
         return ActorCritic(spec, hidden_sizes=list(settings.hidden_sizes), activation=settings.activation,
                            norm_obs=norm_obs, init_log_std=init_log_std)
     return ModularActorCritic(spec, settings, norm_obs=norm_obs, init_log_std=init_log_std)

@@ -15,6 +15,7 @@ import torch
 from rltrain.data.structs import EnvSpec, ObsArray, Policy, Rollout, obs_buffer, obs_leaves, obs_map, obs_put
 from rltrain.envs.make import AsyncVecEnv, VecEnv
 from rltrain.errors import ConfigError
+from rltrain.models.cores import CoreState, reset_state
 from rltrain.models.layers import NumpyActor
 
 
@@ -26,6 +27,11 @@ class RolloutCollector:
     a policy with ``numpy_actor()`` acts through a numpy copy of its actor (torch's per-op overhead is
     most of the cost of a tiny forward), drawing noise from ``self.rng``: a generator seeded from the
     torch RNG at construction, whose state is saved in ``state_dict`` so resumed runs draw the same.
+
+    A recurrent policy (``policy.initial_state`` is not None) acts through the torch path with its core
+    state, carried here per env across rollouts and zeroed for an env whose episode ended (terminated or
+    truncated: the next observation is a new episode's first). Each rollout records the state at its start
+    (``Rollout.core_state``) for the learner's recomputation; ``state_dict`` saves it for exact resume.
     """
 
     def __init__(self, venv: VecEnv | AsyncVecEnv, policy: Policy, spec: EnvSpec, *, device: torch.device,
@@ -47,6 +53,8 @@ class RolloutCollector:
         self.recent_lengths: deque[int] = deque(maxlen=episode_window)
         self.episodes = 0
         self.rng = np.random.default_rng(int(torch.randint(0, 2**62, (1,)).item()))
+        initial_state = getattr(policy, "initial_state", None)
+        self.core_state: CoreState | None = initial_state(self.num_envs) if initial_state is not None else None
         self._low = self._high = None
         if spec.action_kind == "box":
             self._low = np.asarray(spec.action_low, np.float32).reshape(spec.action_shape)
@@ -64,7 +72,8 @@ class RolloutCollector:
         rew_buf = np.empty((T, N), np.float32)
         term_buf = np.empty((T, N), bool)
         trunc_buf = np.empty((T, N), bool)
-        fast = None if random_actions or self.device.type != "cpu" else self._numpy_actor()
+        start_state = None if self.core_state is None else tuple(x.detach().cpu().clone() for x in self.core_state)
+        fast = None if random_actions or self.device.type != "cpu" or start_state else self._numpy_actor()
         if fast is not None:
             self._collect_numpy(fast, obs_buf, act_buf, logp_buf, rew_buf, term_buf, trunc_buf, next_buf)
         else:
@@ -79,7 +88,7 @@ class RolloutCollector:
         return Rollout(obs=obs_buf, actions=act_buf, log_probs=logp_buf, rewards=rew_buf, terminated=term_buf,
                        truncated=trunc_buf, next_obs=next_buf,
                        policy_version=np.full(T, policy_version, np.int64),
-                       episode_returns=ep_returns, episode_lengths=ep_lengths)
+                       episode_returns=ep_returns, episode_lengths=ep_lengths, core_state=start_state)
 
     def _numpy_actor(self) -> NumpyActor | None:
         make = getattr(self.policy, "numpy_actor", None)
@@ -125,7 +134,8 @@ class RolloutCollector:
                 else:
                     obs_t = (obs_map(torch.from_numpy, obs) if on_cpu
                              else obs_map(lambda x: torch.from_numpy(x).to(self.device), obs))
-                    out = self.policy.act(obs_t)
+                    out = self.policy.act(obs_t) if self.core_state is None else \
+                        self.policy.act(obs_t, self.core_state)
                     action = out.action.numpy() if on_cpu else out.action.cpu().numpy()
                     logp = out.log_prob.numpy() if on_cpu else out.log_prob.cpu().numpy()
                 act_buf[t] = action
@@ -133,6 +143,9 @@ class RolloutCollector:
                 env_action = np.clip(action, self._low, self._high) if box else action
                 obs, rew_buf[t], term_buf[t], trunc_buf[t], nxt = self.venv.step(env_action)
                 obs_put(next_buf, t, nxt)
+                if self.core_state is not None and not random_actions:
+                    # a new episode starts from the zero state (after termination AND truncation)
+                    self.core_state = reset_state(out.state, term_buf[t] | trunc_buf[t])
         self.obs = obs
 
     def _episode_stats(self, rewards: np.ndarray, done: np.ndarray) -> tuple[list[float], list[int]]:
@@ -184,6 +197,8 @@ class RolloutCollector:
             "recent_lengths": list(self.recent_lengths),
             "episodes": self.episodes,
             "rng": self.rng.bit_generator.state,  # plain dict of ints: loads with weights_only=True
+            # recurrent policies: the state the envs' last step ended in (a list of [1, N, H] tensors)
+            "core_state": None if self.core_state is None else [x.detach().cpu().clone() for x in self.core_state],
         }
 
     def load_state_dict(self, state: dict, venv_blob: bytes | None) -> None:
@@ -198,3 +213,5 @@ class RolloutCollector:
             self.obs = obs_map(lambda x: x.numpy().copy(), state["obs"])
             self.ep_return = state["ep_return"].numpy().copy()
             self.ep_length = state["ep_length"].numpy().copy()
+            if self.core_state is not None and state.get("core_state") is not None:
+                self.core_state = tuple(x.to(self.device) for x in state["core_state"])

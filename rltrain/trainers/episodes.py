@@ -17,6 +17,7 @@ import torch
 from rltrain.data.structs import Policy, obs_buffer, obs_map
 from rltrain.envs.make import env_spec
 from rltrain.errors import ConfigError
+from rltrain.models.cores import put_state, reset_state, select_state
 
 
 def evaluate(policy: Policy, make_env: Callable[..., gym.Env], *, episodes: int, eval_seed: int,
@@ -28,7 +29,9 @@ def evaluate(policy: Policy, make_env: Callable[..., gym.Env], *, episodes: int,
     a CartPole solve's wall time); with a video, one env records every episode in turn.
 
     ``real_scores`` (an ``env.wrappers`` list is applied): an episode is a whole game, scored by the
-    unclipped ``info["real_score"]`` (envs/wrappers.py), not a learning episode that a life loss ended."""
+    unclipped ``info["real_score"]`` (envs/wrappers.py), not a learning episode that a life loss ended.
+
+    A recurrent policy acts with its core state, one per env, zeroed whenever that env starts an episode."""
     device = device or torch.device("cpu")
     width = 1 if video_dir is not None else max(1, min(episodes, max_parallel))
     envs = []
@@ -51,6 +54,7 @@ def evaluate(policy: Policy, make_env: Callable[..., gym.Env], *, episodes: int,
         obs[i], _ = envs[i].reset(seed=eval_seed + started)
         episode_of[i], started = started, started + 1
     active = list(range(min(width, episodes)))
+    state = policy.initial_state(width) if hasattr(policy, "initial_state") else None
     was_training = policy.training
     policy.eval()
     try:
@@ -58,12 +62,18 @@ def evaluate(policy: Policy, make_env: Callable[..., gym.Env], *, episodes: int,
             while active:
                 batch = obs_map(lambda t, *xs: torch.as_tensor(np.stack([np.asarray(x, t.dtype) for x in xs]),
                                                                device=device), template, *[obs[i] for i in active])
-                actions = policy.act(batch, deterministic=deterministic, generator=gen).action.cpu().numpy()
+                if state is None:
+                    actions = policy.act(batch, deterministic=deterministic, generator=gen).action.cpu().numpy()
+                else:
+                    out = policy.act(batch, select_state(state, active), deterministic=deterministic, generator=gen)
+                    actions, state = out.action.cpu().numpy(), put_state(state, active, out.state)
                 still = []
                 for k, i in enumerate(active):
                     action = actions[k] if low is None else np.clip(actions[k], low, high)
                     o, rew, term, trunc, info = envs[i].step(action.item() if action.ndim == 0 else action)
                     totals[i] += float(rew)
+                    if state is not None and (term or trunc):  # a new episode (or life) starts from zero
+                        state = reset_state(state, np.arange(width) == i)
                     if real_scores and (term or trunc) and "real_score" not in info:
                         o, _ = envs[i].reset()  # a learning episode (a life) ended, the game goes on
                     elif term or trunc or "real_score" in info:  # with env.wrappers: the real game score
