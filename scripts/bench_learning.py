@@ -1,13 +1,17 @@
-"""Learning benchmark: presets x seeds as one Hydra multirun, then a markdown table and a learning-curve PNG.
+"""Learning benchmark: benchmarks x seeds as Hydra multiruns, then a markdown table and a learning-curve PNG.
 
-    python scripts/bench_learning.py                                   # every preset of the algorithms table
+    python scripts/bench_learning.py                                   # every benchmark of the algorithms table
     python scripts/bench_learning.py --presets ppo_cartpole dqn_cartpole --seeds 1 2 3
+    python scripts/bench_learning.py --presets ppo_mujoco:Hopper-v5 ppo_mujoco:Walker2d-v5   # preset:env.id
     python scripts/bench_learning.py --collect outputs/bench/<dir>     # re-summarise a finished sweep
 
-Writes ``<out>/learning.md`` (median and IQR of the final eval return and of the wall time per preset,
-plus the issue's threshold and whether the median meets it) and ``<out>/learning.png`` (training episode
-return vs env steps: mean across seeds with a min-max band). Final returns are the run's final
-deterministic evaluation (10 episodes, the run's own eval seeds); timings depend on the machine's load.
+A benchmark is an ``experiment=`` preset, optionally ``preset:ENV_ID`` to run it on another env. Writes
+``<out>/learning.md`` (median and IQR of the benchmark's metric and of the wall time, the threshold and
+whether the median meets it, and the published reference where there is one) and ``<out>/learning.png``
+(training episode return vs env steps: mean across seeds with a min-max band). The metric is the run's
+final deterministic evaluation (10 episodes, the run's own eval seeds) unless the reference reports another:
+CleanRL's MuJoCo numbers are the mean of the last 100 training episodes, so those rows use that
+(``train_return_last100`` in summary.json). Timings depend on the machine's load.
 """
 
 from __future__ import annotations
@@ -22,7 +26,7 @@ from pathlib import Path
 import numpy as np
 import yaml
 
-# preset -> (env steps, threshold on the median final eval return), as in the algorithms issue
+# benchmark -> (env steps, threshold on the median of its metric), as in the issues
 THRESHOLDS: dict[str, tuple[int, float]] = {
     "ppo_cartpole": (100_000, 475), "a2c_cartpole": (200_000, 400), "dqn_cartpole": (100_000, 400),
     "impala_cartpole": (200_000, 400), "sac_pendulum": (20_000, -250), "ppo_acrobot": (200_000, -100),
@@ -30,15 +34,42 @@ THRESHOLDS: dict[str, tuple[int, float]] = {
     # MinAtar from pixels (issue 13): PPO aims from the issue; DQN / IMPALA: well above random play (0.4)
     "ppo_minatar": (2_000_000, 15), "ppo_minatar_spaceinvaders": (2_000_000, 60),
     "dqn_minatar": (1_000_000, 5), "impala_minatar": (2_000_000, 5),
+    # MuJoCo (issue 16): at or above CleanRL ppo_continuous_action's latest benchmark (v4 tasks, 3 seeds)
+    "ppo_mujoco:Hopper-v5": (1_000_000, 2383), "ppo_mujoco:Walker2d-v5": (1_000_000, 2288),
+    "ppo_mujoco:HalfCheetah-v5": (1_000_000, 1443),
+    "sac_mujoco:Hopper-v5": (50_000, float("nan")), "sac_mujoco:HalfCheetah-v5": (50_000, float("nan")),
+    # Box2D / classic control presets (issue 16): the conventional "solved" scores
+    "ppo_lunarlander": (1_000_000, 200), "dqn_lunarlander": (500_000, 200),
+    "ppo_lunarlander_continuous": (1_000_000, 200), "sac_lunarlander_continuous": (300_000, 200),
+    "sac_mountaincar_continuous": (50_000, 90),
+}
+# benchmark -> (metric in summary.json, published reference shown beside it)
+METRICS: dict[str, tuple[str, str]] = {
+    "ppo_mujoco:Hopper-v5": ("train_return_last100", "CleanRL 2383 +- 272 (older release 2052)"),
+    "ppo_mujoco:Walker2d-v5": ("train_return_last100", "CleanRL 2288 +- 572 (older release 2891)"),
+    "ppo_mujoco:HalfCheetah-v5": ("train_return_last100", "CleanRL 1443 +- 46 (older release 2906)"),
+    "sac_mujoco:Hopper-v5": ("train_return_last100", "short run: 50k of CleanRL's 1M steps"),
+    "sac_mujoco:HalfCheetah-v5": ("train_return_last100", "short run: 50k of CleanRL's 1M steps"),
 }
 
 
-def run_sweep(presets: list[str], seeds: list[int], out: Path, extra: list[str]) -> None:
-    cmd = [sys.executable, "-m", "rltrain", "-m", f"experiment={','.join(presets)}",
-           f"seed={','.join(map(str, seeds))}", "logger=quiet", "eval.every_env_steps=0",
-           f"hydra.sweep.dir={out}", "hydra.sweep.subdir=${hydra.job.num}", *extra]
-    print("$", " ".join(cmd), flush=True)
-    subprocess.run(cmd, check=True)
+def overrides_of(bench: str) -> list[str]:
+    preset, _, env_id = bench.partition(":")
+    return [f"experiment={preset}"] + ([f"env.id={env_id}"] if env_id else [])
+
+
+def run_sweep(benches: list[str], seeds: list[int], out: Path, extra: list[str]) -> None:
+    """One multirun per env override (a preset list shares one); job dirs are <out>/<k>_<job number>."""
+    groups: dict[str, list[str]] = {}
+    for b in benches:
+        groups.setdefault(b.partition(":")[2], []).append(b.partition(":")[0])
+    for k, (env_id, presets) in enumerate(groups.items()):
+        cmd = [sys.executable, "-m", "rltrain", "-m", f"experiment={','.join(presets)}",
+               *([f"env.id={env_id}"] if env_id else []),
+               f"seed={','.join(map(str, seeds))}", "logger=quiet", "eval.every_env_steps=0",
+               f"hydra.sweep.dir={out}", f"hydra.sweep.subdir={k}_${{hydra.job.num}}", *extra]
+        print("$", " ".join(cmd), flush=True)
+        subprocess.run(cmd, check=True)
 
 
 def collect(out: Path) -> dict[str, list[dict]]:
@@ -47,6 +78,8 @@ def collect(out: Path) -> dict[str, list[dict]]:
     for job in sorted(p for p in out.iterdir() if (p / "summary.json").exists()):
         overrides = yaml.safe_load((job / ".hydra" / "overrides.yaml").read_text())
         preset = next(o.split("=", 1)[1] for o in overrides if o.startswith("experiment="))
+        env_id = next((o.split("=", 1)[1] for o in overrides if o.startswith("env.id=")), "")
+        preset = f"{preset}:{env_id}" if env_id else preset
         summary = json.loads((job / "summary.json").read_text())
         steps, rets = [], []
         import csv
@@ -62,18 +95,21 @@ def collect(out: Path) -> dict[str, list[dict]]:
 
 
 def table(runs: dict[str, list[dict]]) -> str:
-    lines = ["| preset | env steps | seeds | final eval return: median [IQR] | per seed | threshold | met | "
-             "wall time s: median [IQR] |", "|---|---|---|---|---|---|---|---|"]
-    for preset, rs in runs.items():
-        finals = np.array([r["summary"]["final_eval_return"] for r in rs], float)
+    lines = ["| benchmark | env steps | seeds | metric | median [IQR] | per seed | threshold | met | reference | "
+             "wall time s: median [IQR] |", "|---|---|---|---|---|---|---|---|---|---|"]
+    for bench, rs in runs.items():
+        key, ref = METRICS.get(bench, ("final_eval_return", ""))
+        values = np.array([r["summary"][key] if r["summary"].get(key) is not None else np.nan for r in rs], float)
         walls = np.array([r["summary"]["wall_time_s"] for r in rs], float)
-        q = np.percentile(finals, [25, 50, 75])
+        q = np.percentile(values, [25, 50, 75])
         w = np.percentile(walls, [25, 50, 75])
-        budget, thr = THRESHOLDS.get(preset, (rs[0]["summary"]["total_env_steps"], float("nan")))
-        per_seed = ", ".join(f"{r['summary']['seed']}: {r['summary']['final_eval_return']:.1f}" for r in rs)
-        met = "yes" if q[1] >= thr else "no"
-        lines.append(f"| {preset} | {rs[0]['summary']['total_env_steps']} | {len(rs)} | {q[1]:.1f} "
-                     f"[{q[0]:.1f}, {q[2]:.1f}] | {per_seed} | >= {thr:g} | {met} | {w[1]:.0f} [{w[0]:.0f}, {w[2]:.0f}] |")
+        thr = THRESHOLDS.get(bench, (0, float("nan")))[1]
+        per_seed = ", ".join(f"{r['summary']['seed']}: {v:.1f}" for r, v in zip(rs, values, strict=True))
+        met = "-" if np.isnan(thr) else ("yes" if q[1] >= thr else "no")
+        metric = "last 100 train episodes" if key == "train_return_last100" else "final eval (10 ep)"
+        lines.append(f"| {bench} | {rs[0]['summary']['total_env_steps']} | {len(rs)} | {metric} | {q[1]:.1f} "
+                     f"[{q[0]:.1f}, {q[2]:.1f}] | {per_seed} | >= {thr:g} | {met} | {ref} | "
+                     f"{w[1]:.0f} [{w[0]:.0f}, {w[2]:.0f}] |")
     return "\n".join(lines) + "\n"
 
 
@@ -94,7 +130,7 @@ def plot(runs: dict[str, list[dict]], path: Path) -> None:
             ax.plot(grid, curves.mean(0), label="mean")
             ax.fill_between(grid, curves.min(0), curves.max(0), alpha=0.3, label="min-max")
         thr = THRESHOLDS.get(preset, (0, None))[1]
-        if thr is not None:
+        if thr is not None and not np.isnan(thr):
             ax.axhline(thr, color="grey", ls="--", lw=1)
         ax.set_title(f"{preset} ({len(rs)} seeds)")
         ax.set_xlabel("env steps")
@@ -107,7 +143,7 @@ def plot(runs: dict[str, list[dict]], path: Path) -> None:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--presets", nargs="+", default=list(THRESHOLDS))
+    p.add_argument("--presets", nargs="+", default=list(THRESHOLDS), help="preset or preset:ENV_ID")
     p.add_argument("--seeds", nargs="+", type=int, default=[1, 2, 3])
     p.add_argument("--out", type=Path, default=None, help="sweep dir (default outputs/bench/learning-<time>)")
     p.add_argument("--collect", type=Path, default=None, help="only summarise an existing sweep dir")

@@ -146,7 +146,8 @@ class RewardScaler:
             self.disc[done[t]] = 0.0
         self.norm.update_from_moments(sync.sum(self.norm.moments(disc_seq, 0)))
         std = float(np.sqrt(self.norm.var.item() + 1e-8))
-        return (rollout.rewards / std).astype(np.float32)
+        # clipped at +-10 as Gymnasium's NormalizeReward + TransformReward in CleanRL's continuous PPO
+        return np.clip(rollout.rewards / std, -10.0, 10.0).astype(np.float32)
 
     def state_dict(self) -> dict:
         return {"norm": self.norm.state_dict(), "disc": torch.from_numpy(self.disc.copy())}

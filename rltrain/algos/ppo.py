@@ -314,8 +314,10 @@ class PPO(ActorCriticState, Algorithm):
         idx = torch.argsort(torch.rand(E, B), dim=1).reshape(-1).numpy()  # E independent permutations
         shape = (E * M, B // M)
 
-        def gather(x: np.ndarray | Tensor) -> np.ndarray:
-            x = x.reshape(B, *x.shape[2:]) if x.shape[0] != B else x
+        def gather(x: np.ndarray | Tensor, time_major: bool = True) -> np.ndarray:
+            # rollout arrays are [T, N, ...]; the observations come already flattened to [T * N, ...]
+            # (deciding by x.shape[0] != B would skip the reshape when N == 1)
+            x = x.reshape(B, *x.shape[2:]) if time_major else x
             return x[idx].reshape(*shape, *x.shape[1:])
 
         act, g_adv = gather(rollout.actions), gather(adv)
@@ -324,8 +326,8 @@ class PPO(ActorCriticState, Algorithm):
         # the surrogate uses -A (a loss to minimise); negate once here rather than in every step
         arrays = [act, gather(rollout.log_probs), (-g_adv).astype(np.float32), gather(ret), gather(values)]
         if self.numpy_update:
-            return [gather(obs), *arrays]
-        g_obs = obs_map(lambda x: torch.as_tensor(gather(x)).to(dev), obs)
+            return [gather(obs, False), *arrays]
+        g_obs = obs_map(lambda x: torch.as_tensor(gather(x, False)).to(dev), obs)
         tensors = [torch.as_tensor(a).to(dev) for a in arrays]
         if self.policy.discrete:
             tensors[0] = tensors[0].long().unsqueeze(-1)  # [.., mb, 1] index for gather

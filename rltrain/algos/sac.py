@@ -47,7 +47,7 @@ class SquashedGaussianActor(Policy):
     def sample(self, obs: Tensor, *, deterministic: bool = False,
                generator: torch.Generator | None = None) -> tuple[Tensor, Tensor]:
         """obs [B, *obs_shape] -> (action [B, A] in the env's bounds, log pi(action|obs) [B]); differentiable."""
-        h = self.torso(obs.flatten(1))
+        h = self.torso(obs.flatten(1).float())  # observations keep their dtype (MuJoCo's are float64)
         return squashed_gaussian_sample(self.mean(h), self.log_std(h), self.scale, self.bias,
                                         deterministic=deterministic, generator=generator)
 
@@ -66,7 +66,7 @@ class QNet(nn.Module):
 
     def forward(self, obs: Tensor, action: Tensor) -> Tensor:
         """obs [B, ...], action [B, A] -> Q [B]."""
-        return self.q(torch.cat([obs.flatten(1), action], -1)).squeeze(-1)
+        return self.q(torch.cat([obs.flatten(1).float(), action], -1)).squeeze(-1)
 
 
 class SAC(Algorithm):

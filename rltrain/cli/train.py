@@ -41,6 +41,12 @@ def task(cfg: DictConfig) -> float:
     hc = HydraConfig.get()
     run_dir = Path(hc.runtime.output_dir)
     multirun = hc.mode == RunMode.MULTIRUN
+    if not multirun or hc.job.num == 0:  # once per command line, not once per sweep job
+        from rltrain.cli.presets import preset_note
+
+        note = preset_note(str(hc.runtime.choices.get("algo")), str(cfg.env.id), hc.runtime.choices.get("experiment"))
+        if note:
+            print(f"rltrain: note: {note}", file=sys.stderr, flush=True)
     try:
         summary = run(cfg, run_dir)
     except ConfigError as err:

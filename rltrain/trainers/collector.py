@@ -35,7 +35,7 @@ class RolloutCollector:
     """
 
     def __init__(self, venv: VecEnv | AsyncVecEnv, policy: Policy, spec: EnvSpec, *, device: torch.device,
-                 episode_window: int = 20):
+                 episode_window: int = 100):
         obs = spec.observation
         if obs.kind == "unsupported":
             raise ConfigError(f"env.id={spec.env_id}: {obs.name or obs.kind} observations cannot be stored in "

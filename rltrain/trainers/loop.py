@@ -71,6 +71,10 @@ class LoopHooks:
         """Add the trainer's own entries to the summary before it is written."""
 
 
+# Sources keep the last 100 episodes (the summary's train_return_last100); the live display, metrics rows and
+# target_return use the last 20 so they follow learning closely.
+RECENT_EPISODES = 20
+
 SourceFactory = Callable[[Algorithm], Any]  # -> RolloutCollector-like: collect(), episodes, recent_returns...
 
 
@@ -296,19 +300,20 @@ class TrainLoop:
 
     def _recent_return(self) -> float | None:
         """Mean of the recent episode returns, pooled over workers (so ranks agree on ``target_return``)."""
-        window = self.source.recent_returns
+        window = list(self.source.recent_returns)[-RECENT_EPISODES:]
         total, count = self.sync.sum(np.array([sum(window), len(window)], np.float64))
         return float(total / count) if count else None
 
     def _row(self, learn_metrics: Metrics, sps: float) -> Metrics:
-        rets = list(self.source.recent_returns)
+        rets = list(self.source.recent_returns)[-RECENT_EPISODES:]
         row: Metrics = {
             "time/wall": self.counters["wall_time"], "time/sps": sps,
             "rollout/episodes": float(self.counters["episodes"]), "train/updates": float(self.counters["updates"]),
             "rollout/episode_return": float(np.mean(rets)) if rets else math.nan,
             "rollout/episode_return_min": float(np.min(rets)) if rets else math.nan,
             "rollout/episode_return_max": float(np.max(rets)) if rets else math.nan,
-            "rollout/episode_length": float(np.mean(self.source.recent_lengths)) if rets else math.nan,
+            "rollout/episode_length": float(np.mean(list(self.source.recent_lengths)[-RECENT_EPISODES:]))
+            if rets else math.nan,
         }
         row.update(learn_metrics)
         row.update(self.hooks.log_row())
@@ -377,6 +382,8 @@ class TrainLoop:
             "final_eval_return": final[0] if final else None,
             "final_eval_return_std": final[1] if final else None,
             "best_eval_return": self.best_eval if math.isfinite(self.best_eval) else None,
+            # CleanRL's and rl-zoo3's published metric: the mean of the last 100 training episodes (this worker's)
+            "train_return_last100": float(np.mean(self.source.recent_returns)) if self.source.recent_returns else None,
             "total_env_steps": steps,
             "updates": self.counters["updates"],
             "episodes": self.counters["episodes"],

@@ -67,7 +67,7 @@ def merge_rollouts(rollouts: list[Rollout]) -> Rollout:
 class EpisodeStats:
     """The learner's stand-in for a collector: episode statistics of the rollouts it consumed."""
 
-    def __init__(self, window: int = 20):
+    def __init__(self, window: int = 100):
         self.recent_returns: deque[float] = deque(maxlen=window)
         self.recent_lengths: deque[int] = deque(maxlen=window)
         self.episodes = 0

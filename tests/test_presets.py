@@ -1,0 +1,102 @@
+"""Presets for the standard suites (MuJoCo, Box2D, classic control) and the note that names the closest one."""
+
+from __future__ import annotations
+
+import importlib.util
+
+import numpy as np
+import pytest
+
+from rltrain.cli.build import run
+from rltrain.cli.presets import family, preset_note, presets
+from tests.conftest import CONF_DIR, compose_cfg
+
+needs_mujoco = pytest.mark.skipif(importlib.util.find_spec("mujoco") is None, reason="needs rltrain[mujoco]")
+
+
+def test_every_experiment_file_is_read_with_its_algo_and_env():
+    found = {p.name: p for p in presets()}
+    assert set(found) == {f.stem for f in (CONF_DIR / "experiment").glob("*.yaml")}
+    assert (found["ppo_mujoco"].algo, found["ppo_mujoco"].family, found["ppo_mujoco"].generic) == ("ppo", "mujoco", True)
+    assert found["sac_lunarlander_continuous"].env_id == "LunarLanderContinuous-v3"  # the preset's own env.id
+    assert found["dqn_lunarlander"].env_id == "LunarLander-v3" and not found["dqn_lunarlander"].generic
+
+
+@pytest.mark.parametrize(("env_id", "expected"), [
+    ("Hopper-v5", "mujoco"), ("LunarLanderContinuous-v3", "box2d"), ("Acrobot-v1", "classic"),
+    ("ALE/Pong-v5", "atari"), ("MinAtar/Breakout-v1", "minatar"), ("tests.helpers.faulty_envs:X", "other"),
+    ("NotRegistered-v0", "other")])
+def test_family_comes_from_the_registry_without_building_the_env(env_id, expected):
+    assert family(env_id) == expected
+
+
+@pytest.mark.parametrize(("algo", "env_id", "says"), [
+    ("ppo", "LunarLander-v3", "the tuned preset for it: rltrain experiment=ppo_lunarlander"),
+    ("ppo", "Ant-v5", "the tuned preset for it: rltrain experiment=ppo_mujoco env.id=Ant-v5"),
+    ("sac", "LunarLanderContinuous-v3", "the tuned preset for it: rltrain experiment=sac_lunarlander_continuous"),
+    ("sac", "MountainCarContinuous-v0", "experiment=sac_mountaincar_continuous"),
+    ("dqn", "Hopper-v5", "the closest preset: rltrain experiment=ppo_mujoco env.id=Hopper-v5 (algo=ppo on any mujoco"),
+    ("a2c", "Acrobot-v1", "the closest preset: rltrain experiment=a2c_cartpole (algo=a2c on CartPole-v1)"),
+    ("impala", "ALE/Pong-v5", "experiment=impala_atari env.id=ALE/Pong-v5"),
+    ("ppo", "tests.helpers.faulty_envs:X", "no preset is close"),
+])
+def test_note_names_the_defaults_used_and_the_closest_preset(algo, env_id, says):
+    note = preset_note(algo, env_id, None)
+    assert f"algo={algo}'s defaults are used on {env_id}" in note and says in note, note
+
+
+@pytest.mark.parametrize(("algo", "env_id", "experiment"), [
+    ("ppo", "CartPole-v1", None), ("dqn", "CartPole-v1", None), ("sac", "Walker2d-v5", None),
+    ("ppo", "LunarLander-v3", "ppo_lunarlander"), ("ppo", "Ant-v5", "ppo_cartpole")])
+def test_no_note_when_a_preset_is_chosen_or_the_defaults_fit(algo, env_id, experiment):
+    assert preset_note(algo, env_id, experiment) is None
+
+
+def test_cli_prints_the_note_once_before_training(cli):
+    res = cli("env=pendulum", "total_env_steps=512", "logger=quiet", "eval.episodes=1", "hydra.run.dir=run")
+    assert res.returncode == 0, res.stderr
+    lines = [ln for ln in res.stderr.splitlines() if "note:" in ln]
+    assert len(lines) == 1 and "experiment=ppo_pendulum" in lines[0], res.stderr
+    quiet = cli("experiment=ppo_pendulum", "total_env_steps=2048", "logger=quiet", "eval.episodes=1",
+                "hydra.run.dir=run2")
+    assert quiet.returncode == 0 and "note:" not in quiet.stderr, quiet.stderr
+
+
+@pytest.mark.parametrize("numpy_update", [True, False])
+def test_ppo_with_one_env_and_continuous_actions(tmp_path, numpy_update):
+    """One env (CleanRL's MuJoCo setting): rollouts [T, 1, ...] must still be flattened to T samples."""
+    summary = run(compose_cfg(["env=pendulum", "env.num_envs=1", "algo.rollout_len=256", "algo.num_minibatches=8",
+                               f"algo.numpy_update={numpy_update}", "algo.norm_obs=true", "algo.norm_reward=true",
+                               "total_env_steps=768", "logger=quiet", "eval.episodes=1"]), tmp_path)
+    assert summary["status"] == "completed" and summary["updates"] == 3
+    assert np.isfinite(summary["final_eval_return"])
+
+
+def test_summary_reports_the_mean_of_the_last_100_training_episodes(tmp_path):
+    import csv
+
+    summary = run(compose_cfg(["total_env_steps=20000", "logger=quiet", "eval.episodes=1"]), tmp_path)
+    assert summary["episodes"] > 100
+    last = summary["train_return_last100"]
+    with open(tmp_path / "metrics.csv") as f:
+        rows = list(csv.DictReader(f))
+    # the metrics rows (and the display) keep following the last 20 episodes: a different, later window
+    assert last is not None and np.isfinite(last)
+    assert float(rows[-1]["rollout/episode_return"]) != pytest.approx(last)
+
+
+@needs_mujoco
+def test_sac_mujoco_trains_on_float64_observations(tmp_path):
+    summary = run(compose_cfg(["experiment=sac_mujoco", "env.id=Hopper-v5", "total_env_steps=400",
+                               "algo.learning_starts=200", "algo.batch_size=32", "logger=quiet",
+                               "eval.episodes=1"]), tmp_path)
+    assert summary["status"] == "completed" and np.isfinite(summary["final_eval_return"])
+
+
+@pytest.mark.learning
+@needs_mujoco
+def test_ppo_mujoco_learns_inverted_pendulum(tmp_path):
+    """The MuJoCo preset cut down to 40k steps on its easiest task (random play: ~5-10; the cap is 1000)."""
+    summary = run(compose_cfg(["experiment=ppo_mujoco", "env.id=InvertedPendulum-v5", "total_env_steps=40960",
+                               "logger=quiet", "seed=1"]), tmp_path)
+    assert summary["final_eval_return"] >= 500, summary
