@@ -39,8 +39,8 @@ THRESHOLDS: dict[str, tuple[int, float]] = {
     "ppo_mujoco:HalfCheetah-v5": (1_000_000, 1443),
     "sac_mujoco:Hopper-v5": (50_000, float("nan")), "sac_mujoco:HalfCheetah-v5": (50_000, float("nan")),
     # Box2D / classic control presets (issue 16): the conventional "solved" scores
-    "ppo_lunarlander": (1_000_000, 200), "dqn_lunarlander": (500_000, 200),
-    "ppo_lunarlander_continuous": (1_000_000, 200), "sac_lunarlander_continuous": (300_000, 200),
+    "ppo_lunarlander": (1_000_000, 200), "dqn_lunarlander": (150_000, 200),
+    "ppo_lunarlander_continuous": (1_000_000, 200), "sac_lunarlander_continuous": (200_000, 200),
     "sac_mountaincar_continuous": (50_000, 90),
 }
 # benchmark -> (metric in summary.json, published reference shown beside it)

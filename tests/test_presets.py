@@ -6,6 +6,7 @@ import importlib.util
 
 import numpy as np
 import pytest
+import torch
 
 from rltrain.cli.build import run
 from rltrain.cli.presets import family, preset_note, presets
@@ -100,3 +101,46 @@ def test_ppo_mujoco_learns_inverted_pendulum(tmp_path):
     summary = run(compose_cfg(["experiment=ppo_mujoco", "env.id=InvertedPendulum-v5", "total_env_steps=40960",
                                "logger=quiet", "seed=1"]), tmp_path)
     assert summary["final_eval_return"] >= 500, summary
+
+
+def test_ornstein_uhlenbeck_noise_is_correlated_seeded_and_reset_per_env():
+    from rltrain.models.heads import OrnsteinUhlenbeckNoise
+
+    def draws(seed):
+        noise, rng = OrnsteinUhlenbeckNoise(sigma=0.5), np.random.default_rng(seed)
+        return noise, np.stack([noise.sample((2, 1), rng) for _ in range(2000)])
+
+    noise, x = draws(0)
+    assert np.array_equal(x, draws(0)[1]) and not np.array_equal(x, draws(1)[1])
+    steps = x[:, 0, 0]
+    assert np.corrcoef(steps[:-1], steps[1:])[0, 1] > 0.99  # white noise: ~0
+    noise.reset(np.array([True, False]))
+    assert noise.x[0, 0] == 0.0 and noise.x[1, 0] != 0.0
+
+
+SAC_NOISE = ["experiment=sac_mountaincar_continuous", "algo.batch_size=32", "algo.train_frequency=8",
+             "algo.gradient_steps=2", "checkpoint.replay_buffer=true", "logger=quiet", "eval.episodes=1",
+             "eval.every_env_steps=0", "env.max_episode_steps=300"]
+
+
+def test_sac_action_noise_is_applied_while_collecting_and_resumes_bitwise(tmp_path):
+    from rltrain.run.checkpoint import load_checkpoint
+
+    n = 1024
+    run(compose_cfg(SAC_NOISE + [f"total_env_steps={2 * n}"]), tmp_path / "once")
+    run(compose_cfg(SAC_NOISE + [f"total_env_steps={n}"]), tmp_path / "twice")
+    run(compose_cfg(SAC_NOISE + [f"total_env_steps={2 * n}", "resume=auto"]), tmp_path / "twice")
+    run(compose_cfg(SAC_NOISE + [f"total_env_steps={2 * n}", "algo.action_noise=0"]), tmp_path / "plain")
+    once, twice, plain = (load_checkpoint(tmp_path / d / "checkpoints" / "final.pt")[0]
+                          for d in ("once", "twice", "plain"))
+    for k, v in once["algo"]["policy"].items():
+        assert torch.equal(v, twice["algo"]["policy"][k]), k
+    # the noise state travels with the collector (mid-episode here: 2048 steps, episodes of 300)
+    assert once["collector"]["action_noise"].shape == (1, 1) and once["collector"]["action_noise"].abs().item() > 0
+    assert plain["collector"]["action_noise"] is None
+
+    def lag1(ckpt):  # autocorrelation of the stored actions after the uniform-random warm-up
+        a = ckpt["algo"]["replay_buffer"]["actions"][: ckpt["algo"]["replay_buffer"]["size"], 0].numpy()
+        return np.corrcoef(a[:-1], a[1:])[0, 1]
+
+    assert lag1(once) > lag1(plain) + 0.2, (lag1(once), lag1(plain))

@@ -26,7 +26,7 @@ from rltrain.data.replay import ReplayBuffer
 from rltrain.data.structs import ActOutput, EnvSpec, Metrics, Policy, Rollout
 from rltrain.errors import ConfigError
 from rltrain.models.factory import ModelSettings, is_float_vector, make_continuous_q, make_sac_actor
-from rltrain.models.heads import squashed_gaussian_sample
+from rltrain.models.heads import OrnsteinUhlenbeckNoise, squashed_gaussian_sample
 from rltrain.models.layers import ACTIVATIONS, mlp
 
 
@@ -96,6 +96,9 @@ class SAC(Algorithm):
         alpha: float = 0.2,  # entropy coefficient (initial value when autotune)
         autotune: bool = True,  # learn alpha so that E[-log pi] tracks target_entropy
         target_entropy_scale: float = 1.0,  # target_entropy = -scale * dim(A)
+        action_noise: float = 0.0,  # sigma of Ornstein-Uhlenbeck noise on collected actions (0: none)
+        noise_theta: float = 0.15,  # its mean reversion per unit time ...
+        noise_dt: float = 1e-2,  # ... and time step (SB3's OrnsteinUhlenbeckActionNoise parameters)
         hidden_sizes: Sequence[int] = (256, 256),
         activation: str = "relu",
         checkpoint_buffer: bool = False,  # put the replay buffer into state_dict (checkpoint.replay_buffer)
@@ -127,6 +130,9 @@ class SAC(Algorithm):
         else:
             self.policy = make_sac_actor(spec, model).to(device)
             critic = lambda: make_continuous_q(spec, model).to(device)  # noqa: E731
+        positive("algo.action_noise", action_noise, allow_zero=True)
+        if action_noise > 0:  # the collector adds it while acting (evaluation stays noise-free)
+            self.policy.action_noise = OrnsteinUhlenbeckNoise(sigma=action_noise, theta=noise_theta, dt=noise_dt)
         self.qf1, self.qf2 = critic(), critic()
         self.qf1_target, self.qf2_target = critic(), critic()
         self.qf1_target.load_state_dict(self.qf1.state_dict())

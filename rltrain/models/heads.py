@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
@@ -127,3 +128,26 @@ class SquashedGaussianHead(nn.Module):
         """features [B, F] -> (action [B, A], log_prob [B])."""
         return squashed_gaussian_sample(self.mean(features), self.log_std(features), self.scale, self.bias,
                                         deterministic=deterministic, generator=generator)
+
+
+class OrnsteinUhlenbeckNoise:
+    """Temporally correlated exploration noise added to continuous actions while collecting (never in
+    evaluation): x <- x + theta * (0 - x) * dt + sigma * sqrt(dt) * N(0, 1), per env and action dimension,
+    reset to 0 where an episode ended (Uhlenbeck & Ornstein 1930; used by DDPG, Lillicrap et al. 2016, and
+    for SAC on MountainCarContinuous, whose reward is only found by sustained pushes). Draws come from the
+    collector's seeded generator; the state is checkpointed with the collector.
+    """
+
+    def __init__(self, *, sigma: float, theta: float = 0.15, dt: float = 1e-2):
+        self.sigma, self.theta, self.dt = sigma, theta, dt
+        self.x: np.ndarray | None = None
+
+    def sample(self, shape: tuple[int, ...], rng: np.random.Generator) -> np.ndarray:
+        if self.x is None or self.x.shape != shape:
+            self.x = np.zeros(shape, np.float64)
+        self.x += -self.theta * self.x * self.dt + self.sigma * math.sqrt(self.dt) * rng.standard_normal(shape)
+        return self.x.astype(np.float32)
+
+    def reset(self, done: np.ndarray) -> None:
+        if self.x is not None:
+            self.x[done] = 0.0

@@ -53,6 +53,8 @@ class RolloutCollector:
         self.recent_lengths: deque[int] = deque(maxlen=episode_window)
         self.episodes = 0
         self.rng = np.random.default_rng(int(torch.randint(0, 2**62, (1,)).item()))
+        # exploration noise the policy asks for (SAC's algo.action_noise: OrnsteinUhlenbeckNoise), box actions only
+        self.action_noise = getattr(policy, "action_noise", None) if spec.action_kind == "box" else None
         initial_state = getattr(policy, "initial_state", None)
         self.core_state: CoreState | None = initial_state(self.num_envs) if initial_state is not None else None
         self._low = self._high = None
@@ -138,11 +140,16 @@ class RolloutCollector:
                         self.policy.act(obs_t, self.core_state)
                     action = out.action.numpy() if on_cpu else out.action.cpu().numpy()
                     logp = out.log_prob.numpy() if on_cpu else out.log_prob.cpu().numpy()
+                    if self.action_noise is not None:  # stored as taken (log-probs unused off-policy)
+                        action = np.clip(action + self.action_noise.sample(action.shape, self.rng),
+                                         self._low, self._high)
                 act_buf[t] = action
                 logp_buf[t] = logp
                 env_action = np.clip(action, self._low, self._high) if box else action
                 obs, rew_buf[t], term_buf[t], trunc_buf[t], nxt = self.venv.step(env_action)
                 obs_put(next_buf, t, nxt)
+                if self.action_noise is not None:
+                    self.action_noise.reset(term_buf[t] | trunc_buf[t])
                 if self.core_state is not None and not random_actions:
                     # a new episode starts from the zero state (after termination AND truncation)
                     self.core_state = reset_state(out.state, term_buf[t] | trunc_buf[t])
@@ -199,6 +206,8 @@ class RolloutCollector:
             "rng": self.rng.bit_generator.state,  # plain dict of ints: loads with weights_only=True
             # recurrent policies: the state the envs' last step ended in (a list of [1, N, H] tensors)
             "core_state": None if self.core_state is None else [x.detach().cpu().clone() for x in self.core_state],
+            "action_noise": None if self.action_noise is None or self.action_noise.x is None
+            else torch.from_numpy(self.action_noise.x.copy()),
         }
 
     def load_state_dict(self, state: dict, venv_blob: bytes | None) -> None:
@@ -208,6 +217,8 @@ class RolloutCollector:
         self.episodes = int(state["episodes"])
         if "rng" in state:
             self.rng.bit_generator.state = state["rng"]
+        if self.action_noise is not None and state.get("action_noise") is not None:
+            self.action_noise.x = state["action_noise"].numpy().copy()
         if venv_blob is not None and obs_leaves(state["obs"])[0].shape[0] == self.num_envs:
             self.venv.set_state(venv_blob)
             self.obs = obs_map(lambda x: x.numpy().copy(), state["obs"])
