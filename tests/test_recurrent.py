@@ -1,8 +1,9 @@
-"""Recurrent cores (model.core=lstm|gru) for PPO under trainer=sequential: state handling in the collector,
-sequence recomputation in the learner, evaluation, resume, refusals and a cut-down learning check."""
+"""Recurrent cores (model.core=lstm|gru) for PPO: state handling in the collector, sequence recomputation in
+the learner, evaluation, resume, every trainer, refusals and a cut-down learning check."""
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 
 import gymnasium as gym
@@ -258,15 +259,54 @@ def test_recurrent_resume_is_bitwise_identical(tmp_path):
 
 @pytest.mark.parametrize("override, where", [
     (["algo=a2c"], "algo=a2c"), (["algo=impala"], "algo=impala"), (["algo=dqn"], "algo=dqn (off-policy)"),
-    (["algo=sac", "env=pendulum"], "algo=sac (off-policy)"), (["trainer=parallel"], "trainer=parallel"),
-    (["trainer=subprocess_actors"], "trainer=subprocess_actors"),
-    (["trainer=distributed_simulator"], "trainer=distributed_simulator")])
-def test_other_algorithms_and_trainers_refuse_a_recurrent_core(tmp_path, override, where):
+    (["algo=sac", "env=pendulum"], "algo=sac (off-policy)")])
+def test_other_algorithms_refuse_a_recurrent_core(tmp_path, override, where):
     cfg = compose_cfg(["debug=smoke", "logger=quiet", "model.core=gru", *override])
     with pytest.raises(ConfigError) as err:
         run(cfg, tmp_path)
     assert str(err.value) == (f"model.core=gru: {where} does not support a recurrent core yet (only algo=ppo "
-                              "with trainer=sequential does); set model.core=identity")
+                              "does); set model.core=identity")
+
+
+RECURRENT_RUN = ["experiment=ppo_lstm_cartpole_novel", "model.core_size=16", "algo.update_epochs=2",
+                 "total_env_steps=2048", "logger=quiet", "eval.episodes=2"]
+
+
+@pytest.mark.parametrize("trainer", [["trainer=parallel", "trainer.num_agents=2"],
+                                     ["trainer=distributed_simulator", "trainer.world_size=2"],
+                                     ["trainer=subprocess_actors", "trainer.num_actors=2"]],
+                         ids=["parallel", "distributed_simulator", "subprocess_actors"])
+def test_recurrent_ppo_runs_under_every_trainer(cli, tmp_path, trainer):
+    """Every trainer places the same collector (which carries the core state) and the same PPO learner
+    (which recomputes sequences from the stored start states); the run ends with the state checkpointed."""
+    res = cli(*RECURRENT_RUN, *trainer, "hydra.run.dir=run", timeout=600)
+    assert res.returncode == 0, res.stderr[-3000:]
+    finals = sorted((tmp_path / "run").rglob("final.pt"))
+    assert finals, res.stdout[-2000:]
+    for path in finals:
+        state, _ = load_checkpoint(path)
+        assert any("core.cell" in k for k in state["algo"]["policy"]), path
+        if "core_state" in state.get("collector", {}):  # subprocess_actors: the actors carry it, not the learner
+            assert state["collector"]["core_state"] is not None and state["collector"]["core_state"][0].shape[-1] == 16
+
+
+def test_learner_joins_the_actors_start_states_like_their_envs():
+    from rltrain.data.structs import Rollout
+    from rltrain.trainers.actors.learner import merge_rollouts
+
+    def rollout(n, fill):
+        z = np.zeros((3, n), np.float32)
+        return Rollout(obs=np.zeros((3, n, 2), np.float32), actions=z.astype(np.int64), log_probs=z, rewards=z,
+                       terminated=z.astype(bool), truncated=z.astype(bool), next_obs=np.zeros((3, n, 2), np.float32),
+                       policy_version=np.zeros(3, np.int64), episode_returns=[], episode_lengths=[],
+                       core_state=(torch.full((1, n, 4), fill), torch.full((1, n, 4), -fill)))
+
+    merged = merge_rollouts([rollout(2, 1.0), rollout(3, 2.0)])
+    h, c = merged.core_state
+    assert h.shape == c.shape == (1, 5, 4) and merged.shape == (3, 5)
+    assert torch.equal(h[0, :, 0], torch.tensor([1.0, 1.0, 2.0, 2.0, 2.0])) and torch.equal(c, -h)
+    stateless = dataclasses.replace(rollout(2, 1.0), core_state=None)
+    assert merge_rollouts([rollout(2, 1.0), stateless]).core_state is None
 
 
 def test_cli_refusal_is_one_line(cli):

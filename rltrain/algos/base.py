@@ -105,11 +105,11 @@ def positive(name: str, value: float, *, allow_zero: bool = False) -> None:
 
 
 def refuse_recurrent(where: str, core: str) -> None:
-    """One line for the combinations this slice of recurrent support does not cover: recurrent cores learn
-    with algo=ppo under trainer=sequential only (off-policy replay of sequences is a later step)."""
+    """One line for the algorithms recurrent support does not cover yet: recurrent cores learn with algo=ppo
+    (under every trainer); A2C / IMPALA sequences and off-policy replay of sequences are later steps."""
     if core != "identity":
-        raise ConfigError(f"model.core={core}: {where} does not support a recurrent core yet (only algo=ppo with "
-                          "trainer=sequential does); set model.core=identity")
+        raise ConfigError(f"model.core={core}: {where} does not support a recurrent core yet (only algo=ppo "
+                          "does); set model.core=identity")
 
 
 def make_adam(params, lr: float, eps: float = 1e-5) -> torch.optim.Adam:

@@ -251,11 +251,6 @@ def build_trainer(cfg: dict, run_dir: Path):
     from rltrain.cli.preflight import preflight
 
     settings = settings_from(cfg)
-    if trainer_cls.__name__ != "SequentialTrainer":  # recurrent cores: only the sequential trainer for now
-        from rltrain.algos.base import refuse_recurrent
-
-        name = "".join(f"_{c.lower()}" if c.isupper() else c for c in trainer_cls.__name__.removesuffix("Trainer"))
-        refuse_recurrent(f"trainer={name.lstrip('_')}", settings.model.core)
     trainer = trainer_cls(settings=settings, run_dir=Path(run_dir), **params, **extra)
     preflight(settings, trainer)  # budget arithmetic, sizes against this machine, one env built and reset
     return trainer

@@ -29,6 +29,7 @@ from collections import deque
 from pathlib import Path
 
 import numpy as np
+import torch
 
 from rltrain.data.structs import Metrics, Rollout, obs_map
 from rltrain.errors import ConfigError
@@ -61,7 +62,11 @@ def merge_rollouts(rollouts: list[Rollout]) -> Rollout:
                    next_obs=obs_cat(*[r.next_obs for r in rollouts]), policy_version=cat(versions),
                    env_ids=None if any(r.env_ids is None for r in rollouts) else np.concatenate([r.env_ids for r in rollouts]),
                    episode_returns=[x for r in rollouts for x in r.episode_returns],
-                   episode_lengths=[x for r in rollouts for x in r.episode_lengths])
+                   episode_lengths=[x for r in rollouts for x in r.episode_lengths],
+                   # recurrent policies: each actor's start state [1, N, H] per tensor, joined like the envs
+                   core_state=None if any(r.core_state is None for r in rollouts) else
+                   tuple(torch.cat([torch.as_tensor(x) for x in parts], dim=1)
+                         for parts in zip(*(r.core_state for r in rollouts), strict=True)))
 
 
 class EpisodeStats:
