@@ -275,7 +275,7 @@ class PPO(ActorCriticState, Algorithm):
                        adv: Tensor, ret: Tensor, old_val: Tensor) -> Tensor:
         """One gradient step on whole sequences: obs [T, n, ...], mask / old_logp / adv / ret / old_val [T, n],
         act [T, n] or [T, n, A]; the unroll restarts from the stored state ``start`` (each [1, n, H])."""
-        out, value, _ = self.policy.unroll(obs, start, mask)
+        out, value, _ = self.policy.unroll(obs, start, mask, keep_states=False)  # fused kernels (models/cores.py)
         B = mask.numel()
         adv = adv.reshape(B)
         if self.norm_adv:

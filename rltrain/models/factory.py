@@ -197,20 +197,23 @@ class ModularActorCritic(Policy):
             features, _ = core.step(features, actor_state if self.critic_core is None else critic_state)
         return self.critic_head(features)
 
-    def unroll(self, obs: Obs, state: CoreState, mask: Tensor) -> tuple[Tensor, Tensor, list[CoreState]]:
+    def unroll(self, obs: Obs, state: CoreState, mask: Tensor, *,
+               keep_states: bool = True) -> tuple[Tensor, Tensor, list[CoreState]]:
         """A recurrent policy over a rollout: obs [T, N, ...] (or a dict of them), state at step 0, mask [T, N]
         (0 where an episode ended before step t) -> (logits or Gaussian mean [T, N, A], value [T, N], the
-        state after each step: a list of T states, actor then critic tensors, each [1, N, H])."""
+        state after each step: a list of T states, actor then critic tensors, each [1, N, H]; [] without
+        ``keep_states``, which lets the cores run fused multi-step kernels)."""
         T, N = mask.shape
         x = self._normalised(obs_map(lambda o: o.reshape(T * N, *o.shape[2:]), obs))
         actor_state, critic_state = self._split(state, N)
         actor_out, actor_states = self.actor_core.sequence(self.actor_encoder(x).reshape(T, N, -1), actor_state,
-                                                           mask)
+                                                           mask, keep_states=keep_states)
         if self.critic_core is None:
-            critic_out, critic_states = actor_out, [()] * T
+            critic_out, critic_states = actor_out, [()] * len(actor_states)
         else:
             critic_features = self.critic_encoder(x).reshape(T, N, -1)  # type: ignore[misc]
-            critic_out, critic_states = self.critic_core.sequence(critic_features, critic_state, mask)
+            critic_out, critic_states = self.critic_core.sequence(critic_features, critic_state, mask,
+                                                                  keep_states=keep_states)
         states = [a + c for a, c in zip(actor_states, critic_states, strict=True)]
         return self.actor_head(actor_out), self.critic_head(critic_out), states
 
