@@ -190,6 +190,21 @@ def test_dqn_epsilon_schedule_and_warmup():
     assert algo.learn(synthetic_rollout(algo, CARTPOLE), progress=0.9)["train/epsilon"] == pytest.approx(0.1)
 
 
+def test_dqn_huber_loss_is_smooth_l1_and_a_bad_loss_is_one_line():
+    """algo.loss=huber (SB3, the DQN paper's error clipping) takes the same step as MSE on small TD errors
+    and a bounded one on large errors; anything else is refused by name."""
+    losses = {}
+    for loss in ("mse", "huber"):
+        torch.manual_seed(0)
+        algo = make(DQN, CARTPOLE, {**OFF, "rollout_len": T, "loss": loss})
+        ro = synthetic_rollout(algo, CARTPOLE)
+        ro.rewards[:] = 50.0  # TD errors far above 1: Huber's gradient is clipped to +-1 per sample
+        losses[loss] = algo.learn(ro, progress=0.0)["loss/q"]
+    assert losses["huber"] < losses["mse"] / 10
+    with pytest.raises(ConfigError, match="algo.loss='l1': choose mse or huber"):
+        make(DQN, CARTPOLE, {**OFF, "rollout_len": T, "loss": "l1"})
+
+
 def test_on_policy_learners_share_one_model_and_checkpoint_layout():
     """ppo (numpy or torch update), a2c and impala act through ``ActorCritic`` and checkpoint the same
     ``ActorCriticState`` layout: the same policy tensors, and the optimiser state indexed by

@@ -88,6 +88,7 @@ class DQN(Algorithm):
         gradient_steps: int = 1,  # gradient steps per round
         double_dqn: bool = False,  # select the next action with the online net, value it with the target
         max_grad_norm: float | None = None,  # clip the global gradient norm (None: no clipping)
+        loss: str = "mse",  # TD loss: mse (CleanRL) | huber (smooth L1: Mnih et al. 2015's error clipping, SB3)
         hidden_sizes: Sequence[int] = (120, 84),
         activation: str = "relu",
         checkpoint_buffer: bool = False,  # put the replay buffer into state_dict (checkpoint.replay_buffer)
@@ -111,6 +112,9 @@ class DQN(Algorithm):
         self.start_e, self.end_e, self.exploration_fraction = start_e, end_e, exploration_fraction
         self.learning_starts, self.gradient_steps = learning_starts, gradient_steps
         self.double_dqn, self.max_grad_norm, self.checkpoint_buffer = double_dqn, max_grad_norm, checkpoint_buffer
+        if loss not in ("mse", "huber"):
+            raise ConfigError(f"algo.loss={loss!r}: choose mse or huber")
+        self.loss = loss
 
         self.policy = QPolicy(spec, model=(model or ModelSettings()).with_mlp(hidden_sizes, activation)).to(device)
         self.target = copy.deepcopy(self.policy).requires_grad_(False)
@@ -174,7 +178,7 @@ class DQN(Algorithm):
                 next_q = next_q_target.max(-1).values
             td_target = b.rewards + self.gamma * next_q * (1.0 - b.terminated)
         q = self.policy(obs).gather(-1, b.actions.long().unsqueeze(-1)).squeeze(-1)
-        loss = F.mse_loss(q, td_target)
+        loss = F.mse_loss(q, td_target) if self.loss == "mse" else F.smooth_l1_loss(q, td_target)
         self.optimizer.zero_grad(set_to_none=True)
         loss.backward()
         self.sync.grads(self.params)
