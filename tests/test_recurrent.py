@@ -130,7 +130,11 @@ def test_sequence_recomputation_matches_acting_and_truncated_bootstrap_uses_pre_
         np.testing.assert_allclose(values[t].numpy(), v.numpy(), rtol=1e-5, atol=1e-5)
         state = reset_state(recorded[t], done[t])
     # the learner's bootstrap: a truncated step's successor is valued with the state the step ended in
-    vals, next_vals = algo._recurrent_values(ro, torch.from_numpy(ro.obs), ro.core_state, mask)
+    from rltrain.algos.sequences import successor_values
+
+    with torch.no_grad():
+        _, seq_values, seq_states = algo.policy.unroll(torch.from_numpy(ro.obs), ro.core_state, mask)
+    next_vals = successor_values(algo.policy, ro, seq_values.numpy(), seq_states, CPU)
     truncated = list(zip(*np.nonzero(ro.truncated), strict=True))
     assert truncated
     for t, n in truncated:
@@ -141,7 +145,7 @@ def test_sequence_recomputation_matches_acting_and_truncated_bootstrap_uses_pre_
         assert next_vals[t, n] == pytest.approx(float(pre_reset), abs=1e-5)
         assert abs(float(pre_reset) - float(zero)) > 1e-4  # the check would notice a reset state
     assert (next_vals[ro.terminated] == 0).all()
-    np.testing.assert_allclose(vals, values.numpy(), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(seq_values.numpy(), values.numpy(), rtol=1e-5, atol=1e-6)
 
 
 def test_minibatches_keep_sequences_whole():
@@ -258,28 +262,60 @@ def test_recurrent_resume_is_bitwise_identical(tmp_path):
 
 
 @pytest.mark.parametrize("override, where", [
-    (["algo=a2c"], "algo=a2c"), (["algo=impala"], "algo=impala"), (["algo=dqn"], "algo=dqn (off-policy)"),
-    (["algo=sac", "env=pendulum"], "algo=sac (off-policy)")])
-def test_other_algorithms_refuse_a_recurrent_core(tmp_path, override, where):
+    (["algo=dqn"], "algo=dqn (off-policy)"), (["algo=sac", "env=pendulum"], "algo=sac (off-policy)")])
+def test_off_policy_algorithms_refuse_a_recurrent_core(tmp_path, override, where):
     cfg = compose_cfg(["debug=smoke", "logger=quiet", "model.core=gru", *override])
     with pytest.raises(ConfigError) as err:
         run(cfg, tmp_path)
-    assert str(err.value) == (f"model.core=gru: {where} does not support a recurrent core yet (only algo=ppo "
-                              "does); set model.core=identity")
+    assert str(err.value) == (f"model.core=gru: {where} does not support a recurrent core (replay of sequences "
+                              "is not implemented: use algo=ppo, a2c or impala); set model.core=identity")
+
+
+@pytest.mark.parametrize("algo", ["a2c", "impala"])
+def test_single_step_learners_recompute_the_sequence_from_the_stored_state(algo):
+    """A2C and IMPALA on a recurrent core: one unroll from Rollout.core_state; with unchanged weights the
+    recomputed log-probs equal what the actor recorded (so IMPALA's rho is exactly 1 under sequential)."""
+    from rltrain.algos.a2c import A2C
+    from rltrain.algos.impala import IMPALA
+    from rltrain.algos.sequences import evaluate_sequences
+
+    cls = {"a2c": A2C, "impala": IMPALA}[algo]
+    venv = VecEnv([functools.partial(make_env, "CartPole-v1") for _ in range(3)], [0, 1, 2])
+    spec = env_spec(make_env("CartPole-v1"), "CartPole-v1")
+    learner = cls(spec, num_envs=3, device=CPU, model=ModelSettings(core="lstm", core_size=8), rollout_len=12)
+    collector = RolloutCollector(venv, learner.policy, spec, device=CPU)
+    collector.collect(7)  # a rollout that does not start from the zero state
+    ro = collector.collect(12)
+    assert ro.core_state is not None and bool(ro.core_state[0].abs().sum() > 0)
+    actions = torch.from_numpy(ro.actions.reshape(-1))
+    logp, _, _, values, next_values = evaluate_sequences(learner.policy, ro, actions, CPU)
+    np.testing.assert_allclose(logp.detach().numpy().reshape(12, 3), ro.log_probs, rtol=1e-5, atol=1e-5)
+    assert values.shape == next_values.shape == (12, 3)
+    metrics = learner.learn(ro, progress=0.0)
+    assert np.isfinite(metrics["loss/policy"])
+    if algo == "impala":
+        assert metrics["train/rho_mean"] == pytest.approx(1.0, abs=1e-5)
+    venv.close()
 
 
 RECURRENT_RUN = ["experiment=ppo_lstm_cartpole_novel", "model.core_size=16", "algo.update_epochs=2",
                  "total_env_steps=2048", "logger=quiet", "eval.episodes=2"]
+RECURRENT_OTHER = ["env=cartpole_novel", "model.core=lstm", "model.core_size=16", "total_env_steps=2048",
+                   "logger=quiet", "eval.episodes=2"]
 
 
 @pytest.mark.parametrize("trainer", [["trainer=parallel", "trainer.num_agents=2"],
                                      ["trainer=distributed_simulator", "trainer.world_size=2"],
-                                     ["trainer=subprocess_actors", "trainer.num_actors=2"]],
-                         ids=["parallel", "distributed_simulator", "subprocess_actors"])
+                                     ["trainer=subprocess_actors", "trainer.num_actors=2"],
+                                     [*RECURRENT_OTHER, "algo=a2c", "algo.rollout_len=8"],
+                                     [*RECURRENT_OTHER, "algo=impala", "trainer=subprocess_actors",
+                                      "trainer.num_actors=2"]],
+                         ids=["parallel", "distributed_simulator", "subprocess_actors", "a2c", "impala-actors"])
 def test_recurrent_ppo_runs_under_every_trainer(cli, tmp_path, trainer):
     """Every trainer places the same collector (which carries the core state) and the same PPO learner
     (which recomputes sequences from the stored start states); the run ends with the state checkpointed."""
-    res = cli(*RECURRENT_RUN, *trainer, "hydra.run.dir=run", timeout=600)
+    base = [] if "env=cartpole_novel" in trainer else RECURRENT_RUN
+    res = cli(*base, *trainer, "hydra.run.dir=run", timeout=600)
     assert res.returncode == 0, res.stderr[-3000:]
     finals = sorted((tmp_path / "run").rglob("final.pt"))
     assert finals, res.stdout[-2000:]
@@ -310,10 +346,10 @@ def test_learner_joins_the_actors_start_states_like_their_envs():
 
 
 def test_cli_refusal_is_one_line(cli):
-    res = cli("algo=a2c", "model.core=lstm", "debug=smoke", "logger=quiet")
+    res = cli("algo=dqn", "model.core=lstm", "debug=smoke", "logger=quiet")
     assert res.returncode == 2
-    lines = [ln for ln in res.stderr.strip().splitlines() if ln.strip()]
-    assert len(lines) == 1 and "model.core=lstm: algo=a2c does not support a recurrent core yet" in lines[0]
+    lines = [ln for ln in res.stderr.strip().splitlines() if ln.strip() and "note:" not in ln]
+    assert len(lines) == 1 and "model.core=lstm: algo=dqn (off-policy) does not support a recurrent core" in lines[0]
 
 
 @pytest.mark.learning

@@ -23,8 +23,8 @@ from rltrain.algos.base import (
     Sync,
     make_adam,
     positive,
-    refuse_recurrent,
 )
+from rltrain.algos.sequences import evaluate_sequences
 from rltrain.data.returns import gae, nstep_returns
 from rltrain.data.structs import EnvSpec, Metrics, Rollout, obs_map
 from rltrain.errors import ConfigError
@@ -71,7 +71,6 @@ class A2C(ActorCriticState, Algorithm):
         init_log_std: float = 0.0,  # Box actions: initial log std of the Gaussian
     ):
         super().__init__(spec, num_envs=num_envs, device=device, sync=sync)
-        refuse_recurrent("algo=a2c", (model or ModelSettings()).core)
         for key, value in [("algo.rollout_len", rollout_len), ("algo.lr", lr), ("algo.max_grad_norm", max_grad_norm),
                            ("algo.optimizer_eps", optimizer_eps)]:
             positive(key, value)
@@ -82,6 +81,7 @@ class A2C(ActorCriticState, Algorithm):
         self.ent_coef, self.vf_coef, self.max_grad_norm, self.norm_adv = ent_coef, vf_coef, max_grad_norm, norm_adv
         self.policy = make_actor_critic(spec, (model or ModelSettings()).with_mlp(hidden_sizes, activation),
                                         norm_obs=norm_obs, init_log_std=init_log_std).to(device)
+        self.recurrent = (model or ModelSettings()).core != "identity"  # model.core=lstm|gru: learn on sequences
         self.params = self.policy.param_list()  # the shared optimiser-state order
         self.optimizer = make_optimizer(optimizer, self.params, lr, optimizer_eps)
         self.reward_scaler = RewardScaler(gamma, num_envs) if norm_reward else None
@@ -97,10 +97,13 @@ class A2C(ActorCriticState, Algorithm):
 
         # 1. log pi(a|x), entropy and V(x) with grad; targets bootstrap from V(next_obs), the true successor
         #    (0 after a termination).
-        logp, entropy, value = pol.evaluate(obs, actions)
-        values = value.detach().cpu().numpy().reshape(T, N)
-        with torch.no_grad():
-            next_values = pol.value(next_obs).cpu().numpy().reshape(T, N)
+        if self.recurrent:  # one unroll over the rollout from its stored start state (algos/sequences.py)
+            logp, entropy, value, values, next_values = evaluate_sequences(pol, rollout, actions, dev)
+        else:
+            logp, entropy, value = pol.evaluate(obs, actions)
+            values = value.detach().cpu().numpy().reshape(T, N)
+            with torch.no_grad():
+                next_values = pol.value(next_obs).cpu().numpy().reshape(T, N)
         if self.gae_lambda == 1.0:
             returns = nstep_returns(rewards, next_values, rollout.terminated, rollout.truncated, gamma=self.gamma)
             adv = returns - values

@@ -105,11 +105,11 @@ def positive(name: str, value: float, *, allow_zero: bool = False) -> None:
 
 
 def refuse_recurrent(where: str, core: str) -> None:
-    """One line for the algorithms recurrent support does not cover yet: recurrent cores learn with algo=ppo
-    (under every trainer); A2C / IMPALA sequences and off-policy replay of sequences are later steps."""
+    """One line for the off-policy algorithms: a recurrent core needs replay of whole sequences (R2D2's
+    stored-state replay), which the replay buffer does not do; the on-policy learners take any core."""
     if core != "identity":
-        raise ConfigError(f"model.core={core}: {where} does not support a recurrent core yet (only algo=ppo "
-                          "does); set model.core=identity")
+        raise ConfigError(f"model.core={core}: {where} does not support a recurrent core (replay of sequences "
+                          "is not implemented: use algo=ppo, a2c or impala); set model.core=identity")
 
 
 def make_adam(params, lr: float, eps: float = 1e-5) -> torch.optim.Adam:

@@ -22,7 +22,8 @@ import torch
 from torch import nn
 
 from rltrain.algos.a2c import make_optimizer
-from rltrain.algos.base import ActorCriticState, Algorithm, RewardScaler, Sync, positive, refuse_recurrent
+from rltrain.algos.base import ActorCriticState, Algorithm, RewardScaler, Sync, positive
+from rltrain.algos.sequences import evaluate_sequences
 from rltrain.data.returns import vtrace
 from rltrain.data.structs import EnvSpec, Metrics, Rollout, obs_map
 from rltrain.errors import ConfigError
@@ -62,7 +63,6 @@ class IMPALA(ActorCriticState, Algorithm):
         init_log_std: float = 0.0,
     ):
         super().__init__(spec, num_envs=num_envs, device=device, sync=sync)
-        refuse_recurrent("algo=impala", (model or ModelSettings()).core)
         for key, value in [("algo.rollout_len", rollout_len), ("algo.lr", lr), ("algo.max_grad_norm", max_grad_norm),
                            ("algo.rho_bar", rho_bar), ("algo.c_bar", c_bar), ("algo.pg_rho_bar", pg_rho_bar),
                            ("algo.optimizer_eps", optimizer_eps)]:
@@ -77,6 +77,7 @@ class IMPALA(ActorCriticState, Algorithm):
         self.ent_coef, self.vf_coef, self.max_grad_norm, self.norm_adv = ent_coef, vf_coef, max_grad_norm, norm_adv
         self.policy = make_actor_critic(spec, (model or ModelSettings()).with_mlp(hidden_sizes, activation),
                                         norm_obs=norm_obs, init_log_std=init_log_std).to(device)
+        self.recurrent = (model or ModelSettings()).core != "identity"  # model.core=lstm|gru: learn on sequences
         self.params = self.policy.param_list()  # the shared optimiser-state order
         self.optimizer = make_optimizer(optimizer, self.params, lr, optimizer_eps)
         self.reward_scaler = RewardScaler(gamma, num_envs) if norm_reward else None
@@ -91,10 +92,13 @@ class IMPALA(ActorCriticState, Algorithm):
         rewards = self.reward_scaler(rollout, self.sync) if self.reward_scaler else rollout.rewards
 
         # 1. The learner's log pi(a|x), entropy and V(x) (with grad), and V(next_obs) (without).
-        logp, entropy, value = pol.evaluate(obs, actions)
-        with torch.no_grad():
-            next_values = pol.value(next_obs).cpu().numpy().reshape(T, N)
-        values = value.detach().cpu().numpy().reshape(T, N)
+        if self.recurrent:  # one unroll over the rollout from its stored start state (algos/sequences.py)
+            logp, entropy, value, values, next_values = evaluate_sequences(pol, rollout, actions, dev)
+        else:
+            logp, entropy, value = pol.evaluate(obs, actions)
+            with torch.no_grad():
+                next_values = pol.value(next_obs).cpu().numpy().reshape(T, N)
+            values = value.detach().cpu().numpy().reshape(T, N)
         log_rhos = logp.detach().cpu().numpy().reshape(T, N) - rollout.log_probs
 
         # 2. V-trace targets v_s and policy-gradient advantages rho_pg (r + gamma v_{s+1} - V).

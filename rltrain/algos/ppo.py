@@ -21,12 +21,12 @@ import torch
 from torch import Tensor, nn
 
 from rltrain.algos.base import ActorCriticState, Algorithm, RewardScaler, Sync, make_adam, positive
+from rltrain.algos.sequences import sequence_inputs, successor_values
 from rltrain.algos.surrogate_numpy import NumpyPPOStep
 from rltrain.data.returns import gae
 from rltrain.data.structs import EnvSpec, Metrics, ObsArray, Rollout, obs_leaves, obs_map
 from rltrain.errors import ConfigError
 from rltrain.models.actor_critic import ActorCritic
-from rltrain.models.cores import stack_states
 from rltrain.models.factory import ModelSettings, make_actor_critic
 from rltrain.models.layers import (
     RunningNorm,
@@ -220,13 +220,11 @@ class PPO(ActorCriticState, Algorithm):
         """PPO over sequences: the same epochs and losses, with minibatches of whole env columns [T, N / M]."""
         T, N = rollout.shape
         dev = self.device
-        obs = obs_map(lambda x: torch.from_numpy(x).to(dev), rollout.obs)  # [T, N, ...]
-        done = rollout.terminated | rollout.truncated
-        mask = np.ones((T, N), np.float32)
-        mask[1:] = ~done[:-1]  # step 0 starts from the stored state, already zeroed after an episode's end
-        mask_t = torch.from_numpy(mask).to(dev)
-        start = tuple(x.to(dev) for x in rollout.core_state)  # type: ignore[union-attr]
-        values, next_values = self._recurrent_values(rollout, obs, start, mask_t)
+        obs, start, mask_t = sequence_inputs(rollout, dev)  # [T, N, ...], each [1, N, H], [T, N]
+        with torch.inference_mode():
+            _, value, states = self.policy.unroll(obs, start, mask_t)
+            values = value.cpu().numpy().astype(np.float32)
+            next_values = successor_values(self.policy, rollout, values, states, dev)
         adv, ret = gae(rewards, values, next_values, rollout.terminated, rollout.truncated,
                        gamma=self.gamma, lam=self.gae_lambda)
         lr = self._set_lr(progress)
@@ -247,29 +245,6 @@ class PPO(ActorCriticState, Algorithm):
                 if kl > self.target_kl:
                     break
         return self._finish(rollout, stats, values, ret, lr)
-
-    def _recurrent_values(self, rollout: Rollout, obs: ObsArray, start: tuple, mask: Tensor
-                          ) -> tuple[np.ndarray, np.ndarray]:
-        """(V(obs), V(next_obs)) [T, N] from one unroll of the critic. Inside an episode V(next_obs[t]) is
-        V(obs[t+1]); at a truncation and at the rollout's end the successor is evaluated with the state the
-        step ended in (before the collector's reset), so a cut episode bootstraps from its own memory."""
-        T, N = rollout.shape
-        term = rollout.terminated
-        own = rollout.truncated.copy()
-        own[-1] = True
-        own &= ~term
-        with torch.inference_mode():
-            _, value, states = self.policy.unroll(obs, start, mask)
-            values = value.cpu().numpy().astype(np.float32)
-            next_values = np.zeros((T, N), np.float32)
-            next_values[:-1] = values[1:]
-            if own.any():
-                t_idx, n_idx = np.nonzero(own)  # row-major: the order of next_values[own]
-                ended_in = tuple(x[t_idx, n_idx][None] for x in stack_states(states))
-                succ = obs_map(lambda x: torch.from_numpy(x[t_idx, n_idx]).to(self.device), rollout.next_obs)
-                next_values[own] = self.policy.value(succ, ended_in).cpu().numpy()
-        next_values[term] = 0.0
-        return values, next_values
 
     def _sequence_step(self, obs: ObsArray, start: tuple, mask: Tensor, act: Tensor, old_logp: Tensor,
                        adv: Tensor, ret: Tensor, old_val: Tensor) -> Tensor:
