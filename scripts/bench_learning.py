@@ -34,6 +34,8 @@ THRESHOLDS: dict[str, tuple[int, float]] = {
     # MinAtar from pixels (issue 13): PPO aims from the issue; DQN / IMPALA: well above random play (0.4)
     "ppo_minatar": (2_000_000, 15), "ppo_minatar_spaceinvaders": (2_000_000, 60),
     "dqn_minatar": (1_000_000, 5), "impala_minatar": (2_000_000, 5),
+    # partially observed (issue 14): rl-zoo3 RecurrentPPO reaches 500 at 100k on CartPoleNoVel
+    "ppo_lstm_cartpole_novel": (200_000, 475),
     # MuJoCo (issue 16): at or above CleanRL ppo_continuous_action's latest benchmark (v4 tasks, 3 seeds)
     "ppo_mujoco:Hopper-v5": (1_000_000, 2383), "ppo_mujoco:Walker2d-v5": (1_000_000, 2288),
     "ppo_mujoco:HalfCheetah-v5": (1_000_000, 1443),
@@ -53,9 +55,13 @@ METRICS: dict[str, tuple[str, str]] = {
 }
 
 
-def overrides_of(bench: str) -> list[str]:
-    preset, _, env_id = bench.partition(":")
-    return [f"experiment={preset}"] + ([f"env.id={env_id}"] if env_id else [])
+def metric_of(bench: str) -> tuple[str, str]:
+    """(summary.json key, reference): the MuJoCo presets on any task use CleanRL's metric."""
+    if bench in METRICS:
+        return METRICS[bench]
+    if bench.partition(":")[0] in ("ppo_mujoco", "sac_mujoco"):
+        return "train_return_last100", ""
+    return "final_eval_return", ""
 
 
 def run_sweep(benches: list[str], seeds: list[int], out: Path, extra: list[str]) -> None:
@@ -95,10 +101,10 @@ def collect(out: Path) -> dict[str, list[dict]]:
 
 
 def table(runs: dict[str, list[dict]]) -> str:
-    lines = ["| benchmark | env steps | seeds | metric | median [IQR] | per seed | threshold | met | reference | "
-             "wall time s: median [IQR] |", "|---|---|---|---|---|---|---|---|---|---|"]
+    lines = ["| benchmark | env steps | seeds | metric | median [IQR] | mean +- std | per seed | threshold | met | "
+             "reference | wall time s: median [IQR] |", "|---|---|---|---|---|---|---|---|---|---|---|"]
     for bench, rs in runs.items():
-        key, ref = METRICS.get(bench, ("final_eval_return", ""))
+        key, ref = metric_of(bench)
         values = np.array([r["summary"][key] if r["summary"].get(key) is not None else np.nan for r in rs], float)
         walls = np.array([r["summary"]["wall_time_s"] for r in rs], float)
         q = np.percentile(values, [25, 50, 75])
@@ -108,7 +114,7 @@ def table(runs: dict[str, list[dict]]) -> str:
         met = "-" if np.isnan(thr) else ("yes" if q[1] >= thr else "no")
         metric = "last 100 train episodes" if key == "train_return_last100" else "final eval (10 ep)"
         lines.append(f"| {bench} | {rs[0]['summary']['total_env_steps']} | {len(rs)} | {metric} | {q[1]:.1f} "
-                     f"[{q[0]:.1f}, {q[2]:.1f}] | {per_seed} | >= {thr:g} | {met} | {ref} | "
+                     f"[{q[0]:.1f}, {q[2]:.1f}] | {np.mean(values):.0f} +- {np.std(values):.0f} | {per_seed} | >= {thr:g} | {met} | {ref} | "
                      f"{w[1]:.0f} [{w[0]:.0f}, {w[2]:.0f}] |")
     return "\n".join(lines) + "\n"
 

@@ -257,6 +257,44 @@ def section_pixels(args) -> list[Row]:
     return rows
 
 
+def section_recurrent(args) -> list[Row]:
+    """Recurrent PPO on CartPoleNoVel at rl-zoo3's ppo_lstm settings (8 envs x 32 steps, 20 epochs, batch 256,
+    LSTM 64) beside sb3-contrib's RecurrentPPO in this run: training SPS, then time to a rolling-20 training
+    return of 475 (whole process, seed by seed, interleaved). Needs ``--sb3-python`` with sb3-contrib."""
+    warmup, measure = (1024, 4096) if args.quick else (2048, 16384)
+    ours, our_cpu, _ = measure_train(["experiment=ppo_lstm_cartpole_novel"], warmup=warmup, measure=measure)
+    if not args.sb3_python:
+        return [Row("recurrent", "PPO-LSTM CartPoleNoVel (sb3-contrib skipped: pass --sb3-python)", ours, our_cpu)]
+    driver = str(REPO / "scripts" / "peers" / "sb3_ppo.py")
+
+    def peer(*cli: str) -> tuple[float, dict]:
+        t0 = time.perf_counter()
+        out = subprocess.run([args.sb3_python, driver, *cli], capture_output=True, text=True, timeout=3600)
+        if out.returncode != 0:
+            raise RuntimeError(f"sb3_ppo.py {' '.join(cli)} failed:\n{out.stderr[-2000:]}")
+        return time.perf_counter() - t0, json.loads(out.stdout.strip().splitlines()[-1])
+
+    _, theirs = peer("recurrent-sps", str(warmup), str(measure))
+    rows = [Row("recurrent", "PPO-LSTM CartPoleNoVel, zoo settings: rltrain vs sb3-contrib RecurrentPPO", ours,
+                our_cpu, f"x{ours / theirs['sps']:.2f} sb3-contrib (target >= 2)",
+                f"sb3-contrib {theirs['sps']:,.0f} steps/s; {measure} steps after {warmup} warm-up each")]
+    walls: dict[str, list[float]] = {"rltrain": [], "sb3-contrib": []}
+    for seed in [1] if args.quick else [1, 2, 3]:
+        with tempfile.TemporaryDirectory() as tmp:
+            wall, _, s = run_cli(["experiment=ppo_lstm_cartpole_novel", "target_return=475", f"seed={seed}",
+                                  "logger=quiet"], Path(tmp))
+        t_wall, t = peer("recurrent-solve", str(seed))
+        walls["rltrain"].append(wall)
+        walls["sb3-contrib"].append(t_wall)
+        rows.append(Row("recurrent", f"time to 475, seed={seed}", notes=(
+            f"rltrain {wall:.1f} s (solved at {s['solved_at_env_steps']} steps) vs sb3-contrib {t_wall:.1f} s "
+            f"(solved at {t['solved_at_env_steps']} steps)")))
+    mo, mt = statistics.median(walls["rltrain"]), statistics.median(walls["sb3-contrib"])
+    rows.append(Row("recurrent", "time to 475, median over seeds (whole process)", ratio=f"x{mo / mt:.2f} "
+                    "sb3-contrib (target <= 0.5)", notes=f"rltrain {mo:.1f} s vs sb3-contrib {mt:.1f} s"))
+    return rows
+
+
 def section_sb3(args) -> list[Row]:
     """Stable-Baselines3 beside rltrain at the same moment (this machine's speed drifts ~2x over a day):
     time to solve, interleaved seed by seed (SB3 with rl-baselines3-zoo's CartPole settings, rltrain with its
@@ -303,6 +341,7 @@ SECTIONS: dict[str, Callable[[argparse.Namespace], list[Row]]] = {
     "actors": section_actors,
     "sb3": section_sb3,
     "pixels": section_pixels,
+    "recurrent": section_recurrent,
 }
 
 
@@ -319,7 +358,7 @@ def print_table(rows: list[Row]) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--only", default=",".join(k for k in SECTIONS if k not in ("sb3", "pixels")), help=f"comma-separated sections: {', '.join(SECTIONS)}")
+    p.add_argument("--only", default=",".join(k for k in SECTIONS if k not in ("sb3", "pixels", "recurrent")), help=f"comma-separated sections: {', '.join(SECTIONS)}")
     p.add_argument("--quick", action="store_true", help="smaller budgets and one seed")
     p.add_argument("--solve-args", nargs="*", default=[], help="extra overrides for the solve runs")
     p.add_argument("--sb3-python", default=os.environ.get("RLTRAIN_SB3_PYTHON"),

@@ -6,6 +6,8 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 from tests.conftest import REPO
 
 
@@ -21,3 +23,21 @@ def test_bench_throughput_quick_prints_the_table():
     train_sps = float(rows["train"].split("|")[3].replace(",", ""))
     assert 0 < train_sps < env_sps  # training can never outrun random actions on the same envs
     assert "skipped" in rows["sb3"] and "--sb3-python" in rows["sb3"]  # no SB3 here: said, not silently dropped
+
+
+def test_bench_learning_runs_presets_on_other_envs_and_tables_the_sources_metric(tmp_path):
+    """``preset:ENV_ID`` runs a preset on another env (one multirun per env); MuJoCo rows use CleanRL's
+    metric (mean of the last 100 training episodes), the others the final evaluation."""
+    pytest.importorskip("mujoco")
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    out = subprocess.run([sys.executable, "scripts/bench_learning.py", "--presets", "ppo_cartpole",
+                          "ppo_mujoco:InvertedPendulum-v5", "--seeds", "1", "--out", str(tmp_path / "b"),
+                          "total_env_steps=2048", "eval.episodes=1"],
+                         cwd=REPO, capture_output=True, text=True, timeout=300, env=env)
+    assert out.returncode == 0, out.stderr[-3000:]
+    table = (tmp_path / "b" / "learning.md").read_text()
+    rows = {line.split("|")[1].strip(): line for line in table.splitlines()[2:]}
+    assert set(rows) == {"ppo_cartpole", "ppo_mujoco:InvertedPendulum-v5"}, table
+    assert "final eval (10 ep)" in rows["ppo_cartpole"] and ">= 475" in rows["ppo_cartpole"]
+    assert "last 100 train episodes" in rows["ppo_mujoco:InvertedPendulum-v5"]
+    assert (tmp_path / "b" / "learning.png").stat().st_size > 0

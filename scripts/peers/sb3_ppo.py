@@ -9,6 +9,10 @@ Runs under a Python that has ``stable-baselines3`` installed (it is not an rltra
     python scripts/peers/sb3_ppo.py pixels ENV_ID WARMUP MEASURE
                                                  # CnnPolicy on Atari (make_atari_env's AtariWrapper + 4-frame
                                                  # stack), CleanRL's ppo_atari settings; env steps per second
+    python scripts/peers/sb3_ppo.py recurrent-sps WARMUP MEASURE
+    python scripts/peers/sb3_ppo.py recurrent-solve SEED
+                                                 # sb3-contrib RecurrentPPO on CartPoleNoVel with
+                                                 # rl-baselines3-zoo's ppo_lstm settings (needs sb3-contrib)
 
 The caller times the whole process, as it does for ``rltrain target_return=475``.
 """
@@ -83,6 +87,48 @@ def pixels(env_id: str, warmup: int, measure: int) -> dict:
     return {"sps": measure / (time.perf_counter() - t0)}
 
 
+def _novel_env(n_envs: int, seed: int):
+    """CartPoleNoVel as rl-baselines3-zoo defines it: CartPole-v1 with observation entries 1 and 3 times 0,
+    normalised observations and rewards (the zoo's ``normalize: True``)."""
+    import gymnasium as gym
+    import numpy as np
+    from stable_baselines3.common.vec_env import VecNormalize
+
+    class NoVel(gym.ObservationWrapper):
+        def observation(self, obs):
+            return obs * np.array([1, 0, 1, 0], obs.dtype)
+
+    return VecNormalize(make_vec_env("CartPole-v1", n_envs=n_envs, seed=seed, wrapper_class=NoVel), gamma=0.98)
+
+
+def _recurrent_model(seed: int):
+    # rl-baselines3-zoo hyperparams/ppo_lstm.yml, CartPoleNoVel-v1
+    from sb3_contrib import RecurrentPPO
+    from torch import nn
+
+    return RecurrentPPO("MlpLstmPolicy", _novel_env(8, seed), n_steps=32, batch_size=256, gae_lambda=0.8, gamma=0.98,
+                        n_epochs=20, ent_coef=0.0, learning_rate=linear(1e-3), clip_range=linear(0.2),
+                        policy_kwargs={"ortho_init": False, "activation_fn": nn.ReLU, "lstm_hidden_size": 64,
+                                       "enable_critic_lstm": True, "net_arch": {"pi": [64], "vf": [64]}},
+                        stats_window_size=20, seed=seed, device="cpu")
+
+
+def recurrent_sps(warmup: int, measure: int) -> dict:
+    model = _recurrent_model(1)
+    model.learn(warmup)
+    t0 = time.perf_counter()
+    model.learn(measure, reset_num_timesteps=False)
+    return {"sps": measure / (time.perf_counter() - t0)}
+
+
+def recurrent_solve(seed: int) -> dict:
+    model = _recurrent_model(seed)
+    cb = StopAtReturn(475.0)
+    t0 = time.perf_counter()
+    model.learn(200_000, callback=cb)
+    return {"solved_at_env_steps": cb.solved_at, "loop_s": time.perf_counter() - t0}
+
+
 if __name__ == "__main__":
     torch.set_num_threads(1)
     mode = sys.argv[1]
@@ -92,5 +138,9 @@ if __name__ == "__main__":
 
         gymnasium.register_envs(ale_py)
         print(json.dumps(pixels(sys.argv[2], int(sys.argv[3]), int(sys.argv[4]))))
+    elif mode == "recurrent-sps":
+        print(json.dumps(recurrent_sps(int(sys.argv[2]), int(sys.argv[3]))))
+    elif mode == "recurrent-solve":
+        print(json.dumps(recurrent_solve(int(sys.argv[2]))))
     else:
         print(json.dumps(solve(int(sys.argv[2])) if mode == "solve" else sps()))
