@@ -56,11 +56,12 @@ def test_no_note_when_a_preset_is_chosen_or_the_defaults_fit(algo, env_id, exper
 def test_cli_prints_the_note_once_before_training(cli):
     res = cli("env=pendulum", "total_env_steps=512", "logger=quiet", "eval.episodes=1", "hydra.run.dir=run")
     assert res.returncode == 0, res.stderr
-    lines = [ln for ln in res.stderr.splitlines() if "note:" in ln]
-    assert len(lines) == 1 and "experiment=ppo_pendulum" in lines[0], res.stderr
+    lines = [ln for ln in res.stdout.splitlines() if "note:" in ln]
+    assert len(lines) == 1 and "experiment=ppo_pendulum" in lines[0], res.stdout
+    assert "note:" not in res.stderr  # stderr is for errors
     quiet = cli("experiment=ppo_pendulum", "total_env_steps=2048", "logger=quiet", "eval.episodes=1",
                 "hydra.run.dir=run2")
-    assert quiet.returncode == 0 and "note:" not in quiet.stderr, quiet.stderr
+    assert quiet.returncode == 0 and "note:" not in quiet.stdout, quiet.stdout
 
 
 @pytest.mark.parametrize("numpy_update", [True, False])

@@ -348,7 +348,7 @@ def test_learner_joins_the_actors_start_states_like_their_envs():
 def test_cli_refusal_is_one_line(cli):
     res = cli("algo=dqn", "model.core=lstm", "debug=smoke", "logger=quiet")
     assert res.returncode == 2
-    lines = [ln for ln in res.stderr.strip().splitlines() if ln.strip() and "note:" not in ln]
+    lines = [ln for ln in res.stderr.strip().splitlines() if ln.strip()]
     assert len(lines) == 1 and "model.core=lstm: algo=dqn (off-policy) does not support a recurrent core" in lines[0]
 
 

@@ -46,7 +46,7 @@ def task(cfg: DictConfig) -> float:
 
         note = preset_note(str(hc.runtime.choices.get("algo")), str(cfg.env.id), hc.runtime.choices.get("experiment"))
         if note:
-            print(f"rltrain: note: {note}", file=sys.stderr, flush=True)
+            print(f"[rltrain] note: {note}", flush=True)  # stdout: stderr stays for errors (one line each)
     try:
         summary = run(cfg, run_dir)
     except ConfigError as err:
