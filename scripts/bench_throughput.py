@@ -27,6 +27,7 @@ neighbours too, CPU time is the cost of our own code. Timings are not asserted a
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import resource
@@ -223,6 +224,16 @@ def section_actors(args) -> list[Row]:
     return rows
 
 
+def run_peer(python: str, *cli: str, timeout: float = 3600) -> tuple[float, dict]:
+    """Run ``scripts/peers/sb3_ppo.py <cli>`` under the peer's Python: (wall s, its JSON result line)."""
+    t0 = time.perf_counter()
+    out = subprocess.run([python, str(REPO / "scripts" / "peers" / "sb3_ppo.py"), *cli], capture_output=True,
+                         text=True, timeout=timeout)
+    if out.returncode != 0:
+        raise RuntimeError(f"sb3_ppo.py {' '.join(cli)} failed:\n{out.stderr[-2000:]}")
+    return time.perf_counter() - t0, json.loads(out.stdout.strip().splitlines()[-1])
+
+
 def section_pixels(args) -> list[Row]:
     """PPO from pixels side by side with SB3 in this run; actors 2 vs 1 on Atari; the MinAtar PPO SPS."""
     warmup, measure = (1024, 2048) if args.quick else (2048, 6144)
@@ -230,12 +241,7 @@ def section_pixels(args) -> list[Row]:
     ours, our_cpu, _ = measure_train(["experiment=ppo_atari", "env.id=ALE/Breakout-v5"], warmup=warmup,
                                      measure=measure)
     if args.sb3_python:
-        out = subprocess.run([args.sb3_python, str(REPO / "scripts" / "peers" / "sb3_ppo.py"), "pixels",
-                              "BreakoutNoFrameskip-v4", str(warmup), str(measure)],
-                             capture_output=True, text=True, timeout=3600)
-        if out.returncode != 0:
-            raise RuntimeError(f"sb3_ppo.py pixels failed:\n{out.stderr[-2000:]}")
-        theirs = json.loads(out.stdout.strip().splitlines()[-1])["sps"]
+        theirs = run_peer(args.sb3_python, "pixels", "BreakoutNoFrameskip-v4", str(warmup), str(measure))[1]["sps"]
         rows.append(Row("pixels", "PPO Breakout, Nature CNN, 8 x 128, 4 x 4 mb: rltrain vs SB3 CnnPolicy", ours,
                         our_cpu, f"x{ours / theirs:.2f} SB3 (target >= 1.5)",
                         f"SB3 {theirs:,.0f} steps/s; {measure} steps after {warmup} warm-up each"))
@@ -265,15 +271,7 @@ def section_recurrent(args) -> list[Row]:
     ours, our_cpu, _ = measure_train(["experiment=ppo_lstm_cartpole_novel"], warmup=warmup, measure=measure)
     if not args.sb3_python:
         return [Row("recurrent", "PPO-LSTM CartPoleNoVel (sb3-contrib skipped: pass --sb3-python)", ours, our_cpu)]
-    driver = str(REPO / "scripts" / "peers" / "sb3_ppo.py")
-
-    def peer(*cli: str) -> tuple[float, dict]:
-        t0 = time.perf_counter()
-        out = subprocess.run([args.sb3_python, driver, *cli], capture_output=True, text=True, timeout=3600)
-        if out.returncode != 0:
-            raise RuntimeError(f"sb3_ppo.py {' '.join(cli)} failed:\n{out.stderr[-2000:]}")
-        return time.perf_counter() - t0, json.loads(out.stdout.strip().splitlines()[-1])
-
+    peer = functools.partial(run_peer, args.sb3_python)
     _, theirs = peer("recurrent-sps", str(warmup), str(measure))
     rows = [Row("recurrent", "PPO-LSTM CartPoleNoVel, zoo settings: rltrain vs sb3-contrib RecurrentPPO", ours,
                 our_cpu, f"x{ours / theirs['sps']:.2f} sb3-contrib (target >= 2)",
@@ -301,15 +299,7 @@ def section_sb3(args) -> list[Row]:
     defaults), and PPO SPS at CleanRL's settings. Needs ``--sb3-python``: a Python with stable-baselines3."""
     if not args.sb3_python:
         return [Row("sb3", "skipped", notes="pass --sb3-python /path/to/python (a venv with stable-baselines3)")]
-    driver = str(REPO / "scripts" / "peers" / "sb3_ppo.py")
-
-    def sb3(*cli: str) -> tuple[float, dict]:
-        t0 = time.perf_counter()
-        out = subprocess.run([args.sb3_python, driver, *cli], capture_output=True, text=True, timeout=900)
-        if out.returncode != 0:
-            raise RuntimeError(f"sb3_ppo.py {' '.join(cli)} failed:\n{out.stderr[-2000:]}")
-        return time.perf_counter() - t0, json.loads(out.stdout.strip().splitlines()[-1])
-
+    sb3 = functools.partial(run_peer, args.sb3_python, timeout=900)
     seeds = [1] if args.quick else [1, 2, 3]
     ours, theirs, rows = [], [], []
     for seed in seeds:

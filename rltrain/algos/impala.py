@@ -85,9 +85,6 @@ class IMPALA(ActorCriticState, Algorithm):
     def learn(self, rollout: Rollout, *, progress: float) -> Metrics:
         T, N = rollout.shape
         dev, pol, shape = self.device, self.policy, self.spec.obs_shape
-        # [T, N, ...] -> [T * N, ...], per key for Dict observations
-        flat = lambda x: torch.from_numpy(x.reshape(T * N, *x.shape[2:])).to(dev)  # noqa: E731
-        obs, next_obs = obs_map(flat, rollout.obs), obs_map(flat, rollout.next_obs)
         actions = torch.from_numpy(rollout.actions.reshape(T * N, *self.spec.action_shape)).to(dev)
         rewards = self.reward_scaler(rollout, self.sync) if self.reward_scaler else rollout.rewards
 
@@ -95,6 +92,9 @@ class IMPALA(ActorCriticState, Algorithm):
         if self.recurrent:  # one unroll over the rollout from its stored start state (algos/sequences.py)
             logp, entropy, value, values, next_values = evaluate_sequences(pol, rollout, actions, dev)
         else:
+            # [T, N, ...] -> [T * N, ...], per key for Dict observations
+            flat = lambda x: torch.from_numpy(x.reshape(T * N, *x.shape[2:])).to(dev)  # noqa: E731
+            obs, next_obs = obs_map(flat, rollout.obs), obs_map(flat, rollout.next_obs)
             logp, entropy, value = pol.evaluate(obs, actions)
             with torch.no_grad():
                 next_values = pol.value(next_obs).cpu().numpy().reshape(T, N)
