@@ -24,6 +24,8 @@ CASES = {
     "sac": ["algo=sac", "env=pendulum", "algo.learning_starts=128", "algo.buffer_size=1000"],
     "ppo_image": ["algo=ppo", "env=minatar", "env.num_envs=2"],
 }
+RECURRENT = {core: ["algo=ppo", "env=cartpole_novel", f"model.core={core}", "model.core_size=16",
+                    "algo.rollout_len=16"] for core in ("lstm", "gru")}
 
 # runs in a fresh interpreter whose path has no rltrain: only torch / onnxruntime / numpy
 RUNNER = """
@@ -87,7 +89,8 @@ def trained(tmp_path_factory):
             if case == "ppo_image":
                 pytest.importorskip("minatar")
             root = tmp_path_factory.mktemp(case)
-            res = run_cli([*BASE, *CASES[case], f"hydra.run.dir={root / 'run'}"], cwd=root, timeout=300)
+            overrides = CASES[case] if case in CASES else RECURRENT[case]
+            res = run_cli([*BASE, *overrides, f"hydra.run.dir={root / 'run'}"], cwd=root, timeout=300)
             assert res.returncode == 0, res.stderr
             runs[case] = root / "run"
         return runs[case]
@@ -141,3 +144,73 @@ def test_bad_input_is_one_line(trained, tmp_path):
                              text=True, timeout=120, env=env)
         assert res.returncode == 2 and res.stderr.startswith("rltrain-export: error:"), res.stderr
         assert res.stderr.count("\n") == 1 and needle in res.stderr
+
+
+# a recurrent policy: T steps of a batch of envs, the state carried and zeroed where an episode ended
+RECURRENT_RUNNER = """
+import json, sys, numpy as np
+obs, done = np.load(sys.argv[3]), np.load(sys.argv[4])
+spec = json.load(open(sys.argv[6]))["state"]
+state = [np.zeros((1, obs.shape[1], spec["shape"][2]), np.float32) for _ in spec["names"]]
+if sys.argv[1] == "torchscript":
+    import torch
+    model = torch.jit.load(sys.argv[2])
+    step = lambda o, s: [t.numpy() for t in model(torch.from_numpy(o), *map(torch.from_numpy, s))]
+else:
+    import onnxruntime as ort
+    session = ort.InferenceSession(sys.argv[2], providers=["CPUExecutionProvider"])
+    outs = ["action", *(n + "_out" for n in spec["names"])]
+    step = lambda o, s: session.run(outs, {"obs": o, **dict(zip(spec["names"], s))})
+actions = []
+for t in range(len(obs)):
+    action, *state = step(obs[t], state)
+    actions.append(action)
+    state = [s * (1.0 - done[t])[None, :, None].astype(np.float32) for s in state]
+assert not any(m == "rltrain" or m.startswith("rltrain.") for m in sys.modules), "imported rltrain"
+np.save(sys.argv[5], np.stack(actions))
+"""
+
+
+@pytest.mark.parametrize("fmt", ["torchscript", "onnx"])
+@pytest.mark.parametrize("core", ["lstm", "gru"])
+def test_recurrent_export_carries_the_state_like_eval(trained, tmp_path, core, fmt):
+    """The exported recurrent actor, stepped with its state (zeroed at episode ends), picks the actions the
+    loaded policy picks when it acts with its state; the state changes the action (memory is exported)."""
+    if fmt == "onnx":
+        pytest.importorskip("onnx")
+        pytest.importorskip("onnxruntime")
+    from rltrain.cli.build import load_policy
+    from rltrain.cli.export import export
+    from rltrain.models.cores import reset_state
+
+    run_dir = trained(core)
+    model = export(run_dir, fmt=fmt, out=tmp_path / "export")
+    record = json.loads((tmp_path / "export" / "policy.json").read_text())
+    assert record["state"]["names"] == (["h", "c"] if core == "lstm" else ["h"])
+    assert record["state"]["shape"] == [1, "B", 16]
+
+    rng = np.random.default_rng(0)
+    T, B = 40, 8
+    obs = (rng.standard_normal((T, B, 4)) * [1.0, 0.0, 0.2, 0.0]).astype(np.float32)
+    done = rng.random((T, B)) < 0.1
+    np.save(tmp_path / "obs.npy", obs)
+    np.save(tmp_path / "done.npy", done)
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    res = subprocess.run([sys.executable, "-c", RECURRENT_RUNNER, fmt, str(model), str(tmp_path / "obs.npy"),
+                          str(tmp_path / "done.npy"), str(tmp_path / "act.npy"),
+                          str(tmp_path / "export" / "policy.json")],
+                         capture_output=True, text=True, cwd=tmp_path, env=env, timeout=120)
+    assert res.returncode == 0, res.stderr
+    got = np.load(tmp_path / "act.npy")
+
+    policy, _, _, _ = load_policy(run_dir)
+    want, stateless, state = [], [], policy.initial_state(B)
+    with torch.no_grad():
+        for t in range(T):
+            out = policy.act(torch.as_tensor(obs[t]), state, deterministic=True)
+            want.append(out.action.numpy())
+            stateless.append(policy.act(torch.as_tensor(obs[t]), None, deterministic=True).action.numpy())
+            state = reset_state(out.state, done[t])
+    want = np.stack(want)
+    assert got.dtype == np.int64 and np.array_equal(got, want)
+    assert not np.array_equal(want, np.stack(stateless))  # the state matters, so carrying it was tested

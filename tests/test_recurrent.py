@@ -367,14 +367,6 @@ def test_recurrent_ppo_learns_cartpole_without_velocities(tmp_path):
     assert returns["lstm"] >= 100.0 > 70.0 > returns["identity"], returns
 
 
-def test_export_refuses_a_recurrent_policy():
-    from rltrain.cli.export import deterministic_actor
-
-    algo = _recurrent_ppo("gru")
-    with pytest.raises(ConfigError, match="rltrain-export does not export recurrent policies yet"):
-        deterministic_actor(algo.policy, algo.spec)
-
-
 @pytest.mark.parametrize("kind", ["lstm", "gru"])
 def test_fused_unroll_matches_the_cell_by_cell_unroll(kind):
     """The learner's fused spans (one multi-step kernel call between restarts) compute what stepping the cell

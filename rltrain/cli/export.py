@@ -7,6 +7,12 @@ does before stepping an env. Beside it, ``policy.json`` describes the spaces. Th
 ``rltrain.cli.build.load_policy``: nothing named inside it is imported without ``--allow-import``.
 
     obs [B, *obs_shape] (the env's dtype: float32, uint8 pixels ...) -> action [B] int64 | [B, *action_shape] float32
+
+A recurrent policy (``model.core=lstm|gru``) exports its actor core's state as inputs and outputs, each
+[1, B, core_size] float32 (LSTM: ``h``, ``c``; GRU: ``h``); start from zeros and zero an env's state when its
+episode ends, as the collector and ``rltrain-eval`` do:
+
+    obs, h[, c] -> action, h_out[, c_out]
 """
 
 from __future__ import annotations
@@ -37,10 +43,6 @@ def deterministic_actor(policy, spec):
     if kind is None:
         raise ConfigError(f"policy={type(policy).__name__}: no export for this policy type; export supports "
                           "ppo, a2c, impala, dqn and sac checkpoints")
-    if getattr(policy, "recurrent", False):  # the actor head alone would silently drop the core's memory
-        raise ConfigError("model.core: rltrain-export does not export recurrent policies yet (their state is an "
-                          "input); export a model.core=identity checkpoint")
-
     class DeterministicActor(nn.Module):
         def __init__(self):
             super().__init__()
@@ -49,28 +51,44 @@ def deterministic_actor(policy, spec):
             self.register_buffer("low", torch.tensor(spec.action_low if box else (), dtype=torch.float32))
             self.register_buffer("high", torch.tensor(spec.action_high if box else (), dtype=torch.float32))
 
+        def action(self, out, batch: int):
+            """Head output -> the action evaluation steps the env with (argmax, or the mean clipped)."""
+            if spec.action_kind == "discrete":
+                return out.argmax(-1)
+            action = out.reshape(batch, *spec.action_shape)
+            return torch.maximum(torch.minimum(action, self.high), self.low)  # what evaluation clips to
+
         def forward(self, obs):
             if kind == "q":
                 return self.policy(obs).argmax(-1)
             if kind == "sac":
-                action = self.policy.sample(obs, deterministic=True)[0]
-            else:
-                if kind == "actor_critic":
-                    out = self.policy(obs)[0]
-                else:
-                    p = self.policy
-                    out = p.actor_head(p.actor_encoder(p._normalised(obs)))
-                if spec.action_kind == "discrete":
-                    return out.argmax(-1)
-                action = out
-            action = action.reshape(obs.shape[0], *spec.action_shape)
-            return torch.maximum(torch.minimum(action, self.high), self.low)  # what evaluation clips to
+                return self.action(self.policy.sample(obs, deterministic=True)[0], obs.shape[0])
+            if kind == "actor_critic":
+                return self.action(self.policy(obs)[0], obs.shape[0])
+            p = self.policy
+            return self.action(p.actor_head(p.actor_encoder(p._normalised(obs))), obs.shape[0])
 
+    class RecurrentDeterministicActor(DeterministicActor):
+        """The actor torso and core only: the critic core's state does not change an action."""
+
+        def forward(self, obs, *state):
+            p = self.policy
+            features, state = p.actor_core.step(p.actor_encoder(p._normalised(obs)), state)
+            return (self.action(p.actor_head(features), obs.shape[0]), *state)
+
+    actor = RecurrentDeterministicActor() if getattr(policy, "recurrent", False) else DeterministicActor()
     # frozen: the exported graph returns plain tensors (no autograd) to whoever runs it
-    return DeterministicActor().eval().requires_grad_(False)
+    return actor.eval().requires_grad_(False)
 
 
-def spaces_record(spec, *, out: Path, cfg: dict, checkpoint: Path) -> dict:
+def state_names(policy) -> list[str]:
+    """The exported state inputs of a recurrent policy's actor core ([] when feed-forward)."""
+    if not getattr(policy, "recurrent", False):
+        return []
+    return ["h", "c"] if policy.actor_core.kind == "lstm" else ["h"]
+
+
+def spaces_record(spec, *, out: Path, cfg: dict, checkpoint: Path, policy=None) -> dict:
     """The JSON beside the policy files: what goes in, what comes out."""
     if spec.action_kind == "discrete":
         action = {"kind": "discrete", "n": spec.n_actions, "dtype": "int64"}
@@ -78,9 +96,18 @@ def spaces_record(spec, *, out: Path, cfg: dict, checkpoint: Path) -> dict:
         action = {"kind": "box", "shape": list(spec.action_shape), "dtype": "float32",
                   "low": list(spec.action_low), "high": list(spec.action_high)}
     files = {fmt: name for fmt, name in FORMATS.items() if (out / name).exists()}
-    return {"files": files, "env_id": spec.env_id, "algo": cfg["algo"]["_target_"],
-            "checkpoint": str(checkpoint.resolve()), "input": "obs [B, *shape]", "output": "action [B] or [B, *shape]",
-            "observation": {"shape": list(spec.obs_shape), "dtype": spec.obs_dtype}, "action": action}
+    record = {"files": files, "env_id": spec.env_id, "algo": cfg["algo"]["_target_"],
+              "checkpoint": str(checkpoint.resolve()), "input": "obs [B, *shape]",
+              "output": "action [B] or [B, *shape]",
+              "observation": {"shape": list(spec.obs_shape), "dtype": spec.obs_dtype}, "action": action}
+    names = state_names(policy)
+    if names:
+        size = policy.actor_core.out_dim
+        record["input"] += "".join(f", {n} [1, B, {size}]" for n in names)
+        record["output"] += "".join(f", {n}_out [1, B, {size}]" for n in names)
+        record["state"] = {"names": names, "shape": [1, "B", size], "dtype": "float32", "initial": "zeros",
+                           "reset": "zero an env's columns when its episode ends (terminated or truncated)"}
+    return record
 
 
 def example_observations(spec, batch: int = 2):
@@ -108,6 +135,11 @@ def export(path: Path, *, fmt: str, out: Path | None = None, allow_import: bool 
     out.mkdir(parents=True, exist_ok=True)
     actor = deterministic_actor(policy, spec)
     example = example_observations(spec)
+    names = state_names(policy)
+    if names:  # a non-zero example state, so that tracing cannot fold the state away
+        example = (example, *(torch.full((1, example.shape[0], policy.actor_core.out_dim), 0.5) for _ in names))
+    else:
+        example = (example,)
     target = out / FORMATS[fmt]
     with torch.no_grad():
         if fmt == "torchscript":
@@ -115,13 +147,13 @@ def export(path: Path, *, fmt: str, out: Path | None = None, allow_import: bool 
                 warnings.simplefilter("ignore", DeprecationWarning)
                 torch.jit.trace(actor, example).save(str(target))
         else:
-            _onnx(actor, example, target)
-    (out / "policy.json").write_text(json.dumps(spaces_record(spec, out=out, cfg=cfg, checkpoint=ckpt_path),
-                                                indent=2) + "\n")
+            _onnx(actor, example, target, names)
+    record = spaces_record(spec, out=out, cfg=cfg, checkpoint=ckpt_path, policy=policy)
+    (out / "policy.json").write_text(json.dumps(record, indent=2) + "\n")
     return target
 
 
-def _onnx(actor, example, target: Path) -> None:
+def _onnx(actor, example: tuple, target: Path, names: list[str]) -> None:
     import importlib.util
 
     import torch
@@ -132,8 +164,10 @@ def _onnx(actor, example, target: Path) -> None:
     # torch ops, which it handles; its deprecation notice is about exporters, not about this file
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", DeprecationWarning)
-        torch.onnx.export(actor, (example,), str(target), input_names=["obs"], output_names=["action"],
-                          dynamic_axes={"obs": {0: "batch"}, "action": {0: "batch"}}, dynamo=False)
+        outs = [f"{n}_out" for n in names]
+        axes = {"obs": {0: "batch"}, "action": {0: "batch"}, **{n: {1: "batch"} for n in [*names, *outs]}}
+        torch.onnx.export(actor, example, str(target), input_names=["obs", *names], output_names=["action", *outs],
+                          dynamic_axes=axes, dynamo=False)
 
 
 def main(argv: list[str] | None = None) -> int:
