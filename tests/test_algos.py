@@ -243,3 +243,26 @@ def test_on_policy_learners_share_one_model_and_checkpoint_layout():
         imported = {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}
         imported |= {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
         assert not {m for m in imported if m and ("ppo" in m or "surrogate" in m or "numpy_mlp" in m)}, imported
+
+
+@pytest.mark.parametrize("consistent", [True, False], ids=["next_obs is obs[t+1]", "assembled otherwise"])
+@pytest.mark.parametrize("cls", [A2C, IMPALA], ids=["a2c", "impala"])
+def test_feedforward_successor_values_forward_only_the_rows_they_need(cls, consistent):
+    """A2C and IMPALA bootstrap from V(next_obs): equal to valuing every next_obs (0 after a termination),
+    with a forward of their own only for the last step and truncations when next_obs[t] is obs[t+1]."""
+    from rltrain.algos.sequences import successor_values
+
+    algo = make(cls, CARTPOLE, {"rollout_len": T})
+    ro = synthetic_rollout(algo, CARTPOLE)
+    if consistent:  # inside an episode the successor is the next row, as the collector writes it
+        cont = ~(ro.terminated | ro.truncated)
+        ro.next_obs[:-1][cont[:-1]] = ro.obs[1:][cont[:-1]]
+    with torch.no_grad():
+        values = algo.policy.value(torch.from_numpy(ro.obs.reshape(T * N, 4))).numpy().reshape(T, N)
+        every = algo.policy.value(torch.from_numpy(ro.next_obs.reshape(T * N, 4))).numpy().reshape(T, N)
+    every[ro.terminated] = 0.0
+    rows, value = [], algo.policy.value
+    algo.policy.value = lambda obs: rows.append(len(obs)) or value(obs)
+    got = successor_values(algo.policy, ro, values, None, CPU)
+    np.testing.assert_allclose(got, every, rtol=1e-5, atol=1e-6)
+    assert rows == ([N + 1] if consistent else [T * N - 1])  # last step of each env + one truncation

@@ -24,7 +24,7 @@ from rltrain.algos.base import (
     make_adam,
     positive,
 )
-from rltrain.algos.sequences import evaluate_sequences
+from rltrain.algos.sequences import evaluate_sequences, successor_values
 from rltrain.data.returns import gae, nstep_returns
 from rltrain.data.structs import EnvSpec, Metrics, Rollout, obs_map
 from rltrain.errors import ConfigError
@@ -99,11 +99,9 @@ class A2C(ActorCriticState, Algorithm):
         else:
             # [T, N, ...] -> [T * N, ...], per key for Dict observations
             flat = lambda x: torch.from_numpy(x.reshape(T * N, *x.shape[2:])).to(dev)  # noqa: E731
-            obs, next_obs = obs_map(flat, rollout.obs), obs_map(flat, rollout.next_obs)
-            logp, entropy, value = pol.evaluate(obs, actions)
+            logp, entropy, value = pol.evaluate(obs_map(flat, rollout.obs), actions)
             values = value.detach().cpu().numpy().reshape(T, N)
-            with torch.no_grad():
-                next_values = pol.value(next_obs).cpu().numpy().reshape(T, N)
+            next_values = successor_values(pol, rollout, values, None, dev)
         if self.gae_lambda == 1.0:
             returns = nstep_returns(rewards, next_values, rollout.terminated, rollout.truncated, gamma=self.gamma)
             adv = returns - values

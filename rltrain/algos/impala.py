@@ -23,7 +23,7 @@ from torch import nn
 
 from rltrain.algos.a2c import make_optimizer
 from rltrain.algos.base import ActorCriticState, Algorithm, RewardScaler, Sync, positive
-from rltrain.algos.sequences import evaluate_sequences
+from rltrain.algos.sequences import evaluate_sequences, successor_values
 from rltrain.data.returns import vtrace
 from rltrain.data.structs import EnvSpec, Metrics, Rollout, obs_map
 from rltrain.errors import ConfigError
@@ -94,11 +94,9 @@ class IMPALA(ActorCriticState, Algorithm):
         else:
             # [T, N, ...] -> [T * N, ...], per key for Dict observations
             flat = lambda x: torch.from_numpy(x.reshape(T * N, *x.shape[2:])).to(dev)  # noqa: E731
-            obs, next_obs = obs_map(flat, rollout.obs), obs_map(flat, rollout.next_obs)
-            logp, entropy, value = pol.evaluate(obs, actions)
-            with torch.no_grad():
-                next_values = pol.value(next_obs).cpu().numpy().reshape(T, N)
+            logp, entropy, value = pol.evaluate(obs_map(flat, rollout.obs), actions)
             values = value.detach().cpu().numpy().reshape(T, N)
+            next_values = successor_values(pol, rollout, values, None, dev)
         log_rhos = logp.detach().cpu().numpy().reshape(T, N) - rollout.log_probs
 
         # 2. V-trace targets v_s and policy-gradient advantages rho_pg (r + gamma v_{s+1} - V).

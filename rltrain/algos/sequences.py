@@ -1,10 +1,13 @@
-"""Rollouts as sequences, for recurrent policies (``model.core=lstm|gru``), shared by PPO, A2C and IMPALA.
+"""Rollouts as sequences and their successors, shared by PPO, A2C and IMPALA.
 
-A recurrent learner recomputes log-probs and values over the whole rollout [T, N] from the core state
-stored at its start (``Rollout.core_state``), zeroing the state wherever an episode ended before a step
-(R2D2's "stored state" strategy, Kapturowski et al. 2019; truncated BPTT over one rollout). A truncated
-step and the rollout's last step bootstrap from their successor valued with the state the step ended in
-(before the collector's reset), so a cut episode bootstraps from its own memory.
+A recurrent learner (``model.core=lstm|gru``) recomputes log-probs and values over the whole rollout [T, N]
+from the core state stored at its start (``Rollout.core_state``), zeroing the state wherever an episode ended
+before a step (R2D2's "stored state" strategy, Kapturowski et al. 2019; truncated BPTT over one rollout).
+
+Every learner bootstraps from V(next_obs). Inside an episode next_obs[t] is obs[t+1], whose value the learner
+has already computed, so only the successors at the rollout's end and at truncations need a forward of their
+own (``successor_rows``): T*N + N (+ truncations) rows instead of 2*T*N. A recurrent policy values them with
+the state the step ended in (before the collector's reset), so a cut episode bootstraps from its own memory.
 """
 
 from __future__ import annotations
@@ -13,7 +16,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from rltrain.data.structs import ObsArray, Rollout, obs_map
+from rltrain.data.structs import ObsArray, Rollout, obs_leaves, obs_map
 from rltrain.models.cores import CoreState, stack_states
 
 
@@ -31,26 +34,48 @@ def sequence_inputs(rollout: Rollout, device: torch.device) -> tuple[ObsArray, C
     return obs, start, torch.from_numpy(mask).to(device)
 
 
-@torch.no_grad()
-def successor_values(policy, rollout: Rollout, values: np.ndarray, states: list[CoreState],
-                     device: torch.device) -> np.ndarray:
-    """V(next_obs) [T, N] given V(obs) [T, N] and the state after each step: V(obs[t+1]) inside an episode,
-    the successor evaluated with the state step t ended in at truncations and at the rollout's end, 0 after
-    a termination."""
-    T, N = rollout.shape
+def successor_rows(rollout: Rollout) -> np.ndarray:
+    """own [T, N] bool: the steps whose successor V(next_obs[t]) is not V(obs[t+1]) of the same rollout
+    and needs a forward of its own (the last step, truncations; never after a termination, whose successor
+    counts 0). Checked, not assumed: where next_obs[t] differs from obs[t+1] inside an episode (a rollout
+    assembled some other way) every successor gets its own forward."""
     term = rollout.terminated
+    cont = ~(term[:-1] | rollout.truncated[:-1])
+    if not all(np.array_equal(n[:-1][cont], o[1:][cont])  # every key of a Dict observation
+               for o, n in zip(obs_leaves(rollout.obs), obs_leaves(rollout.next_obs), strict=True)):
+        return ~term
     own = rollout.truncated.copy()
     own[-1] = True
-    own &= ~term
-    next_values = np.zeros((T, N), np.float32)
+    return own & ~term
+
+
+def join_successors(values: np.ndarray, own: np.ndarray, own_values: np.ndarray, terminated: np.ndarray
+                    ) -> np.ndarray:
+    """V(next_obs) [T, N] from V(obs) [T, N] and the values of the ``own`` successors (row-major order):
+    V(obs[t+1]) inside an episode, 0 after a termination."""
+    next_values = np.zeros(values.shape, np.float32)
     next_values[:-1] = values[1:]
+    next_values[own] = own_values
+    next_values[terminated] = 0.0
+    return next_values
+
+
+@torch.no_grad()
+def successor_values(policy, rollout: Rollout, values: np.ndarray, states: list[CoreState] | None,
+                     device: torch.device) -> np.ndarray:
+    """V(next_obs) [T, N] given V(obs) [T, N]; ``states`` (recurrent policies): the state after each step,
+    with which a successor of its own is valued; None for a feed-forward policy."""
+    own = successor_rows(rollout)
+    own_values = np.zeros(0, np.float32)
     if own.any():
         t_idx, n_idx = np.nonzero(own)  # row-major: the order of next_values[own]
-        ended_in = tuple(x[t_idx, n_idx][None].detach() for x in stack_states(states))
         succ = obs_map(lambda x: torch.from_numpy(x[t_idx, n_idx]).to(device), rollout.next_obs)
-        next_values[own] = policy.value(succ, ended_in).cpu().numpy()
-    next_values[term] = 0.0
-    return next_values
+        if states is None:
+            own_values = policy.value(succ).cpu().numpy()
+        else:
+            ended_in = tuple(x[t_idx, n_idx][None].detach() for x in stack_states(states))
+            own_values = policy.value(succ, ended_in).cpu().numpy()
+    return join_successors(values, own, own_values, rollout.terminated)
 
 
 def evaluate_sequences(policy, rollout: Rollout, actions: Tensor, device: torch.device
