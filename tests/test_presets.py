@@ -53,6 +53,19 @@ def test_no_note_when_a_preset_is_chosen_or_the_defaults_fit(algo, env_id, exper
     assert preset_note(algo, env_id, experiment) is None
 
 
+def test_a_wrapped_task_is_another_task_than_the_bare_env():
+    """Pendulum-v1 behind a VelocityMask (env=pendulum_novel) is PendulumNoVel: its presets fit only runs with
+    that wrapper, the bare env keeps its own, and CartPoleNoVel gets a note although PPO's defaults are tuned
+    for the bare CartPole-v1."""
+    mask = [{"VelocityMask": {"indices": [2]}}]
+    assert preset_note("ppo", "Pendulum-v1", None).endswith("experiment=ppo_pendulum")
+    assert preset_note("ppo", "Pendulum-v1", None, wrappers=mask).endswith("experiment=ppo_lstm_pendulum_novel")
+    note = preset_note("ppo", "CartPole-v1", None, wrappers=[{"VelocityMask": {"indices": [1, 3]}}])
+    assert "CartPole-v1 with wrappers ['VelocityMask']" in note and note.endswith("experiment=ppo_lstm_cartpole_novel")
+    note = preset_note("impala", "CartPole-v1", None, wrappers=["VelocityMask"])
+    assert note.endswith("the tuned preset for it: rltrain experiment=impala_lstm_cartpole_novel")
+
+
 def test_cli_prints_the_note_once_before_training(cli):
     res = cli("env=pendulum", "total_env_steps=512", "logger=quiet", "eval.episodes=1", "hydra.run.dir=run")
     assert res.returncode == 0, res.stderr

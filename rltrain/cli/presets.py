@@ -4,7 +4,9 @@ A run without ``experiment=`` trains with the algo group's defaults, which are t
 CartPole-v1): on anything else the user should hear it once, with the preset that fits best. The presets
 are read from ``conf/experiment/*.yaml`` (their ``override /algo`` and ``override /env`` defaults and their
 ``env.id``), so a new preset file is picked up without a table to keep in step. Presets on the ``mujoco``,
-``atari`` and ``minatar`` env groups are meant for every task of that family (``env.id=Ant-v5``).
+``atari`` and ``minatar`` env groups are meant for every task of that family (``env.id=Ant-v5``). A preset
+whose env wraps the task (``env=cartpole_novel``: a ``VelocityMask``) is another task than the bare env: it
+fits a run only with the same wrappers.
 """
 
 from __future__ import annotations
@@ -28,6 +30,12 @@ class Preset:
     env_id: str
     family: str
     generic: bool  # fits every task of its family
+    wrappers: tuple[str, ...] = ()  # the names of its env's wrappers, in order
+
+    def fits(self, env_id: str, wrappers: tuple[str, ...]) -> bool:
+        """Made for this task: the same env id and wrappers (a family preset: any task of its family)."""
+        return (self.generic and self.family == family(env_id)) or (self.env_id == env_id
+                                                                      and self.wrappers == wrappers)
 
 
 def family(env_id: str) -> str:
@@ -48,57 +56,67 @@ def family(env_id: str) -> str:
     return "other"
 
 
-def _read(conf: Path, name: str) -> tuple[dict[str, str], str | None]:
-    """(groups overridden, env.id set) by one experiment file, following experiments it builds on."""
+def wrapper_names(wrappers) -> tuple[str, ...]:
+    """``env.wrappers`` entries (a name, or a one-key mapping name -> kwargs) -> their names."""
+    return tuple(w if isinstance(w, str) else next(iter(w)) for w in wrappers or ())
+
+
+def _read(conf: Path, name: str) -> tuple[dict[str, str], dict]:
+    """(groups overridden, the ``env`` keys set) by one experiment file, following experiments it builds on."""
     doc = yaml.safe_load((conf / "experiment" / f"{name}.yaml").read_text()) or {}
     groups: dict[str, str] = {}
-    env_id = None
+    env: dict = {}
     for item in doc.get("defaults") or []:
         if isinstance(item, str) and item != "_self_":  # another experiment this one builds on
-            groups, env_id = _read(conf, item)
+            groups, env = _read(conf, item)
         elif isinstance(item, dict):
             for key, value in item.items():
                 groups[key.removeprefix("override ").strip("/")] = str(value)
-    return groups, (doc.get("env") or {}).get("id") or env_id
+    return groups, {**env, **(doc.get("env") or {})}
 
 
 def presets(conf: Path = CONF) -> list[Preset]:
     out = []
     for path in sorted((conf / "experiment").glob("*.yaml")):
-        groups, env_id = _read(conf, path.stem)
+        groups, env = _read(conf, path.stem)
         if "algo" not in groups or "env" not in groups:
             continue
-        env_group = yaml.safe_load((conf / "env" / f"{groups['env']}.yaml").read_text()) or {}
-        env_id = str(env_id or env_group.get("id"))
-        out.append(Preset(path.stem, groups["algo"], env_id, family(env_id), groups["env"] in FAMILY_GROUPS))
+        env = {**(yaml.safe_load((conf / "env" / f"{groups['env']}.yaml").read_text()) or {}), **env}
+        env_id = str(env.get("id"))
+        out.append(Preset(path.stem, groups["algo"], env_id, family(env_id), groups["env"] in FAMILY_GROUPS,
+                          wrapper_names(env.get("wrappers"))))
     return out
 
 
-def closest(algo: str, env_id: str, available: list[Preset]) -> tuple[Preset | None, bool]:
-    """(best preset, whether it is tuned for exactly this algo and env) in this order: made for this algo on
-    this env (or its family, for family presets); this algo on the same family; another algo on this env;
-    another algo on the same family."""
+def closest(algo: str, env_id: str, available: list[Preset], wrappers: tuple[str, ...] = ()
+            ) -> tuple[Preset | None, bool]:
+    """(best preset, whether it is tuned for exactly this algo and task) in this order: made for this algo on
+    this task (env id and wrappers; or its family, for family presets); this algo on the same family; another
+    algo on this task; another algo on the same family."""
     fam = family(env_id)
-    exact = [p for p in available if p.algo == algo and (p.env_id == env_id or (p.generic and p.family == fam))]
+    exact = [p for p in available if p.algo == algo and p.fits(env_id, wrappers)]
     if exact:
         return exact[0], True
     for pick in ([p for p in available if p.algo == algo and p.family == fam and fam != "other"],
-                 [p for p in available if p.env_id == env_id],
+                 [p for p in available if p.fits(env_id, wrappers)],
                  [p for p in available if p.family == fam and fam != "other"]):
         if pick:
             return pick[0], False
     return None, False
 
 
-def preset_note(algo: str, env_id: str, experiment: str | None, conf: Path = CONF) -> str | None:
-    """One line for a run without ``experiment=`` whose env is not what the algo's defaults are tuned for."""
+def preset_note(algo: str, env_id: str, experiment: str | None, conf: Path = CONF, wrappers=()) -> str | None:
+    """One line for a run without ``experiment=`` whose task (env and ``env.wrappers``) is not what the algo's
+    defaults are tuned for."""
     if experiment not in (None, "null", "None"):
         return None
     tuned_for = DEFAULTS_TUNED_FOR.get(algo)
-    if tuned_for == env_id or (algo == "sac" and family(env_id) == "mujoco"):
+    wrappers = wrapper_names(wrappers)
+    if (tuned_for == env_id and not wrappers) or (algo == "sac" and family(env_id) == "mujoco"):
         return None
-    best, exact = closest(algo, env_id, presets(conf))
-    head = f"no experiment= preset chosen: algo={algo}'s defaults are used on {env_id}"
+    best, exact = closest(algo, env_id, presets(conf), wrappers)
+    task = env_id + (f" with wrappers {list(wrappers)}" if wrappers and (best is None or not best.generic) else "")
+    head = f"no experiment= preset chosen: algo={algo}'s defaults are used on {task}"
     head += f" (tuned for {tuned_for})" if tuned_for else ""
     if best is None:
         return f"{head}; no preset is close (the README's preset tables list them)"

@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 
 import hydra
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
 from rltrain.errors import ConfigError
 
@@ -44,7 +44,8 @@ def task(cfg: DictConfig) -> float:
     if not multirun or hc.job.num == 0:  # once per command line, not once per sweep job
         from rltrain.cli.presets import preset_note
 
-        note = preset_note(str(hc.runtime.choices.get("algo")), str(cfg.env.id), hc.runtime.choices.get("experiment"))
+        note = preset_note(str(hc.runtime.choices.get("algo")), str(cfg.env.id), hc.runtime.choices.get("experiment"),
+                           wrappers=OmegaConf.to_container(cfg.env.wrappers) if cfg.env.get("wrappers") else ())
         if note:
             print(f"[rltrain] note: {note}", flush=True)  # stdout: stderr stays for errors (one line each)
     try:
