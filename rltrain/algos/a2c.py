@@ -24,9 +24,9 @@ from rltrain.algos.base import (
     make_adam,
     positive,
 )
-from rltrain.algos.sequences import evaluate_sequences, successor_values
+from rltrain.algos.sequences import evaluate_rollout
 from rltrain.data.returns import gae, nstep_returns
-from rltrain.data.structs import EnvSpec, Metrics, Rollout, obs_map
+from rltrain.data.structs import EnvSpec, Metrics, Rollout
 from rltrain.errors import ConfigError
 from rltrain.models.factory import ModelSettings, make_actor_critic
 from rltrain.models.layers import RunningNorm
@@ -94,14 +94,8 @@ class A2C(ActorCriticState, Algorithm):
 
         # 1. log pi(a|x), entropy and V(x) with grad; targets bootstrap from V(next_obs), the true successor
         #    (0 after a termination).
-        if self.recurrent:  # one unroll over the rollout from its stored start state (algos/sequences.py)
-            logp, entropy, value, values, next_values = evaluate_sequences(pol, rollout, actions, dev)
-        else:
-            # [T, N, ...] -> [T * N, ...], per key for Dict observations
-            flat = lambda x: torch.from_numpy(x.reshape(T * N, *x.shape[2:])).to(dev)  # noqa: E731
-            logp, entropy, value = pol.evaluate(obs_map(flat, rollout.obs), actions)
-            values = value.detach().cpu().numpy().reshape(T, N)
-            next_values = successor_values(pol, rollout, values, None, dev)
+        logp, entropy, value, values, next_values = evaluate_rollout(pol, rollout, actions, dev,
+                                                                     recurrent=self.recurrent)
         if self.gae_lambda == 1.0:
             returns = nstep_returns(rewards, next_values, rollout.terminated, rollout.truncated, gamma=self.gamma)
             adv = returns - values

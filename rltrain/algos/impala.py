@@ -23,9 +23,9 @@ from torch import nn
 
 from rltrain.algos.a2c import make_optimizer
 from rltrain.algos.base import ActorCriticState, Algorithm, RewardScaler, Sync, positive
-from rltrain.algos.sequences import evaluate_sequences, successor_values
+from rltrain.algos.sequences import evaluate_rollout
 from rltrain.data.returns import vtrace
-from rltrain.data.structs import EnvSpec, Metrics, Rollout, obs_map
+from rltrain.data.structs import EnvSpec, Metrics, Rollout
 from rltrain.errors import ConfigError
 from rltrain.models.factory import ModelSettings, make_actor_critic
 from rltrain.models.layers import RunningNorm
@@ -89,14 +89,8 @@ class IMPALA(ActorCriticState, Algorithm):
         rewards = self.reward_scaler(rollout, self.sync) if self.reward_scaler else rollout.rewards
 
         # 1. The learner's log pi(a|x), entropy and V(x) (with grad), and V(next_obs) (without).
-        if self.recurrent:  # one unroll over the rollout from its stored start state (algos/sequences.py)
-            logp, entropy, value, values, next_values = evaluate_sequences(pol, rollout, actions, dev)
-        else:
-            # [T, N, ...] -> [T * N, ...], per key for Dict observations
-            flat = lambda x: torch.from_numpy(x.reshape(T * N, *x.shape[2:])).to(dev)  # noqa: E731
-            logp, entropy, value = pol.evaluate(obs_map(flat, rollout.obs), actions)
-            values = value.detach().cpu().numpy().reshape(T, N)
-            next_values = successor_values(pol, rollout, values, None, dev)
+        logp, entropy, value, values, next_values = evaluate_rollout(pol, rollout, actions, dev,
+                                                                     recurrent=self.recurrent)
         log_rhos = logp.detach().cpu().numpy().reshape(T, N) - rollout.log_probs
 
         # 2. V-trace targets v_s and policy-gradient advantages rho_pg (r + gamma v_{s+1} - V).

@@ -89,3 +89,17 @@ def evaluate_sequences(policy, rollout: Rollout, actions: Tensor, device: torch.
     value = value.reshape(T * N)
     values = value.detach().cpu().numpy().reshape(T, N).astype(np.float32)
     return logp, entropy, value, values, successor_values(policy, rollout, values, states, device)
+
+
+def evaluate_rollout(policy, rollout: Rollout, actions: Tensor, device: torch.device, *, recurrent: bool
+                     ) -> tuple[Tensor, Tensor, Tensor, np.ndarray, np.ndarray]:
+    """What A2C and IMPALA learn from, recurrent or not: actions [T * N, ...] -> (log pi(a|x) [T * N],
+    entropy [T * N], V(x) [T * N] with grad, V(x) as numpy [T, N], V(next_obs) [T, N] without)."""
+    if recurrent:  # one unroll over the rollout from its stored start state
+        return evaluate_sequences(policy, rollout, actions, device)
+    T, N = rollout.shape
+    # [T, N, ...] -> [T * N, ...], per key for Dict observations
+    flat = lambda x: torch.from_numpy(x.reshape(T * N, *x.shape[2:])).to(device)  # noqa: E731
+    logp, entropy, value = policy.evaluate(obs_map(flat, rollout.obs), actions)
+    values = value.detach().cpu().numpy().reshape(T, N)
+    return logp, entropy, value, values, successor_values(policy, rollout, values, None, device)

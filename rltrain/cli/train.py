@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 
 import hydra
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 
 from rltrain.errors import ConfigError
 
@@ -45,7 +45,7 @@ def task(cfg: DictConfig) -> float:
         from rltrain.cli.presets import preset_note
 
         note = preset_note(str(hc.runtime.choices.get("algo")), str(cfg.env.id), hc.runtime.choices.get("experiment"),
-                           wrappers=OmegaConf.to_container(cfg.env.wrappers) if cfg.env.get("wrappers") else ())
+                           wrappers=cfg.env.get("wrappers"))
         if note:
             print(f"[rltrain] note: {note}", flush=True)  # stdout: stderr stays for errors (one line each)
     try:
