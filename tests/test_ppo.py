@@ -359,3 +359,38 @@ def test_flat_adam_group_is_torch_adams_without_building_one():
             "print('torch._dynamo' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.stdout.strip() == "False", out.stderr
+
+
+@pytest.mark.parametrize("shared", [True, False], ids=["shared-torso", "separate-torsos"])
+def test_rollout_values_from_acting_are_the_learners(shared):
+    """A torso shared with the critic gives V(obs) with the action (ActOutput.value); the loop's collector
+    keeps it in Rollout.values and learn() uses it instead of a second forward: the values and successor
+    values agree with a fresh forward. Separate torsos, and collectors not told to record (actors, which act
+    with lagged copies), leave Rollout.values None."""
+    from rltrain.envs.make import env_spec, make_env, make_vector_env
+    from rltrain.models.factory import ModelSettings
+    from rltrain.trainers.collector import RolloutCollector
+
+    env_id = "tests.helpers.obs_envs:ImageEnv"
+    kwargs = {"shape": (12, 12, 2)}
+    spec = env_spec(make_env(env_id, kwargs=kwargs), env_id)
+    torch.manual_seed(0)
+    algo = PPO(spec, num_envs=3, device=CPU, rollout_len=20, num_minibatches=2, hidden_sizes=(8,),
+               model=ModelSettings(encoder="minatar", cnn_features=16, shared=shared))
+    venv = make_vector_env(env_id, 3, [1, 2, 3], kwargs=kwargs)  # 8-step episodes: truncations inside
+    rollout = RolloutCollector(venv, algo.policy, spec, device=CPU, record_values=True).collect(20)
+    untold = RolloutCollector(venv, algo.policy, spec, device=CPU).collect(20)
+    venv.close()
+    assert untold.values is None
+    if not shared:
+        assert rollout.values is None
+        return
+    assert rollout.values is not None and rollout.values.shape == (20, 3) and rollout.truncated.any()
+    T, N = rollout.shape
+    with torch.no_grad():
+        full = algo.policy.value(torch.from_numpy(np.concatenate([rollout.obs, rollout.next_obs]).reshape(
+            2 * T * N, *spec.obs_shape))).numpy().reshape(2, T, N)
+    values, next_values = algo._values(rollout)
+    assert values is rollout.values
+    np.testing.assert_allclose(values, full[0], rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(next_values, np.where(rollout.terminated, 0.0, full[1]), rtol=1e-5, atol=1e-6)

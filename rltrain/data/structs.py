@@ -140,11 +140,14 @@ class ActOutput:
     log_prob: [N] float32, log-probability of ``action`` under the acting policy
     state:    recurrent policies: the core state after this step (a tuple of [1, N, H] tensors); None for
               feed-forward policies
+    value:    [N] float32 V(obs) where it comes nearly free with the action (a feed-forward actor-critic whose
+              critic reads the actor's torso: one Linear more); None otherwise
     """
 
     action: torch.Tensor
     log_prob: torch.Tensor
     state: tuple[torch.Tensor, ...] | None = None
+    value: torch.Tensor | None = None
 
 
 @dataclass
@@ -167,6 +170,9 @@ class Rollout:
                     a replay buffer links a rollout's last step to the next rollout of the same stream
     core_state:     recurrent policies: the core state at the rollout's start (a tuple of CPU tensors
                     [1, N, H], already zeroed for envs that start an episode); None for feed-forward ones
+    values:         [T, N] float32 V(obs) from the acting forward, or None. Only a collector acting with the
+                    learner's own policy object records it (TrainLoop's), so they are the learner's current
+                    values: an actor's lagged copy never fills it
     """
 
     obs: ObsArray
@@ -181,6 +187,7 @@ class Rollout:
     episode_lengths: list[int] = field(default_factory=list)
     env_ids: np.ndarray | None = None
     core_state: tuple[torch.Tensor, ...] | None = None
+    values: np.ndarray | None = None
 
     @property
     def num_steps(self) -> int:

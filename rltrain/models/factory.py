@@ -173,11 +173,15 @@ class ModularActorCritic(Policy):
             generator: torch.Generator | None = None) -> ActOutput:
         """obs [N, ...], state (recurrent: the state the envs' previous step ended in, zero after an
         episode's end) -> ActOutput(action [N] int64 or [N, A] float32, log_prob [N], state: the next state).
-        Feed-forward: actor only. Recurrent: the critic core steps too, so its state stays current."""
+        Feed-forward: actor only, except that a torso shared with the critic also gives V(obs) (the critic
+        head alone: it spares the learner a second forward through the torso). Recurrent: the critic core
+        steps too, so its state stays current."""
         obs = self._normalised(obs)
         if not self.recurrent:
-            return ActOutput(*self.actor_head.sample(self.actor_head(self.actor_encoder(obs)), deterministic,
-                                                     generator))
+            features = self.actor_encoder(obs)
+            value = self.critic_head(features) if self.critic_encoder is None else None
+            return ActOutput(*self.actor_head.sample(self.actor_head(features), deterministic, generator),
+                             value=value)
         actor_state, critic_state = self._split(state, len(obs_leaves(obs)[0]))
         features, actor_state = self.actor_core.step(self.actor_encoder(obs), actor_state)
         if self.critic_core is not None:

@@ -35,13 +35,16 @@ class RolloutCollector:
     """
 
     def __init__(self, venv: VecEnv | AsyncVecEnv, policy: Policy, spec: EnvSpec, *, device: torch.device,
-                 episode_window: int = 100):
+                 episode_window: int = 100, record_values: bool = False):
         obs = spec.observation
         if obs.kind == "unsupported":
             raise ConfigError(f"env.id={spec.env_id}: {obs.name or obs.kind} observations cannot be stored in "
                               "rollouts (Box, Discrete, MultiBinary or a Dict of them); wrap the env to return one")
         self.venv = venv
         self.policy = policy
+        # keep the V(obs) that acting computes anyway (ActOutput.value) in Rollout.values: only for the
+        # learner's own policy object, whose weights are the learner's when it learns from the rollout
+        self.record_values = record_values
         self.spec = spec
         self.device = device
         self.num_envs = venv.num_envs
@@ -76,10 +79,12 @@ class RolloutCollector:
         trunc_buf = np.empty((T, N), bool)
         start_state = None if self.core_state is None else tuple(x.detach().cpu().clone() for x in self.core_state)
         fast = None if random_actions or self.device.type != "cpu" or start_state else self._numpy_actor()
+        values = None
         if fast is not None:
             self._collect_numpy(fast, obs_buf, act_buf, logp_buf, rew_buf, term_buf, trunc_buf, next_buf)
         else:
-            self._collect_torch(random_actions, obs_buf, act_buf, logp_buf, rew_buf, term_buf, trunc_buf, next_buf)
+            values = self._collect_torch(random_actions, obs_buf, act_buf, logp_buf, rew_buf, term_buf, trunc_buf,
+                                         next_buf)
         ep_returns, ep_lengths = self._episode_stats(rew_buf, term_buf | trunc_buf)
         real = self.venv.pop_real_episodes()
         if real is not None:  # env.wrappers: the game's score (unclipped, all lives), not the learner's rewards
@@ -90,7 +95,8 @@ class RolloutCollector:
         return Rollout(obs=obs_buf, actions=act_buf, log_probs=logp_buf, rewards=rew_buf, terminated=term_buf,
                        truncated=trunc_buf, next_obs=next_buf,
                        policy_version=np.full(T, policy_version, np.int64),
-                       episode_returns=ep_returns, episode_lengths=ep_lengths, core_state=start_state)
+                       episode_returns=ep_returns, episode_lengths=ep_lengths, core_state=start_state,
+                       values=values)
 
     def _numpy_actor(self) -> NumpyActor | None:
         make = getattr(self.policy, "numpy_actor", None)
@@ -120,10 +126,13 @@ class RolloutCollector:
         logp_buf[:] = actor.log_prob(out_buf, act_buf, noise)
 
     def _collect_torch(self, random_actions: bool, obs_buf, act_buf, logp_buf, rew_buf, term_buf, trunc_buf,
-                       next_buf) -> None:
+                       next_buf) -> np.ndarray | None:
+        """Fills the buffers; returns V(obs) [T, N] when ``record_values`` and the policy gave them, else None."""
         T = rew_buf.shape[0]
         obs, on_cpu, box = self.obs, self.device.type == "cpu", self.spec.action_kind == "box"
         tree = isinstance(obs_buf, dict)
+        values: np.ndarray | None = np.empty(rew_buf.shape, np.float32) \
+            if self.record_values and not random_actions else None
         with torch.inference_mode():
             for t in range(T):
                 if tree:  # Dict observations: act on the stored keys, already in their storage dtype
@@ -140,6 +149,11 @@ class RolloutCollector:
                         self.policy.act(obs_t, self.core_state)
                     action = out.action.numpy() if on_cpu else out.action.cpu().numpy()
                     logp = out.log_prob.numpy() if on_cpu else out.log_prob.cpu().numpy()
+                    if values is not None:
+                        if out.value is None:
+                            values = None  # this policy does not give them: the learner computes its own
+                        else:
+                            values[t] = out.value.numpy() if on_cpu else out.value.cpu().numpy()
                     if self.action_noise is not None:  # stored as taken (log-probs unused off-policy)
                         action = np.clip(action + self.action_noise.sample(action.shape, self.rng),
                                          self._low, self._high)
@@ -154,6 +168,7 @@ class RolloutCollector:
                     # a new episode starts from the zero state (after termination AND truncation)
                     self.core_state = reset_state(out.state, term_buf[t] | trunc_buf[t])
         self.obs = obs
+        return values
 
     def _episode_stats(self, rewards: np.ndarray, done: np.ndarray) -> tuple[list[float], list[int]]:
         """Returns and lengths of the episodes that ended in this rollout, in (step, env) order; partial

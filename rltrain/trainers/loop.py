@@ -110,7 +110,7 @@ class TrainLoop:
 
     def _collector(self, algo: Algorithm) -> RolloutCollector:
         venv = self.s.env.vector(self.seeds.env_seeds)
-        return RolloutCollector(venv, algo.policy, self.spec, device=self.device)
+        return RolloutCollector(venv, algo.policy, self.spec, device=self.device, record_values=True)
 
     # -- resume -------------------------------------------------------------------------------------------
     def resume(self) -> Path | None:
