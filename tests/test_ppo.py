@@ -394,3 +394,34 @@ def test_rollout_values_from_acting_are_the_learners(shared):
     assert values is rollout.values
     np.testing.assert_allclose(values, full[0], rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(next_values, np.where(rollout.terminated, 0.0, full[1]), rtol=1e-5, atol=1e-6)
+
+
+def test_pixel_minibatches_are_gathered_on_demand_and_channels_last():
+    """The torch path lays a CHW pixel rollout out channels-last once (models.encoders.batch_layout) and
+    gathers each minibatch only when a step asks for it (not all epochs' pixels up front): minibatch k holds
+    the rollout rows of the seeded permutation, in order, still uint8 and channels-last, so the encoder's
+    layout step is a no-op."""
+    from rltrain.algos.ppo import MinibatchRows
+    from rltrain.models.encoders import batch_layout
+
+    T, N, E, M = 8, 4, 3, 2
+    rng = np.random.default_rng(0)
+    obs = rng.integers(0, 256, (T, N, 4, 12, 12), dtype=np.uint8)
+    algo = PPO(EnvSpec("Synthetic-pixels", (4, 12, 12), "discrete", (), n_actions=3, obs_dtype="uint8"),
+               num_envs=N, device=CPU, rollout_len=T, num_minibatches=M, update_epochs=E, numpy_update=False)
+    rollout = Rollout(obs=obs, actions=rng.integers(0, 3, (T, N)), log_probs=np.zeros((T, N), np.float32),
+                      rewards=np.zeros((T, N), np.float32), terminated=np.zeros((T, N), bool),
+                      truncated=np.zeros((T, N), bool), next_obs=obs, policy_version=np.zeros(T, np.int64))
+    flat = batch_layout(torch.from_numpy(obs.reshape(T * N, 4, 12, 12)))
+    assert flat.is_contiguous(memory_format=torch.channels_last)
+    zeros = np.zeros((T, N), np.float32)
+    torch.manual_seed(3)
+    batches = algo._minibatches(flat, rollout, zeros, zeros, zeros)
+    torch.manual_seed(3)
+    order = torch.argsort(torch.rand(E, T * N), dim=1).reshape(E * M, -1).numpy()
+    assert isinstance(batches[0], MinibatchRows) and len(batches[0]) == E * M
+    for k in range(E * M):
+        mb = batches[0][k]
+        assert mb.dtype == torch.uint8 and mb.is_contiguous(memory_format=torch.channels_last)
+        np.testing.assert_array_equal(mb.numpy(), obs.reshape(T * N, 4, 12, 12)[order[k]])
+        np.testing.assert_array_equal(batches[1][k].squeeze(-1).numpy(), rollout.actions.reshape(-1)[order[k]])

@@ -14,7 +14,6 @@ every sequence stays whole (as SB3-contrib's RecurrentPPO; Kapturowski et al. 20
 from __future__ import annotations
 
 from collections.abc import Sequence
-from operator import itemgetter
 
 import numpy as np
 import torch
@@ -27,6 +26,7 @@ from rltrain.data.returns import gae
 from rltrain.data.structs import EnvSpec, Metrics, ObsArray, Rollout, obs_map
 from rltrain.errors import ConfigError
 from rltrain.models.actor_critic import ActorCritic
+from rltrain.models.encoders import batch_layout
 from rltrain.models.factory import ModelSettings, make_actor_critic
 from rltrain.models.layers import (
     RunningNorm,
@@ -151,7 +151,8 @@ class PPO(ActorCriticState, Algorithm):
             batches = self._minibatches(self._normalised_obs(rollout.obs), rollout, adv, ret, values)
             step = self._numpy_step_and_update
         else:
-            obs = obs_map(lambda x: torch.from_numpy(x.reshape(T * N, *x.shape[2:])).to(self.device), rollout.obs)
+            obs = obs_map(lambda x: batch_layout(torch.from_numpy(x.reshape(T * N, *x.shape[2:])).to(self.device)),
+                          rollout.obs)
             batches = self._minibatches(obs, rollout, adv, ret, values)
             step = self._minibatch_step
         for epoch in range(self.update_epochs):
@@ -270,11 +271,12 @@ class PPO(ActorCriticState, Algorithm):
 
     def _minibatches(self, obs: np.ndarray | Tensor | dict, rollout: Rollout, adv: np.ndarray, ret: np.ndarray,
                      values: np.ndarray) -> list:
-        """Every epoch's shuffled minibatches at once: [E * M] each of (obs, action, old log-prob,
-        -advantage, return, old value), as numpy arrays (numpy update) or tensors. One gather per array
-        per update instead of one per minibatch; advantages are normalised per minibatch (as CleanRL)
-        in one vectorised op for all of them. The permutations come from the torch RNG (seeded, saved).
-        A Dict observation (a dict of [B, ...] tensors) is gathered per key: its minibatches are dicts."""
+        """Every epoch's shuffled minibatches: [E * M] each of (obs, action, old log-prob, -advantage, return,
+        old value), as numpy arrays (numpy update) or tensors. One gather per array per update instead of one
+        per minibatch; advantages are normalised per minibatch (as CleanRL) in one vectorised op for all of
+        them. The permutations come from the torch RNG (seeded, saved). On the torch path the observations
+        are gathered minibatch by minibatch as the steps ask (``MinibatchRows``): all epochs' pixels at once
+        would hold E copies of the rollout. A Dict observation is gathered per key: its minibatches are dicts."""
         E, M, dev = self.update_epochs, self.num_minibatches, self.device
         B = rollout.rewards.size
         idx = torch.argsort(torch.rand(E, B), dim=1).reshape(-1).numpy()  # E independent permutations
@@ -293,12 +295,10 @@ class PPO(ActorCriticState, Algorithm):
         arrays = [act, gather(rollout.log_probs), (-g_adv).astype(np.float32), gather(ret), gather(values)]
         if self.numpy_update:
             return [gather(obs, False), *arrays]
-        g_obs = obs_map(lambda x: torch.as_tensor(gather(x, False)).to(dev), obs)
         tensors = [torch.as_tensor(a).to(dev) for a in arrays]
         if self.policy.discrete:
             tensors[0] = tensors[0].long().unsqueeze(-1)  # [.., mb, 1] index for gather
-        obs_mbs = [obs_map(itemgetter(k), g_obs) for k in range(E * M)] if isinstance(g_obs, dict) else g_obs.unbind(0)
-        return [obs_mbs, *(t.unbind(0) for t in tensors)]
+        return [MinibatchRows(obs, torch.from_numpy(idx.reshape(shape)).to(dev)), *(t.unbind(0) for t in tensors)]
 
     def _numpy_step_and_update(self, *batch: np.ndarray) -> np.ndarray:
         stats = self._numpy_step(*batch)
@@ -346,3 +346,17 @@ class PPO(ActorCriticState, Algorithm):
             approx_kl = ((ratio - 1) - log_ratio).mean()
             clip_frac = ((ratio - 1.0).abs() > self.clip_coef).float().mean()
             return torch.stack([pg_loss, v_loss, ent, approx_kl, clip_frac])
+
+
+class MinibatchRows(Sequence):
+    """Minibatch k of ``obs`` ([B, ...] tensors, or a dict of them) on demand: rows ``rows[k]`` ([E * M, mb]).
+    Advanced indexing keeps a channels-last batch channels-last (``index_select`` would not)."""
+
+    def __init__(self, obs: Tensor | dict, rows: Tensor):
+        self.obs, self.rows = obs, rows
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def __getitem__(self, k):  # type: ignore[override]
+        return obs_map(lambda x: x[self.rows[k]], self.obs)

@@ -41,7 +41,9 @@ def successor_rows(rollout: Rollout) -> np.ndarray:
     assembled some other way) every successor gets its own forward."""
     term = rollout.terminated
     cont = ~(term[:-1] | rollout.truncated[:-1])
-    if not all(np.array_equal(n[:-1][cont], o[1:][cont])  # every key of a Dict observation
+    # row by row where the episode continues, every key of a Dict observation (no fancy-indexed copies of
+    # the pixels: one elementwise compare)
+    if not all(bool((n[:-1] == o[1:]).reshape(*cont.shape, -1).all(-1)[cont].all())
                for o, n in zip(obs_leaves(rollout.obs), obs_leaves(rollout.next_obs), strict=True)):
         return ~term
     own = rollout.truncated.copy()

@@ -49,6 +49,15 @@ def to_float(x: Tensor) -> Tensor:
     return x.float()
 
 
+def batch_layout(x: Tensor) -> Tensor:
+    """A stored batch laid out as the CNN encoders read it: CHW images [B, C, H, W] channels-last, copied
+    once while still bytes (minibatches gathered from it by indexing stay channels-last, so ``encode`` copies
+    no more); anything else as it is."""
+    if x.dim() == 4 and image_layout(x.shape[1:]) == "chw":
+        return x.contiguous(memory_format=torch.channels_last)
+    return x
+
+
 def image_layout(shape: Sequence[int]) -> Literal["chw", "hwc"] | None:
     """'hwc' or 'chw' for a 3-D observation with a channel-sized (<= 16) first or last axis, else None.
 
