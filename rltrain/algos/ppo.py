@@ -195,13 +195,10 @@ class PPO(ActorCriticState, Algorithm):
         shared with the critic, as CleanRL's and SB3's rollouts keep theirs); otherwise one forward over the
         observations. The successors of their own (``successor_rows``) join that forward; on the numpy path
         the critic runs in numpy (a torch forward here cost ~3 ms per update)."""
+        if rollout.values is not None:  # acting ran the torch policy: its successors the same way
+            return rollout.values, successor_values(self.policy, rollout, rollout.values, None, self.device)
         T, N = rollout.rewards.shape
         own = successor_rows(rollout)
-        if rollout.values is not None:
-            values = rollout.values
-            own_values = self._value_batch(obs_map(lambda n: n[own], rollout.next_obs)) if own.any() \
-                else np.zeros(0, np.float32)
-            return values, join_successors(values, own, own_values, rollout.terminated)
         v = self._value_batch(obs_map(lambda o, n: np.concatenate([o.reshape(T * N, *o.shape[2:]), n[own]]),
                                       rollout.obs, rollout.next_obs))
         values = v[: T * N].reshape(T, N)
