@@ -14,13 +14,15 @@ import numpy as np
 import pytest
 import torch
 
-from rltrain.algos.sac import SAC, QNet, SquashedGaussianActor
+from rltrain.algos.sac import SAC
 from rltrain.cli.build import run
 from rltrain.data.replay import ReplayBuffer
 from rltrain.data.structs import EnvSpec, Rollout, obs_leaves, obs_map
 from rltrain.envs.make import env_spec, make_env, make_vector_env
 from rltrain.errors import ConfigError
-from rltrain.models.factory import ModelSettings, make_actor_critic
+from rltrain.models.factory import ModelSettings, build
+from rltrain.models.q_networks import ContinuousQNetwork
+from rltrain.models.squashed_actor import SquashedGaussianActor
 from rltrain.run.checkpoint import load_checkpoint
 from rltrain.trainers.actors.learner import merge_rollouts
 from rltrain.trainers.collector import RolloutCollector
@@ -42,7 +44,7 @@ def dict_spec(**kw) -> EnvSpec:
 def collector(n: int = 2, vectorization: str = "sync", **kw) -> RolloutCollector:
     spec = dict_spec(**kw)
     settings = ModelSettings(hidden_sizes=(16,), ignore_keys=("mission",) if kw.get("text") else ())
-    policy = make_actor_critic(spec, settings)
+    policy = build(spec, settings, "actor_critic")
     venv = make_vector_env(DICT_ENV, n, list(range(n)), kwargs={**KW, **kw}, vectorization=vectorization)
     return RolloutCollector(venv, policy, spec, device=CPU)
 
@@ -144,7 +146,7 @@ def test_replay_buffer_refuses_frame_stacks_of_dict_observations_in_one_line():
 
 def test_evaluation_stacks_dict_observations_per_key():
     spec = dict_spec()
-    policy = make_actor_critic(spec, ModelSettings(hidden_sizes=(16,)))
+    policy = build(spec, ModelSettings(hidden_sizes=(16,)), "actor_critic")
     returns = evaluate(policy, lambda render_mode=None: make_env(DICT_ENV, KW), episodes=3, eval_seed=5)
     assert returns.tolist() == [8.0, 8.0, 8.0]
 
@@ -185,14 +187,16 @@ def test_dict_obs_runs_resume_bitwise(tmp_path, algo):
 
 # ---- SAC over any observation -------------------------------------------------------------------------------
 
-def test_sac_keeps_its_mlp_modules_for_float_vectors():
+def test_sac_reads_float_vectors_through_cleanrls_mlps():
     spec = env_spec(make_env("Pendulum-v1"), "Pendulum-v1")
     sac = SAC(spec, num_envs=1, device=CPU, hidden_sizes=(8, 8), model=ModelSettings())
-    assert type(sac.policy) is SquashedGaussianActor and type(sac.qf1) is QNet
-    # the parameter names of every SAC checkpoint written so far
-    assert sorted(sac.policy.state_dict()) == ["bias", "log_std.bias", "log_std.weight", "mean.bias", "mean.weight",
-                                               "scale", "torso.0.bias", "torso.0.weight", "torso.2.bias",
-                                               "torso.2.weight"]
+    assert type(sac.policy) is SquashedGaussianActor and type(sac.qf1) is ContinuousQNetwork
+    # the actor's MLP (two hidden layers, then mean and log-std), the critic's MLP over obs ++ action
+    assert sorted(sac.policy.state_dict()) == ["encoder.mlp.0.bias", "encoder.mlp.0.weight", "encoder.mlp.2.bias",
+                                               "encoder.mlp.2.weight", "head.bias", "head.log_std.bias",
+                                               "head.log_std.weight", "head.mean.bias", "head.mean.weight",
+                                               "head.scale"]
+    assert sorted(sac.qf1.state_dict()) == [f"q.{i}.{p}" for i in (0, 2, 4) for p in ("bias", "weight")]
     assert sorted(sac.qf1.state_dict()) == ["q.0.bias", "q.0.weight", "q.2.bias", "q.2.weight", "q.4.bias",
                                             "q.4.weight"]
 

@@ -16,18 +16,21 @@ import torch
 from rltrain.data.structs import EnvSpec
 from rltrain.envs.make import env_spec, make_env
 from rltrain.errors import ConfigError
-from rltrain.models.actor_critic import ActorCritic
+from rltrain.models.actor_critic import ActorCritic, EncoderTorso, TwinMLPTorso
 from rltrain.models.encoders import FlatInput, ImpalaCNN, MinAtarCNN, MLPEncoder, MultiInputEncoder, NatureCNN
-from rltrain.models.factory import (
-    ModelSettings,
-    ModularActorCritic,
-    QNetwork,
-    make_actor_critic,
-    make_q_network,
-)
+from rltrain.models.factory import ModelSettings, build
+from rltrain.models.q_networks import QNetwork
 
 torch.set_num_threads(1)
 HELPERS = "tests.helpers.obs_envs"
+
+
+def make_actor_critic(spec: EnvSpec, settings: ModelSettings, **options) -> ActorCritic:
+    return build(spec, settings, "actor_critic", **options)
+
+
+def make_q_network(spec: EnvSpec, settings: ModelSettings) -> QNetwork:
+    return build(spec, settings, "q").q
 
 
 def spec_of(env_id: str, **kwargs) -> tuple[EnvSpec, object]:
@@ -87,11 +90,11 @@ def test_env_spec_refuses_an_unreadable_observation_space_in_one_line():
 def test_auto_picks_a_cnn_by_layout_and_frame_size(shape, dtype, cls, hwc):
     spec, env = image_spec(shape, dtype)
     model = make_actor_critic(spec, ModelSettings())
-    assert type(model.actor_encoder) is cls and model.actor_encoder.hwc is hwc
+    assert type(model.torso.actor_encoder) is cls and model.torso.actor_encoder.hwc is hwc
     assert not model.obs_norm.enabled
     logits, value = model(batch(env))
     assert logits.shape == (5, 3) and value.shape == (5,)
-    assert model.actor_encoder.out_dim == cls.default_features
+    assert model.torso.actor_encoder.out_dim == cls.default_features
 
 
 @pytest.mark.parametrize("encoder", ["nature", "impala", "minatar"])
@@ -109,14 +112,14 @@ def test_hwc_and_chw_frames_read_the_same_with_the_same_weights(encoder):
 def test_vector_discrete_and_named_cnn_encoders():
     spec, env = spec_of("CartPole-v1")
     model = make_actor_critic(spec, ModelSettings(hidden_sizes=(32,), activation="relu", shared=True))
-    assert type(model.actor_encoder) is MLPEncoder and model.actor_encoder.out_dim == 32
+    assert type(model.torso.actor_encoder) is MLPEncoder and model.torso.actor_encoder.out_dim == 32
     spec, env = spec_of("FrozenLake-v1")  # Discrete observations are one-hot
     model = make_actor_critic(spec, ModelSettings())
-    assert model.actor_encoder.inp.out_dim == 16 and model(batch(env))[0].shape == (5, 4)
+    assert model.torso.actor_encoder.inp.out_dim == 16 and model(batch(env))[0].shape == (5, 4)
     spec, env = image_spec((64, 64, 3))
     model = make_actor_critic(spec, ModelSettings(encoder="impala", cnn_features=100))
-    assert type(model.actor_encoder) is ImpalaCNN and model(batch(env))[0].shape == (5, 3)
-    assert model.actor_encoder.out_dim == 100
+    assert type(model.torso.actor_encoder) is ImpalaCNN and model(batch(env))[0].shape == (5, 3)
+    assert model.torso.actor_encoder.out_dim == 100
 
 
 def test_real_minatar_space_gets_the_minatar_cnn():
@@ -130,7 +133,7 @@ def test_real_minatar_space_gets_the_minatar_cnn():
 def test_dict_observation_one_encoder_per_key_concatenated():
     spec, env = spec_of(f"{HELPERS}:DictEnv", image_shape=(40, 40, 3))
     model = make_actor_critic(spec, ModelSettings(hidden_sizes=(48,)))
-    enc = model.actor_encoder
+    enc = model.torso.actor_encoder
     assert isinstance(enc, MultiInputEncoder) and enc.keys == ("flags", "mode", "pixels", "state")
     assert [type(p) for p in enc.parts] == [FlatInput, FlatInput, NatureCNN, FlatInput]
     assert enc.mlp[0].in_features == 4 + 3 + 512 + 5 and enc.out_dim == 48
@@ -150,7 +153,7 @@ def test_text_key_is_refused_naming_the_key_or_dropped_with_ignore_keys():
     assert str(err.value) == ("model: observation key 'mission' is Text, which no encoder reads; drop it with "
                               "model.ignore_keys=[mission]")
     model = make_actor_critic(spec, ModelSettings(ignore_keys=["mission"]))
-    assert "mission" not in model.actor_encoder.keys
+    assert "mission" not in model.torso.actor_encoder.keys
     assert model(batch(env))[0].shape == (5, 3)  # the Text entry in the batch is simply not read
     with pytest.raises(ConfigError, match=r"model.ignore_keys: 'misson' is not an observation key; did you mean "
                                           r"'mission'\?"):
@@ -197,11 +200,11 @@ def test_mlp_on_large_frames_warns_once_with_the_parameter_count():
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         model = make_actor_critic(spec, ModelSettings(encoder="mlp", hidden_sizes=(64,)))
-    assert type(model.actor_encoder) is MLPEncoder
+    assert type(model.torso.actor_encoder) is MLPEncoder
     msgs = [str(w.message) for w in caught]
     assert msgs == ["model.encoder=mlp on 84x84x4 uint8 frames: its first layer alone has 1,806,400 parameters; "
                     "model.encoder=auto would use a CNN"]
-    assert model.actor_encoder.mlp[0].weight.numel() + 64 == 1_806_400
+    assert model.torso.actor_encoder.mlp[0].weight.numel() + 64 == 1_806_400
 
 
 @pytest.mark.parametrize(("kwargs", "message"), [
@@ -258,7 +261,7 @@ CASES = {
 }
 
 
-def build(case: str, seed: int = 0) -> tuple[ModularActorCritic, object]:
+def build_case(case: str, seed: int = 0) -> tuple[ActorCritic, object]:
     env_id, env_kwargs, model_kwargs = CASES[case]
     spec, env = spec_of(env_id, **env_kwargs)
     torch.manual_seed(seed)
@@ -269,25 +272,26 @@ def test_float_vectors_with_separate_mlps_get_the_twin_mlp_actor_critic_with_the
     spec, env = spec_of("Pendulum-v1")
     settings = ModelSettings(hidden_sizes=(8, 8))
     twin = make_actor_critic(spec, settings, init_log_std=-0.3)
-    assert type(twin) is ActorCritic  # PPO's numpy fast path and existing checkpoints keep working
-    modular = ModularActorCritic(spec, settings, init_log_std=-0.3)
+    assert type(twin.torso) is TwinMLPTorso  # PPO's numpy backend runs this execution
+    modular = ActorCritic(spec, settings.with_mlp((64, 64), "tanh"), init_log_std=-0.3, torso=EncoderTorso)
     # the TwinMLP stacks [actor, critic] weights as [2, in, out]; copy them into the two Linear stacks
     with torch.no_grad():
-        for k, (encoder, head) in enumerate([(modular.actor_encoder, modular.actor_head),
-                                             (modular.critic_encoder, modular.critic_head)]):
-            linears = [m for m in encoder.mlp if isinstance(m, torch.nn.Linear)] + [head.linear]
-            for layer, w, b in zip(linears, twin.nets.weights, twin.nets.biases, strict=True):
+        torso = modular.torso
+        for k, (encoder, head) in enumerate([(torso.actor_encoder, torso.actor_out),
+                                             (torso.critic_encoder, torso.critic_head.linear)]):
+            linears = [m for m in encoder.mlp if isinstance(m, torch.nn.Linear)] + [head]
+            for layer, w, b in zip(linears, twin.torso.nets.weights, twin.torso.nets.biases, strict=True):
                 layer.weight.copy_(w[k, :, :layer.out_features].t())
                 layer.bias.copy_(b[k, 0, :layer.out_features])
         obs = batch(env)
         for a, b in zip(twin(obs), modular(obs), strict=True):
             torch.testing.assert_close(a, b)
-        torch.testing.assert_close(twin.log_std, modular.log_std)
+        torch.testing.assert_close(twin.dist.log_std, modular.dist.log_std)
 
 
 @pytest.mark.parametrize("case", list(CASES))
 def test_act_log_prob_matches_evaluate(case):
-    model, env = build(case)
+    model, env = build_case(case)
     obs = batch(env, 6)
     gen = torch.Generator().manual_seed(3)
     with torch.no_grad():
@@ -295,9 +299,10 @@ def test_act_log_prob_matches_evaluate(case):
         logp, entropy, value = model.evaluate(obs, out.action)
     torch.testing.assert_close(out.log_prob, logp)
     assert entropy.shape == value.shape == (6,)
-    assert out.action.shape == ((6,) if model.discrete else (6, model.act_dim))
-    if not model.discrete:
-        assert model.log_std.shape == (model.act_dim,) and model.log_std.detach()[0].item() == -0.5
+    discrete, act_dim = model.spec.action_kind == "discrete", model.dist.param_dim
+    assert out.action.shape == ((6,) if discrete else (6, act_dim))
+    if not discrete:
+        assert model.dist.log_std.shape == (act_dim,) and model.dist.log_std.detach()[0].item() == -0.5
         det = model.act(obs, deterministic=True).action
         torch.testing.assert_close(det, model(obs)[0])
     torch.testing.assert_close(model.value(obs), value)
@@ -305,14 +310,14 @@ def test_act_log_prob_matches_evaluate(case):
 
 @pytest.mark.parametrize("case", list(CASES))
 def test_gradient_reaches_every_parameter(case):
-    model, env = build(case)
+    model, env = build_case(case)
     obs = batch(env, 6)
     logp, entropy, value = model.evaluate(obs, model.act(obs).action.detach())
     (logp.sum() + entropy.sum() + value.sum()).backward()
     dead = [n for n, p in model.named_parameters() if p.grad is None or not p.grad.abs().sum() > 0]
     assert dead == []
-    if isinstance(model, ModularActorCritic):
-        assert (model.critic_encoder is None) == CASES[case][2].get("shared", False)
+    if isinstance(model.torso, EncoderTorso):
+        assert (model.torso.critic_encoder is None) == CASES[case][2].get("shared", False)
 
 
 def test_q_network_gradients_and_refusal_for_box_actions():
@@ -328,10 +333,10 @@ def test_q_network_gradients_and_refusal_for_box_actions():
 
 @pytest.mark.parametrize("case", ["image-box-shared", "dict-box", "vector-discrete"])
 def test_checkpoint_round_trip_gives_identical_outputs(case, tmp_path):
-    model, env = build(case, seed=0)
+    model, env = build_case(case, seed=0)
     path = tmp_path / "model.pt"
     torch.save(model.state_dict(), path)
-    fresh, _ = build(case, seed=1)
+    fresh, _ = build_case(case, seed=1)
     obs = batch(env)
     with torch.no_grad():
         assert not torch.equal(fresh(obs)[1], model(obs)[1])

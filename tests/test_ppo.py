@@ -169,7 +169,7 @@ def test_numpy_actor_matches_torch_given_the_same_noise(spec):
             t_act, t_logp = categorical_sample(t_out, False, noise=torch.from_numpy(noise))
             np.testing.assert_array_equal(action, t_act.numpy())
         else:
-            t_act, t_logp = gaussian_sample(t_out, pol.log_std, False, noise=torch.from_numpy(noise))
+            t_act, t_logp = gaussian_sample(t_out, pol.dist.log_std, False, noise=torch.from_numpy(noise))
             np.testing.assert_allclose(action, t_act.numpy(), rtol=1e-5, atol=1e-6)
         np.testing.assert_allclose(logp, t_logp.numpy(), rtol=1e-5, atol=1e-6)
         # and the behaviour log-prob the learner recomputes agrees with the collector's

@@ -17,8 +17,9 @@ from rltrain.envs.make import env_spec, make_env
 from rltrain.envs.vector import VecEnv
 from rltrain.envs.wrappers import VelocityMask
 from rltrain.errors import ConfigError
+from rltrain.models.actor_critic import EncoderTorso, TwinMLPTorso
 from rltrain.models.cores import reset_state
-from rltrain.models.factory import ModelSettings, ModularActorCritic
+from rltrain.models.factory import ModelSettings
 from rltrain.run.checkpoint import load_checkpoint
 from rltrain.run.metrics import WALL_CLOCK_PREFIX, read_metrics
 from rltrain.trainers.collector import RolloutCollector
@@ -117,7 +118,7 @@ def test_sequence_recomputation_matches_acting_and_truncated_bootstrap_uses_pre_
     mask[1:] = torch.from_numpy(~done[:-1]).float()
     with torch.no_grad():
         out, values, states = algo.policy.unroll(torch.from_numpy(ro.obs), ro.core_state, mask)
-        logp, _ = algo.policy.actor_head.log_prob_entropy(out, torch.from_numpy(ro.actions))
+        logp, _ = algo.policy.dist.log_prob_entropy(out, torch.from_numpy(ro.actions))
     np.testing.assert_allclose(logp.numpy(), ro.log_probs, rtol=1e-5, atol=1e-5)
     for t in range(ro.shape[0]):  # the states after each step are the ones acting produced
         for a, b in zip(states[t], recorded[t], strict=True):
@@ -183,12 +184,10 @@ def test_minibatches_must_divide_the_envs():
 
 
 def test_feed_forward_policy_is_unchanged():
-    from rltrain.models.actor_critic import ActorCritic
-
     algo = PPO(env_spec(Counting(), "c"), num_envs=4, device=CPU)
-    assert isinstance(algo.policy, ActorCritic) and algo.numpy_update and algo.policy.initial_state(4) is None
+    assert isinstance(algo.policy.torso, TwinMLPTorso) and algo.numpy_update and algo.policy.initial_state(4) is None
     rec = _recurrent_ppo()
-    assert isinstance(rec.policy, ModularActorCritic) and not rec.numpy_update
+    assert isinstance(rec.policy.torso, EncoderTorso) and not rec.numpy_update
     collector = RolloutCollector(_mixed_envs(), algo.policy, algo.spec, device=CPU)
     assert collector.collect(4).core_state is None and collector.state_dict()["core_state"] is None
 

@@ -3,7 +3,7 @@
 Settings follow Stable-Baselines3's A2C (short rollouts of ``rollout_len`` steps over N envs, one
 gradient step per rollout, RMSprop with alpha 0.99 / eps 1e-5, grad-norm clip 0.5). Targets are n-step
 bootstrapped returns (``gae_lambda = 1``) or GAE (``gae_lambda < 1``), from the shared ``returns.py``.
-The network comes from the model family (``models/factory.make_actor_critic``): separate actor and critic
+The network comes from the model family (``models.factory.build(..., "actor_critic")``): separate actor and critic
 MLPs on vectors, a CNN / multi-input encoder on images and Dict observations.
 """
 
@@ -28,7 +28,7 @@ from rltrain.algos.sequences import evaluate_rollout
 from rltrain.data.returns import gae, nstep_returns
 from rltrain.data.structs import EnvSpec, Metrics, Rollout
 from rltrain.errors import ConfigError
-from rltrain.models.factory import ModelSettings, make_actor_critic
+from rltrain.models.factory import ModelSettings, build
 from rltrain.models.layers import RunningNorm
 
 
@@ -79,8 +79,8 @@ class A2C(ActorCriticState, Algorithm):
         self.rollout_len, self.lr, self.anneal_lr = rollout_len, lr, anneal_lr
         self.gamma, self.gae_lambda = gamma, gae_lambda
         self.ent_coef, self.vf_coef, self.max_grad_norm, self.norm_adv = ent_coef, vf_coef, max_grad_norm, norm_adv
-        self.policy = make_actor_critic(spec, (model or ModelSettings()).with_mlp(hidden_sizes, activation),
-                                        norm_obs=norm_obs, init_log_std=init_log_std).to(device)
+        self.policy = build(spec, (model or ModelSettings()).with_mlp(hidden_sizes, activation), "actor_critic",
+                            norm_obs=norm_obs, init_log_std=init_log_std).to(device)
         self.recurrent = (model or ModelSettings()).core != "identity"  # model.core=lstm|gru: learn on sequences
         self.params = self.policy.param_list()  # the shared optimiser-state order
         self.optimizer = make_optimizer(optimizer, self.params, lr, optimizer_eps)

@@ -19,45 +19,9 @@ from torch import Tensor, nn
 
 from rltrain.algos.base import Algorithm, Sync, make_adam, positive, refuse_recurrent
 from rltrain.data.replay import ReplayBuffer
-from rltrain.data.structs import ActOutput, EnvSpec, Metrics, Policy, Rollout
+from rltrain.data.structs import EnvSpec, Metrics, Rollout
 from rltrain.errors import ConfigError
-from rltrain.models.factory import ModelSettings, is_float_vector, make_q_network
-from rltrain.models.layers import mlp
-
-
-class QPolicy(Policy):
-    """Q(s, .) and epsilon-greedy acting. ``epsilon`` is a buffer so it ships to actors with the weights.
-
-    The Q-network comes from the model family: an MLP on float vectors (``q`` is a plain ``nn.Sequential``, as
-    in every earlier checkpoint), an encoder + Q head on images, Discrete and Dict observations (the encoder
-    converts uint8 / bool and scales on the model's device)."""
-
-    def __init__(self, spec: EnvSpec, *, model: ModelSettings):
-        super().__init__()
-        self.n_actions = spec.n_actions
-        self.flat = is_float_vector(spec.observation) and model.encoder in ("auto", "mlp")
-        if self.flat:
-            self.q = mlp(int(np.prod(spec.obs_shape)), model.hidden_sizes, spec.n_actions, activation=model.activation)
-        else:
-            self.q = make_q_network(spec, model)
-        self.register_buffer("epsilon", torch.tensor(1.0))
-
-    def forward(self, obs: Tensor) -> Tensor:
-        """obs [B, *obs_shape] (stored dtype) -> Q-values [B, n_actions]."""
-        return self.q(obs.flatten(1).float()) if self.flat else self.q(obs)
-
-    def act(self, obs: Tensor, *, deterministic: bool = False,
-            generator: torch.Generator | None = None) -> ActOutput:
-        greedy = self(obs).argmax(-1)
-        if deterministic:
-            return ActOutput(greedy, torch.zeros(greedy.shape))
-        eps = float(self.epsilon)
-        explore = torch.rand(greedy.shape, generator=generator) < eps
-        uniform = torch.randint(0, self.n_actions, greedy.shape, generator=generator)
-        action = torch.where(explore, uniform, greedy)
-        # behaviour probability of the chosen action under epsilon-greedy (for logging / off-policy checks)
-        prob = eps / self.n_actions + (1.0 - eps) * (action == greedy).float()
-        return ActOutput(action, prob.log())
+from rltrain.models.factory import ModelSettings, build
 
 
 class DQN(Algorithm):
@@ -116,7 +80,8 @@ class DQN(Algorithm):
             raise ConfigError(f"algo.loss={loss!r}: choose mse or huber")
         self.loss = loss
 
-        self.policy = QPolicy(spec, model=(model or ModelSettings()).with_mlp(hidden_sizes, activation)).to(device)
+        # Q(s, .) from the model family: encoder by observation space + one output per action
+        self.policy = build(spec, (model or ModelSettings()).with_mlp(hidden_sizes, activation), "q").to(device)
         self.target = copy.deepcopy(self.policy).requires_grad_(False)
         self.params = list(self.policy.parameters())
         self.optimizer = make_adam(self.params, lr, eps=1e-8)

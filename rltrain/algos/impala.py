@@ -9,7 +9,7 @@ correctness check (``train/rho_mean`` is logged and stays at 1 there). The real 
 actors (``trainer=subprocess_actors``).
 
 Loss (paper, section 4.2): -rho_pg * A_vtrace * log pi + baseline_coef * 0.5 (v_s - V)^2 - ent_coef * H.
-The network comes from the model family (``models/factory.make_actor_critic``); checkpoints share PPO's layout
+The network comes from the model family (``models.factory.build(..., "actor_critic")``); checkpoints share PPO's layout
 (``ActorCriticState``).
 """
 
@@ -27,7 +27,7 @@ from rltrain.algos.sequences import evaluate_rollout
 from rltrain.data.returns import vtrace
 from rltrain.data.structs import EnvSpec, Metrics, Rollout
 from rltrain.errors import ConfigError
-from rltrain.models.factory import ModelSettings, make_actor_critic
+from rltrain.models.factory import ModelSettings, build
 from rltrain.models.layers import RunningNorm
 
 
@@ -75,8 +75,8 @@ class IMPALA(ActorCriticState, Algorithm):
         self.rollout_len, self.lr, self.anneal_lr, self.gamma = rollout_len, lr, anneal_lr, gamma
         self.rho_bar, self.c_bar, self.pg_rho_bar = rho_bar, c_bar, pg_rho_bar
         self.ent_coef, self.vf_coef, self.max_grad_norm, self.norm_adv = ent_coef, vf_coef, max_grad_norm, norm_adv
-        self.policy = make_actor_critic(spec, (model or ModelSettings()).with_mlp(hidden_sizes, activation),
-                                        norm_obs=norm_obs, init_log_std=init_log_std).to(device)
+        self.policy = build(spec, (model or ModelSettings()).with_mlp(hidden_sizes, activation), "actor_critic",
+                            norm_obs=norm_obs, init_log_std=init_log_std).to(device)
         self.recurrent = (model or ModelSettings()).core != "identity"  # model.core=lstm|gru: learn on sequences
         self.params = self.policy.param_list()  # the shared optimiser-state order
         self.optimizer = make_optimizer(optimizer, self.params, lr, optimizer_eps)

@@ -25,13 +25,9 @@ from rltrain.algos.surrogate_numpy import NumpyPPOStep
 from rltrain.data.returns import gae
 from rltrain.data.structs import EnvSpec, Metrics, ObsArray, Rollout, obs_map
 from rltrain.errors import ConfigError
-from rltrain.models.actor_critic import ActorCritic
 from rltrain.models.encoders import batch_layout
-from rltrain.models.factory import ModelSettings, make_actor_critic
-from rltrain.models.layers import (
-    RunningNorm,
-    gaussian_logp_entropy,
-)
+from rltrain.models.factory import ModelSettings, build
+from rltrain.models.layers import RunningNorm
 from rltrain.models.numpy_mlp import (
     FlatAdam,
     FlatParams,
@@ -102,14 +98,15 @@ class PPO(ActorCriticState, Algorithm):
         if self.recurrent and num_envs % num_minibatches:
             raise ConfigError(f"algo.num_minibatches={num_minibatches}: a recurrent core splits minibatches by env, "
                               f"so it must divide env.num_envs={num_envs}; set algo.num_minibatches to a divisor")
-        self.policy = make_actor_critic(spec, model.with_mlp(hidden_sizes, activation),
-                                        norm_obs=norm_obs, init_log_std=init_log_std).to(device)
+        self.policy = build(spec, model.with_mlp(hidden_sizes, activation), "actor_critic",
+                            norm_obs=norm_obs, init_log_std=init_log_std).to(device)
         # TwinMLP weights, biases, then log_std (box): the numpy update relies on this order, and both
         # paths' optimiser state (torch Adam's format) is indexed by it
         self.params = self.policy.param_list()
-        # the numpy update is written for the twin-MLP actor-critic (float vectors); CNN / Dict models and
-        # recurrent cores learn in torch
-        self.numpy_update = numpy_update and device.type == "cpu" and isinstance(self.policy, ActorCritic)
+        # the numpy update is the numpy backend of the fused twin-MLP torso (float vectors) with a categorical
+        # or Gaussian distribution; encoders, cores and other action spaces learn in torch
+        nets, numpy_kind = self.policy.fused_mlp, self.policy.dist.numpy_kind
+        self.numpy_update = numpy_update and device.type == "cpu" and nets is not None and numpy_kind is not None
         self.optimizer: torch.optim.Optimizer | FlatAdam
         if self.numpy_update:
             single_thread_blas()
@@ -117,8 +114,8 @@ class PPO(ActorCriticState, Algorithm):
             self.policy.flat_params = self.flat.flat
             self.optimizer = FlatAdam(self.flat, group=adam_group(lr, 1e-5))  # make_adam's eps
             self._numpy_step = NumpyPPOStep(
-                self.flat, len(self.policy.nets.weights), activation=activation, discrete=self.policy.discrete,
-                act_dim=self.policy.act_dim, clip_coef=clip_coef, clip_vloss=clip_vloss, ent_coef=ent_coef,
+                self.flat, len(nets.weights), activation=nets.activation, discrete=numpy_kind == "categorical",
+                act_dim=self.policy.dist.param_dim, clip_coef=clip_coef, clip_vloss=clip_vloss, ent_coef=ent_coef,
                 vf_coef=vf_coef)
         else:
             self.optimizer = make_adam(self.params, lr)
@@ -245,8 +242,6 @@ class PPO(ActorCriticState, Algorithm):
         if self.norm_adv:
             adv = (adv - adv.mean()) / (adv.std() + 1e-8)
         act = act.reshape(B, *act.shape[2:])
-        if self.policy.discrete:
-            act = act.long().unsqueeze(-1)
         return self._surrogate_step(out.reshape(B, -1), value.reshape(B), act, old_logp.reshape(B), -adv,
                                     ret.reshape(B), old_val.reshape(B))
 
@@ -259,12 +254,7 @@ class PPO(ActorCriticState, Algorithm):
 
     def _normalised_obs(self, obs: np.ndarray) -> np.ndarray:
         """[T, N, *obs_shape] -> [T * N, obs_dim] as the nets see it (the normaliser is fixed during an update)."""
-        x = obs.reshape(obs.shape[0] * obs.shape[1], -1)
-        norm = self.policy.obs_norm
-        if not norm.enabled:
-            return x
-        mean, std = norm._mean32.numpy().reshape(-1), norm._std32.numpy().reshape(-1)
-        return np.clip((x - mean) / std, -norm.clip, norm.clip).astype(np.float32)
+        return self.policy.obs_norm.normalise_numpy(obs.reshape(obs.shape[0] * obs.shape[1], -1))
 
     def _minibatches(self, obs: np.ndarray | Tensor | dict, rollout: Rollout, adv: np.ndarray, ret: np.ndarray,
                      values: np.ndarray) -> list:
@@ -293,8 +283,6 @@ class PPO(ActorCriticState, Algorithm):
         if self.numpy_update:
             return [gather(obs, False), *arrays]
         tensors = [torch.as_tensor(a).to(dev) for a in arrays]
-        if self.policy.discrete:
-            tensors[0] = tensors[0].long().unsqueeze(-1)  # [.., mb, 1] index for gather
         return [MinibatchRows(obs, torch.from_numpy(idx.reshape(shape)).to(dev)), *(t.unbind(0) for t in tensors)]
 
     def _numpy_step_and_update(self, *batch: np.ndarray) -> np.ndarray:
@@ -308,7 +296,7 @@ class PPO(ActorCriticState, Algorithm):
                         old_val: Tensor) -> Tensor:
         """One gradient step; returns detached [pg_loss, v_loss, entropy, approx_kl, clip_frac].
 
-        obs [mb, ...], act [mb, 1] int64 (discrete) or [mb, A], the rest [mb]; ``neg_adv`` is -advantage,
+        obs [mb, ...], act [mb] int64 (discrete) or [mb, A], the rest [mb]; ``neg_adv`` is -advantage,
         already normalised."""
         out, value = self.policy(obs)
         return self._surrogate_step(out, value, act, old_logp, neg_adv, ret, old_val)
@@ -317,12 +305,7 @@ class PPO(ActorCriticState, Algorithm):
                         ret: Tensor, old_val: Tensor) -> Tensor:
         """The clipped surrogate, value and entropy losses for policy outputs ``out`` [mb, A] and ``value``
         [mb]; one optimiser step. Returns detached [pg_loss, v_loss, entropy, approx_kl, clip_frac]."""
-        if self.policy.discrete:
-            logp_all = torch.log_softmax(out, dim=-1)
-            logp = logp_all.gather(-1, act).squeeze(-1)
-            entropy = -(logp_all.exp() * logp_all).sum(-1)
-        else:
-            logp, entropy = gaussian_logp_entropy(out, self.policy.log_std, act)
+        logp, entropy = self.policy.dist.log_prob_entropy(out, act)
         log_ratio = logp - old_logp
         ratio = log_ratio.exp()
         pg_loss = torch.max(neg_adv * ratio, neg_adv * ratio.clamp(1 - self.clip_coef, 1 + self.clip_coef)).mean()

@@ -6,9 +6,8 @@ correction), and automatic entropy tuning towards ``target_entropy = -dim(A)``. 
 DQN's: ``gradient_steps`` updates every ``train_frequency`` env steps after ``learning_starts`` steps of
 uniform-random warm-up (all counts in env steps over all envs and workers).
 
-Any observation the model family encodes: float vectors keep the plain MLP actor and critics below (same
-maths and checkpoints as always); images and Dicts get ``models.factory.make_sac_actor`` (encoder ->
-squashed Gaussian) and ``make_continuous_q`` (encoder(obs) ++ action -> MLP, one encoder per critic).
+Any observation the model family encodes (``models.factory.build``: ``squashed_actor``, ``continuous_q``):
+float vectors through CleanRL's MLPs, images and Dicts through their encoder first.
 """
 
 from __future__ import annotations
@@ -19,54 +18,14 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 import torch.nn.functional as F
-from torch import Tensor, nn
+from torch import Tensor
 
 from rltrain.algos.base import Algorithm, Sync, make_adam, positive, refuse_recurrent
 from rltrain.data.replay import ReplayBuffer
-from rltrain.data.structs import ActOutput, EnvSpec, Metrics, Policy, Rollout
+from rltrain.data.structs import EnvSpec, Metrics, Rollout
 from rltrain.errors import ConfigError
-from rltrain.models.factory import ModelSettings, is_float_vector, make_continuous_q, make_sac_actor
-from rltrain.models.heads import OrnsteinUhlenbeckNoise, squashed_gaussian_sample
-from rltrain.models.layers import ACTIVATIONS, mlp
-
-
-class SquashedGaussianActor(Policy):
-    """pi(a|s) = scale * tanh(u) + bias with u ~ N(mu(s), sigma(s)); log-probs include the tanh Jacobian."""
-
-    def __init__(self, spec: EnvSpec, *, hidden_sizes: Sequence[int], activation: str):
-        super().__init__()
-        obs_dim, act_dim = int(np.prod(spec.obs_shape)), int(np.prod(spec.action_shape))
-        self.torso = mlp(obs_dim, hidden_sizes[:-1], hidden_sizes[-1], activation=activation)
-        self.torso.append(ACTIVATIONS[activation]())
-        self.mean = nn.Linear(hidden_sizes[-1], act_dim)
-        self.log_std = nn.Linear(hidden_sizes[-1], act_dim)
-        low, high = np.asarray(spec.action_low, np.float32), np.asarray(spec.action_high, np.float32)
-        self.register_buffer("scale", torch.from_numpy((high - low) / 2.0))
-        self.register_buffer("bias", torch.from_numpy((high + low) / 2.0))
-
-    def sample(self, obs: Tensor, *, deterministic: bool = False,
-               generator: torch.Generator | None = None) -> tuple[Tensor, Tensor]:
-        """obs [B, *obs_shape] -> (action [B, A] in the env's bounds, log pi(action|obs) [B]); differentiable."""
-        h = self.torso(obs.flatten(1).float())  # observations keep their dtype (MuJoCo's are float64)
-        return squashed_gaussian_sample(self.mean(h), self.log_std(h), self.scale, self.bias,
-                                        deterministic=deterministic, generator=generator)
-
-    def act(self, obs: Tensor, *, deterministic: bool = False,
-            generator: torch.Generator | None = None) -> ActOutput:
-        return ActOutput(*self.sample(obs, deterministic=deterministic, generator=generator))
-
-
-class QNet(nn.Module):
-    """Q(s, a) MLP over the concatenated observation and action."""
-
-    def __init__(self, spec: EnvSpec, *, hidden_sizes: Sequence[int], activation: str):
-        super().__init__()
-        in_dim = int(np.prod(spec.obs_shape)) + int(np.prod(spec.action_shape))
-        self.q = mlp(in_dim, hidden_sizes, 1, activation=activation)
-
-    def forward(self, obs: Tensor, action: Tensor) -> Tensor:
-        """obs [B, ...], action [B, A] -> Q [B]."""
-        return self.q(torch.cat([obs.flatten(1).float(), action], -1)).squeeze(-1)
+from rltrain.models.factory import ModelSettings, build
+from rltrain.models.heads import OrnsteinUhlenbeckNoise
 
 
 class SAC(Algorithm):
@@ -120,16 +79,9 @@ class SAC(Algorithm):
         self.checkpoint_buffer = checkpoint_buffer
 
         model = (model or ModelSettings()).with_mlp(hidden_sizes, activation)
-        # float vectors keep the plain MLP modules (same maths, init and checkpoints as before the model
-        # family); any other observation gets encoder -> squashed Gaussian and encoder(obs) ++ action -> MLP
-        self.flat = is_float_vector(spec.observation) and model.encoder in ("auto", "mlp") and not model.ignore_keys
-        if self.flat:
-            net = {"hidden_sizes": list(hidden_sizes), "activation": activation}
-            self.policy: SquashedGaussianActor | Policy = SquashedGaussianActor(spec, **net).to(device)
-            critic = lambda: QNet(spec, **net).to(device)  # noqa: E731
-        else:
-            self.policy = make_sac_actor(spec, model).to(device)
-            critic = lambda: make_continuous_q(spec, model).to(device)  # noqa: E731
+        # the model family: encoder -> squashed Gaussian, and encoder(obs) ++ action -> MLP per critic
+        self.policy = build(spec, model, "squashed_actor").to(device)
+        critic = lambda: build(spec, model, "continuous_q").to(device)  # noqa: E731
         positive("algo.action_noise", action_noise, allow_zero=True)
         if action_noise > 0:  # the collector adds it while acting (evaluation stays noise-free)
             self.policy.action_noise = OrnsteinUhlenbeckNoise(sigma=action_noise, theta=noise_theta, dt=noise_dt)
@@ -177,8 +129,6 @@ class SAC(Algorithm):
         """One SAC step; returns detached [q_loss, actor_loss, alpha_loss, alpha, entropy, mean Q]."""
         b = self.buffer.sample(self.batch_size)
         obs, next_obs = b.obs, b.next_obs  # stored dtype (a dict of them for Dict spaces): encoders convert
-        if self.flat:
-            obs, next_obs = obs.float(), next_obs.float()  # what the plain MLPs take
         alpha = self.log_alpha.detach().exp()
 
         # 1. Critics: soft Bellman target from the clipped double-Q of the target nets.

@@ -87,7 +87,7 @@ def evaluate_sequences(policy, rollout: Rollout, actions: Tensor, device: torch.
     T, N = rollout.shape
     obs, start, mask = sequence_inputs(rollout, device)
     out, value, states = policy.unroll(obs, start, mask)
-    logp, entropy = policy.actor_head.log_prob_entropy(out.reshape(T * N, -1), actions)
+    logp, entropy = policy.dist.log_prob_entropy(out.reshape(T * N, -1), actions)
     value = value.reshape(T * N)
     values = value.detach().cpu().numpy().reshape(T, N).astype(np.float32)
     return logp, entropy, value, values, successor_values(policy, rollout, values, states, device)

@@ -24,7 +24,7 @@ import yaml
 
 from rltrain.envs.make import EnvFactory
 from rltrain.errors import ConfigError, close_matches
-from rltrain.models.factory import ModelSettings
+from rltrain.models.settings import ModelSettings
 from rltrain.run.device import pick_device
 from rltrain.run.seeding import draw_root_seed
 from rltrain.trainers.settings import (
@@ -111,7 +111,7 @@ def _type_name(hint: Any) -> str:
 
 def model_settings(cfg: dict) -> ModelSettings:
     """The ``model`` group, typed (its dataclass validates itself)."""
-    node = cfg.get("model") or {"_target_": "rltrain.models.factory.ModelSettings"}
+    node = cfg.get("model") or {"_target_": "rltrain.models.settings.ModelSettings"}
     cls = resolve_target(node, "model")
     check_kwargs(cls, hparams(node), "model")
     return cls(**hparams(node))
@@ -317,6 +317,7 @@ def load_policy(path: Path, *, device: str = "cpu", allow_import: bool = False):
     wrappers = [w if isinstance(w, str) else next(iter(w), "") for w in env.get("wrappers") or []]
     named = [f"env.id={env_id}"] if ":" in env_id else []
     named += [f"env.wrappers entry {w}" for w in wrappers if ":" in str(w)]
+    named += [f"model.imports entry {m}" for m in (cfg.get("model") or {}).get("imports") or []]
     if named and not allow_import:
         raise ConfigError(f"checkpoint={path}: {named[0]} inside it names a module to import, which runs its "
                           "code; pass --allow-import if you trust this checkpoint")

@@ -29,63 +29,14 @@ FORMATS = {"torchscript": "policy.pt", "onnx": "policy.onnx"}
 
 
 def deterministic_actor(policy, spec):
-    """An ``nn.Module`` obs -> action that runs only torch ops (no numpy fast path, no sampling)."""
-    import torch
-    from torch import nn
-
-    from rltrain.algos.dqn import QPolicy
-    from rltrain.algos.sac import SquashedGaussianActor
-    from rltrain.models.actor_critic import ActorCritic
-    from rltrain.models.factory import ModularActorCritic
-
-    kinds = {ActorCritic: "actor_critic", ModularActorCritic: "modular", QPolicy: "q", SquashedGaussianActor: "sac"}
-    kind = next((k for cls, k in kinds.items() if isinstance(policy, cls)), None)
-    if kind is None:
-        raise ConfigError(f"policy={type(policy).__name__}: no export for this policy type; export supports "
-                          "ppo, a2c, impala, dqn and sac checkpoints")
-    class DeterministicActor(nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.policy = policy
-            box = spec.action_kind != "discrete"
-            self.register_buffer("low", torch.tensor(spec.action_low if box else (), dtype=torch.float32))
-            self.register_buffer("high", torch.tensor(spec.action_high if box else (), dtype=torch.float32))
-
-        def action(self, out, batch: int):
-            """Head output -> the action evaluation steps the env with (argmax, or the mean clipped)."""
-            if spec.action_kind == "discrete":
-                return out.argmax(-1)
-            action = out.reshape(batch, *spec.action_shape)
-            return torch.maximum(torch.minimum(action, self.high), self.low)  # what evaluation clips to
-
-        def forward(self, obs):
-            if kind == "q":
-                return self.policy(obs).argmax(-1)
-            if kind == "sac":
-                return self.action(self.policy.sample(obs, deterministic=True)[0], obs.shape[0])
-            if kind == "actor_critic":
-                return self.action(self.policy(obs)[0], obs.shape[0])
-            p = self.policy
-            return self.action(p.actor_head(p.actor_encoder(p._normalised(obs))), obs.shape[0])
-
-    class RecurrentDeterministicActor(DeterministicActor):
-        """The actor torso and core only: the critic core's state does not change an action."""
-
-        def forward(self, obs, *state):
-            p = self.policy
-            features, state = p.actor_core.step(p.actor_encoder(p._normalised(obs)), state)
-            return (self.action(p.actor_head(features), obs.shape[0]), *state)
-
-    actor = RecurrentDeterministicActor() if getattr(policy, "recurrent", False) else DeterministicActor()
-    # frozen: the exported graph returns plain tensors (no autograd) to whoever runs it
-    return actor.eval().requires_grad_(False)
+    """An ``nn.Module`` obs (+ state) -> action that runs only torch ops (no numpy fast path, no sampling):
+    the policy's own ``export_module()``, frozen (the exported graph returns plain tensors)."""
+    return policy.export_module().eval().requires_grad_(False)
 
 
 def state_names(policy) -> list[str]:
     """The exported state inputs of a recurrent policy's actor core ([] when feed-forward)."""
-    if not getattr(policy, "recurrent", False):
-        return []
-    return ["h", "c"] if policy.actor_core.kind == "lstm" else ["h"]
+    return list(policy.export_module().state_names)
 
 
 def spaces_record(spec, *, out: Path, cfg: dict, checkpoint: Path, policy=None) -> dict:
@@ -102,7 +53,7 @@ def spaces_record(spec, *, out: Path, cfg: dict, checkpoint: Path, policy=None) 
               "observation": {"shape": list(spec.obs_shape), "dtype": spec.obs_dtype}, "action": action}
     names = state_names(policy)
     if names:
-        size = policy.actor_core.out_dim
+        size = policy.export_module().state_size
         record["input"] += "".join(f", {n} [1, B, {size}]" for n in names)
         record["output"] += "".join(f", {n}_out [1, B, {size}]" for n in names)
         record["state"] = {"names": names, "shape": [1, "B", size], "dtype": "float32", "initial": "zeros",
@@ -137,7 +88,8 @@ def export(path: Path, *, fmt: str, out: Path | None = None, allow_import: bool 
     example = example_observations(spec)
     names = state_names(policy)
     if names:  # a non-zero example state, so that tracing cannot fold the state away
-        example = (example, *(torch.full((1, example.shape[0], policy.actor_core.out_dim), 0.5) for _ in names))
+        size = actor.state_size
+        example = (example, *(torch.full((1, example.shape[0], size), 0.5) for _ in names))
     else:
         example = (example,)
     target = out / FORMATS[fmt]

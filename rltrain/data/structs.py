@@ -199,15 +199,22 @@ class Rollout:
 
 
 class Policy(nn.Module, ABC):
-    """The only object shipped to actors / agent processes. Acts on a batch of raw observations."""
+    """What the collector, actors, evaluation, export and the Python API see of any algorithm's policy (the
+    only object shipped to actor and agent processes). Acts on a batch of raw observations."""
 
     @abstractmethod
     def act(self, obs: Tensor, state: tuple[Tensor, ...] | None = None, *, deterministic: bool = False,
             generator: torch.Generator | None = None) -> ActOutput:
-        """obs [N, *obs_shape] float32 -> ActOutput(action [N, ...], log_prob [N]). A recurrent policy also
-        takes the core ``state`` (its ``initial_state(N)`` at the start) and returns the next one in
-        ``ActOutput.state``; feed-forward policies are called without it."""
+        """obs [N, *obs_shape] in the stored dtype (a dict of them for Dict spaces) -> ActOutput(action
+        [N, ...], log_prob [N]). A recurrent policy also takes the core ``state`` (its ``initial_state(N)`` at
+        the start) and returns the next one in ``ActOutput.state``; feed-forward policies ignore it."""
 
     def initial_state(self, n: int) -> tuple[Tensor, ...] | None:
         """The core state of n envs at an episode's start; None for a feed-forward policy (the default)."""
         return None
+
+    @abstractmethod
+    def export_module(self) -> nn.Module:
+        """A frozen-ready ``nn.Module``: obs [B, ...] (+ state tensors) -> the deterministic action evaluation
+        steps an env with (+ the next state); torch ops only. Its ``state_names`` (a list) names the state
+        inputs of a recurrent policy ([] for feed-forward ones), ``state_size`` their width."""

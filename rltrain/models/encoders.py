@@ -16,7 +16,8 @@ from __future__ import annotations
 import math
 import warnings
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
 
 import torch
@@ -28,10 +29,8 @@ from rltrain.errors import ConfigError, close_matches
 from rltrain.models.layers import ACTIVATIONS
 
 if TYPE_CHECKING:
-    from rltrain.models.factory import ModelSettings
+    from rltrain.models.settings import ModelSettings
 
-IMAGE_ENCODERS = ("nature", "impala", "minatar")
-ENCODERS = ("auto", "mlp", *IMAGE_ENCODERS)
 MAX_CHANNELS = 16  # an image's channel axis is its first or last one, and small (frame stacks, RGB, MinAtar)
 Obs = Tensor | dict[str, "Obs"]
 
@@ -111,12 +110,15 @@ class FlatInput(Encoder):
         return to_float(obs.flatten(1))
 
 
-def hidden_mlp(in_dim: int, hidden_sizes: Sequence[int], activation: str) -> tuple[nn.Sequential, int]:
-    """Linear + activation per hidden size (orthogonal, gain sqrt(2)); returns (net, output width)."""
+def hidden_mlp(in_dim: int, hidden_sizes: Sequence[int], activation: str, *,
+               last_gain: float = math.sqrt(2)) -> tuple[nn.Sequential, int]:
+    """Linear + activation per hidden size (orthogonal, gain sqrt(2); ``last_gain`` for the last hidden layer);
+    returns (net, output width)."""
     layers: list[nn.Module] = []
     last = in_dim
-    for width in hidden_sizes:
-        layers += [ortho(nn.Linear(last, width)), ACTIVATIONS[activation]()]
+    for i, width in enumerate(hidden_sizes):
+        gain = last_gain if i == len(hidden_sizes) - 1 else math.sqrt(2)
+        layers += [ortho(nn.Linear(last, width), gain), ACTIVATIONS[activation]()]
         last = width
     return nn.Sequential(*layers), last
 
@@ -124,10 +126,11 @@ def hidden_mlp(in_dim: int, hidden_sizes: Sequence[int], activation: str) -> tup
 class MLPEncoder(Encoder):
     """Flattened (or one-hot) observation -> MLP features [B, hidden_sizes[-1]]."""
 
-    def __init__(self, obs: ObsSpace, *, hidden_sizes: Sequence[int], activation: str):
+    def __init__(self, obs: ObsSpace, *, hidden_sizes: Sequence[int], activation: str,
+                 last_gain: float = math.sqrt(2)):
         super().__init__()
         self.inp = FlatInput(obs)
-        self.mlp, self.out_dim = hidden_mlp(self.inp.out_dim, hidden_sizes, activation)
+        self.mlp, self.out_dim = hidden_mlp(self.inp.out_dim, hidden_sizes, activation, last_gain=last_gain)
 
     def encode(self, obs: Tensor) -> Tensor:  # type: ignore[override]
         return self.mlp(self.inp.encode(obs))
@@ -217,6 +220,36 @@ class MinAtarCNN(ImageEncoder):
 CNNS: dict[str, type[ImageEncoder]] = {"nature": NatureCNN, "impala": ImpalaCNN, "minatar": MinAtarCNN}
 
 
+@dataclass(frozen=True)
+class RegisteredEncoder:
+    """A user's encoder: ``factory(obs_space, settings) -> Encoder``, for every image in the observation
+    (top-level or a Dict key) with ``images_only``, else for the whole observation space."""
+
+    factory: Callable[[ObsSpace, ModelSettings], Encoder]
+    images_only: bool
+
+
+REGISTERED: dict[str, RegisteredEncoder] = {}
+
+
+def register_encoder(name: str, factory: Callable[[ObsSpace, ModelSettings], Encoder], *,
+                     images_only: bool = True) -> None:
+    """Make ``model.encoder=<name>`` build ``factory(obs_space, settings)``: an ``Encoder`` subclass (or a
+    function returning one) whose ``out_dim`` is its feature width. With ``images_only`` (the default) it
+    encodes each image (3-D, channels first or last) as the built-in CNNs do, Dict keys included, and
+    everything else keeps its default encoder; otherwise it receives the whole observation space, Dict or
+    not. Every algorithm and trainer then uses it; call it from a module listed in ``model.imports`` so
+    that worker processes register it too (README "Extending")."""
+    if name in ("auto", "mlp", *CNNS):
+        raise ValueError(f"register_encoder: {name!r} is a built-in encoder name")
+    REGISTERED[name] = RegisteredEncoder(factory, images_only)
+
+
+def encoder_names() -> tuple[str, ...]:
+    """Every valid ``model.encoder``: auto, mlp, the built-in CNNs and the registered encoders."""
+    return ("auto", "mlp", *CNNS, *REGISTERED)
+
+
 class MultiInputEncoder(Encoder):
     """Dict observation -> one encoder per key (CNN for images, flattened or one-hot for the rest),
     concatenated in the space's key order, then the MLP over the concatenation (SB3's CombinedExtractor
@@ -256,8 +289,10 @@ def _part_encoder(path: str, sub: ObsSpace, settings: ModelSettings, warn: bool)
     return FlatInput(sub)
 
 
-def _image_encoder(obs: ObsSpace, settings: ModelSettings, *, warn: bool, where: str = "") -> ImageEncoder | None:
+def _image_encoder(obs: ObsSpace, settings: ModelSettings, *, warn: bool, where: str = "") -> Encoder | None:
     """The CNN ``settings.encoder`` names (``auto``: by frame size) for an image, or None for ``mlp``."""
+    if settings.encoder in REGISTERED:
+        return REGISTERED[settings.encoder].factory(obs, settings)  # type: ignore[return-value]
     h, w = (obs.shape[0], obs.shape[1]) if image_layout(obs.shape) == "hwc" else (obs.shape[1], obs.shape[2])
     side, name = min(h, w), settings.encoder
     if name == "auto":
@@ -307,6 +342,9 @@ def make_encoder(obs: ObsSpace, settings: ModelSettings, *, warn: bool = True) -
     """
     if settings.ignore_keys:
         _check_ignore_keys(obs, settings.ignore_keys)
+    custom = REGISTERED.get(settings.encoder)
+    if custom is not None and not custom.images_only:
+        return custom.factory(obs, settings)
     if obs.kind == "dict":
         return MultiInputEncoder(obs, settings, warn=warn)
     if obs.kind == "unsupported":
@@ -315,7 +353,7 @@ def make_encoder(obs: ObsSpace, settings: ModelSettings, *, warn: bool = True) -
         cnn = _image_encoder(obs, settings, warn=warn)
         if cnn is not None:
             return cnn
-    elif settings.encoder in IMAGE_ENCODERS:
+    elif settings.encoder in CNNS or settings.encoder in REGISTERED:
         raise ConfigError(f"model.encoder={settings.encoder} needs image observations (3-D, channels <= "
                           f"{MAX_CHANNELS} first or last); got {obs.name}: use model.encoder=mlp")
     return MLPEncoder(obs, hidden_sizes=settings.hidden_sizes, activation=settings.activation)

@@ -1,11 +1,5 @@
-"""Heads: features [B, F] -> what an algorithm needs (action distribution, state value, Q-values).
-
-Policy heads share one interface, so an actor-critic is written once for both action kinds:
-``forward(features) -> out [B, A]`` (logits or Gaussian mean), ``sample(out, deterministic, generator)
--> (action, log_prob [B])`` and ``log_prob_entropy(out, action) -> (log_prob [B], entropy [B])``.
-Sampling and log-probs are the ones in ``layers`` (Gumbel-max, ``mean + std * eps``), so these heads pick
-the same actions as ``ActorCritic`` given the same generator.
-"""
+"""Heads: features [B, F] -> what an algorithm needs besides the action distribution (``distributions.py``):
+state value, Q-values, SAC's squashed Gaussian; and the Ornstein-Uhlenbeck exploration noise."""
 
 from __future__ import annotations
 
@@ -17,60 +11,12 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from rltrain.models.encoders import ortho
-from rltrain.models.layers import (
-    categorical_logp_entropy,
-    categorical_sample,
-    gaussian_logp_entropy,
-    gaussian_sample,
-)
 
 LOG_STD_MIN, LOG_STD_MAX = -5.0, 2.0  # SAC's log-std range (CleanRL, SpinningUp)
 _LOG_SQRT_2PI = 0.5 * math.log(2 * math.pi)
 
 # a small last-layer gain keeps the initial policy near uniform / zero-mean (Andrychowicz et al. 2021)
 POLICY_GAIN = 0.01
-
-
-class CategoricalHead(nn.Module):
-    """Discrete actions: features [B, F] -> logits [B, n]."""
-
-    def __init__(self, in_dim: int, n_actions: int):
-        super().__init__()
-        self.linear = ortho(nn.Linear(in_dim, n_actions), POLICY_GAIN)
-
-    def forward(self, features: Tensor) -> Tensor:
-        return self.linear(features)
-
-    def sample(self, logits: Tensor, deterministic: bool,
-               generator: torch.Generator | None = None) -> tuple[Tensor, Tensor]:
-        """logits [B, n] -> (action [B] int64, log_prob [B])."""
-        return categorical_sample(logits, deterministic, generator)
-
-    def log_prob_entropy(self, logits: Tensor, action: Tensor) -> tuple[Tensor, Tensor]:
-        """logits [B, n], action [B] -> (log_prob [B], entropy [B])."""
-        return categorical_logp_entropy(logits, action)
-
-
-class GaussianHead(nn.Module):
-    """Box actions: features [B, F] -> mean [B, A] of a diagonal Gaussian whose log-std [A] is a free
-    parameter, independent of the state (Schulman et al. 2017, PPO's continuous-control policy)."""
-
-    def __init__(self, in_dim: int, act_dim: int, *, init_log_std: float = 0.0):
-        super().__init__()
-        self.linear = ortho(nn.Linear(in_dim, act_dim), POLICY_GAIN)
-        self.log_std = nn.Parameter(torch.full((act_dim,), float(init_log_std)))
-
-    def forward(self, features: Tensor) -> Tensor:
-        return self.linear(features)
-
-    def sample(self, mean: Tensor, deterministic: bool,
-               generator: torch.Generator | None = None) -> tuple[Tensor, Tensor]:
-        """mean [B, A] -> (action [B, A] unclipped, log_prob [B])."""
-        return gaussian_sample(mean, self.log_std, deterministic, generator)
-
-    def log_prob_entropy(self, mean: Tensor, action: Tensor) -> tuple[Tensor, Tensor]:
-        """mean [B, A], action [B, A] -> (log_prob [B], entropy [B])."""
-        return gaussian_logp_entropy(mean, self.log_std, action)
 
 
 class ValueHead(nn.Module):

@@ -20,6 +20,10 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 _LOG_SQRT_2PI = 0.5 * math.log(2 * math.pi)
+# Gumbel-max's uniform noise is clipped into (0, 1) on both sides: a float32 draw that rounds to 1.0 would
+# give -log(-log 1) = inf and force that action whatever the policy says. The upper bound is the largest
+# float32 below 1 (1 - 2^-24).
+UNIFORM_LOW, UNIFORM_HIGH = 1e-10, 1.0 - 2.0**-24
 ACTIVATIONS = {"tanh": nn.Tanh, "relu": nn.ReLU, "elu": nn.ELU, "silu": nn.SiLU}
 TORCH_ACTIVATIONS: dict[str, Callable[[Tensor], Tensor]] = {"tanh": torch.tanh, "relu": torch.relu, "elu": F.elu,
                                                             "silu": F.silu}
@@ -95,6 +99,21 @@ class RunningNorm(nn.Module):
         self._mean32 = self.mean.float()
         self._std32 = torch.sqrt(self.var + self.eps).float()
 
+    def cache_key(self) -> tuple[Tensor, Tensor]:
+        """The float32 (mean, std) the hot path uses; new objects whenever the statistics change."""
+        return self._mean32, self._std32
+
+    def numpy_moments(self) -> tuple[np.ndarray, np.ndarray]:
+        """Copies of the float32 (mean, std), flattened, for a numpy actor or update."""
+        return self._mean32.numpy().reshape(-1).copy(), self._std32.numpy().reshape(-1).copy()
+
+    def normalise_numpy(self, x: np.ndarray) -> np.ndarray:
+        """``forward`` in numpy on flattened rows: x [B, prod(shape)] float32 -> clip((x - mean) / std) float32."""
+        if not self.enabled:
+            return x
+        mean, std = self._mean32.numpy().reshape(-1), self._std32.numpy().reshape(-1)
+        return np.clip((x - mean) / std, -self.clip, self.clip).astype(np.float32, copy=False)
+
     def _load_from_state_dict(self, *args, **kwargs):  # keep the float32 cache in step with loads
         super()._load_from_state_dict(*args, **kwargs)
         self.refresh()
@@ -115,7 +134,7 @@ def categorical_sample(logits: Tensor, deterministic: bool, generator: torch.Gen
         action = logits.argmax(-1)
     else:
         u = noise if noise is not None else torch.rand(logits.shape, generator=generator, device=logits.device)
-        u = u.clamp(1e-10, 1.0)
+        u = u.clamp(UNIFORM_LOW, UNIFORM_HIGH)
         action = (logits - torch.log(-torch.log(u))).argmax(-1)
     return action, logp_all.gather(-1, action.unsqueeze(-1)).squeeze(-1)
 
@@ -239,7 +258,7 @@ class NumpyActor:
     def perturb(self, noise: np.ndarray) -> np.ndarray:
         """Turn raw noise [..., A] into what ``action`` adds to the net output: Gumbel(0, 1) or std * eps."""
         if self.discrete:
-            return -np.log(-np.log(np.clip(noise, 1e-10, 1.0)))
+            return -np.log(-np.log(np.clip(noise, np.float32(UNIFORM_LOW), np.float32(UNIFORM_HIGH))))
         return np.exp(self.log_std) * noise
 
     def action(self, out: np.ndarray, perturbation: np.ndarray) -> np.ndarray:

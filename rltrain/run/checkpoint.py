@@ -303,7 +303,8 @@ def resume_mismatch(path: Path, saved: dict, current: dict) -> str | None:
     Loading another run's weights fails deep inside ``load_state_dict`` (``size mismatch``, ``KeyError``);
     comparing the recorded configs first names the difference and the fix."""
     models = [m for m in (_at(saved, ("model",)), _at(current, ("model",))) if isinstance(m, dict)]
-    model_keys = sorted(set().union(*models))
+    # the model group's _target_ names where ModelSettings lives (it moved), not an architecture
+    model_keys = sorted(set().union(*models) - {"_target_"})
     for label, keys in (*_RESUME_KEYS, *(("architecture", ("model", k)) for k in model_keys)):
         was, now = _at(saved, keys), _at(current, keys)
         if was != now and was is not _ABSENT:  # a checkpoint older than a key cannot be compared on it

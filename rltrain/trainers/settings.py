@@ -16,7 +16,7 @@ from typing import Any
 
 from rltrain.envs.make import EnvFactory
 from rltrain.errors import ConfigError, close_matches
-from rltrain.models.factory import ModelSettings
+from rltrain.models.settings import ModelSettings
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -1,0 +1,83 @@
+"""``ModelSettings``: the ``model`` config group, typed (the CLI builds it from ``conf/model/*.yaml``)."""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+from dataclasses import dataclass
+
+from rltrain.errors import ConfigError, close_matches
+from rltrain.models.encoders import encoder_names
+
+DEFAULT_MLP, DEFAULT_ACTIVATION = (64, 64), "tanh"  # when neither the model group nor the algorithm says
+ACTIVATION_NAMES = ("tanh", "relu", "elu", "silu")
+CORE_NAMES = ("identity", "lstm", "gru")
+
+
+@dataclass(frozen=True, kw_only=True)
+class ModelSettings:
+    """The ``model`` config group.
+
+    encoder:      auto | mlp | nature | impala | minatar | a name given to ``models.register_encoder``
+                  (auto: by observation space and frame size)
+    hidden_sizes: MLP widths for vector / Discrete / MultiBinary inputs and after a Dict's concatenation
+    activation:   of the MLP layers (tanh, relu, elu, silu); CNNs use ReLU as their papers do
+    cnn_features: width of a CNN's last Linear; None keeps the paper's (nature 512, impala 256, minatar 128)
+    shared:       one torso for actor and critic (as CleanRL's Atari PPO) instead of one each
+    ignore_keys:  Dict observation keys to drop (e.g. a Text key no encoder reads)
+    core:         identity | lstm | gru: the memory between encoder and heads (models/cores.py)
+    core_size:    the hidden width of an lstm / gru core
+    imports:      modules imported (in every process) before a model is built: where your own
+                  ``register_encoder`` / ``register_action_distribution`` calls live (README "Extending")
+    """
+
+    encoder: str = "auto"
+    hidden_sizes: tuple[int, ...] | None = None  # None: the algorithm's algo.hidden_sizes
+    activation: str | None = None  # None: the algorithm's algo.activation
+    cnn_features: int | None = None
+    shared: bool = False
+    ignore_keys: tuple[str, ...] = ()
+    core: str = "identity"
+    core_size: int = 128
+    imports: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        # YAML lists arrive as lists: store tuples so the settings stay hashable and immutable
+        if self.hidden_sizes is not None:
+            object.__setattr__(self, "hidden_sizes", tuple(self.hidden_sizes))
+        object.__setattr__(self, "ignore_keys", tuple(self.ignore_keys))
+        object.__setattr__(self, "imports", tuple(self.imports))
+        self.load_imports()
+        one_of("model.encoder", self.encoder, encoder_names())
+        if self.activation is not None:
+            one_of("model.activation", self.activation, ACTIVATION_NAMES)
+        if any(not isinstance(h, int) or isinstance(h, bool) or h <= 0 for h in self.hidden_sizes or ()):
+            raise ConfigError(f"model.hidden_sizes={list(self.hidden_sizes)}: every width must be a positive "
+                              "integer (e.g. model.hidden_sizes=[64,64])")
+        if self.cnn_features is not None and (isinstance(self.cnn_features, bool) or self.cnn_features <= 0):
+            raise ConfigError(f"model.cnn_features={self.cnn_features}: must be a positive integer or null")
+        one_of("model.core", self.core, CORE_NAMES)
+        if isinstance(self.core_size, bool) or not isinstance(self.core_size, int) or self.core_size <= 0:
+            raise ConfigError(f"model.core_size={self.core_size}: must be a positive integer")
+
+    def load_imports(self) -> None:
+        """Import ``model.imports`` (idempotent): their registrations must exist in every process that builds
+        a model, including spawned workers, which receive these settings pickled."""
+        for name in self.imports:
+            try:
+                importlib.import_module(name)
+            except ImportError as err:
+                raise ConfigError(f"model.imports: cannot import {name!r} ({err}); it must be importable from "
+                                  "the directory you run from or installed") from None
+
+    def with_mlp(self, hidden_sizes, activation: str) -> ModelSettings:
+        """These settings with the MLP widths / activation filled in where the model group leaves them null:
+        an algorithm passes its own ``algo.hidden_sizes`` / ``algo.activation``, so the presets and command
+        lines that set them there keep working; ``model.hidden_sizes`` / ``model.activation`` win when set."""
+        return dataclasses.replace(self, hidden_sizes=tuple(self.hidden_sizes or hidden_sizes),
+                                   activation=self.activation or activation)
+
+
+def one_of(key: str, value: str, valid: tuple[str, ...]) -> None:
+    if value not in valid:
+        raise ConfigError(f"{key}={value}: unknown{close_matches(str(value), valid)} (valid: {', '.join(valid)})")
