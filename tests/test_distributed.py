@@ -65,8 +65,8 @@ def test_two_ranks_equal_one_process_with_twice_the_envs(tmp_path, no_leaks):
     for key, ref in single.policy.state_dict().items():
         assert torch.equal(ranks[0]["policy"][key], ranks[1]["policy"][key]), key  # replicas bitwise equal
         torch.testing.assert_close(ranks[0]["policy"][key], ref, rtol=1e-5, atol=1e-6, msg=key)
-    initial = make_ppo(N_PER_RANK).policy.state_dict()["nets.weights.0"]
-    assert not torch.equal(ranks[0]["policy"]["nets.weights.0"], initial)  # an update did happen
+    initial = make_ppo(N_PER_RANK).policy.state_dict()["torso.nets.weights.0"]
+    assert not torch.equal(ranks[0]["policy"]["torso.nets.weights.0"], initial)  # an update did happen
     for key in ("loss/policy", "loss/value", "loss/entropy"):  # means of equal-sized halves = the global mean
         assert ranks[0]["metrics"][key] == pytest.approx(m1[key], rel=1e-5, abs=1e-6)
 

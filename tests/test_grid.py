@@ -159,5 +159,5 @@ def test_cnn_checkpoint_round_trip_and_bitwise_resume(tmp_path):
     once = torch.load(tmp_path / "once" / "checkpoints" / "final.pt", weights_only=True)
     twice, _ = load_checkpoint(tmp_path / "twice" / "checkpoints" / "final.pt")
     p1, p2 = once["algo"]["policy"], twice["algo"]["policy"]
-    assert any(k.startswith("actor_encoder.convs.") for k in p1)  # the CNN, not an MLP on pixels
+    assert any(k.startswith("torso.actor_encoder.convs.") for k in p1)  # the CNN, not an MLP on pixels
     assert p1.keys() == p2.keys() and all(torch.equal(p1[k], p2[k]) for k in p1)
