@@ -32,7 +32,9 @@ def test_readme_encoder_example_trains_from_the_cli(tmp_path, trainer):
     (tmp_path / "my_encoders.py").write_text(example_module())
     run_dir = tmp_path / "run"
     extra = ["algo=impala", "trainer.num_actors=1"] if trainer == "subprocess_actors" else []
-    cmd = [sys.executable, "-m", "rltrain", "debug=smoke", "logger=quiet", f"trainer={trainer}", *extra,
+    # the console script, as a user runs it: the launch directory is not on its sys.path by itself
+    rltrain = str(Path(sys.executable).with_name("rltrain"))
+    cmd = [rltrain, "debug=smoke", "logger=quiet", f"trainer={trainer}", *extra,
            "model.imports=[my_encoders]", "model.encoder=layernorm_mlp", f"hydra.run.dir={run_dir}"]
     # the workers of subprocess_actors are started by spawn / forkserver: they import my_encoders themselves
     proc = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=300)

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
+import os
+import sys
 from dataclasses import dataclass
 
 from rltrain.errors import ConfigError, close_matches
@@ -65,7 +67,15 @@ class ModelSettings:
         a model, including spawned workers, which receive these settings pickled."""
         for name in self.imports:
             try:
-                importlib.import_module(name)
+                try:
+                    importlib.import_module(name)
+                except ModuleNotFoundError as err:
+                    # a module beside the user: the console script does not put the launch directory on
+                    # sys.path (python -m does); Hydra does not change it (hydra.job.chdir=false)
+                    if err.name != name.split(".")[0] or os.getcwd() in sys.path:
+                        raise
+                    sys.path.append(os.getcwd())
+                    importlib.import_module(name)
             except ImportError as err:
                 raise ConfigError(f"model.imports: cannot import {name!r} ({err}); it must be importable from "
                                   "the directory you run from or installed") from None
