@@ -209,8 +209,15 @@ class Policy(nn.Module, ABC):
         [N, ...], log_prob [N]). A recurrent policy also takes the core ``state`` (its ``initial_state(N)`` at
         the start) and returns the next one in ``ActOutput.state``; feed-forward policies ignore it."""
 
+    # exploration noise the collector adds to Box actions (SAC's algo.action_noise), or None
+    action_noise: Any = None
+
     def initial_state(self, n: int) -> tuple[Tensor, ...] | None:
         """The core state of n envs at an episode's start; None for a feed-forward policy (the default)."""
+        return None
+
+    def numpy_actor(self) -> Any:
+        """A numpy snapshot of the acting branch for the collector's CPU fast path, or None (the default)."""
         return None
 
     @abstractmethod

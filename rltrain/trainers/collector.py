@@ -57,9 +57,8 @@ class RolloutCollector:
         self.episodes = 0
         self.rng = np.random.default_rng(int(torch.randint(0, 2**62, (1,)).item()))
         # exploration noise the policy asks for (SAC's algo.action_noise: OrnsteinUhlenbeckNoise), box actions only
-        self.action_noise = getattr(policy, "action_noise", None) if spec.action_kind == "box" else None
-        initial_state = getattr(policy, "initial_state", None)
-        self.core_state: CoreState | None = initial_state(self.num_envs) if initial_state is not None else None
+        self.action_noise = policy.action_noise if spec.action_kind == "box" else None
+        self.core_state: CoreState | None = policy.initial_state(self.num_envs)
         self._low = self._high = None
         if spec.action_kind == "box":
             self._low = np.asarray(spec.action_low, np.float32).reshape(spec.action_shape)
@@ -99,8 +98,7 @@ class RolloutCollector:
                        values=values)
 
     def _numpy_actor(self) -> NumpyActor | None:
-        make = getattr(self.policy, "numpy_actor", None)
-        return make() if make is not None else None
+        return self.policy.numpy_actor()
 
     def _collect_numpy(self, actor: NumpyActor, obs_buf, act_buf, logp_buf, rew_buf, term_buf, trunc_buf,
                        next_buf) -> None:

@@ -54,7 +54,7 @@ def evaluate(policy: Policy, make_env: Callable[..., gym.Env], *, episodes: int,
         obs[i], _ = envs[i].reset(seed=eval_seed + started)
         episode_of[i], started = started, started + 1
     active = list(range(min(width, episodes)))
-    state = policy.initial_state(width) if hasattr(policy, "initial_state") else None
+    state = policy.initial_state(width)
     was_training = policy.training
     policy.eval()
     try:
