@@ -436,8 +436,10 @@ def _continues(a: Rollout, b: Rollout) -> bool:
         return False
     if a.env_ids is not None and (not np.array_equal(a.env_ids, b.env_ids) or len(np.unique(a.env_ids)) != len(a.env_ids)):
         return False
-    live = np.flatnonzero(~(a.terminated[-1] | a.truncated[-1]))
-    return obs_equal(obs_map(lambda x: x[-1, live], a.next_obs), obs_map(lambda x: x[0, live], b.obs))
+    live = ~(a.terminated[-1] | a.truncated[-1])
+    if isinstance(a.next_obs, np.ndarray):  # the common case, without obs_map's per-key calls
+        return bool(np.array_equal(a.next_obs[-1][live], b.obs[0][live]))
+    return obs_equal(obs_map(lambda x: x[-1][live], a.next_obs), obs_map(lambda x: x[0][live], b.obs))
 
 
 def _row_shapes(obs) -> tuple | dict:
