@@ -83,9 +83,11 @@ def run_sb3(python: str, algo: str, seed: int, steps: int, *extra: str) -> dict:
 
 def sb3_missing(python: str) -> str | None:
     """Why SB3 cannot run under ``python`` (one line), or None."""
-    probe = subprocess.run([python, "-c", "import stable_baselines3, torch; print(stable_baselines3.__version__)"],
-                           capture_output=True, text=True)
-    if probe.returncode != 0:
+    try:
+        probe = subprocess.run([python, "-c", "import stable_baselines3, torch"], capture_output=True, text=True)
+    except OSError:  # no such interpreter
+        probe = None
+    if probe is None or probe.returncode != 0:
         return (f"stable-baselines3 is not importable by {python}: the SB3 side is skipped "
                 "(pip install --no-deps stable-baselines3, or pass --sb3-python)")
     return None
@@ -108,6 +110,7 @@ def main() -> None:
     missing = sb3_missing(args.sb3_python)
     if missing:
         print(missing, file=sys.stderr)
+        print(f"SB3 side skipped: {missing}")
     cases = {"dqn": ("DQN CartPole-v1", DQN_ARGS, args.dqn_steps, ()),
              "sac": (f"SAC Pendulum-v1 {args.sac_width}x{args.sac_width}", sac_args(args.sac_width), args.sac_steps,
                      (str(args.sac_width),))}
