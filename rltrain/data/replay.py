@@ -437,8 +437,11 @@ def _continues(a: Rollout, b: Rollout) -> bool:
     if a.env_ids is not None and (not np.array_equal(a.env_ids, b.env_ids) or len(np.unique(a.env_ids)) != len(a.env_ids)):
         return False
     live = ~(a.terminated[-1] | a.truncated[-1])
-    if isinstance(a.next_obs, np.ndarray):  # the common case, without obs_map's per-key calls
-        return bool(np.array_equal(a.next_obs[-1][live], b.obs[0][live]))
+    if isinstance(a.next_obs, np.ndarray):  # the common case, without obs_map's and array_equal's overhead
+        last, first = a.next_obs[-1], b.obs[0]
+        if last.shape != first.shape:
+            return False
+        return bool((last == first).all() if live.all() else (last[live] == first[live]).all())
     return obs_equal(obs_map(lambda x: x[-1][live], a.next_obs), obs_map(lambda x: x[0][live], b.obs))
 
 
