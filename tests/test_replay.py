@@ -317,3 +317,31 @@ def test_a_batch_with_two_rollouts_of_one_stream_adds_them_in_order(dtype, stack
                          policy_version=np.zeros(3, np.int64), env_ids=np.array([0, 1, 0, 1, 2]))
         buf.add_rollout(merged)
         check(buf, streams)
+
+
+@pytest.mark.parametrize(("dtype", "stack"), CASES)
+@pytest.mark.parametrize("capacity", [23, 10_000])
+def test_batched_writes_fill_the_ring_exactly_as_one_add_per_rollout(dtype, stack, capacity):
+    """``add_rollouts`` (what DQN and SAC do with the single steps gathered between two updates) leaves every
+    field of every slot, the counters and the streams' open ends as adding the rollouts one by one."""
+    rng = np.random.default_rng(capacity)
+    one, many = (Streams(3, dtype=dtype, stack=stack, seed=5) for _ in range(2))
+    buf_one, buf_many = make_buffer(capacity, one, stack), make_buffer(capacity, many, stack)
+    for k in range(40):
+        T = int(rng.integers(1, 3))
+        cols = [0, 1, 2] if k % 7 else rng.permutation(3).tolist()  # a changed column order ends a run
+        group = [(one.rollout(T, cols), many.rollout(T, cols)) for _ in range(int(rng.integers(1, 9)))]
+        for r, _ in group:
+            buf_one.add_rollout(r)
+        buf_many.add_rollouts([r for _, r in group])
+        if capacity > 1000:
+            check(buf_many, many)
+    assert buf_one.written == buf_many.written and buf_one.ready == buf_many.ready
+    for name in buf_one.fields:
+        assert np.array_equal(getattr(buf_one, name), getattr(buf_many, name)), name
+    assert buf_one.tails.keys() == buf_many.tails.keys()
+    np.random.seed(3)
+    first = buf_one.sample(16)
+    np.random.seed(3)
+    second = buf_many.sample(16)
+    assert torch.equal(first.obs, second.obs) and torch.equal(first.actions, second.actions)

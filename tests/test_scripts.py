@@ -41,3 +41,34 @@ def test_bench_learning_runs_presets_on_other_envs_and_tables_the_sources_metric
     assert "final eval (10 ep)" in rows["ppo_cartpole"] and ">= 475" in rows["ppo_cartpole"]
     assert "last 100 train episodes" in rows["ppo_mujoco:InvertedPendulum-v5"]
     assert (tmp_path / "b" / "learning.png").stat().st_size > 0
+
+
+def _bench_offpolicy(*args: str) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    return subprocess.run([sys.executable, "scripts/bench_offpolicy.py", "--runs", "1", "--dqn-steps", "1200",
+                           "--sac-steps", "200", "--sac-width", "16", *args],
+                          cwd=REPO, capture_output=True, text=True, timeout=600, env=env)
+
+
+def _table(stdout: str) -> dict[str, list[str]]:
+    return {line.split("|")[1].strip(): [c.strip() for c in line.split("|")[2:-1]]
+            for line in stdout.splitlines() if line.startswith("| ") and "---" not in line and "case" not in line}
+
+
+def test_bench_offpolicy_without_sb3_says_the_peer_side_is_skipped():
+    out = _bench_offpolicy("--only", "dqn", "--sb3-python", "/nonexistent/python")
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "SB3 side skipped" in out.stdout and "pip install --no-deps stable-baselines3" in out.stdout
+    (row,) = _table(out.stdout).values()
+    assert float(row[0]) > 0 and row[1] == "-" and row[2] == "-"  # rltrain's CPU time, no SB3 column, no ratio
+
+
+def test_bench_offpolicy_prints_cpu_ratios_against_sb3():
+    pytest.importorskip("stable_baselines3")
+    out = _bench_offpolicy()
+    assert out.returncode == 0, out.stderr[-3000:]
+    rows = _table(out.stdout)
+    assert [k.split(",")[0] for k in rows] == ["DQN CartPole-v1", "SAC Pendulum-v1 16x16"], out.stdout
+    for cells in rows.values():
+        ours, peer, ratio = (float(c) for c in cells[:3])
+        assert ours > 0 and peer > 0 and abs(ratio - ours / peer) < 0.1  # a median of one pair: the ratio itself

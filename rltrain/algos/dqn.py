@@ -15,10 +15,11 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 import torch.nn.functional as F
-from torch import Tensor, nn
+from torch import Tensor
 
-from rltrain.algos.base import Algorithm, Sync, make_adam, positive, refuse_recurrent
-from rltrain.data.replay import ReplayBuffer
+from rltrain.algos.adam import clip_grad_norm, make_adam
+from rltrain.algos.base import Algorithm, Sync, positive, refuse_recurrent
+from rltrain.data.replay import ReplayBuffer, UnwrittenSteps
 from rltrain.data.structs import EnvSpec, Metrics, Rollout
 from rltrain.errors import ConfigError
 from rltrain.models.factory import ModelSettings, build
@@ -94,21 +95,41 @@ class DQN(Algorithm):
         self.env_steps = 0
         self.pending_updates = 0.0  # rounds of updates owed (train_frequency may not divide the batch)
         self.last_target_sync = 0
-
-    def wants_random_actions(self, env_steps: int) -> bool:
-        return env_steps < self.learning_starts
+        self.unwritten = UnwrittenSteps(self.buffer)
+        self.weight_writes = 0  # optimiser steps (and target updates): the loop checks the weights when it moves
 
     def learn(self, rollout: Rollout, *, progress: float) -> Metrics:
-        self.buffer.add_rollout(rollout)
-        self.env_steps += rollout.num_steps * self.sync.world_size
+        """Stores the rollout, advances the schedules and runs the updates now due (none on most env steps:
+        then this returns at once, and the rollout waits to be written with the next ones)."""
+        steps = rollout.num_steps * self.sync.world_size
+        self.env_steps += steps
         # linear epsilon schedule over the first exploration_fraction of the budget (CleanRL)
         frac = min(progress / self.exploration_fraction, 1.0)
         self.policy.epsilon.fill_(self.start_e + frac * (self.end_e - self.start_e))
         metrics: Metrics = {"train/epsilon": float(self.policy.epsilon)}
+        self.unwritten.add(rollout)
+        if self.env_steps < self.learning_starts:
+            return metrics
+        owed = steps / self.train_frequency
+        due = int(self.pending_updates + owed) >= 1 or \
+            self.env_steps - self.last_target_sync >= self.target_network_frequency
+        if due or self.buffer.ready < self.batch_size:
+            self.unwritten.write()  # the buffer now holds every transition so far, as if written one by one
+            return {**metrics, **self._learn(steps)}
+        # nothing due and the buffer holds a batch already (more once the unwritten steps are in): what
+        # _learn would have done
+        self.pending_updates += owed
+        return metrics
+
+    def wants_random_actions(self, env_steps: int) -> bool:
+        return env_steps < self.learning_starts
+
+    def _learn(self, steps: int) -> Metrics:
+        """The buffer holds every rollout so far: owe ``steps`` env steps' worth of updates and run them."""
+        metrics: Metrics = {}
         if self.env_steps < self.learning_starts or self.buffer.ready < self.batch_size:
             return metrics
-
-        self.pending_updates += rollout.num_steps * self.sync.world_size / self.train_frequency
+        self.pending_updates += steps / self.train_frequency
         rounds = int(self.pending_updates)
         self.pending_updates -= rounds
         stats: list[Tensor] = []
@@ -118,6 +139,7 @@ class DQN(Algorithm):
         # target network: hard copy (tau = 1) or Polyak average, every target_network_frequency env steps
         if self.env_steps - self.last_target_sync >= self.target_network_frequency:
             self.last_target_sync = self.env_steps
+            self.weight_writes += 1
             with torch.no_grad():
                 for p_t, p in zip(self.target.parameters(), self.policy.parameters(), strict=True):
                     p_t.copy_(p) if self.tau == 1.0 else p_t.lerp_(p, self.tau)
@@ -148,11 +170,13 @@ class DQN(Algorithm):
         loss.backward()
         self.sync.grads(self.params)
         if self.max_grad_norm is not None:
-            nn.utils.clip_grad_norm_(self.params, self.max_grad_norm, foreach=True)
+            clip_grad_norm(self.params, self.max_grad_norm)
         self.optimizer.step()
+        self.weight_writes += 1
         return torch.stack([loss.detach(), q.detach().mean()])
 
     def state_dict(self) -> dict:
+        self.unwritten.write()
         state = {"policy": self.policy.state_dict(), "target": self.target.state_dict(),
                  "optimizer": self.optimizer.state_dict(),
                  "counters": {"env_steps": self.env_steps, "pending_updates": self.pending_updates,
@@ -168,5 +192,6 @@ class DQN(Algorithm):
         c = state["counters"]
         self.env_steps, self.pending_updates = int(c["env_steps"]), float(c["pending_updates"])
         self.last_target_sync = int(c["last_target_sync"])
+        self.unwritten.clear()
         if "replay_buffer" in state:
             self.buffer.load_state_dict(state["replay_buffer"])

@@ -20,8 +20,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from rltrain.algos.base import Algorithm, Sync, make_adam, positive, refuse_recurrent
-from rltrain.data.replay import ReplayBuffer
+from rltrain.algos.adam import make_adam
+from rltrain.algos.base import Algorithm, Sync, positive, refuse_recurrent
+from rltrain.data.replay import ReplayBuffer, UnwrittenSteps
 from rltrain.data.structs import EnvSpec, Metrics, Rollout
 from rltrain.errors import ConfigError
 from rltrain.models.factory import ModelSettings, build
@@ -106,16 +107,32 @@ class SAC(Algorithm):
         self.env_steps = 0
         self.pending_updates = 0.0
         self.critic_steps = 0
+        self.unwritten = UnwrittenSteps(self.buffer)
+        self.weight_writes = 0  # optimiser steps (and target updates): the loop checks the weights when it moves
 
     def wants_random_actions(self, env_steps: int) -> bool:
         return env_steps < self.learning_starts
 
     def learn(self, rollout: Rollout, *, progress: float) -> Metrics:
-        self.buffer.add_rollout(rollout)
-        self.env_steps += rollout.num_steps * self.sync.world_size
+        """Stores the rollout and runs the updates now due; with ``train_frequency`` > 1 most env steps have
+        none: then this returns at once and the rollout waits to be written with the next ones."""
+        steps = rollout.num_steps * self.sync.world_size
+        self.env_steps += steps
+        self.unwritten.add(rollout)
+        if self.env_steps < self.learning_starts:
+            return {}
+        owed = steps / self.train_frequency
+        if int(self.pending_updates + owed) >= 1 or self.buffer.ready < self.batch_size:
+            self.unwritten.write()  # the buffer now holds every transition so far, as if written one by one
+            return self._learn(steps)
+        self.pending_updates += owed  # nothing due and the buffer holds a batch already: what _learn would do
+        return {}
+
+    def _learn(self, steps: int) -> Metrics:
+        """The buffer holds every rollout so far: owe ``steps`` env steps' worth of updates and run them."""
         if self.env_steps < self.learning_starts or self.buffer.ready < self.batch_size:
             return {}
-        self.pending_updates += rollout.num_steps * self.sync.world_size / self.train_frequency
+        self.pending_updates += steps / self.train_frequency
         rounds = int(self.pending_updates)
         self.pending_updates -= rounds
         stats = [self._update() for _ in range(rounds * self.gradient_steps)]
@@ -143,6 +160,7 @@ class SAC(Algorithm):
         self.sync.grads(self.q_params)
         self.q_optimizer.step()
         self.critic_steps += 1
+        self.weight_writes += 1
 
         # 2. Actor (and alpha), possibly delayed: maximise E[min Q(s, a~pi) - alpha log pi(a|s)].
         actor_loss = alpha_loss = torch.zeros((), device=self.device)
@@ -175,6 +193,7 @@ class SAC(Algorithm):
                             q1.detach().mean()])
 
     def state_dict(self) -> dict:
+        self.unwritten.write()
         state = {
             "policy": self.policy.state_dict(),
             "qf1": self.qf1.state_dict(), "qf2": self.qf2.state_dict(),
@@ -200,5 +219,6 @@ class SAC(Algorithm):
         c = state["counters"]
         self.env_steps, self.pending_updates = int(c["env_steps"]), float(c["pending_updates"])
         self.critic_steps = int(c["critic_steps"])
+        self.unwritten.clear()
         if "replay_buffer" in state:
             self.buffer.load_state_dict(state["replay_buffer"])

@@ -48,6 +48,13 @@ def task(cfg: DictConfig) -> float:
                            wrappers=cfg.env.get("wrappers"))
         if note:
             print(f"[rltrain] note: {note}", flush=True)  # stdout: stderr stays for errors (one line each)
+    if not cfg.env.get("search_path"):
+        # the launch directory, recorded so that every process of the run (and a SLURM job, which starts
+        # elsewhere) finds an env module beside the user whatever its working directory (envs/make.py)
+        from omegaconf import open_dict
+
+        with open_dict(cfg):
+            cfg.env.search_path = hc.runtime.cwd
     try:
         summary = run(cfg, run_dir)
     except ConfigError as err:

@@ -147,11 +147,44 @@ class ReplayBuffer:
         return rows - int(np.count_nonzero(self.final[:rows]))
 
     # -- adding ------------------------------------------------------------------------------------------
-    def add_rollout(self, rollout: Rollout) -> None:
-        """Append a time-major rollout ``[T, N]``: T*N transition rows, then one row per episode end."""
+    def add_rollouts(self, rollouts: list[Rollout]) -> None:
+        """``add_rollout`` for each of ``rollouts`` in order, with the same rows in the same slots, but a run
+        of consecutive rollouts of the same streams is written in one go (an off-policy learner that gathers
+        single env steps and writes them when an update is due pays the per-call cost once per run)."""
+        run: list[Rollout] = []
+        for r in rollouts:
+            # with frame stacks a stream that starts an episode at the seam is left to add_rollout's own checks
+            ended = self.frame_stack is not None and run and bool((run[-1].terminated[-1] | run[-1].truncated[-1]).any())
+            if run and (ended or not _continues(run[-1], r)):
+                self._add_run(run)
+                run = []
+            run.append(r)
+        if run:
+            self._add_run(run)
+
+    def _add_run(self, run: list[Rollout]) -> None:
+        if len(run) == 1:
+            self.add_rollout(run[0])
+            return
+        cat = lambda *xs: np.concatenate(xs)  # noqa: E731
+        merged = Rollout(obs=obs_map(cat, *[r.obs for r in run]), actions=cat(*[r.actions for r in run]),
+                         log_probs=cat(*[r.log_probs for r in run]), rewards=cat(*[r.rewards for r in run]),
+                         terminated=cat(*[r.terminated for r in run]), truncated=cat(*[r.truncated for r in run]),
+                         next_obs=obs_map(cat, *[r.next_obs for r in run]), policy_version=np.zeros(0, np.int64),
+                         env_ids=run[0].env_ids)
+        # step t of the merged rollout belongs to segment k (the k-th rollout): rows are laid out per segment
+        segments = np.repeat(np.arange(len(run)), [r.shape[0] for r in run])
+        self.add_rollout(merged, segments=segments)
+
+    def add_rollout(self, rollout: Rollout, *, segments: np.ndarray | None = None) -> None:
+        """Append a time-major rollout ``[T, N]``: T*N transition rows, then one row per episode end.
+
+        ``segments`` [T] (non-decreasing, from 0): the rollout is several consecutive ones glued together
+        (``add_rollouts``); each segment's rows come first, then its episode ends' rows, exactly where
+        adding the segments one by one would have put them."""
         T, N = rollout.shape
         ids = np.arange(N) if rollout.env_ids is None else np.asarray(rollout.env_ids, np.int64).reshape(N)
-        if len(np.unique(ids)) != N:
+        if N > 1 and len(np.unique(ids)) != N:
             # a learner batch can hold consecutive rollouts of one stream side by side (an actor that delivered
             # twice): add them one after the other, in column order, which is their order of arrival
             for cols in _unique_id_groups(ids):
@@ -163,6 +196,15 @@ class ReplayBuffer:
         gid = base + np.arange(T * N, dtype=np.int64).reshape(T, N)
         ends_t, ends_n = np.nonzero(done)  # time-major order, matching the final rows' gids
         final_gid = base + T * N + np.arange(len(ends_t), dtype=np.int64)
+        order = None  # the written rows in gid order, when that is not "regular rows, then final rows"
+        if segments is not None and segments[-1] > 0 and len(ends_t):
+            # segment k's rows are shifted by the episode ends of the segments before it; its final rows
+            # follow its own last step
+            seg_end = np.searchsorted(segments, segments, side="right")  # [T] one past each step's segment
+            ends_before = np.concatenate([[0], np.cumsum(np.bincount(segments[ends_t], minlength=segments[-1] + 1))])
+            gid += ends_before[segments][:, None]
+            final_gid = base + seg_end[ends_t] * N + np.arange(len(ends_t), dtype=np.int64)
+            order = np.argsort(np.concatenate([gid.reshape(-1), final_gid]), kind="stable")
         nxt = np.full((T, N), -1, np.int64)
         nxt[:-1] = gid[1:]
         nxt[ends_t, ends_n] = final_gid
@@ -170,15 +212,23 @@ class ReplayBuffer:
         top = base + T * N + len(ends_t)  # `written` after this add
         regular = {"obs": obs, "actions": rollout.actions, "rewards": rollout.rewards,
                    "terminated": rollout.terminated, "final": np.zeros((T, N), bool), "next_gid": nxt}
-        finals = {"obs": obs_map(lambda x: x[ends_t, ends_n], next_obs), "final": np.ones(len(ends_t), bool),
-                  "next_gid": np.full(len(ends_t), -1, np.int64)}
+        # a final row holds no transition: zero action, reward and flag (never sampled)
+        E = len(ends_t)
+        finals = {"obs": obs_map(lambda x: x[ends_t, ends_n], next_obs), "final": np.ones(E, bool),
+                  "next_gid": np.full(E, -1, np.int64), "rewards": np.zeros(E, np.float32),
+                  "terminated": np.zeros(E, bool),
+                  "actions": np.zeros((E, *rollout.actions.shape[2:]), rollout.actions.dtype)}
         if self.frame_stack is not None:
-            self._stack_links(regular, finals, gid, final_gid, done, prev0, ids, next_obs)
+            self._stack_links(regular, finals, gid, final_gid, done, prev0, ids, next_obs, order)
         self._forget(base - C, top - C)
-        self._put(base, {k: obs_map(lambda x: x.reshape(T * N, *x.shape[2:]), v) for k, v in regular.items()},
-                  top - C)
-        self._put(base + T * N, finals, top - C)
-        self.ready += int(np.count_nonzero(nxt.reshape(-1)[max(0, top - C - base):] >= 0))
+        flat = {k: obs_map(lambda x: x.reshape(T * N, *x.shape[2:]), v) for k, v in regular.items()}
+        if order is None:
+            self._put(base, flat, top - C)
+            self._put(base + T * N, finals, top - C)
+        else:
+            self._put(base, {k: obs_map(lambda x, f: np.concatenate([x, f])[order], v, finals[k])
+                             for k, v in flat.items()}, top - C)
+        self.ready += int(np.count_nonzero((nxt >= 0) & (gid >= top - C)))
         for n in np.flatnonzero((prev0 >= 0) & (prev0 >= top - C)):  # the previous rollout's last rows meet their successors
             self.next_gid[prev0[n] % C] = gid[0, n]
             self.ready += 1
@@ -213,8 +263,10 @@ class ReplayBuffer:
         return prev0
 
     def _stack_links(self, regular: dict, finals: dict, gid: np.ndarray, final_gid: np.ndarray,
-                     done: np.ndarray, prev0: np.ndarray, ids: np.ndarray, next_obs: np.ndarray) -> None:
-        """Frame-stack mode: verify the rollout, keep the newest frame per row, fill prev / oldest."""
+                     done: np.ndarray, prev0: np.ndarray, ids: np.ndarray, next_obs: np.ndarray,
+                     order: np.ndarray | None) -> None:
+        """Frame-stack mode: verify the rollout, keep the newest frame per row, fill prev / oldest.
+        ``order``: the rows (regular, then final) in gid order, when that differs (``add_rollout``)."""
         T, N = done.shape
         prev = np.empty((T, N), np.int64)
         prev[0] = prev0
@@ -226,6 +278,8 @@ class ReplayBuffer:
         regular["prev_gid"], finals["prev_gid"] = prev, gid[ends_t, ends_n]
         rows = np.concatenate([gid.reshape(-1), final_gid])
         prev_rows = np.concatenate([prev.reshape(-1), finals["prev_gid"]])
+        if order is not None:  # oldest_frames reads the new rows' links by gid
+            prev_rows = prev_rows[order]
         oldest = frames.oldest_frames(rows, prev_rows, int(gid[0, 0]), self.prev_gid,
                                       self.written - self.capacity, self.frame_stack)
         regular["oldest"], finals["oldest"] = oldest[: T * N].reshape(T, N), oldest[T * N:]
@@ -345,6 +399,50 @@ class ReplayBuffer:
         tail_next = state["tail_next_obs"]
         self.tails = {int(s): (int(g), obs_map(lambda x, i=i: x[i].numpy().copy(), tail_next))
                       for i, (s, g) in enumerate(zip(state["tail_ids"], state["tail_gids"], strict=True))}
+
+
+class UnwrittenSteps:
+    """Rollouts an off-policy learner has taken but not yet written into its replay ``buffer``.
+
+    A learner acting one env step at a time calls ``add`` every step and ``write`` when it samples (or
+    checkpoints): ``ReplayBuffer.add_rollouts`` then writes the steps gathered in between in one go, into the
+    same slots as one ``add_rollout`` per step, so the updates see the same buffer. ``add`` writes by itself
+    once ``max_rollouts`` are waiting (a long warm-up with no update would hold them all)."""
+
+    def __init__(self, buffer: ReplayBuffer, *, max_rollouts: int = 256):
+        self.buffer, self.max_rollouts = buffer, max_rollouts
+        self.rollouts: list[Rollout] = []
+
+    def add(self, rollout: Rollout) -> None:
+        self.rollouts.append(rollout)
+        if len(self.rollouts) >= self.max_rollouts:
+            self.write()
+
+    def write(self) -> None:
+        if self.rollouts:
+            rollouts, self.rollouts = self.rollouts, []
+            self.buffer.add_rollouts(rollouts)
+
+    def clear(self) -> None:
+        """Forget the waiting rollouts (the learner's state was replaced, e.g. by a resume)."""
+        self.rollouts = []
+
+
+def _continues(a: Rollout, b: Rollout) -> bool:
+    """Whether ``b`` picks up every stream of ``a`` where it stopped (same streams, distinct ids, each column
+    not at an episode end starting from ``a``'s last next observation): then writing them glued together
+    makes the same links as writing them one after the other."""
+    if a.shape[1] != b.shape[1] or (a.env_ids is None) != (b.env_ids is None):
+        return False
+    if a.env_ids is not None and (not np.array_equal(a.env_ids, b.env_ids) or len(np.unique(a.env_ids)) != len(a.env_ids)):
+        return False
+    live = ~(a.terminated[-1] | a.truncated[-1])
+    if isinstance(a.next_obs, np.ndarray):  # the common case, without obs_map's and array_equal's overhead
+        last, first = a.next_obs[-1], b.obs[0]
+        if last.shape != first.shape:
+            return False
+        return bool((last == first).all() if live.all() else (last[live] == first[live]).all())
+    return obs_equal(obs_map(lambda x: x[-1][live], a.next_obs), obs_map(lambda x: x[0][live], b.obs))
 
 
 def _row_shapes(obs) -> tuple | dict:

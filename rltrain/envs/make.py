@@ -8,6 +8,11 @@
 - our ``package.module:Factory``: a callable returning a ``gymnasium.Env``, called with ``env.kwargs``.
 The two ``a:b`` forms are told apart after the import: ``b`` registered -> an env id, else a factory.
 
+A module is looked for among the installed packages and then in ``env.search_path``: the directory
+``rltrain`` was launched from, recorded in the run's config by the CLI (``my_env.py`` beside the user
+imports as ``my_env:MyEnv`` without PYTHONPATH). It is a recorded absolute path, so Hydra's change of
+working directory, agent / actor / rank processes and SLURM jobs (which start elsewhere) all find it.
+
 ``VecEnv.step`` returns, for every env, the *true* next observation (``final_obs``, the terminal one
 when an episode ended) and the observation to act on next (already reset). So every step the collector
 records is a real transition: Gymnasium 1.x's default NEXT_STEP autoreset would instead hand back one
@@ -18,6 +23,8 @@ from __future__ import annotations
 
 import functools
 import importlib
+import os
+import sys
 from dataclasses import dataclass, field, fields
 from typing import Any
 
@@ -36,23 +43,36 @@ _EXTRAS = {"ale_py": "atari", "opencv": "atari", "cv2": "atari", "minatar": "min
 
 
 def make_env(env_id: str, kwargs: dict[str, Any] | None = None, *, wrappers: list | tuple | None = None,
-             max_episode_steps: int | None = None, render_mode: str | None = None) -> gym.Env:
-    """Build one env (see the module docstring for ``env_id``), then apply ``env.wrappers`` in order."""
+             max_episode_steps: int | None = None, render_mode: str | None = None,
+             search_path: str | None = None) -> gym.Env:
+    """Build one env (see the module docstring for ``env_id`` and ``search_path``), then apply
+    ``env.wrappers`` in order."""
     kwargs = dict(kwargs or {})
     if render_mode is not None:
         kwargs["render_mode"] = render_mode
+    if search_path:
+        add_search_path(search_path)
     try:
-        env = _make_base(env_id, kwargs, max_episode_steps)
+        env = _make_base(env_id, kwargs, max_episode_steps, search_path)
         return apply_wrappers(env, wrappers) if wrappers else env
     except gym.error.DependencyNotInstalled as err:  # from gymnasium, a wrapper or a user factory
         raise ConfigError(f"env.id={env_id} needs a package that is not installed: "
                           f"{_install_hint(str(err))}") from None
 
 
-def _make_base(env_id: str, kwargs: dict[str, Any], max_episode_steps: int | None) -> gym.Env:
+def add_search_path(path: str) -> None:
+    """Let imports find modules in ``path`` (after the installed packages: a local file never shadows one)."""
+    path = os.path.abspath(path)
+    if path not in sys.path:
+        sys.path.append(path)
+        importlib.invalidate_caches()
+
+
+def _make_base(env_id: str, kwargs: dict[str, Any], max_episode_steps: int | None,
+               search_path: str | None) -> gym.Env:
     module_name, sep, name = env_id.partition(":")
     if sep and module_name and "/" not in module_name:
-        module = _import(module_name, env_id)
+        module = _import(module_name, env_id, search_path)
         if name in gym.registry:
             return _gym_make(name, kwargs, max_episode_steps)
         if "/" in name or not hasattr(module, name):  # an env id never registered, or a missing factory
@@ -82,13 +102,30 @@ def _register_namespace(env_id: str) -> None:
         module.register_envs()
 
 
-def _import(module_name: str, env_id: str):
+def _import(module_name: str, env_id: str, search_path: str | None):
     try:
         return importlib.import_module(module_name)
     except ImportError as err:
-        top = (getattr(err, "name", None) or module_name).split(".")[0]
-        hint = f": pip install 'rltrain[{_EXTRAS[top]}]'" if top in _EXTRAS else f" ({err}); install it"
-        raise ConfigError(f"env.id={env_id}: cannot import {module_name!r}{hint}") from None
+        missing = getattr(err, "name", None) or module_name
+        top = missing.split(".")[0]
+        head = f"env.id={env_id}: cannot import {module_name!r}"
+        if top in _EXTRAS:
+            raise ConfigError(f"{head}: pip install 'rltrain[{_EXTRAS[top]}]'") from None
+        if not isinstance(err, ModuleNotFoundError):  # found, but it failed while importing
+            raise ConfigError(f"{head} ({err})") from None
+        if not (module_name + ".").startswith(missing + "."):  # found, but a module it imports is missing
+            raise ConfigError(f"{head}: it imports {missing!r}, which is not installed") from None
+        first = module_name.split(".")[0]
+        if missing != first:  # the package is there, the module inside it is not
+            raise ConfigError(f"{head}: the package {first!r} has no module {missing!r}") from None
+        where = f"the launch directory {search_path} (env.search_path)" if search_path else \
+            f"the working directory {os.getcwd()}"
+        fix = (f"run rltrain from the directory that holds {first}.py or set env.search_path=DIR"
+               if "." not in module_name else
+               f"run rltrain from the directory that holds the package {first}/, set env.search_path=DIR or "
+               "pip install the package")
+        raise ConfigError(f"{head}: no {first}.py or {first}/ in {where} nor among the installed packages "
+                          f"({sys.prefix}); {fix}") from None
 
 
 def _gym_make(env_id: str, kwargs: dict[str, Any], max_episode_steps: int | None) -> gym.Env:
@@ -169,14 +206,15 @@ def env_spec(env: gym.Env, env_id: str) -> EnvSpec:
 
 def make_vector_env(env_id: str, num_envs: int, seeds: list[int] | tuple[int, ...], *,
                     kwargs: dict[str, Any] | None = None, wrappers: list | tuple | None = None,
-                    max_episode_steps: int | None = None,
-                    vectorization: str = "sync") -> VecEnv | AsyncVecEnv:
+                    max_episode_steps: int | None = None, vectorization: str = "sync",
+                    search_path: str | None = None) -> VecEnv | AsyncVecEnv:
     """Build ``num_envs`` envs seeded with ``seeds``, each wrapped by ``wrappers``; ``vectorization`` is
-    ``sync`` or ``async``."""
+    ``sync`` or ``async``; ``search_path`` as for ``make_env``."""
     if len(seeds) != num_envs:
         raise ValueError(f"need {num_envs} seeds, got {len(seeds)}")
     wrappers = list(wrappers or [])  # a plain list pickles into async workers (no OmegaConf objects)
-    fn = functools.partial(make_env, env_id, kwargs, wrappers=wrappers, max_episode_steps=max_episode_steps)
+    fn = functools.partial(make_env, env_id, kwargs, wrappers=wrappers, max_episode_steps=max_episode_steps,
+                           search_path=search_path)
     fn().close()  # fail fast, in this process, with a clear error
     if vectorization == "sync":
         return VecEnv([fn] * num_envs, list(seeds), real_scores=bool(wrappers))
@@ -197,6 +235,7 @@ class EnvFactory:
     kwargs: dict = field(default_factory=dict)  # passed to gymnasium.make / the user's factory
     wrappers: list = field(default_factory=list)  # env.wrappers: applied in order inside every env
     solved_return: float | None = None  # the conventional "solved" score, for reference only
+    search_path: str | None = None  # where a module:Attr env.id is also looked for: the launch directory
 
     @property
     def real_scores(self) -> bool:
@@ -206,7 +245,7 @@ class EnvFactory:
     def make(self, *, render_mode: str | None = None) -> gym.Env:
         """One env (evaluation, video, spec discovery)."""
         return make_env(self.id, self.kwargs, wrappers=self.wrappers, max_episode_steps=self.max_episode_steps,
-                        render_mode=render_mode)
+                        render_mode=render_mode, search_path=self.search_path)
 
     def spec(self) -> EnvSpec:
         env = self.make()
@@ -218,7 +257,8 @@ class EnvFactory:
     def vector(self, seeds: list[int] | tuple[int, ...], *, num_envs: int | None = None) -> VecEnv | AsyncVecEnv:
         """``num_envs`` (default ``self.num_envs``) envs seeded with ``seeds``."""
         return make_vector_env(self.id, num_envs or self.num_envs, seeds, kwargs=self.kwargs, wrappers=self.wrappers,
-                               max_episode_steps=self.max_episode_steps, vectorization=self.vectorization)
+                               max_episode_steps=self.max_episode_steps, vectorization=self.vectorization,
+                               search_path=self.search_path)
 
     def record(self) -> dict:
         """The plain dict this factory was built from (config.yaml, checkpoints)."""

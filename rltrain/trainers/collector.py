@@ -69,8 +69,12 @@ class RolloutCollector:
         (off-policy warm-up); its log-probs are then those of the uniform policy."""
         T, N, spec = rollout_len, self.num_envs, self.spec
         # one time-major array per Dict key, each in its storage dtype (uint8 pixels stay uint8)
-        obs_buf = obs_buffer(spec.observation, (T, N))
-        next_buf = obs_buffer(spec.observation, (T, N))
+        if isinstance(self._template, np.ndarray):  # one array: skip obs_buffer's dtype lookups
+            obs_buf = np.empty((T, N, *self._template.shape[1:]), self._template.dtype)
+            next_buf = np.empty((T, N, *self._template.shape[1:]), self._template.dtype)
+        else:
+            obs_buf = obs_buffer(spec.observation, (T, N))
+            next_buf = obs_buffer(spec.observation, (T, N))
         act_buf = np.empty((T, N, *spec.action_shape), spec.action_dtype)
         logp_buf = np.empty((T, N), np.float32)
         rew_buf = np.empty((T, N), np.float32)
@@ -172,6 +176,10 @@ class RolloutCollector:
         """Returns and lengths of the episodes that ended in this rollout, in (step, env) order; partial
         episodes carry over to the next rollout. Computed once per rollout, not per step."""
         T = rewards.shape[0]
+        if T == 1 and not done.any():  # most single-step rollouts (off-policy learners): nothing ended
+            self.ep_return += rewards[0]  # float64 += float32: the one-row cumsum below, without its cost
+            self.ep_length += 1
+            return [], []
         csum = np.cumsum(rewards, axis=0, dtype=np.float64)
         ep_returns: list[float] = []
         ep_lengths: list[int] = []

@@ -59,6 +59,9 @@ def _fields(value, name: str) -> Iterator[tuple[str, np.ndarray]]:
 
 def rollout_problem(rollout: Rollout) -> str | None:
     """The first non-finite observation or reward of a rollout ([T, N, ...], index = step, env), or None."""
+    arrays = (rollout.obs, rollout.rewards, rollout.next_obs)
+    if all(isinstance(a, np.ndarray) and (a.dtype.kind != "f" or np.isfinite(a).all()) for a in arrays):
+        return None  # the common case in one pass per array (a single-step rollout is checked every step)
     for field in ("obs", "rewards", "next_obs"):
         for name, array in _fields(getattr(rollout, field), field):
             found = _first_bad(array)

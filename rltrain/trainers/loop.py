@@ -104,6 +104,7 @@ class TrainLoop:
         self.resumed_from: Path | None = None
         self.last_checkpoint: Path | None = None  # the newest checkpoint written or resumed from: finite weights
         self._tensors = named_tensors(self.algo)  # checked after every update (trainers/finite.py)
+        self._checked_writes: int | None = None  # the algorithm's weight_writes when last found finite
         self._resume_done = False
         self.hooks = hooks or LoopHooks()
         self.hooks.bind(self)
@@ -279,7 +280,13 @@ class TrainLoop:
         with np.errstate(all="ignore"):  # an overflow is reported by the guard below, in one line, not as warnings
             learn_metrics = self.algo.learn(rollout, progress=steps / total)
         learn_s = time.perf_counter() - t0
-        self._guard(metrics_problem(learn_metrics) or tensors_problem(self._tensors), update, at_step)
+        # the weights are checked only when they changed: an algorithm that counts its weight writes
+        # (off-policy learners update on a fraction of the env steps) says so; others are checked every time
+        writes = getattr(self.algo, "weight_writes", None)
+        stale = writes is None or writes != self._checked_writes
+        self._guard(metrics_problem(learn_metrics) or (tensors_problem(self._tensors) if stale else None), update,
+                    at_step)
+        self._checked_writes = writes
         self.counters["env_steps"] += rollout.num_steps * self.sync.world_size
         self.counters["updates"] += 1
         self.counters["episodes"] = self.source.episodes
