@@ -78,9 +78,26 @@ def hand_over_signal(summary: dict) -> None:
         signal.raise_signal(signal.SIGUSR2)
         return  # only a non-zero rank gets here (submitit requeues from rank 0)
     if summary.get("resume_command"):
-        print(f"rltrain: stopped ({reason}); checkpoint written. Resume with:\n  {summary['resume_command']}",
+        print(f"rltrain: stopped ({reason}); {checkpoint_note(summary)}. Resume with:\n  {summary['resume_command']}",
               file=sys.stderr)
     sys.exit(summary["exit_code"])
+
+
+def checkpoint_note(summary: dict) -> str:
+    """What the stopped run has to resume from, as it is: never "checkpoint written" for a run (or an agent of
+    trainer=parallel) that wrote none."""
+    agents = summary.get("agents")
+    if isinstance(agents, list):
+        wrote = [str(a.get("index")) for a in agents if isinstance(a, dict) and a.get("checkpoint")]
+        missing = [str(a.get("index")) for a in agents if isinstance(a, dict) and not a.get("checkpoint")]
+        if not missing:
+            return "every agent wrote a checkpoint"
+        if not wrote:
+            return "no agent had a checkpoint yet (a resume starts them from step 0)"
+        return f"checkpoints of agents {', '.join(wrote)}; agents {', '.join(missing)} had none (they restart)"
+    if summary.get("checkpoint"):
+        return f"checkpoint {summary['checkpoint']}"
+    return "no checkpoint had been written yet (a resume starts from step 0)"
 
 
 def stopped_by_signal(summary: dict) -> bool:

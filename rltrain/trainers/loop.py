@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import math
 import time
+import traceback
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -21,6 +22,7 @@ import torch
 
 from rltrain.algos.base import Algorithm, Sync
 from rltrain.data.structs import Metrics, Rollout
+from rltrain.envs.vector import EnvCallAbandoned, EnvFault
 from rltrain.errors import ConfigError
 from rltrain.run.checkpoint import CheckpointManager, load_checkpoint, resume_mismatch, sweep_temp_files
 from rltrain.run.metrics import CSVLogger, MetricLogger, TensorBoardLogger
@@ -105,8 +107,12 @@ class TrainLoop:
         self.last_checkpoint: Path | None = None  # the newest checkpoint written or resumed from: finite weights
         self._tensors = named_tensors(self.algo)  # checked after every update (trainers/finite.py)
         self._resume_done = False
+        self._last_logged = -1  # the highest step any sink has a row for: no step is ever logged twice
         self.hooks = hooks or LoopHooks()
         self.hooks.bind(self)
+        watch = getattr(getattr(self.source, "venv", None), "watch", None)
+        if watch is not None:  # a stop signal abandons an env call that is stuck (trainers/../envs/vector.py)
+            stop.on_stop(watch.abandon)
 
     def _collector(self, algo: Algorithm) -> RolloutCollector:
         venv = self.s.env.vector(self.seeds.env_seeds)
@@ -255,13 +261,41 @@ class TrainLoop:
                     nxt["checkpoint"] = _next_multiple(steps, every["checkpoint"])
                 if self.solved:
                     break
+        except EnvCallAbandoned as err:
+            # a stop came while an env call was stuck: the envs are unusable, the last checkpoint is the way on
+            progress.close()
+            self.stop.reason = f"{self.stop.reason or 'stop'}: {err}"
+            summary = self._finish("interrupted", start_steps=start_steps, t0=t0, checkpoint=False)
+            return summary
         except BaseException as err:
             progress.close()
-            self._finish("failed", error=f"{type(err).__name__}: {err}")
+            error = str(err) if isinstance(err, ConfigError) else f"{type(err).__name__}: {err}"
+            if isinstance(err, EnvFault):  # where in the run, and where the user's traceback is
+                error += f" (run at env step {self.counters['env_steps']})"
+                error += self._write_traceback(err)
+            self._finish("failed", error=error)
+            if isinstance(err, EnvFault):
+                raise EnvFault(error, env_index=err.env_index, env_step=err.env_step) from err
             raise
-        summary = self._finish(status, start_steps=start_steps, t0=t0)
+        try:
+            summary = self._finish(status, start_steps=start_steps, t0=t0)
+        except BaseException as err:  # the final evaluation (a NaN return) or the final checkpoint failed
+            progress.close()
+            self._finish("failed", error=str(err) if isinstance(err, ConfigError) else f"{type(err).__name__}: {err}")
+            raise
         progress.close(summary if self.is_main else None)
         return summary
+
+    def _write_traceback(self, err: BaseException) -> str:
+        """Write the full traceback to ``error.txt`` (main process); the note that points to it."""
+        if not self.is_main:
+            return ""
+        path = self.run_dir / "error.txt"
+        try:
+            path.write_text("".join(traceback.format_exception(err)))
+        except OSError:
+            return ""
+        return f"; traceback in {path}"
 
     # -- pieces of the loop -------------------------------------------------------------------------------
     def _iterate(self, total: int) -> Metrics:
@@ -326,6 +360,11 @@ class TrainLoop:
                         deterministic=ev.deterministic, device=self.device, video_dir=video,
                         real_scores=self.s.env.real_scores)
         mean, std = float(rets.mean()), float(rets.std())
+        if not math.isfinite(mean):  # a NaN in evaluation only (the guard sees training rollouts) is a failure
+            bad = int(np.flatnonzero(~np.isfinite(rets))[0])
+            raise NonFiniteError(non_finite_line(f"evaluation return={rets[bad]} (eval episode {bad})",
+                                                 self.counters["updates"], self.counters["env_steps"],
+                                                 self.last_checkpoint))
         self.last_eval = (mean, std)
         if mean > self.best_eval:
             self.best_eval = mean
@@ -337,6 +376,7 @@ class TrainLoop:
         csv_logger = CSVLogger(self.run_dir / "metrics.csv", resume=resumed)
         if resumed:
             csv_logger.truncate_after(steps)
+            self._last_logged = csv_logger.last_step()
         self.loggers = [csv_logger]
         lg = self.s.logger
         if "tensorboard" in lg.sinks:
@@ -354,10 +394,15 @@ class TrainLoop:
                                              name=lg.name, tags=lg.tags, tracking_uri=lg.tracking_uri))
 
     def _log(self, steps: int, row: Metrics) -> None:
+        # a resumed run that had already finished (or stopped right after its last row) has this row already
+        if steps <= self._last_logged:
+            return
+        self._last_logged = steps
         for lg in self.loggers:
             lg.log(steps, row)
 
-    def _finish(self, status: str, *, start_steps: int = 0, t0: float | None = None, error: str | None = None) -> dict:
+    def _finish(self, status: str, *, start_steps: int = 0, t0: float | None = None, error: str | None = None,
+                checkpoint: bool = True) -> dict:
         steps = self.counters["env_steps"]
         final: tuple[float, float] | None = None
         elapsed = (time.perf_counter() - t0) if t0 is not None else math.nan
@@ -372,8 +417,10 @@ class TrainLoop:
                 self._log(steps, self._row(self.last_learn, sps))
             final = self.last_eval
         ckpt = None
-        if self.is_main and status in ("completed", "interrupted"):
+        if self.is_main and status in ("completed", "interrupted") and checkpoint:
             ckpt = self.save(kind="final" if status == "completed" else "step")
+        elif self.is_main and status == "interrupted":
+            ckpt = self.last_checkpoint  # what a resume continues from (none written now: the envs were stuck)
         summary = {
             "status": status,
             "algo": self.algo.name,
