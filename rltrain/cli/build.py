@@ -196,7 +196,8 @@ def prepare(cfg: Any, run_dir: Path) -> dict:
 
 
 TOP_LEVEL = ("seed", "device", "torch_threads", "total_env_steps", "target_return", "max_wall_time",
-             "allow_nested_processes", "resume", "resume_trust_envs", "seed_drawn", "max_wall_time_s",
+             "allow_nested_processes", "resume", "resume_trust_envs", "resume_allow_changes", "seed_drawn",
+             "max_wall_time_s",
              "algo", "trainer", "env", "model", "logger", "eval", "log", "checkpoint")
 
 
@@ -226,6 +227,7 @@ def settings_from(cfg: dict) -> RunSettings:
         target_return=None if cfg.get("target_return") is None else float(cfg["target_return"]),
         max_wall_time_s=cfg.get("max_wall_time_s"), resume=str(cfg.get("resume") or "never"),
         resume_trust_envs=bool(cfg.get("resume_trust_envs", False)),
+        resume_allow_changes=tuple(cfg.get("resume_allow_changes") or ()),
         env=group_settings(EnvFactory, cfg["env"], "env"), algo=algo_factory(cfg),
         eval=group_settings(EvalSettings, cfg["eval"], "eval"), log=group_settings(LogSettings, cfg["log"], "log"),
         checkpoint=group_settings(CheckpointSettings, cfg["checkpoint"], "checkpoint"),
@@ -270,7 +272,9 @@ def run(cfg: Any, run_dir: Path) -> dict:
         writable_run_dir(run_dir)
     # one owner per run dir (design 6): taken before anything is written; other ranks work under rank 0's lock
     with RunDirLock(run_dir) if owner else contextlib.nullcontext():
-        trainer = build_trainer(prepare(cfg, run_dir), run_dir)
+        plain = to_plain(cfg)
+        check_resume_config(plain, run_dir)  # before config.yaml is overwritten with this run's
+        trainer = build_trainer(prepare(plain, run_dir), run_dir)
         if owner:
             sweep_temp_files(run_dir)  # what a killed earlier run left (we hold the lock: nobody is writing)
         try:
@@ -281,6 +285,26 @@ def run(cfg: Any, run_dir: Path) -> dict:
                 raise
             mark_failed(run_dir, message)  # e.g. the final checkpoint failed after the loop: no summary said so
             raise ConfigError(message) from None
+
+
+def check_resume_config(cfg: dict, run_dir: Path) -> None:
+    """``resume=auto`` in a run dir whose recorded run had other trainer / algo / model / env settings: one
+    line listing them (a trainer that keeps its checkpoints elsewhere would otherwise restart from step 0
+    over the run's summary), unless ``resume_allow_changes`` names them."""
+    from rltrain.run.checkpoint import ALLOW_KEY, resume_mismatch
+
+    allow = cfg.get(ALLOW_KEY) or []
+    if not isinstance(allow, list) or not all(isinstance(a, str) and a for a in allow):
+        raise ConfigError(f"{ALLOW_KEY}={allow!r} must be a list of setting names, e.g. [env.kwargs]")
+    if cfg.get("resume") != "auto" or not (run_dir / "config.yaml").is_file():
+        return
+    try:
+        saved = yaml.safe_load((run_dir / "config.yaml").read_text())
+    except (OSError, yaml.YAMLError):
+        return  # the checkpoint's own config is compared at resume
+    error = resume_mismatch("auto", saved if isinstance(saved, dict) else {}, cfg)
+    if error:
+        raise ConfigError(error.replace("resume=auto:", f"resume=auto in {run_dir}:", 1))
 
 
 def writable_run_dir(run_dir: Path) -> None:

@@ -26,6 +26,7 @@ import time
 from abc import ABC, abstractmethod
 from pathlib import Path
 
+from rltrain.errors import ConfigError
 from rltrain.run.seeding import SeedTree, write_seeds
 from rltrain.run.signals import StopFlag
 from rltrain.run.summary import write_summary
@@ -37,6 +38,7 @@ class Trainer(ABC):
 
     def __init__(self, *, settings: RunSettings, run_dir: Path):
         self.settings, self.run_dir = settings, Path(run_dir)
+        self._previous_summary: str | None = None  # what summary.json said before this run marked it running
 
     def fit(self) -> dict:
         """Train; returns the run summary (also written to ``summary.json`` by the process that owns the run)."""
@@ -63,16 +65,29 @@ class Trainer(ABC):
         return summary
 
     def never_left_running(self, err: BaseException) -> None:
-        """The run ended by an exception before any summary was written: say ``failed``, not ``running``."""
+        """The run ended by an exception before any summary was written: a refusal (ConfigError: e.g. a resume
+        that does not fit) puts back the summary that was there, anything else says ``failed``."""
+        path = self.run_dir / "summary.json"
         try:
-            current = json.loads((self.run_dir / "summary.json").read_text())
-            if current.get("status") == "running" and current.get("pid") == os.getpid():
-                write_summary(self.run_dir, {**current, "status": "failed", "error": f"{type(err).__name__}: {err}"})
+            current = json.loads(path.read_text())
+            if current.get("status") != "running" or current.get("pid") != os.getpid():
+                return
+            if isinstance(err, ConfigError):
+                if self._previous_summary is None:
+                    path.unlink()
+                else:
+                    write_summary(self.run_dir, json.loads(self._previous_summary))
+                return
+            write_summary(self.run_dir, {**current, "status": "failed", "error": f"{type(err).__name__}: {err}"})
         except (OSError, ValueError, AttributeError):
             pass  # a full disk: build.run reports it in one line
 
     def mark_running(self) -> dict | None:
         """Write the ``running`` summary; returns the record of a previous run that died while running."""
+        try:
+            self._previous_summary: str | None = (self.run_dir / "summary.json").read_text()
+        except OSError:
+            self._previous_summary = None
         crashed = crashed_record(self.run_dir)
         if crashed:
             print(f"rltrain: warning: the previous run in {self.run_dir} (pid {crashed.get('pid')} on "

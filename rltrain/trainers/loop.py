@@ -24,7 +24,13 @@ from rltrain.algos.base import Algorithm, Sync
 from rltrain.data.structs import Metrics, Rollout
 from rltrain.envs.vector import EnvCallAbandoned, EnvFault
 from rltrain.errors import ConfigError
-from rltrain.run.checkpoint import CheckpointManager, load_checkpoint, resume_mismatch, sweep_temp_files
+from rltrain.run.checkpoint import (
+    CheckpointManager,
+    config_changes,
+    load_checkpoint,
+    resume_mismatch,
+    sweep_temp_files,
+)
 from rltrain.run.metrics import CSVLogger, MetricLogger, TensorBoardLogger
 from rltrain.run.progress import ProgressDisplay
 from rltrain.run.seeding import SeedTree, capture_rng, derive, restore_rng, seed_process
@@ -104,6 +110,7 @@ class TrainLoop:
         self.loggers: list[MetricLogger] = []
         self.last_learn: Metrics = {}
         self.resumed_from: Path | None = None
+        self.resume_changes: list[str] = []  # settings resume_allow_changes let differ from the checkpoint's
         self.last_checkpoint: Path | None = None  # the newest checkpoint written or resumed from: finite weights
         self._tensors = named_tensors(self.algo)  # checked after every update (trainers/finite.py)
         self._resume_done = False
@@ -160,12 +167,15 @@ class TrainLoop:
         path = self.ckpt.latest(refuse_if_all_corrupt=True) if spec == "auto" else Path(spec)
         if path is None:
             return None
-        # the envs sidecar is unpickled only if this run dir's run wrote it, or the user opted in
+        # the envs sidecar is unpickled only if this user's key signed it, or the user opted in
         state, envs_blob = load_checkpoint(path, run_dir=self.run_dir, trust_envs=self.s.resume_trust_envs)
-        error = resume_mismatch(path, state["meta"].get("config") or {}, self.s.config) or \
-            self.hooks.check_resume(state["meta"], path)
+        saved = state["meta"].get("config") or {}
+        error = resume_mismatch(path, saved, self.s.config) or self.hooks.check_resume(state["meta"], path)
         if error:
             raise ConfigError(error)
+        _, self.resume_changes = config_changes(saved, self.s.config, self.s.resume_allow_changes)
+        if any(c.startswith("env.") for c in self.resume_changes):
+            envs_blob = None  # the pickled envs carry the old settings: build fresh ones with the new
         try:
             self.algo.load_state_dict(state["algo"])
         except (RuntimeError, KeyError, ValueError) as err:  # what the config comparison could not see
@@ -442,6 +452,8 @@ class TrainLoop:
             "resumed_from_env_steps": start_steps or None,
             "checkpoint": str(ckpt) if ckpt else None,
         }
+        if self.resume_changes:
+            summary["resume_changes"] = self.resume_changes
         if status == "interrupted":
             summary["stop_reason"] = self.stop.reason
             summary["resume_command"] = resume_command(self.run_dir)
