@@ -23,7 +23,7 @@ import numpy as np
 import pytest
 import torch
 
-from rltrain.run.checkpoint import key_path
+from rltrain.run.checkpoint import key_path, user_key
 from rltrain.run.lock import RunDirLock, owns_run
 from rltrain.run.summary import write_summary
 from tests.conftest import REPO, run_cli
@@ -306,12 +306,16 @@ def test_full_disk_while_checkpointing_fails_in_one_line_and_keeps_earlier_check
 
 def test_disk_full_for_every_write_still_one_line_and_no_temp_files(tmp_path):
     run_dir = tmp_path / "run"
+    user_key(create=True)  # the per-user key exists already (it is not in the run dir)
     res = _train(run_dir, module="tests.helpers.full_disk",
-                 # at 1024 steps: the key, best.pt (sidecar, checkpoint), step_1024 (same) land; then full
+                 # the `running` summary, then at 1024 steps best.pt (sidecar, checkpoint), step_1024 (same)
+                 # land; then the disk is full
                  env={"RLTRAIN_FULL_DISK": ".*.tmp*", "RLTRAIN_FULL_DISK_AFTER": "5"})
     assert res.returncode == 2
     assert _stderr_lines(res) == [res.stderr.strip()] and "No space left on device" in res.stderr, res.stderr
-    assert not (run_dir / "summary.json").exists()  # it could not be written; no empty or partial one either
+    # the final summary could not be written; no empty or partial one either: it still says running (the next
+    # start records the run as crashed)
+    assert _summary(run_dir)["status"] == "running"
     assert _temp_files(run_dir) == []
     assert (run_dir / "checkpoints" / "step_000000001024.pt").exists()
 

@@ -36,7 +36,12 @@ def task(cfg: DictConfig) -> float:
     from hydra.types import RunMode
 
     from rltrain.cli.build import run
-    from rltrain.sweeps.callbacks import hand_over_signal, record_failure, stopped_by_signal
+    from rltrain.sweeps.callbacks import (
+        discard_fresh_run_dir,
+        hand_over_signal,
+        record_failure,
+        stopped_by_signal,
+    )
 
     hc = HydraConfig.get()
     run_dir = Path(hc.runtime.output_dir)
@@ -52,6 +57,8 @@ def task(cfg: DictConfig) -> float:
         summary = run(cfg, run_dir)
     except ConfigError as err:
         if not multirun:
+            if not (run_dir / "summary.json").exists():  # refused before anything ran: leave no files
+                discard_fresh_run_dir(run_dir)
             print(f"rltrain: error: {err}", file=sys.stderr)
             sys.exit(2)
         # one bad job (e.g. a swept value out of range) must not end the sweep: record it, go on
