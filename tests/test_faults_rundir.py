@@ -23,6 +23,9 @@ from tests.conftest import run_cli
 from tests.test_faults import SMOKE, _pythonpath, _stderr_lines, _summary, _train
 
 
+TB = "logger.sinks=[csv,tensorboard]"
+
+
 def _steps(run_dir: Path) -> list[int]:
     with open(run_dir / "metrics.csv", newline="") as f:
         return [int(float(r["env_steps"])) for r in csv.DictReader(f)]
@@ -43,8 +46,8 @@ def _repeated(steps: list[int]) -> list[int]:
 @pytest.mark.parametrize("trainer", [[], ["trainer=parallel", "trainer.num_agents=2"]], ids=["sequential", "parallel"])
 def test_resume_auto_of_a_finished_run_logs_no_step_twice(tmp_path, trainer):
     run_dir = tmp_path / "run"
-    assert _train(run_dir, *trainer).returncode == 0
-    res = _train(run_dir, *trainer, "resume=auto")
+    assert _train(run_dir, TB, *trainer).returncode == 0
+    res = _train(run_dir, TB, *trainer, "resume=auto")
     assert res.returncode == 0, res.stderr[-3000:]
     dirs = sorted(run_dir.glob("agent_*")) or [run_dir]
     for d in dirs:
@@ -55,8 +58,8 @@ def test_resume_auto_of_a_finished_run_logs_no_step_twice(tmp_path, trainer):
 
 def test_resume_after_an_interruption_logs_no_step_twice(tmp_path):
     run_dir = tmp_path / "run"
-    assert _train(run_dir, "total_env_steps=1536").returncode == 0  # ends between two checkpoints' steps
-    res = _train(run_dir, "total_env_steps=3072", "resume=auto")
+    assert _train(run_dir, TB, "total_env_steps=1536").returncode == 0  # ends between two checkpoints' steps
+    res = _train(run_dir, TB, "total_env_steps=3072", "resume=auto")
     assert res.returncode == 0, res.stderr[-3000:]
     steps, tb = _steps(run_dir), _tensorboard_steps(run_dir)
     assert _repeated(steps) == [] and _repeated(tb) == [] and steps == sorted(steps), steps

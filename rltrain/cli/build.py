@@ -13,6 +13,7 @@ import importlib
 import inspect
 import json
 import math
+import sys
 import tempfile
 import typing
 from collections.abc import Sequence
@@ -325,7 +326,6 @@ def load_policy(path: Path, *, device: str = "cpu", allow_import: bool = False):
     Gymnasium id and an rltrain algorithm class, nothing else, unless ``allow_import`` (the user's
     ``--allow-import``) lets an ``env.id`` import path ``module:Attr`` import and call its module.
     """
-    from rltrain.algos.base import Algorithm
     from rltrain.run.checkpoint import CheckpointManager, load_checkpoint
 
     path = Path(path)
@@ -333,8 +333,43 @@ def load_policy(path: Path, *, device: str = "cpu", allow_import: bool = False):
         ckdir = path / "checkpoints" if (path / "checkpoints").is_dir() else path
         path = ckdir / "final.pt" if (ckdir / "final.pt").exists() else (CheckpointManager(ckdir).latest() or ckdir)
     state, _ = load_checkpoint(path, key="checkpoint")  # no run dir: its envs sidecar is never unpickled
+    try:
+        return _policy_from(state, path, device=device, allow_import=allow_import)
+    except (KeyError, TypeError, ValueError, AttributeError, IndexError, RuntimeError) as err:
+        # a crafted or foreign file: what is missing or malformed inside it, in one line
+        detail = str(err).strip().splitlines()[0][:200] if str(err).strip() else ""
+        raise ConfigError(f"checkpoint={path}: not a usable rltrain checkpoint ({type(err).__name__}"
+                          f"{': ' + detail if detail else ''})") from None
+
+
+# wrappers that write files where their arguments say: from a checkpoint, the file's author would choose
+RECORDER_WRAPPERS = ("RecordVideo", "HumanRendering")
+PATH_ARGUMENTS = ("folder", "path", "dir", "file", "prefix")
+
+
+def _drop_recorders(wrappers: list, path: Path) -> list:
+    """The checkpoint's ``env.wrappers`` without those that write files (one warning each): nothing stored in
+    a checkpoint chooses where the tools write; ``rltrain-eval --video`` records into the run dir."""
+    kept = []
+    for entry in wrappers:
+        name, kwargs = (entry, {}) if isinstance(entry, str) else next(iter(entry.items()), ("", {}))
+        args = kwargs if isinstance(kwargs, dict) else {}
+        if name in RECORDER_WRAPPERS or any(part in str(k).lower() for k in args for part in PATH_ARGUMENTS):
+            print(f"rltrain: warning: checkpoint={path}: ignoring its env.wrappers entry {name} (it would write "
+                  "files where the checkpoint says; --video records into the run dir)", file=sys.stderr)
+            continue
+        kept.append(entry)
+    return kept
+
+
+def _policy_from(state: dict, path: Path, *, device: str, allow_import: bool):
+    from rltrain.algos.base import Algorithm
+
     cfg = state["meta"]["config"]
     env = cfg["env"]
+    if not isinstance(env.get("wrappers") or [], list):
+        raise ConfigError(f"checkpoint={path}: env.wrappers inside it is not a list")
+    env["wrappers"] = _drop_recorders(list(env.get("wrappers") or []), path)
     env_id = env.get("id")
     if not isinstance(env_id, str):
         raise ConfigError(f"checkpoint={path}: env.id={env_id!r} inside it is not an env id")

@@ -52,13 +52,35 @@ def _write_synced(path: Path, write) -> None:
     """``write(file)``, flush and fsync: a full disk surfaces here (delayed allocation reports at fsync)."""
     try:
         with open(path, "wb") as f:
-            write(f)
+            try:
+                write(f)
+            except RuntimeError as err:  # torch.save's zip writer turns a failed write into its own error
+                raise _writer_failure(err, path, f) from err
             f.flush()
             os.fsync(f.fileno())
     except OSError as err:
         if err.filename:
             raise
         raise OSError(err.errno, err.strerror, str(path)) from err  # name the file in the one-line report
+
+
+def _writer_failure(err: RuntimeError, path: Path, f) -> OSError:
+    """The OSError a failed ``torch.save`` stands for: ENOSPC on a full disk, EFBIG past the file-size limit,
+    else EIO with the writer's own first line (``PytorchStreamWriter failed writing file ...``)."""
+    import resource
+
+    try:
+        written = f.tell()
+        free = os.statvfs(path.parent)
+        soft, _ = resource.getrlimit(resource.RLIMIT_FSIZE)
+    except (OSError, ValueError):
+        written, free, soft = 0, None, resource.RLIM_INFINITY
+    detail = str(err).splitlines()[0] if str(err) else type(err).__name__
+    if free is not None and free.f_bavail * free.f_frsize < (1 << 20):
+        return OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path))
+    if soft != resource.RLIM_INFINITY and written >= soft - 4096:
+        return OSError(errno.EFBIG, f"{os.strerror(errno.EFBIG)} (the file-size limit, ulimit -f)", str(path))
+    return OSError(errno.EIO, f"the checkpoint writer failed ({detail})", str(path))
 
 
 _WRITE_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM, errno.EFBIG, errno.EIO}
