@@ -22,7 +22,6 @@ import pytest
 from tests.conftest import run_cli
 from tests.test_faults import SMOKE, _pythonpath, _stderr_lines, _summary, _train
 
-
 TB = "logger.sinks=[csv,tensorboard]"
 
 
@@ -94,7 +93,7 @@ def test_summary_says_running_while_live_and_crashed_after_a_sigkill(tmp_path):
 
 @pytest.mark.parametrize("overrides", [["total_env_steps=-1"], ["algo.lr=-1"], ["env.step_timeout_s=0"]])
 def test_a_refused_command_leaves_no_files(tmp_path, overrides):
-    run_dir = tmp_path / "runs" / "run"
+    run_dir = tmp_path / "run"
     res = _train(run_dir, *overrides)
     assert res.returncode == 2 and len(_stderr_lines(res)) == 1, res.stderr
     assert not run_dir.exists(), sorted(run_dir.rglob("*"))

@@ -92,9 +92,17 @@ class CallWatch:
         self.timeout_s = timeout_s
         self.env, self.step, self.started = -1, 0, 0.0
         self.busy, self.stopping = False, False
-        self.enabled = threading.current_thread() is threading.main_thread()
+        # main thread only (signals), and never over someone else's timer (a test runner's alarm, say)
+        self.enabled = threading.current_thread() is threading.main_thread() and \
+            signal.getitimer(signal.ITIMER_REAL) == (0.0, 0.0)
+        self._previous = signal.signal(signal.SIGALRM, self._alarm) if self.enabled else None
+
+    def close(self) -> None:
+        """Give SIGALRM back to whoever had it."""
         if self.enabled:
-            signal.signal(signal.SIGALRM, self._alarm)
+            self.enabled = False
+            signal.setitimer(signal.ITIMER_REAL, 0)
+            signal.signal(signal.SIGALRM, self._previous if self._previous is not None else signal.SIG_DFL)
 
     def begin(self, step: int) -> None:
         self.step, self.busy, self.env = step, True, -1
@@ -234,10 +242,12 @@ class VecEnv:
             return None
 
     def set_state(self, blob: bytes) -> None:
-        self.close()
+        for env in self.envs:
+            env.close()
         self.envs = pickle.loads(blob)
 
     def close(self) -> None:
+        self.watch.close()
         for env in self.envs:
             env.close()
 
@@ -353,6 +363,7 @@ class AsyncVecEnv:
         raise NotImplementedError
 
     def close(self) -> None:
+        self.watch.close()
         if self.venv.closed:
             return
         quiet, gym.logger.min_level = gym.logger.min_level, 50 if self._broken else gym.logger.min_level
