@@ -21,7 +21,7 @@ import numpy as np
 import torch
 
 from rltrain.algos.base import Algorithm, Sync
-from rltrain.data.structs import Metrics, Rollout
+from rltrain.data.structs import Metrics
 from rltrain.envs.vector import EnvCallAbandoned, EnvFault
 from rltrain.errors import ConfigError
 from rltrain.run.checkpoint import (
@@ -46,38 +46,8 @@ from rltrain.trainers.finite import (
     rollout_problem,
     tensors_problem,
 )
+from rltrain.trainers.hooks import LoopHooks, to_cpu
 from rltrain.trainers.settings import RunSettings
-
-
-class LoopHooks:
-    """Public hooks a trainer plugs into ``TrainLoop``; each default does nothing."""
-
-    loop: TrainLoop
-
-    def bind(self, loop: TrainLoop) -> None:
-        """Called once by the loop, after the algorithm and the source exist."""
-        self.loop = loop
-
-    def check_resume(self, meta: dict, path: Path) -> str | None:
-        """An error line when the checkpoint at ``path`` cannot continue this run, else None."""
-        return None
-
-    def on_resume(self, state: dict) -> None:
-        """The checkpoint was restored (main process only): take what the trainer stored in it."""
-
-    def after_learn(self, rollout: Rollout, learn_s: float) -> None:
-        """One update happened on ``rollout`` (counters already advanced)."""
-
-    def log_row(self) -> Metrics:
-        """Extra columns for this metrics row."""
-        return {}
-
-    def extend_checkpoint(self, state: dict) -> None:
-        """Add the trainer's own entries to a checkpoint before it is written."""
-
-    def extend_summary(self, summary: dict, status: str) -> None:
-        """Add the trainer's own entries to the summary before it is written."""
-
 
 # Sources keep the last 100 episodes (the summary's train_return_last100); the live display, metrics rows and
 # target_return use the last 20 so they follow learning closely.
@@ -143,7 +113,7 @@ class TrainLoop:
                 error = str(err)  # every rank must hear it, or the others wait in the broadcast forever
         if self.sync.world_size > 1:
             payload = self.sync.broadcast_object(
-                {"error": error, "path": str(path) if path else None, "algo": _to_cpu(self.algo.state_dict()),
+                {"error": error, "path": str(path) if path else None, "algo": to_cpu(self.algo.state_dict()),
                  "counters": dict(self.counters), "best_eval": self.best_eval, "solved": self.solved}
                 if self.is_main else None)
             if payload["error"]:
@@ -472,13 +442,3 @@ class TrainLoop:
 
 def _next_multiple(steps: int, every: int) -> int:
     return (steps // every + 1) * every if every > 0 else 1 << 62
-
-
-def _to_cpu(obj):
-    if isinstance(obj, torch.Tensor):
-        return obj.detach().cpu()
-    if isinstance(obj, dict):
-        return {k: _to_cpu(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return type(obj)(_to_cpu(v) for v in obj)
-    return obj

@@ -68,76 +68,14 @@ from typing import Any
 from rltrain.envs.vector import CallWatch, die_with_parent
 from rltrain.errors import ConfigError
 from rltrain.run.signals import StopFlag
+from rltrain.trainers.messages import Done, Exited, Failed, Heartbeat, Started, Stop, Unresponsive
+
+__all__ = ["Done", "Exited", "Failed", "Heartbeat", "Started", "Stop", "Unresponsive", "WorkerContext", "WorkerGroup",
+           "ContextStop", "check_start_method"]
 
 START_METHODS = ("spawn", "forkserver", "fork", "auto")
 # imported once by the fork server (start_method=forkserver) instead of once per worker
 HEAVY_MODULES = ("numpy", "torch", "gymnasium")
-
-
-# -- messages -------------------------------------------------------------------------------------------------
-@dataclass(frozen=True)
-class Started:
-    """worker -> parent: the worker's target is about to run."""
-
-    index: int
-    pid: int
-
-
-@dataclass(frozen=True)
-class Heartbeat:
-    """worker -> parent, every ``heartbeat_s`` from a background thread."""
-
-    index: int
-    time: float
-
-
-@dataclass(frozen=True)
-class Done:
-    """worker -> parent: the target returned ``result`` (plain, picklable)."""
-
-    index: int
-    result: Any
-
-
-@dataclass(frozen=True)
-class Failed:
-    """worker -> parent: the target raised; ``traceback`` is the worker's formatted traceback."""
-
-    index: int
-    error: str
-    traceback: str
-    one_line: bool = False  # a ConfigError (bad input, an env fault): ``error`` says it all
-
-@dataclass(frozen=True)
-class Stop:
-    """parent -> worker: finish at the next safe point (``ctx.stop_requested`` turns true)."""
-
-    reason: str
-
-
-@dataclass(frozen=True)
-class Exited:
-    """Synthesised by the parent: the process ended without ``Done``/``Failed`` (killed, crashed, os._exit)."""
-
-    index: int
-    exitcode: int | None
-
-    @property
-    def description(self) -> str:
-        if self.exitcode is not None and self.exitcode < 0:
-            try:
-                return f"killed by signal {signal.Signals(-self.exitcode).name}"
-            except ValueError:
-                return f"killed by signal {-self.exitcode}"
-        return f"exited with code {self.exitcode} without reporting a result"
-
-
-@dataclass(frozen=True)
-class Unresponsive:
-    """Synthesised by the parent: no message from a running worker for ``silent_s`` seconds."""
-
-    index: int
-    silent_s: float
 
 
 # -- the worker side ------------------------------------------------------------------------------------------
