@@ -104,7 +104,7 @@ def test_a_resume_with_changed_settings_refuses_unless_allowed_and_then_uses_the
     env = ["env.id=tests.helpers.faulty_envs:make_counting", "env.num_envs=2"]
     assert _train(run_dir, *env, "+env.kwargs.length=5", "total_env_steps=1024").returncode == 0
     # another trainer on resume: refused before anything is written (it would restart from step 0)
-    before = {p.name: p.read_bytes() for p in run_dir.iterdir() if p.is_file()}
+    before = {p.name: p.read_bytes() for p in run_dir.iterdir() if p.is_file() and p.name != ".rltrain.lock"}
     res = _train(run_dir, *env, "+env.kwargs.length=5", "resume=auto", "trainer=parallel")
     assert res.returncode == 2 and len(_stderr_lines(res)) == 1, res.stderr
     assert "trainer._target_: 'rltrain.trainers.sequential.SequentialTrainer' -> " in res.stderr

@@ -335,6 +335,10 @@ def load_policy(path: Path, *, device: str = "cpu", allow_import: bool = False):
     state, _ = load_checkpoint(path, key="checkpoint")  # no run dir: its envs sidecar is never unpickled
     try:
         return _policy_from(state, path, device=device, allow_import=allow_import)
+    except ConfigError as err:  # a setting inside the file: say which file
+        if str(path) in str(err):
+            raise
+        raise ConfigError(f"checkpoint={path}: inside it, {err}") from None
     except (KeyError, TypeError, ValueError, AttributeError, IndexError, RuntimeError) as err:
         # a crafted or foreign file: what is missing or malformed inside it, in one line
         detail = str(err).strip().splitlines()[0][:200] if str(err).strip() else ""

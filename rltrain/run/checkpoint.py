@@ -325,7 +325,10 @@ RESUME_GROUPS = ("trainer", "algo", "model", "env")
 PLACEMENT_KEYS = ("trainer._partial_", "trainer.start_method", "trainer.heartbeat_timeout_s",
                   "trainer.shutdown_grace_s", "trainer.timeout_s", "trainer.master_addr", "trainer.actor_timeout_s",
                   "trainer.actor_device", "trainer.learner_device", "trainer.devices", "env.vectorization",
-                  "env.step_timeout_s", "env.solved_return")
+                  "env.step_timeout_s", "env.solved_return", "algo.numpy_update")
+# a trainer that checks its own layout on resume: distributed ranks may change while the global batch stays
+TRAINER_PLACEMENT = {"rltrain.trainers.distributed.DistributedSimulatorTrainer": ("env.num_envs",
+                                                                                  "trainer.world_size")}
 ALLOW_KEY = "resume_allow_changes"
 _ABSENT = object()
 
@@ -345,6 +348,8 @@ def config_changes(saved: dict, current: dict, allow: tuple[str, ...] | list[str
     ``key: old -> new``. A key is allowed when ``allow`` names it or a group above it (``env.kwargs``, ``env``).
     Keys a checkpoint older than them does not record are not compared."""
     refused, allowed = [], []
+    trainer = (current.get("trainer") or {}).get("_target_") if isinstance(current.get("trainer"), dict) else None
+    placement = (*PLACEMENT_KEYS, *TRAINER_PLACEMENT.get(str(trainer), ()))
     for group in RESUME_GROUPS:
         if not isinstance(saved.get(group), dict):
             continue
@@ -352,7 +357,7 @@ def config_changes(saved: dict, current: dict, allow: tuple[str, ...] | list[str
         for key in sorted(set(was) | set(now)):
             old, new = was.get(key, _ABSENT), now.get(key, _ABSENT)
             field = key.split(".")[1]
-            if old == new or key in PLACEMENT_KEYS or field not in saved[group]:  # an older checkpoint's gap
+            if old == new or key in placement or field not in saved[group]:  # or an older checkpoint's gap
                 continue
             line = f"{key}: {'(unset)' if old is _ABSENT else repr(old)} -> {'(unset)' if new is _ABSENT else repr(new)}"
             ok = any(key == a or key.startswith(f"{a}.") for a in allow)
