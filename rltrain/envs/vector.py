@@ -19,7 +19,6 @@ Async env workers die with their parent (``die_with_parent``) and leave stopping
 
 from __future__ import annotations
 
-import ctypes
 import os
 import pickle
 import signal
@@ -31,6 +30,7 @@ import gymnasium as gym
 import numpy as np
 
 from rltrain.data.structs import obs_map, obs_put
+from rltrain.envs.lifetime import die_with_parent
 from rltrain.errors import ConfigError
 
 ABANDON_AFTER_S = 0.5  # a stop signal abandons an env call still running this long after it arrived
@@ -51,31 +51,6 @@ class EnvCallAbandoned(Exception):
         super().__init__(f"env {env_index} was stuck in step {env_step} for {stuck_s:.1f}s when the stop signal "
                          "came; the call was abandoned")
         self.env_index, self.env_step, self.stuck_s = env_index, env_step, stuck_s
-
-
-def die_with_parent(parent_pid: int, *, direct: bool = True) -> None:
-    """Make this (child) process get SIGKILL when its parent dies, by any death, SIGKILL included (Linux
-    ``PR_SET_PDEATHSIG``). The race at start is closed afterwards: a parent that died before the call is gone
-    already, and the kernel would never send the signal. ``direct=False``: a fork server stands between (it
-    exits when ``parent_pid`` does, and its exit fires the signal), so only ``parent_pid``'s life is checked.
-    Elsewhere than Linux it does nothing (workers still stop at their parent's pipe EOF)."""
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(1, int(signal.SIGKILL), 0, 0, 0)  # 1 = PR_SET_PDEATHSIG
-    except (OSError, AttributeError):
-        return
-    if (direct and os.getppid() != parent_pid) or not _alive(parent_pid):
-        os._exit(1)  # orphaned before the signal was armed
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 class CallWatch:

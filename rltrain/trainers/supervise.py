@@ -65,7 +65,7 @@ from dataclasses import dataclass, field
 from multiprocessing.connection import Connection, wait
 from typing import Any
 
-from rltrain.envs.vector import CallWatch, die_with_parent
+from rltrain.envs.lifetime import die_with_parent
 from rltrain.errors import ConfigError
 from rltrain.run.signals import StopFlag
 from rltrain.trainers.messages import Done, Exited, Failed, Heartbeat, Started, Stop, Unresponsive
@@ -142,7 +142,9 @@ class WorkerContext:
                 self._inbox.put(msg)
 
     def _progress(self) -> tuple[int, int]:
-        return self.ticks, CallWatch.calls
+        # env calls begun (envs/vector.py's CallWatch), read without importing it: a worker without envs
+        vector = sys.modules.get("rltrain.envs.vector")
+        return self.ticks, vector.CallWatch.calls if vector is not None else 0
 
     def _heartbeat(self, every_s: float) -> None:
         # relays the loop's progress, never just this thread's: a stuck loop stops the heartbeats
