@@ -112,6 +112,19 @@ class CallWatch:
         raise timeout_fault(env, self.step, self.timeout_s)
 
 
+class _Counted(gym.Wrapper):
+    """Counts its steps as env calls (``CallWatch.calls``): evaluation is progress for a worker's heartbeat."""
+
+    def step(self, action):
+        CallWatch.calls += 1
+        return self.env.step(action)
+
+
+def counted(make: Callable[..., gym.Env]) -> Callable[..., gym.Env]:
+    """``make`` whose envs count their steps as progress (see ``_Counted``)."""
+    return lambda **kwargs: _Counted(make(**kwargs))
+
+
 def timeout_fault(env_index: int, env_step: int, timeout_s: float | None) -> EnvFault:
     return EnvFault(f"env {env_index} did not return from its step {env_step} within env.step_timeout_s="
                     f"{timeout_s:g}s (a hung env; raise env.step_timeout_s, or null disables the check)",

@@ -22,7 +22,7 @@ import torch
 
 from rltrain.algos.base import Algorithm, Sync
 from rltrain.data.structs import Metrics
-from rltrain.envs.vector import EnvCallAbandoned, EnvFault
+from rltrain.envs.vector import EnvCallAbandoned, EnvFault, counted
 from rltrain.errors import ConfigError
 from rltrain.run.checkpoint import (
     CheckpointManager,
@@ -336,7 +336,7 @@ class TrainLoop:
     def _evaluate(self, *, final: bool = False) -> Metrics:
         ev = self.s.eval
         video = self.run_dir / "videos" if final and ev.video else None
-        rets = evaluate(self.algo.policy, self.s.env.make, episodes=ev.episodes, eval_seed=self.seeds.eval_seed,
+        rets = evaluate(self.algo.policy, counted(self.s.env.make), episodes=ev.episodes, eval_seed=self.seeds.eval_seed,
                         deterministic=ev.deterministic, device=self.device, video_dir=video,
                         real_scores=self.s.env.real_scores)
         mean, std = float(rets.mean()), float(rets.std())
