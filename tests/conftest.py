@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -12,6 +13,9 @@ from hydra import compose, initialize_config_dir
 from omegaconf import DictConfig
 
 CONF_DIR = Path(__file__).resolve().parent.parent / "rltrain" / "conf"
+# the per-user key that signs env sidecars (run/checkpoint.py): a temp dir for the whole session, inherited by
+# every subprocess, so tests never write into the real ~/.config
+os.environ.setdefault("RLTRAIN_CONFIG_DIR", tempfile.mkdtemp(prefix="rltrain-config-"))
 REPO = Path(__file__).resolve().parent.parent
 
 

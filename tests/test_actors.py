@@ -184,7 +184,7 @@ def test_raising_actor_traceback_reaches_learner_and_log(cli, tmp_path, orphan_w
     logs = "".join(p.read_text() for p in (tmp_path / "run").glob("*.log"))
     assert "boom from the env" in logs and "Traceback" in logs
     s = summary(tmp_path / "run")
-    assert s["status"] == "interrupted" and "boom" in s["error"] and "on_actor_failure=abort" in s["error"]
+    assert s["status"] == "failed" and "boom" in s["error"] and "on_actor_failure=abort" in s["error"]
     assert s["checkpoint"] and Path(s["checkpoint"]).exists()
 
 
@@ -245,7 +245,7 @@ def test_sigkilled_actor(tmp_path, orphan_watch, policy):
     else:
         assert time.monotonic() - killed_at < 60  # detected via the sentinel, then a clean stop with checkpoint
         assert proc.returncode == 1, err[-3000:]
-        assert "killed by signal SIGKILL" in s["error"] and "on_actor_failure=abort" in s["error"]
+        assert s["status"] == "failed" and "killed by signal SIGKILL" in s["error"] and "on_actor_failure=abort" in s["error"]
         assert Path(s["checkpoint"]).exists()
 
 

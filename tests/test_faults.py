@@ -23,6 +23,7 @@ import numpy as np
 import pytest
 import torch
 
+from rltrain.run.checkpoint import key_path, user_key
 from rltrain.run.lock import RunDirLock, owns_run
 from rltrain.run.summary import write_summary
 from tests.conftest import REPO, run_cli
@@ -101,19 +102,45 @@ def test_crafted_sidecar_is_never_unpickled(trained, tmp_path, how):
 
 
 def test_own_sidecar_loads_silently(trained, tmp_path):
-    key = trained / ".rltrain-key"
+    key = key_path()  # per user, outside every run dir
     assert stat.S_IMODE(key.stat().st_mode) == 0o600 and len(key.read_bytes()) == 32
+    assert not list(trained.glob("*key*"))  # nothing in the run dir vouches for its own files
     own = _copy_run(trained, tmp_path / "own")
     res = _train(own, "total_env_steps=3072", "resume=auto")
     assert res.returncode == 0 and "warning" not in res.stderr, res.stderr
 
 
 def test_foreign_sidecar_is_skipped_unless_the_user_opts_in(trained, tmp_path):
-    ckpt = trained / "checkpoints" / "step_000000002048.pt"  # another run dir's genuine checkpoint and sidecar
-    res = _train(tmp_path / "other", "total_env_steps=3072", f"resume={ckpt}")
-    assert res.returncode == 0 and "MAC does not verify" in res.stderr
-    res = _train(tmp_path / "trusting", "total_env_steps=3072", f"resume={ckpt}", "resume_trust_envs=true")
+    """A run dir copied from someone else (another user's key signed it): one warning saying how to opt in."""
+    other_user = {"RLTRAIN_CONFIG_DIR": str(tmp_path / "other-user")}
+    copied = _copy_run(trained, tmp_path / "copied")
+    res = _train(copied, "total_env_steps=3072", "resume=auto", env=other_user)
+    assert res.returncode == 0 and "MAC does not verify" in res.stderr and "resume_trust_envs=true" in res.stderr
+    assert len([ln for ln in _stderr_lines(res) if "warning" in ln]) == 1, res.stderr
+    ckpt = trained / "checkpoints" / "step_000000002048.pt"
+    res = _train(tmp_path / "trusting", "total_env_steps=3072", f"resume={ckpt}", "resume_trust_envs=true",
+                 env=other_user)
     assert res.returncode == 0 and "warning" not in res.stderr, res.stderr
+
+
+def test_a_key_file_inside_a_copied_run_dir_vouches_for_nothing(trained, tmp_path):
+    """The old self-vouching attack: a crafted sidecar signed with a key the run dir itself carries."""
+    import hashlib
+    import hmac
+
+    marker = tmp_path / "pwned"
+    run_dir = _copy_run(trained, tmp_path / "run")
+    key = b"k" * 32
+    (run_dir / ".rltrain-key").write_bytes(key)
+    crafted = pickle.dumps(_Touch(marker))
+    for pt in (run_dir / "checkpoints").glob("*.pt"):
+        state = torch.load(pt, weights_only=True)
+        state["envs_mac"] = hmac.new(key, crafted, hashlib.sha256).hexdigest()
+        torch.save(state, pt)
+        pt.with_suffix(".envs.pkl").write_bytes(crafted)
+    res = _train(run_dir, "total_env_steps=3072", "resume=auto")
+    assert not marker.exists()
+    assert res.returncode == 0 and "MAC does not verify" in res.stderr, res.stderr
 
 
 def _eval(target: Path, *flags: str):
@@ -189,7 +216,9 @@ def test_second_run_in_a_live_run_dir_refuses_and_sigkill_frees_it(tmp_path):
         assert _stderr_lines(res) == [f"rltrain: error: hydra.run.dir={run_dir}: another rltrain run "
                                       f"(pid {first.pid}) is using this run dir; wait for it to end or stop it, "
                                       "or pick another hydra.run.dir"]
-        assert not (run_dir / "summary.json").exists()  # the refused run wrote nothing over the live one
+        # the refused run wrote nothing over the live one (which says running, once it got that far)
+        if (run_dir / "summary.json").exists():
+            assert _summary(run_dir)["status"] == "running" and _summary(run_dir)["pid"] == first.pid
     finally:
         first.send_signal(signal.SIGKILL)
         first.wait(30)
@@ -277,12 +306,16 @@ def test_full_disk_while_checkpointing_fails_in_one_line_and_keeps_earlier_check
 
 def test_disk_full_for_every_write_still_one_line_and_no_temp_files(tmp_path):
     run_dir = tmp_path / "run"
+    user_key(create=True)  # the per-user key exists already (it is not in the run dir)
     res = _train(run_dir, module="tests.helpers.full_disk",
-                 # at 1024 steps: the key, best.pt (sidecar, checkpoint), step_1024 (same) land; then full
+                 # the `running` summary, then at 1024 steps best.pt (sidecar, checkpoint), step_1024 (same)
+                 # land; then the disk is full
                  env={"RLTRAIN_FULL_DISK": ".*.tmp*", "RLTRAIN_FULL_DISK_AFTER": "5"})
     assert res.returncode == 2
     assert _stderr_lines(res) == [res.stderr.strip()] and "No space left on device" in res.stderr, res.stderr
-    assert not (run_dir / "summary.json").exists()  # it could not be written; no empty or partial one either
+    # the final summary could not be written; no empty or partial one either: it still says running (the next
+    # start records the run as crashed)
+    assert _summary(run_dir)["status"] == "running"
     assert _temp_files(run_dir) == []
     assert (run_dir / "checkpoints" / "step_000000001024.pt").exists()
 

@@ -94,6 +94,15 @@ def test_workers_that_start_processes_need_daemon_false(orphan_watch):
     assert len(failed) == 2 and "daemonic processes are not allowed to have children" in failed[0]["error"], rep
 
 
+def test_a_loop_stuck_in_a_call_goes_silent_while_a_slow_live_loop_does_not(orphan_watch):
+    """The heartbeat relays the loop's progress, not the heartbeat thread's life."""
+    rep = scenario("stuck", "fork")
+    for k in (0, 1):
+        assert kinds(rep, k) == ["Started", "Unresponsive", "Exited"], rep["events"]
+    rep = scenario("polling", "fork")  # 4 s of work, silence limit 1.5 s: it polls, so it is alive
+    assert [e["result"] for e in rep["events"] if e["type"] == "Done"] == [{"polled": True}] * 2, rep["events"]
+
+
 def test_auto_forks_only_while_that_is_safe(monkeypatch):
     import threading
 

@@ -13,6 +13,7 @@ import importlib
 import inspect
 import json
 import math
+import sys
 import tempfile
 import typing
 from collections.abc import Sequence
@@ -196,7 +197,8 @@ def prepare(cfg: Any, run_dir: Path) -> dict:
 
 
 TOP_LEVEL = ("seed", "device", "torch_threads", "total_env_steps", "target_return", "max_wall_time",
-             "allow_nested_processes", "resume", "resume_trust_envs", "seed_drawn", "max_wall_time_s",
+             "allow_nested_processes", "resume", "resume_trust_envs", "resume_allow_changes", "seed_drawn",
+             "max_wall_time_s",
              "algo", "trainer", "env", "model", "logger", "eval", "log", "checkpoint")
 
 
@@ -226,6 +228,7 @@ def settings_from(cfg: dict) -> RunSettings:
         target_return=None if cfg.get("target_return") is None else float(cfg["target_return"]),
         max_wall_time_s=cfg.get("max_wall_time_s"), resume=str(cfg.get("resume") or "never"),
         resume_trust_envs=bool(cfg.get("resume_trust_envs", False)),
+        resume_allow_changes=tuple(cfg.get("resume_allow_changes") or ()),
         env=group_settings(EnvFactory, cfg["env"], "env"), algo=algo_factory(cfg),
         eval=group_settings(EvalSettings, cfg["eval"], "eval"), log=group_settings(LogSettings, cfg["log"], "log"),
         checkpoint=group_settings(CheckpointSettings, cfg["checkpoint"], "checkpoint"),
@@ -270,7 +273,9 @@ def run(cfg: Any, run_dir: Path) -> dict:
         writable_run_dir(run_dir)
     # one owner per run dir (design 6): taken before anything is written; other ranks work under rank 0's lock
     with RunDirLock(run_dir) if owner else contextlib.nullcontext():
-        trainer = build_trainer(prepare(cfg, run_dir), run_dir)
+        plain = to_plain(cfg)
+        check_resume_config(plain, run_dir)  # before config.yaml is overwritten with this run's
+        trainer = build_trainer(prepare(plain, run_dir), run_dir)
         if owner:
             sweep_temp_files(run_dir)  # what a killed earlier run left (we hold the lock: nobody is writing)
         try:
@@ -281,6 +286,26 @@ def run(cfg: Any, run_dir: Path) -> dict:
                 raise
             mark_failed(run_dir, message)  # e.g. the final checkpoint failed after the loop: no summary said so
             raise ConfigError(message) from None
+
+
+def check_resume_config(cfg: dict, run_dir: Path) -> None:
+    """``resume=auto`` in a run dir whose recorded run had other trainer / algo / model / env settings: one
+    line listing them (a trainer that keeps its checkpoints elsewhere would otherwise restart from step 0
+    over the run's summary), unless ``resume_allow_changes`` names them."""
+    from rltrain.run.checkpoint import ALLOW_KEY, resume_mismatch
+
+    allow = cfg.get(ALLOW_KEY) or []
+    if not isinstance(allow, list) or not all(isinstance(a, str) and a for a in allow):
+        raise ConfigError(f"{ALLOW_KEY}={allow!r} must be a list of setting names, e.g. [env.kwargs]")
+    if cfg.get("resume") != "auto" or not (run_dir / "config.yaml").is_file():
+        return
+    try:
+        saved = yaml.safe_load((run_dir / "config.yaml").read_text())
+    except (OSError, yaml.YAMLError):
+        return  # the checkpoint's own config is compared at resume
+    error = resume_mismatch("auto", saved if isinstance(saved, dict) else {}, cfg)
+    if error:
+        raise ConfigError(error.replace("resume=auto:", f"resume=auto in {run_dir}:", 1))
 
 
 def writable_run_dir(run_dir: Path) -> None:
@@ -301,7 +326,6 @@ def load_policy(path: Path, *, device: str = "cpu", allow_import: bool = False):
     Gymnasium id and an rltrain algorithm class, nothing else, unless ``allow_import`` (the user's
     ``--allow-import``) lets an ``env.id`` import path ``module:Attr`` import and call its module.
     """
-    from rltrain.algos.base import Algorithm
     from rltrain.run.checkpoint import CheckpointManager, load_checkpoint
 
     path = Path(path)
@@ -309,8 +333,47 @@ def load_policy(path: Path, *, device: str = "cpu", allow_import: bool = False):
         ckdir = path / "checkpoints" if (path / "checkpoints").is_dir() else path
         path = ckdir / "final.pt" if (ckdir / "final.pt").exists() else (CheckpointManager(ckdir).latest() or ckdir)
     state, _ = load_checkpoint(path, key="checkpoint")  # no run dir: its envs sidecar is never unpickled
+    try:
+        return _policy_from(state, path, device=device, allow_import=allow_import)
+    except ConfigError as err:  # a setting inside the file: say which file
+        if str(path) in str(err):
+            raise
+        raise ConfigError(f"checkpoint={path}: inside it, {err}") from None
+    except (KeyError, TypeError, ValueError, AttributeError, IndexError, RuntimeError) as err:
+        # a crafted or foreign file: what is missing or malformed inside it, in one line
+        detail = str(err).strip().splitlines()[0][:200] if str(err).strip() else ""
+        raise ConfigError(f"checkpoint={path}: not a usable rltrain checkpoint ({type(err).__name__}"
+                          f"{': ' + detail if detail else ''})") from None
+
+
+# wrappers that write files where their arguments say: from a checkpoint, the file's author would choose
+RECORDER_WRAPPERS = ("RecordVideo", "HumanRendering")
+PATH_ARGUMENTS = ("folder", "path", "dir", "file", "prefix")
+
+
+def _drop_recorders(wrappers: list, path: Path) -> list:
+    """The checkpoint's ``env.wrappers`` without those that write files (one warning each): nothing stored in
+    a checkpoint chooses where the tools write; ``rltrain-eval --video`` records into the run dir."""
+    kept = []
+    for entry in wrappers:
+        name, kwargs = (entry, {}) if isinstance(entry, str) else next(iter(entry.items()), ("", {}))
+        args = kwargs if isinstance(kwargs, dict) else {}
+        if name in RECORDER_WRAPPERS or any(part in str(k).lower() for k in args for part in PATH_ARGUMENTS):
+            print(f"rltrain: warning: checkpoint={path}: ignoring its env.wrappers entry {name} (it would write "
+                  "files where the checkpoint says; --video records into the run dir)", file=sys.stderr)
+            continue
+        kept.append(entry)
+    return kept
+
+
+def _policy_from(state: dict, path: Path, *, device: str, allow_import: bool):
+    from rltrain.algos.base import Algorithm
+
     cfg = state["meta"]["config"]
     env = cfg["env"]
+    if not isinstance(env.get("wrappers") or [], list):
+        raise ConfigError(f"checkpoint={path}: env.wrappers inside it is not a list")
+    env["wrappers"] = _drop_recorders(list(env.get("wrappers") or []), path)
     env_id = env.get("id")
     if not isinstance(env_id, str):
         raise ConfigError(f"checkpoint={path}: env.id={env_id!r} inside it is not an env id")

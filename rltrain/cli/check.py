@@ -137,6 +137,46 @@ def show(console: Console, title: str, rows: list[tuple[str, str]]) -> None:
     console.print(table)
 
 
+def start_checks(plain: dict, run_dir: Path) -> None:
+    """What ``build.run`` checks at start beyond the config, without writing anything: the run dir can be
+    written, no live run holds it, and a resume fits (the recorded config, the checkpoint's settings)."""
+    import fcntl
+    import os
+    import tempfile
+
+    from rltrain.cli import build
+    from rltrain.run.checkpoint import CheckpointManager, load_checkpoint, resume_mismatch
+    from rltrain.run.lock import LOCK_FILE
+
+    existing = next((p for p in [run_dir, *run_dir.parents] if p.exists()), Path("/"))
+    try:  # a probe that leaves nothing behind (os.access says yes to root, also on /proc)
+        os.rmdir(tempfile.mkdtemp(prefix=".rltrain-check-", dir=existing))
+    except OSError as err:
+        raise ConfigError(f"hydra.run.dir={run_dir}: cannot write there ({existing}: {err.strerror or err}); "
+                          "pick a writable hydra.run.dir") from None
+    lock = run_dir / LOCK_FILE
+    if lock.exists():
+        fd = os.open(lock, os.O_RDONLY)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise ConfigError(f"hydra.run.dir={run_dir}: another rltrain run is using this run dir") from None
+        finally:
+            os.close(fd)
+    build.check_resume_config(plain, run_dir)
+    resume = plain.get("resume") or "never"
+    if resume == "never":
+        return
+    path = CheckpointManager(run_dir / "checkpoints").latest(refuse_if_all_corrupt=True) if resume == "auto" \
+        else Path(resume)
+    if path is None:
+        return
+    state, _ = load_checkpoint(path)
+    error = resume_mismatch(path, (state.get("meta") or {}).get("config") or {}, plain)
+    if error:
+        raise ConfigError(error)
+
+
 def check(overrides: list[str], console: Console, *, multirun: bool = False) -> int:
     jobs = expand(overrides)
     multirun = multirun or len(jobs) > 1
@@ -145,6 +185,7 @@ def check(overrides: list[str], console: Console, *, multirun: bool = False) -> 
         try:
             cfg = compose(job)
             plain = validate_job(cfg)
+            start_checks(plain, Path(output_dir(cfg, job, job_num=num if multirun else None)))
         except ConfigError as err:
             console.print(f"[red]job {num} ({' '.join(job)}): error:[/red] {err}")
             errors += 1

@@ -125,10 +125,46 @@ def probe_env(settings: RunSettings) -> EnvSpec:
     return spec
 
 
+# bytes per network parameter over a run's life: weights, gradient, two Adam moments, a target / actor copy
+BYTES_PER_PARAMETER = 4 * 6
+
+
+def check_network_size(settings: RunSettings, spec: EnvSpec) -> None:
+    """MLP widths whose weights alone would not fit in memory (``hidden_sizes=[1000000,1000000]``): one line
+    before anything is allocated (building them would end in the OOM killer or an allocator traceback)."""
+    # the flat input width, bounded: pixels go through a conv encoder first, whose output is far narrower
+    inputs = min(max(obs_bytes(spec.observation), 1), 4096)
+    for key, widths in _width_lists(settings.config):
+        layers = [inputs, *widths]
+        params = sum(a * b for a, b in zip(layers, layers[1:], strict=False)) + sum(widths)
+        need, avail = params * BYTES_PER_PARAMETER, available_memory()
+        if need > avail:
+            raise ConfigError(f"{key}={list(widths)}: the networks would need about {need / 2**30:.1f} GiB "
+                              f"({params:.3g} parameters per network), but {avail / 2**30:.1f} GiB are available; "
+                              f"use smaller widths (e.g. {key}=[64,64])")
+
+
+def _width_lists(config: dict) -> list[tuple[str, list[int]]]:
+    found = []
+    for group in ("algo", "model"):
+        for key, value in (config.get(group) or {}).items():
+            if key.endswith("hidden_sizes") and isinstance(value, list) and value and \
+                    all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in value):
+                found.append((f"{group}.{key}", value))
+    return found
+
+
 def preflight(settings: RunSettings, trainer) -> None:
     """Every check above."""
     check_envs(settings)
     spec = probe_env(settings)  # what the env is, and the algorithm fits it, before what the budget does with it
-    settings.algo(spec, num_envs=settings.env.num_envs, device=torch.device("cpu"))
+    check_network_size(settings, spec)
+    try:
+        settings.algo(spec, num_envs=settings.env.num_envs, device=torch.device("cpu"))
+    except (MemoryError, RuntimeError) as err:
+        if not isinstance(err, MemoryError) and "alloc" not in str(err).lower():
+            raise
+        raise ConfigError(f"building the networks ran out of memory ({str(err).splitlines()[0][:160]}); use "
+                          "smaller algo.hidden_sizes / model.hidden_sizes") from None
     check_budget(settings, trainer)
     check_size(settings, trainer, spec)

@@ -25,19 +25,36 @@ IGNORED = ("seed", "seed_drawn", "resume", "logger.", "allow_nested_processes", 
 SKIP_DIRS = {".submitit", "checkpoints", "tensorboard", ".hydra"}
 
 
+def warn(message: str) -> None:
+    print(f"rltrain-report: warning: {message}", file=sys.stderr)
+
+
 def find_runs(paths: list[Path]) -> list[Path]:
-    """Run dirs under ``paths`` (a parallel run's ``agent_<k>/`` replace their parent), sorted, unique."""
+    """Run dirs under ``paths`` (a parallel run's ``agent_<k>/`` replace their parent), sorted, unique.
+
+    Each real directory is visited once: a symlink loop (a link to an ancestor) ends the walk there."""
     runs: list[Path] = []
+    seen: set[tuple[int, int]] = set()
 
     def visit(d: Path) -> None:
-        agents = sorted(p for p in d.glob("agent_*") if (p / "summary.json").exists())
-        if agents:
-            runs.extend(agents)
-        elif (d / "summary.json").exists():
-            runs.append(d)
-        else:
-            for child in sorted(p for p in d.iterdir() if p.is_dir() and p.name not in SKIP_DIRS):
-                visit(child)
+        try:
+            st = d.stat()
+        except OSError:
+            return  # a dangling link, a dir removed meanwhile
+        if (st.st_dev, st.st_ino) in seen:
+            return
+        seen.add((st.st_dev, st.st_ino))
+        try:
+            agents = sorted(p for p in d.glob("agent_*") if (p / "summary.json").exists())
+            if agents:
+                runs.extend(agents)
+            elif (d / "summary.json").exists():
+                runs.append(d)
+            else:
+                for child in sorted(p for p in d.iterdir() if p.is_dir() and p.name not in SKIP_DIRS):
+                    visit(child)
+        except OSError as err:  # unreadable dir
+            warn(f"skipping {d}: {err.strerror or err}")
 
     for p in paths:
         if not Path(p).is_dir():
@@ -56,11 +73,28 @@ def flatten(d: dict, prefix: str = "") -> dict[str, object]:
     return out
 
 
-def load_run(run: Path) -> dict:
-    summary = json.loads((run / "summary.json").read_text())
-    cfg_path = run / "config.yaml"
-    cfg = flatten(yaml.safe_load(cfg_path.read_text()) or {}) if cfg_path.exists() else {}
-    return {"dir": run, "summary": summary, "config": cfg, "overrides": typed_overrides(run)}
+def load_run(run: Path) -> dict | None:
+    """The run's summary, config and overrides; None (with one warning) when a file is malformed."""
+    try:
+        summary = json.loads((run / "summary.json").read_text())
+        if not isinstance(summary, dict):
+            raise ValueError("not a JSON object")
+        cfg_path = run / "config.yaml"
+        cfg = yaml.safe_load(cfg_path.read_text()) if cfg_path.exists() else {}
+        if not isinstance(cfg or {}, dict):
+            raise ValueError("config.yaml is not a mapping")
+        overrides = typed_overrides(run)
+    except (OSError, ValueError, yaml.YAMLError) as err:  # UnicodeDecodeError and JSONDecodeError included
+        warn(f"skipping {run}: a malformed file ({type(err).__name__}: {str(err).splitlines()[0][:200]})")
+        return None
+    for key in ("final_eval_return", "wall_time_s"):  # numbers or nothing: a string here is a malformed file
+        if not _number(summary.get(key)):
+            summary[key] = None
+    return {"dir": run, "summary": summary, "config": flatten(cfg or {}), "overrides": overrides}
+
+
+def _number(value: object) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
 def typed_overrides(run: Path) -> dict[str, str] | None:
@@ -70,6 +104,8 @@ def typed_overrides(run: Path) -> dict[str, str] | None:
         path = d / ".hydra" / "overrides.yaml"
         if path.exists():
             items = yaml.safe_load(path.read_text()) or []
+            if not isinstance(items, list):
+                raise ValueError(f"{path} is not a list of overrides")
             return {k.lstrip("+~"): v for k, _, v in (str(o).partition("=") for o in items)}
     return None
 
@@ -156,9 +192,21 @@ def _run_label(run: dict) -> str:
     return f"{short} (seed {run['summary'].get('seed')})"
 
 
+def _curve(run: dict, column: str):
+    """One run's curve; a malformed metrics.csv gives an empty one and a warning, not a traceback."""
+    import csv
+
+    import numpy as np
+
+    try:
+        return read_curve(run["dir"] / "metrics.csv", column)
+    except (OSError, ValueError, KeyError, TypeError, csv.Error) as err:
+        warn(f"no curve for {run['dir']}: metrics.csv is malformed ({type(err).__name__}: {err})")
+        return np.zeros(0), np.zeros(0)
+
+
 def plot(groups: dict[str, list[dict]], out: Path, column: str) -> Path | None:
-    panels = {label: {_run_label(r): read_curve(r["dir"] / "metrics.csv", column) for r in runs}
-              for label, runs in groups.items()}
+    panels = {label: {_run_label(r): _curve(r, column) for r in runs} for label, runs in groups.items()}
     if not any(len(x) for runs in panels.values() for x, _ in runs.values()):
         return None
     return plot_learning_curves(panels, out, title=column)
@@ -172,7 +220,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--column", default="rollout/episode_return", help="metrics.csv column to plot")
     ap.add_argument("--json", action="store_true", help="print the rows as JSON instead of a table")
     args = ap.parse_args(argv)
-    runs = [load_run(r) for r in find_runs(args.paths)]
+    runs = [run for run in map(load_run, find_runs(args.paths)) if run is not None]
     if not runs:
         raise SystemExit(f"rltrain-report: error: no run dirs (with summary.json) under {' '.join(map(str, args.paths))}")
     groups = group_runs(runs)

@@ -7,6 +7,7 @@ return) so sweepers can optimise it. Bad input is reported as one line on stderr
 
 from __future__ import annotations
 
+import errno
 import math
 import os
 import re
@@ -18,6 +19,7 @@ from omegaconf import DictConfig
 
 from rltrain.errors import ConfigError
 
+WRITE_ERRNOS = (errno.EACCES, errno.EPERM, errno.EROFS, errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
 FAILED_RETURN = -1e9  # what a failed or eval-less run reports to sweepers: finite, never NaN
 
 
@@ -36,7 +38,12 @@ def task(cfg: DictConfig) -> float:
     from hydra.types import RunMode
 
     from rltrain.cli.build import run
-    from rltrain.sweeps.callbacks import hand_over_signal, record_failure, stopped_by_signal
+    from rltrain.sweeps.callbacks import (
+        discard_fresh_run_dir,
+        hand_over_signal,
+        record_failure,
+        stopped_by_signal,
+    )
 
     hc = HydraConfig.get()
     run_dir = Path(hc.runtime.output_dir)
@@ -59,6 +66,8 @@ def task(cfg: DictConfig) -> float:
         summary = run(cfg, run_dir)
     except ConfigError as err:
         if not multirun:
+            if not (run_dir / "summary.json").exists():  # refused before anything ran: leave no files
+                discard_fresh_run_dir(run_dir)
             print(f"rltrain: error: {err}", file=sys.stderr)
             sys.exit(2)
         # one bad job (e.g. a swept value out of range) must not end the sweep: record it, go on
@@ -137,6 +146,11 @@ def main() -> None:
 
         if isinstance(err, (HydraException, OmegaConfBaseException)):
             print(f"rltrain: error: {one_line(err)}", file=sys.stderr)
+            sys.exit(2)
+        if isinstance(err, OSError) and err.errno in WRITE_ERRNOS:  # e.g. Hydra writing .hydra/ into a read-only dir
+            where = f" {err.filename}" if err.filename else ""
+            print(f"rltrain: error: cannot write{where}: {err.strerror or err}; pick a writable hydra.run.dir or "
+                  "free disk space", file=sys.stderr)
             sys.exit(2)
         raise
 

@@ -207,7 +207,7 @@ def env_spec(env: gym.Env, env_id: str) -> EnvSpec:
 def make_vector_env(env_id: str, num_envs: int, seeds: list[int] | tuple[int, ...], *,
                     kwargs: dict[str, Any] | None = None, wrappers: list | tuple | None = None,
                     max_episode_steps: int | None = None, vectorization: str = "sync",
-                    search_path: str | None = None) -> VecEnv | AsyncVecEnv:
+                    search_path: str | None = None, step_timeout_s: float | None = None) -> VecEnv | AsyncVecEnv:
     """Build ``num_envs`` envs seeded with ``seeds``, each wrapped by ``wrappers``; ``vectorization`` is
     ``sync`` or ``async``; ``search_path`` as for ``make_env``."""
     if len(seeds) != num_envs:
@@ -217,9 +217,9 @@ def make_vector_env(env_id: str, num_envs: int, seeds: list[int] | tuple[int, ..
                            search_path=search_path)
     fn().close()  # fail fast, in this process, with a clear error
     if vectorization == "sync":
-        return VecEnv([fn] * num_envs, list(seeds), real_scores=bool(wrappers))
+        return VecEnv([fn] * num_envs, list(seeds), real_scores=bool(wrappers), step_timeout_s=step_timeout_s)
     if vectorization == "async":
-        return AsyncVecEnv([fn] * num_envs, list(seeds), real_scores=bool(wrappers))
+        return AsyncVecEnv([fn] * num_envs, list(seeds), real_scores=bool(wrappers), step_timeout_s=step_timeout_s)
     raise ConfigError(f"env.vectorization={vectorization!r} is not one of: sync, async")
 
 
@@ -236,6 +236,15 @@ class EnvFactory:
     wrappers: list = field(default_factory=list)  # env.wrappers: applied in order inside every env
     solved_return: float | None = None  # the conventional "solved" score, for reference only
     search_path: str | None = None  # where a module:Attr env.id is also looked for: the launch directory
+    # a step or reset of the vector env that takes longer fails the run naming the env (null: no limit). A
+    # minute is far above any legitimate step (simulators step in ms; a reset that loads assets takes seconds)
+    # and below the parallel trainer's heartbeat_timeout_s, so a hung env is named, not just found silent
+    step_timeout_s: float | None = 60.0
+
+    def __post_init__(self) -> None:
+        t = self.step_timeout_s
+        if t is not None and (isinstance(t, bool) or not isinstance(t, (int, float)) or not 0 < t < 1e9):
+            raise ConfigError(f"env.step_timeout_s={t!r} must be a number of seconds > 0, or null for no limit")
 
     @property
     def real_scores(self) -> bool:
@@ -258,7 +267,7 @@ class EnvFactory:
         """``num_envs`` (default ``self.num_envs``) envs seeded with ``seeds``."""
         return make_vector_env(self.id, num_envs or self.num_envs, seeds, kwargs=self.kwargs, wrappers=self.wrappers,
                                max_episode_steps=self.max_episode_steps, vectorization=self.vectorization,
-                               search_path=self.search_path)
+                               search_path=self.search_path, step_timeout_s=self.step_timeout_s)
 
     def record(self) -> dict:
         """The plain dict this factory was built from (config.yaml, checkpoints)."""

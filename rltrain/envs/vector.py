@@ -8,24 +8,144 @@ episode boundary that has to be masked.
 Observations keep the env's dtype (uint8 frames, bool MinAtar planes, float vectors); the model converts
 and scales them. Envs built with an ``env.wrappers`` list report real game scores (see
 ``rltrain.envs.wrappers``): ``pop_real_episodes`` hands them over, in (step, env) order.
+
+Faults in the envs end in one line that names the env and its step (``EnvFault``): an env that raises, returns
+an observation of the wrong shape or a reward that is not a number, or does not return from ``step``/``reset``
+within ``env.step_timeout_s``. The deadline is a ``SIGALRM`` timer armed around each vector step of the main
+thread (two ``setitimer`` calls per step; no thread), so it also catches a loop that a heartbeat thread would
+still report alive. The same timer abandons a call stuck when a stop signal arrives (``CallWatch.abandon``).
+Async env workers die with their parent (``die_with_parent``) and leave stopping to it (SIGINT ignored).
 """
 
 from __future__ import annotations
 
+import os
 import pickle
+import signal
+import threading
+import time
 from collections.abc import Callable
 
 import gymnasium as gym
 import numpy as np
 
 from rltrain.data.structs import obs_map, obs_put
+from rltrain.envs.lifetime import die_with_parent
+from rltrain.errors import ConfigError
+
+ABANDON_AFTER_S = 0.5  # a stop signal abandons an env call still running this long after it arrived
+
+
+class EnvFault(ConfigError):
+    """An env misbehaved (raised, bad output, hung): one line naming the env index and its step."""
+
+    def __init__(self, message: str, *, env_index: int, env_step: int):
+        super().__init__(message)
+        self.env_index, self.env_step = env_index, env_step
+
+
+class EnvCallAbandoned(Exception):
+    """A stop signal arrived while an env call was stuck; the call was given up (the envs are unusable)."""
+
+    def __init__(self, env_index: int, env_step: int, stuck_s: float):
+        super().__init__(f"env {env_index} was stuck in step {env_step} for {stuck_s:.1f}s when the stop signal "
+                         "came; the call was abandoned")
+        self.env_index, self.env_step, self.stuck_s = env_index, env_step, stuck_s
+
+
+class CallWatch:
+    """Deadline and stop-abandon for the env calls of this process's main thread (one per vector env).
+
+    ``begin``/``end`` around a vector step arm and clear an ``ITIMER_REAL`` timer; its ``SIGALRM`` raises
+    ``EnvFault`` (the step outlived ``timeout_s``) or ``EnvCallAbandoned`` (``abandon`` was called: a stop
+    signal came and the call did not return within ``ABANDON_AFTER_S``). Off the main thread it does nothing.
+    """
+
+    calls = 0  # env calls begun in this process, by every watch: the liveness a worker's heartbeat reports
+
+    def __init__(self, timeout_s: float | None):
+        self.timeout_s = timeout_s
+        self.env, self.step, self.started = -1, 0, 0.0
+        self.busy, self.stopping = False, False
+        # main thread only (signals), and never over someone else's timer (a test runner's alarm, say)
+        self.enabled = threading.current_thread() is threading.main_thread() and \
+            signal.getitimer(signal.ITIMER_REAL) == (0.0, 0.0)
+        self._previous = signal.signal(signal.SIGALRM, self._alarm) if self.enabled else None
+
+    def close(self) -> None:
+        """Give SIGALRM back to whoever had it."""
+        if self.enabled:
+            self.enabled = False
+            signal.setitimer(signal.ITIMER_REAL, 0)
+            signal.signal(signal.SIGALRM, self._previous if self._previous is not None else signal.SIG_DFL)
+
+    def begin(self, step: int) -> None:
+        self.step, self.busy, self.env = step, True, -1
+        CallWatch.calls += 1
+        if self.enabled:
+            self.started = time.monotonic()
+            if self.stopping:
+                signal.setitimer(signal.ITIMER_REAL, ABANDON_AFTER_S)
+            elif self.timeout_s:
+                signal.setitimer(signal.ITIMER_REAL, self.timeout_s)
+
+    def end(self) -> None:
+        self.busy = False
+        if self.enabled and (self.timeout_s or self.stopping):
+            signal.setitimer(signal.ITIMER_REAL, 0)
+
+    def abandon(self) -> None:
+        """A stop was requested (called from the signal handler): give a stuck call ``ABANDON_AFTER_S``."""
+        self.stopping = True
+        if self.enabled and self.busy:
+            signal.setitimer(signal.ITIMER_REAL, ABANDON_AFTER_S)
+
+    def _alarm(self, signum, frame) -> None:
+        if not self.busy:
+            return
+        stuck = time.monotonic() - self.started
+        env = max(self.env, 0)
+        self.busy = False
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        if self.stopping:
+            raise EnvCallAbandoned(env, self.step, stuck)
+        raise timeout_fault(env, self.step, self.timeout_s)
+
+
+class _Counted(gym.Wrapper):
+    """Counts its steps as env calls (``CallWatch.calls``): evaluation is progress for a worker's heartbeat."""
+
+    def step(self, action):
+        CallWatch.calls += 1
+        return self.env.step(action)
+
+
+def counted(make: Callable[..., gym.Env]) -> Callable[..., gym.Env]:
+    """``make`` whose envs count their steps as progress (see ``_Counted``)."""
+    return lambda **kwargs: _Counted(make(**kwargs))
+
+
+def timeout_fault(env_index: int, env_step: int, timeout_s: float | None) -> EnvFault:
+    return EnvFault(f"env {env_index} did not return from its step {env_step} within env.step_timeout_s="
+                    f"{timeout_s:g}s (a hung env; raise env.step_timeout_s, or null disables the check)",
+                    env_index=env_index, env_step=env_step)
+
+
+def env_fault(err: BaseException, env_index: int, env_step: int, call: str) -> EnvFault:
+    """The one line for an env whose ``call`` raised or returned something unusable."""
+    what = f"{type(err).__name__}: {err}".splitlines()[0]
+    return EnvFault(f"env {env_index} failed in {call} at its step {env_step}: {what}", env_index=env_index,
+                    env_step=env_step)
 
 
 class VecEnv:
     """N envs stepped in one process, in a plain list (cheaper than SyncVectorEnv), autoreset same-step."""
 
-    def __init__(self, fns: list[Callable[[], gym.Env]], seeds: list[int], *, real_scores: bool = False):
+    def __init__(self, fns: list[Callable[[], gym.Env]], seeds: list[int], *, real_scores: bool = False,
+                 step_timeout_s: float | None = None):
         self.envs = [fn() for fn in fns]
+        self.watch = CallWatch(step_timeout_s)
+        self.steps = 0  # vector steps so far (each env's own step count, for the fault lines)
         self.seeds = list(seeds)
         self.num_envs = len(self.envs)
         space = self.envs[0].observation_space
@@ -39,10 +159,21 @@ class VecEnv:
         self._real: list[tuple[int, float, int]] | None = [] if real_scores else None
 
     def reset(self) -> np.ndarray:
-        for i, env in enumerate(self.envs):
-            env.action_space.seed(self.seeds[i])
-            o, _ = env.reset(seed=self.seeds[i])
-            obs_put(self._obs, i, o)
+        watch = self.watch
+        watch.begin(self.steps)
+        try:
+            for i, env in enumerate(self.envs):
+                watch.env = i
+                try:
+                    env.action_space.seed(self.seeds[i])
+                    o, _ = env.reset(seed=self.seeds[i])
+                    obs_put(self._obs, i, o)
+                except (EnvFault, EnvCallAbandoned):
+                    raise
+                except Exception as err:  # the user's env: one line naming it (the traceback is chained)
+                    raise env_fault(err, i, self.steps, "reset()") from err
+        finally:
+            watch.end()
         return obs_map(np.copy, self._obs)
 
     def step(self, actions: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
@@ -50,23 +181,35 @@ class VecEnv:
         obs, final, rew, term, trunc = self._obs, self._final, self._rew, self._term, self._trunc
         acts = actions.tolist() if self._discrete else actions
         real, put = self._real, obs_put if self._dict else None
-        for i, env in enumerate(self.envs):
-            o, r, te, tr, info = env.step(acts[i])
-            if real is not None and "real_score" in info:
-                real.append((i, info["real_score"], info["real_length"]))
-            if put is None:
-                final[i] = o
-            else:
-                put(final, i, o)
-            rew[i] = r
-            term[i] = te
-            trunc[i] = tr
-            if te or tr:
-                o, _ = env.reset()
-            if put is None:
-                obs[i] = o
-            else:
-                put(obs, i, o)
+        watch = self.watch
+        self.steps += 1
+        watch.begin(self.steps)
+        try:
+            for i, env in enumerate(self.envs):
+                watch.env = i
+                try:
+                    o, r, te, tr, info = env.step(acts[i])
+                    if real is not None and "real_score" in info:
+                        real.append((i, info["real_score"], info["real_length"]))
+                    if put is None:
+                        _put_exact(final, i, o)
+                    else:
+                        put(final, i, o)
+                    rew[i] = r
+                    term[i] = te
+                    trunc[i] = tr
+                    if te or tr:
+                        o, _ = env.reset()
+                    if put is None:
+                        _put_exact(obs, i, o)
+                    else:
+                        put(obs, i, o)
+                except (EnvFault, EnvCallAbandoned):
+                    raise
+                except Exception as err:  # raised, or returned what does not fit the spaces: one line
+                    raise env_fault(err, i, self.steps, "step()") from err
+        finally:
+            watch.end()
         if put is not None:
             return obs_map(np.copy, obs), rew.copy(), term.copy(), trunc.copy(), obs_map(np.copy, final)
         return obs.copy(), rew.copy(), term.copy(), trunc.copy(), final.copy()
@@ -87,12 +230,24 @@ class VecEnv:
             return None
 
     def set_state(self, blob: bytes) -> None:
-        self.close()
+        for env in self.envs:
+            env.close()
         self.envs = pickle.loads(blob)
 
     def close(self) -> None:
+        self.watch.close()
         for env in self.envs:
             env.close()
+
+
+def _put_exact(batch: np.ndarray, i: int, o) -> None:
+    """``batch[i] = o`` without numpy's broadcasting: an observation of another shape is an env fault, not
+    something to spread over the row."""
+    if getattr(o, "shape", None) != batch.shape[1:]:
+        o = np.asarray(o)
+        if o.shape != batch.shape[1:]:
+            raise ValueError(f"observation of shape {o.shape}, but the observation space says {batch.shape[1:]}")
+    batch[i] = o
 
 
 def _batch_of(space: gym.Space, n: int):
@@ -106,24 +261,66 @@ def _batch_of(space: gym.Space, n: int):
 
 
 class AsyncVecEnv:
-    """Gymnasium's AsyncVectorEnv (one subprocess per env) adapted to the ``VecEnv`` interface."""
+    """Gymnasium's AsyncVectorEnv (one subprocess per env) adapted to the ``VecEnv`` interface.
+
+    Each worker dies with this process (``die_with_parent``) and ignores SIGINT (this process decides how to
+    stop); a SIGTERM sent to a worker itself ends it. A worker's error, or a step past ``step_timeout_s``,
+    becomes an ``EnvFault`` naming the worker's env; the workers are then terminated, not waited for.
+    """
 
     def __init__(self, fns: list[Callable[[], gym.Env]], seeds: list[int], context: str | None = None, *,
-                 real_scores: bool = False):
+                 real_scores: bool = False, step_timeout_s: float | None = None):
         from gymnasium.vector import AsyncVectorEnv, AutoresetMode
 
+        parent = os.getpid()
+        fns = [_WorkerEnv(fn, parent) for fn in fns]
         self.venv = AsyncVectorEnv(fns, autoreset_mode=AutoresetMode.SAME_STEP, context=context)
         self.seeds = list(seeds)
         self.num_envs = len(seeds)
         self._real: list[tuple[int, float, int]] | None = [] if real_scores else None
+        self.watch = CallWatch(step_timeout_s)
+        self.steps = 0
+        self._broken = False
+
+    def _call(self, fn, call: str):
+        """``fn()`` (a reset or step of all workers) with the deadline, and its faults as one ``EnvFault``."""
+        watch = self.watch
+        watch.begin(self.steps)
+        quiet, gym.logger.min_level = gym.logger.min_level, 50  # a worker's error is reported once, by us
+        try:
+            return fn()
+        except EnvFault:
+            self._broken = True
+            raise timeout_fault(self._stuck_env(), self.steps, watch.timeout_s) from None
+        except EnvCallAbandoned as err:
+            self._broken = True
+            raise EnvCallAbandoned(self._stuck_env(), self.steps, err.stuck_s) from None
+        except Exception as err:
+            self._broken = True
+            failed = next((i for i, p in enumerate(self.venv.parent_pipes) if p is None), 0)
+            raise env_fault(err, failed, self.steps, call) from err
+        finally:
+            gym.logger.min_level = quiet
+            watch.end()
+
+    def _stuck_env(self) -> int:
+        """The first worker that has not answered (its pipe holds no reply)."""
+        for i, pipe in enumerate(self.venv.parent_pipes):
+            try:
+                if pipe is not None and not pipe.poll(0):
+                    return i
+            except OSError:
+                return i
+        return 0
 
     def reset(self) -> np.ndarray:
         self.venv.action_space.seed(self.seeds[0])
-        obs, _ = self.venv.reset(seed=self.seeds)
+        obs, _ = self._call(lambda: self.venv.reset(seed=self.seeds), "reset()")
         return obs
 
     def step(self, actions: np.ndarray):
-        obs, rew, term, trunc, info = self.venv.step(actions)
+        self.steps += 1
+        obs, rew, term, trunc, info = self._call(lambda: self.venv.step(actions), "step()")
         final = obs_map(np.array, obs)  # a copy; Dict spaces come as a dict of per-key batches
         done = term | trunc
         if done.any():
@@ -154,4 +351,26 @@ class AsyncVecEnv:
         raise NotImplementedError
 
     def close(self) -> None:
-        self.venv.close()
+        self.watch.close()
+        if self.venv.closed:
+            return
+        quiet, gym.logger.min_level = gym.logger.min_level, 50 if self._broken else gym.logger.min_level
+        try:
+            self.venv.close(terminate=self._broken)  # a worker stuck in a call would never answer close
+        finally:
+            gym.logger.min_level = quiet
+
+
+class _WorkerEnv:
+    """An async worker's env function: first ties the worker's life to its parent's, then builds the env."""
+
+    def __init__(self, fn: Callable[[], gym.Env], parent_pid: int):
+        self.fn, self.parent_pid = fn, parent_pid
+
+    def __call__(self) -> gym.Env:
+        if os.getpid() == self.parent_pid:  # AsyncVectorEnv builds one env in the parent to read the spaces
+            return self.fn()
+        die_with_parent(self.parent_pid, direct=False)  # the default start method may put a fork server between
+        signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole group; the parent decides
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)  # not the handler a forked worker inherited
+        return self.fn()

@@ -6,11 +6,12 @@ loads with ``torch.load(weights_only=True)``. Environments cannot go into that f
 trajectories, without it the envs restart from fresh episodes (documented: then resume is exact only in
 the learner state).
 
-Unpickling runs code, so the sidecar is only unpickled when this run dir's own run wrote it: the run dir
-holds a random key (``.rltrain-key``, mode 0600, created at the first checkpoint) and every checkpoint stores
-the HMAC-SHA256 of its sidecar's bytes (``envs_mac``). A sidecar whose MAC does not verify under the key of the
-run dir that resumes (a copied checkpoint, a crafted file, a truncated write) is skipped with one warning,
-unless the user opts in explicitly (``resume_trust_envs=true``).
+Unpickling runs code, so the sidecar is only unpickled when this user's own runs wrote it: a random per-user
+key (``sidecar.key``, mode 0600, in ``$RLTRAIN_CONFIG_DIR``, else ``$XDG_CONFIG_HOME/rltrain``, else
+``~/.config/rltrain``; created at the first checkpoint) signs it, and every checkpoint stores the HMAC-SHA256
+of its sidecar's bytes (``envs_mac``). The key never lives in the data it authenticates: a run dir copied from
+someone else (whatever key file it carries), a crafted file or a truncated write does not verify and is
+skipped with one warning, unless the user opts in explicitly (``resume_trust_envs=true``).
 
 Commit order (a crash at any point leaves a consistent set): sidecar temp + checkpoint temp are written and
 fsynced, then the sidecar is renamed, then the checkpoint. A sidecar without its checkpoint is swept at start.
@@ -18,6 +19,7 @@ fsynced, then the sidecar is renamed, then the checkpoint. A sidecar without its
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import hashlib
 import hmac
@@ -33,7 +35,6 @@ import torch
 from rltrain.errors import ConfigError
 
 _STEP_RE = re.compile(r"^step_(\d+)\.pt$")
-KEY_FILE = ".rltrain-key"
 KEY_BYTES = 32
 TRUST_KEY = "resume_trust_envs"  # the config key that opts in to unpickling an unverified sidecar
 
@@ -51,13 +52,35 @@ def _write_synced(path: Path, write) -> None:
     """``write(file)``, flush and fsync: a full disk surfaces here (delayed allocation reports at fsync)."""
     try:
         with open(path, "wb") as f:
-            write(f)
+            try:
+                write(f)
+            except RuntimeError as err:  # torch.save's zip writer turns a failed write into its own error
+                raise _writer_failure(err, path, f) from err
             f.flush()
             os.fsync(f.fileno())
     except OSError as err:
         if err.filename:
             raise
         raise OSError(err.errno, err.strerror, str(path)) from err  # name the file in the one-line report
+
+
+def _writer_failure(err: RuntimeError, path: Path, f) -> OSError:
+    """The OSError a failed ``torch.save`` stands for: ENOSPC on a full disk, EFBIG past the file-size limit,
+    else EIO with the writer's own first line (``PytorchStreamWriter failed writing file ...``)."""
+    import resource
+
+    try:
+        written = f.tell()
+        free = os.statvfs(path.parent)
+        soft, _ = resource.getrlimit(resource.RLIMIT_FSIZE)
+    except (OSError, ValueError):
+        written, free, soft = 0, None, resource.RLIM_INFINITY
+    detail = str(err).splitlines()[0] if str(err) else type(err).__name__
+    if free is not None and free.f_bavail * free.f_frsize < (1 << 20):
+        return OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path))
+    if soft != resource.RLIM_INFINITY and written >= soft - 4096:
+        return OSError(errno.EFBIG, f"{os.strerror(errno.EFBIG)} (the file-size limit, ulimit -f)", str(path))
+    return OSError(errno.EIO, f"the checkpoint writer failed ({detail})", str(path))
 
 
 _WRITE_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM, errno.EFBIG, errno.EIO}
@@ -112,33 +135,51 @@ def atomic_write_bytes(data: bytes, path: Path) -> None:
         tmp.unlink(missing_ok=True)
 
 
-def run_key(run_dir: Path, *, create: bool) -> bytes | None:
-    """The run dir's secret MAC key; created (0600) when ``create`` and there is no valid one, else None.
+KEY_ENV = "RLTRAIN_CONFIG_DIR"  # where the per-user key lives (tests point it at a temp dir)
 
-    Only the run dir's owner (it holds the run-dir lock) creates it, so two writers never race here.
-    """
-    path = Path(run_dir) / KEY_FILE
+
+def key_path() -> Path:
+    """The per-user key file: outside every run dir, so no run dir can vouch for itself."""
+    if os.environ.get(KEY_ENV):
+        return Path(os.environ[KEY_ENV]) / "sidecar.key"
+    base = os.environ.get("XDG_CONFIG_HOME") or str(Path.home() / ".config")
+    return Path(base) / "rltrain" / "sidecar.key"
+
+
+def user_key(*, create: bool) -> bytes | None:
+    """This user's secret MAC key; created (0600, in a 0700 dir) when ``create`` and there is none, else None.
+    A key that cannot be created (a read-only home) is None with one warning: sidecars are then not written."""
+    path = key_path()
     try:
         key = path.read_bytes()
-    except FileNotFoundError:
+    except OSError:
         key = b""
     if len(key) == KEY_BYTES:
         return key
     if not create:
         return None
-    key = secrets.token_bytes(KEY_BYTES)  # also replaces one cut short by a kill: no MAC was made with it
     tmp = _tmp_name(path)
     try:
+        path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         try:
-            os.write(fd, key)
+            os.write(fd, secrets.token_bytes(KEY_BYTES))
             os.fsync(fd)
         finally:
             os.close(fd)
-        os.replace(tmp, path)
+        if len(key):  # cut short by a kill: no MAC was made with it
+            os.replace(tmp, path)
+        else:
+            with contextlib.suppress(FileExistsError):  # two runs creating it at once: the first link wins
+                os.link(tmp, path)
+        key = path.read_bytes()
+    except OSError as err:
+        warn(f"cannot create the key that signs env sidecars ({path}: {err.strerror or err}); checkpoints are "
+             f"written without their envs sidecar (set {KEY_ENV} to a writable dir)")
+        return None
     finally:
         tmp.unlink(missing_ok=True)
-    return key
+    return key if len(key) == KEY_BYTES else None
 
 
 def envs_mac(key: bytes, blob: bytes) -> str:
@@ -162,10 +203,7 @@ def sweep_temp_files(run_dir: Path) -> list[Path]:
 
 
 class CheckpointManager:
-    """Writes ``checkpoints/step_<env_steps>.pt`` (keeps the last N), ``best.pt`` and ``final.pt``.
-
-    The MAC key lives in the run dir, the parent of ``directory``.
-    """
+    """Writes ``checkpoints/step_<env_steps>.pt`` (keeps the last N), ``best.pt`` and ``final.pt``."""
 
     def __init__(self, directory: Path, *, keep_last: int = 3):
         self.dir = Path(directory)
@@ -181,9 +219,11 @@ class CheckpointManager:
         sidecar = path.with_suffix(".envs.pkl")
         self.dir.mkdir(parents=True, exist_ok=True)
         tmp_pt, tmp_envs = _tmp_name(path), _tmp_name(sidecar)
+        key = user_key(create=True) if envs is not None else None
+        envs = envs if key is not None else None  # an unsigned sidecar could never be loaded
         try:
             if envs is not None:
-                state = {**state, "envs_mac": envs_mac(run_key(self.run_dir, create=True), envs)}
+                state = {**state, "envs_mac": envs_mac(key, envs)}
                 _write_synced(tmp_envs, lambda f: f.write(envs))
             _write_synced(tmp_pt, lambda f: torch.save(state, f))
             if envs is not None:
@@ -263,13 +303,13 @@ def load_checkpoint(path: Path, *, key: str = "resume", run_dir: Path | None = N
 
 def _trusted_sidecar(sidecar: Path, mac: object, run_dir: Path | None, trust_envs: bool) -> bytes | None:
     blob = sidecar.read_bytes()
-    key = run_key(run_dir, create=False) if run_dir is not None else None
+    key = user_key(create=False) if run_dir is not None else None
     if key is not None and isinstance(mac, str) and hmac.compare_digest(mac, envs_mac(key, blob)):
         return blob
     if not trust_envs:
-        warn(f"not loading {sidecar}: its MAC does not verify under this run dir's key (another run dir's file, "
-             f"altered or truncated) and unpickling runs code; the envs restart from fresh episodes "
-             f"({TRUST_KEY}=true loads it anyway: only for files you trust)")
+        warn(f"not loading {sidecar}: its MAC does not verify under your key {key_path()} (a run dir copied from "
+             f"someone else, an altered or truncated file) and unpickling runs code; the envs restart from fresh "
+             f"episodes ({TRUST_KEY}=true loads it anyway: only for files you trust)")
         return None
     try:
         pickle.loads(blob)  # the user vouched for it; a truncated one must still not leave the envs half-restored
@@ -279,37 +319,61 @@ def _trusted_sidecar(sidecar: Path, mac: object, run_dir: Path | None, trust_env
     return blob
 
 
-# What must match for a checkpoint to continue this run, in the order a user thinks of it: the algorithm, the
-# env (its observations and actions shape the networks), then the network itself. (label, config path)
-_RESUME_KEYS = (("algorithm", ("algo", "_target_")), ("env", ("env", "id")), ("env wrappers", ("env", "wrappers")),
-                ("architecture", ("algo", "hidden_sizes")), ("architecture", ("algo", "activation")),
-                ("architecture", ("algo", "frame_stack")), ("architecture", ("algo", "norm_obs")))
-
-
+# What a checkpoint's run and this one must share, unless the user names the key in ``resume_allow_changes``:
+# everything under these groups, but the keys that only place or bound the work (changing them changes no result).
+RESUME_GROUPS = ("trainer", "algo", "model", "env")
+PLACEMENT_KEYS = ("trainer._partial_", "trainer.start_method", "trainer.heartbeat_timeout_s",
+                  "trainer.shutdown_grace_s", "trainer.timeout_s", "trainer.master_addr", "trainer.actor_timeout_s",
+                  "trainer.actor_device", "trainer.learner_device", "trainer.devices", "env.vectorization",
+                  "env.step_timeout_s", "env.solved_return", "algo.numpy_update",
+                  # where ModelSettings lives (it moved to models/settings.py) and the launch directory: not the run
+                  "model._target_", "env.search_path")
+# a trainer that checks its own layout on resume: distributed ranks may change while the global batch stays
+TRAINER_PLACEMENT = {"rltrain.trainers.distributed.DistributedSimulatorTrainer": ("env.num_envs",
+                                                                                  "trainer.world_size")}
+ALLOW_KEY = "resume_allow_changes"
 _ABSENT = object()
 
 
-def _at(config: dict, keys: tuple[str, ...]):
-    for key in keys:
-        if not isinstance(config, dict) or key not in config:
-            return _ABSENT
-        config = config[key]
-    return config
+def _flat(node, prefix: str, out: dict) -> dict:
+    """``{"env.kwargs.length": 20, ...}``; an empty dict contributes no key (``{}`` and unset are the same)."""
+    if isinstance(node, dict):
+        for key, value in node.items():
+            _flat(value, f"{prefix}.{key}", out)
+    else:
+        out[prefix] = node
+    return out
 
 
-def resume_mismatch(path: Path, saved: dict, current: dict) -> str | None:
-    """One line naming what differs between a checkpoint's config (``meta.config``) and this run's, else None.
+def config_changes(saved: dict, current: dict, allow: tuple[str, ...] | list[str] = ()) -> tuple[list[str], list[str]]:
+    """The settings that differ between a checkpoint's config and this run's: (refused, allowed), each as
+    ``key: old -> new``. A key is allowed when ``allow`` names it or a group above it (``env.kwargs``, ``env``).
+    Keys a checkpoint older than them does not record are not compared."""
+    refused, allowed = [], []
+    trainer = (current.get("trainer") or {}).get("_target_") if isinstance(current.get("trainer"), dict) else None
+    placement = (*PLACEMENT_KEYS, *TRAINER_PLACEMENT.get(str(trainer), ()))
+    for group in RESUME_GROUPS:
+        if not isinstance(saved.get(group), dict):
+            continue
+        was, now = _flat(saved[group], group, {}), _flat(current.get(group) or {}, group, {})
+        for key in sorted(set(was) | set(now)):
+            old, new = was.get(key, _ABSENT), now.get(key, _ABSENT)
+            field = key.split(".")[1]
+            if old == new or key in placement or field not in saved[group]:  # or an older checkpoint's gap
+                continue
+            line = f"{key}: {'(unset)' if old is _ABSENT else repr(old)} -> {'(unset)' if new is _ABSENT else repr(new)}"
+            ok = any(key == a or key.startswith(f"{a}.") for a in allow)
+            (allowed if ok else refused).append(line)
+    return refused, allowed
 
-    Loading another run's weights fails deep inside ``load_state_dict`` (``size mismatch``, ``KeyError``);
-    comparing the recorded configs first names the difference and the fix."""
-    models = [m for m in (_at(saved, ("model",)), _at(current, ("model",))) if isinstance(m, dict)]
-    # the model group's _target_ names where ModelSettings lives (it moved), not an architecture
-    model_keys = sorted(set().union(*models) - {"_target_"})
-    for label, keys in (*_RESUME_KEYS, *(("architecture", ("model", k)) for k in model_keys)):
-        was, now = _at(saved, keys), _at(current, keys)
-        if was != now and was is not _ABSENT:  # a checkpoint older than a key cannot be compared on it
-            key = ".".join(keys)
-            now = None if now is _ABSENT else now
-            return (f"resume={path}: the checkpoint is of another {label} ({key}={was!r} in it, {now!r} in this "
-                    f"run); resume with the same {key}, or start a fresh run in another hydra.run.dir")
-    return None
+
+def resume_mismatch(path: Path | str, saved: dict, current: dict) -> str | None:
+    """One line listing every trainer / algorithm / model / env setting in which this run differs from the
+    checkpoint's (``meta.config``) and that ``resume_allow_changes`` does not name, else None."""
+    refused, _ = config_changes(saved, current, current.get(ALLOW_KEY) or ())
+    if not refused:
+        return None
+    keys = ",".join(line.split(":")[0] for line in refused)
+    return (f"resume={path}: this run's settings differ from the checkpoint's: {'; '.join(refused)}. Resume with "
+            f"the checkpoint's settings, or allow the change with {ALLOW_KEY}=[{keys}] (the run then trains with "
+            "the new values), or start a fresh run in another hydra.run.dir")

@@ -38,6 +38,10 @@ class CSVLogger:
         self.rows = [r for r in self.rows if int(float(r["env_steps"])) <= env_steps]
         self._rewrite()
 
+    def last_step(self) -> int:
+        """The env step of the last row (-1 when there is none)."""
+        return int(float(self.rows[-1]["env_steps"])) if self.rows else -1
+
     def log(self, step: int, metrics: Metrics) -> None:
         row = {"env_steps": step, **{k: _fmt(v) for k, v in metrics.items()}}
         self.rows.append(row)

@@ -2,6 +2,8 @@
 
 The handler only records the signal; the training loop checks the flag at its next safe point (after the
 current rollout/update), writes a checkpoint and stops. A second Ctrl-C raises KeyboardInterrupt at once.
+Listeners (``on_stop``) hear of the request inside the handler: the env watch uses it to abandon an env call
+that is stuck, so a stop is honoured even while an env never returns.
 Lives in an importable module because submitit pickles signal handlers with the job.
 """
 
@@ -20,6 +22,11 @@ class StopFlag:
         self.signum: int | None = None
         self.reason: str | None = None
         self._previous: dict[int, object] = {}
+        self._listeners: list = []
+
+    def on_stop(self, listener) -> None:
+        """Call ``listener()`` when a stop is requested (from the signal handler: it must be quick)."""
+        self._listeners.append(listener)
 
     def install(self, signums: tuple[int, ...] = STOP_SIGNALS) -> StopFlag:
         if threading.current_thread() is not threading.main_thread():
@@ -38,11 +45,15 @@ class StopFlag:
             raise KeyboardInterrupt  # second Ctrl-C: the user means it
         self.signum = signum
         self.reason = signal.Signals(signum).name
+        for listener in self._listeners:
+            listener()
 
     def request(self, reason: str) -> None:
         """Stop for a non-signal reason (wall-time budget, a failed worker)."""
         self.reason = reason
         self.signum = self.signum or 0
+        for listener in self._listeners:
+            listener()
 
     @property
     def requested(self) -> bool:

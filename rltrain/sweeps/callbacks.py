@@ -66,6 +66,16 @@ def _write_failure(run_dir: Path, err: BaseException) -> None:
     write_summary(run_dir, summary)
 
 
+def discard_fresh_run_dir(run_dir: Path) -> None:
+    """A refused command leaves no files: remove the run dir if this very command created it (Hydra's
+    ``.hydra/`` and log, our config and lock). A dir that existed before is another run's: left alone."""
+    import shutil
+
+    fresh = SweepCallback.fresh_run_dir
+    if fresh is not None and Path(run_dir).resolve() == fresh:
+        shutil.rmtree(fresh, ignore_errors=True)
+
+
 def hand_over_signal(summary: dict) -> None:
     """A job stopped by a signal, already checkpointed: give the signal back to whoever owns it.
 
@@ -74,13 +84,33 @@ def hand_over_signal(summary: dict) -> None:
     requeues the job and exits. Elsewhere (and for SIGTERM/SIGINT) the whole sweep was asked to stop: exit.
     """
     reason = summary.get("stop_reason")
+    if summary.get("status") == "failed":
+        print(f"rltrain: error: {summary.get('error') or 'the run failed'} (summary.json says failed)", file=sys.stderr)
+        sys.exit(summary["exit_code"])
     if reason == "SIGUSR2" and in_submitit_job():
         signal.raise_signal(signal.SIGUSR2)
         return  # only a non-zero rank gets here (submitit requeues from rank 0)
     if summary.get("resume_command"):
-        print(f"rltrain: stopped ({reason}); checkpoint written. Resume with:\n  {summary['resume_command']}",
+        print(f"rltrain: stopped ({reason}); {checkpoint_note(summary)}. Resume with:\n  {summary['resume_command']}",
               file=sys.stderr)
     sys.exit(summary["exit_code"])
+
+
+def checkpoint_note(summary: dict) -> str:
+    """What the stopped run has to resume from, as it is: never "checkpoint written" for a run (or an agent of
+    trainer=parallel) that wrote none."""
+    agents = summary.get("agents")
+    if isinstance(agents, list):
+        wrote = [str(a.get("index")) for a in agents if isinstance(a, dict) and a.get("checkpoint")]
+        missing = [str(a.get("index")) for a in agents if isinstance(a, dict) and not a.get("checkpoint")]
+        if not missing:
+            return "every agent wrote a checkpoint"
+        if not wrote:
+            return "no agent had a checkpoint yet (a resume starts them from step 0)"
+        return f"checkpoints of agents {', '.join(wrote)}; agents {', '.join(missing)} had none (they restart)"
+    if summary.get("checkpoint"):
+        return f"checkpoint {summary['checkpoint']}"
+    return "no checkpoint had been written yet (a resume starts from step 0)"
 
 
 def stopped_by_signal(summary: dict) -> bool:
@@ -127,12 +157,15 @@ class SweepCallback(Callback):
 
     failed_jobs: int = 0  # read by cli.main to set the exit code of the submitting process
     refused_jobs: list[str] = []  # jobs whose dir another run held: no summary of theirs to count
+    fresh_run_dir: Path | None = None  # the single run's dir, when this command created it
 
     def on_run_start(self, config: DictConfig, **kwargs: Any) -> None:
         # Hydra creates the run dir itself, before the task starts: an unwritable one (hydra.run.dir=/proc/x)
         # would end in its mkdir traceback
         run_dir = Path(str(config.hydra.run.dir))
         try:
+            # a dir this command creates is removed again if the command is refused (discard_fresh_run_dir)
+            SweepCallback.fresh_run_dir = None if run_dir.exists() else run_dir.resolve()
             run_dir.mkdir(parents=True, exist_ok=True)
         except OSError as err:
             print(f"rltrain: error: hydra.run.dir={run_dir}: cannot create it ({err.strerror or err}); pick a "
@@ -160,7 +193,11 @@ class SweepCallback(Callback):
         failed = [(d, s) for d, s in rows if s.get("status") != "completed"]
         SweepCallback.failed_jobs += sum(1 for _, s in failed if s.get("status") == "failed")
         done = len(rows) - len(failed)
-        print(f"rltrain: sweep {sweep_dir}: {done}/{len(rows)} jobs completed", file=sys.stderr)
+        counts = {}
+        for _, summary in failed:
+            counts[summary.get("status")] = counts.get(summary.get("status"), 0) + 1
+        others = "".join(f", {n} {status}" for status, n in sorted(counts.items(), key=str))
+        print(f"rltrain: sweep {sweep_dir}: {done}/{len(rows)} jobs completed{others}", file=sys.stderr)
         for d, s in failed:
             print(f"  {s.get('status')}: {d.name}: {s.get('error') or s.get('stop_reason') or ''}", file=sys.stderr)
         print(f"  report: rltrain-report {sweep_dir}", file=sys.stderr)

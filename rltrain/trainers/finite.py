@@ -71,10 +71,17 @@ def rollout_problem(rollout: Rollout) -> str | None:
     return None
 
 
+# Diagnostics that are NaN by definition in a healthy run: explained variance is 1 - Var(R - V) / Var(R),
+# undefined when the returns of a batch do not vary (an env whose return is constant). Not a fault.
+UNDEFINED_MAY_BE_NAN = ("train/explained_variance",)
+
+
 def metrics_problem(metrics: Metrics) -> str | None:
     """The first learner metric (losses, KL, norms) that is NaN or inf, as ``key=value``."""
     for key, value in metrics.items():
         if isinstance(value, float) and not math.isfinite(value):
+            if math.isnan(value) and key in UNDEFINED_MAY_BE_NAN:
+                continue
             return f"{key}={value}"
     return None
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import math
 import time
+import traceback
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -20,9 +21,16 @@ import numpy as np
 import torch
 
 from rltrain.algos.base import Algorithm, Sync
-from rltrain.data.structs import Metrics, Rollout
+from rltrain.data.structs import Metrics
+from rltrain.envs.vector import EnvCallAbandoned, EnvFault, counted
 from rltrain.errors import ConfigError
-from rltrain.run.checkpoint import CheckpointManager, load_checkpoint, resume_mismatch, sweep_temp_files
+from rltrain.run.checkpoint import (
+    CheckpointManager,
+    config_changes,
+    load_checkpoint,
+    resume_mismatch,
+    sweep_temp_files,
+)
 from rltrain.run.metrics import CSVLogger, MetricLogger, TensorBoardLogger
 from rltrain.run.progress import ProgressDisplay
 from rltrain.run.seeding import SeedTree, capture_rng, derive, restore_rng, seed_process
@@ -38,38 +46,8 @@ from rltrain.trainers.finite import (
     rollout_problem,
     tensors_problem,
 )
+from rltrain.trainers.hooks import LoopHooks, to_cpu
 from rltrain.trainers.settings import RunSettings
-
-
-class LoopHooks:
-    """Public hooks a trainer plugs into ``TrainLoop``; each default does nothing."""
-
-    loop: TrainLoop
-
-    def bind(self, loop: TrainLoop) -> None:
-        """Called once by the loop, after the algorithm and the source exist."""
-        self.loop = loop
-
-    def check_resume(self, meta: dict, path: Path) -> str | None:
-        """An error line when the checkpoint at ``path`` cannot continue this run, else None."""
-        return None
-
-    def on_resume(self, state: dict) -> None:
-        """The checkpoint was restored (main process only): take what the trainer stored in it."""
-
-    def after_learn(self, rollout: Rollout, learn_s: float) -> None:
-        """One update happened on ``rollout`` (counters already advanced)."""
-
-    def log_row(self) -> Metrics:
-        """Extra columns for this metrics row."""
-        return {}
-
-    def extend_checkpoint(self, state: dict) -> None:
-        """Add the trainer's own entries to a checkpoint before it is written."""
-
-    def extend_summary(self, summary: dict, status: str) -> None:
-        """Add the trainer's own entries to the summary before it is written."""
-
 
 # Sources keep the last 100 episodes (the summary's train_return_last100); the live display, metrics rows and
 # target_return use the last 20 so they follow learning closely.
@@ -102,12 +80,17 @@ class TrainLoop:
         self.loggers: list[MetricLogger] = []
         self.last_learn: Metrics = {}
         self.resumed_from: Path | None = None
+        self.resume_changes: list[str] = []  # settings resume_allow_changes let differ from the checkpoint's
         self.last_checkpoint: Path | None = None  # the newest checkpoint written or resumed from: finite weights
         self._tensors = named_tensors(self.algo)  # checked after every update (trainers/finite.py)
         self._checked_writes: int | None = None  # the algorithm's weight_writes when last found finite
         self._resume_done = False
+        self._last_logged = -1  # the highest step any sink has a row for: no step is ever logged twice
         self.hooks = hooks or LoopHooks()
         self.hooks.bind(self)
+        watch = getattr(getattr(self.source, "venv", None), "watch", None)
+        if watch is not None:  # a stop signal abandons an env call that is stuck (trainers/../envs/vector.py)
+            stop.on_stop(watch.abandon)
 
     def _collector(self, algo: Algorithm) -> RolloutCollector:
         venv = self.s.env.vector(self.seeds.env_seeds)
@@ -131,7 +114,7 @@ class TrainLoop:
                 error = str(err)  # every rank must hear it, or the others wait in the broadcast forever
         if self.sync.world_size > 1:
             payload = self.sync.broadcast_object(
-                {"error": error, "path": str(path) if path else None, "algo": _to_cpu(self.algo.state_dict()),
+                {"error": error, "path": str(path) if path else None, "algo": to_cpu(self.algo.state_dict()),
                  "counters": dict(self.counters), "best_eval": self.best_eval, "solved": self.solved}
                 if self.is_main else None)
             if payload["error"]:
@@ -155,12 +138,15 @@ class TrainLoop:
         path = self.ckpt.latest(refuse_if_all_corrupt=True) if spec == "auto" else Path(spec)
         if path is None:
             return None
-        # the envs sidecar is unpickled only if this run dir's run wrote it, or the user opted in
+        # the envs sidecar is unpickled only if this user's key signed it, or the user opted in
         state, envs_blob = load_checkpoint(path, run_dir=self.run_dir, trust_envs=self.s.resume_trust_envs)
-        error = resume_mismatch(path, state["meta"].get("config") or {}, self.s.config) or \
-            self.hooks.check_resume(state["meta"], path)
+        saved = state["meta"].get("config") or {}
+        error = resume_mismatch(path, saved, self.s.config) or self.hooks.check_resume(state["meta"], path)
         if error:
             raise ConfigError(error)
+        _, self.resume_changes = config_changes(saved, self.s.config, self.s.resume_allow_changes)
+        if any(c.startswith("env.") for c in self.resume_changes):
+            envs_blob = None  # the pickled envs carry the old settings: build fresh ones with the new
         try:
             self.algo.load_state_dict(state["algo"])
         except (RuntimeError, KeyError, ValueError) as err:  # what the config comparison could not see
@@ -256,13 +242,41 @@ class TrainLoop:
                     nxt["checkpoint"] = _next_multiple(steps, every["checkpoint"])
                 if self.solved:
                     break
+        except EnvCallAbandoned as err:
+            # a stop came while an env call was stuck: the envs are unusable, the last checkpoint is the way on
+            progress.close()
+            self.stop.reason = f"{self.stop.reason or 'stop'}: {err}"
+            summary = self._finish("interrupted", start_steps=start_steps, t0=t0, checkpoint=False)
+            return summary
         except BaseException as err:
             progress.close()
-            self._finish("failed", error=f"{type(err).__name__}: {err}")
+            error = str(err) if isinstance(err, ConfigError) else f"{type(err).__name__}: {err}"
+            if isinstance(err, EnvFault):  # where in the run, and where the user's traceback is
+                error += f" (run at env step {self.counters['env_steps']})"
+                error += self._write_traceback(err)
+            self._finish("failed", error=error)
+            if isinstance(err, EnvFault):
+                raise EnvFault(error, env_index=err.env_index, env_step=err.env_step) from err
             raise
-        summary = self._finish(status, start_steps=start_steps, t0=t0)
+        try:
+            summary = self._finish(status, start_steps=start_steps, t0=t0)
+        except BaseException as err:  # the final evaluation (a NaN return) or the final checkpoint failed
+            progress.close()
+            self._finish("failed", error=str(err) if isinstance(err, ConfigError) else f"{type(err).__name__}: {err}")
+            raise
         progress.close(summary if self.is_main else None)
         return summary
+
+    def _write_traceback(self, err: BaseException) -> str:
+        """Write the full traceback to ``error.txt`` (main process); the note that points to it."""
+        if not self.is_main:
+            return ""
+        path = self.run_dir / "error.txt"
+        try:
+            path.write_text("".join(traceback.format_exception(err)))
+        except OSError:
+            return ""
+        return f"; traceback in {path}"
 
     # -- pieces of the loop -------------------------------------------------------------------------------
     def _iterate(self, total: int) -> Metrics:
@@ -329,10 +343,15 @@ class TrainLoop:
     def _evaluate(self, *, final: bool = False) -> Metrics:
         ev = self.s.eval
         video = self.run_dir / "videos" if final and ev.video else None
-        rets = evaluate(self.algo.policy, self.s.env.make, episodes=ev.episodes, eval_seed=self.seeds.eval_seed,
+        rets = evaluate(self.algo.policy, counted(self.s.env.make), episodes=ev.episodes, eval_seed=self.seeds.eval_seed,
                         deterministic=ev.deterministic, device=self.device, video_dir=video,
                         real_scores=self.s.env.real_scores)
         mean, std = float(rets.mean()), float(rets.std())
+        if not math.isfinite(mean):  # a NaN in evaluation only (the guard sees training rollouts) is a failure
+            bad = int(np.flatnonzero(~np.isfinite(rets))[0])
+            raise NonFiniteError(non_finite_line(f"evaluation return={rets[bad]} (eval episode {bad})",
+                                                 self.counters["updates"], self.counters["env_steps"],
+                                                 self.last_checkpoint))
         self.last_eval = (mean, std)
         if mean > self.best_eval:
             self.best_eval = mean
@@ -344,6 +363,7 @@ class TrainLoop:
         csv_logger = CSVLogger(self.run_dir / "metrics.csv", resume=resumed)
         if resumed:
             csv_logger.truncate_after(steps)
+            self._last_logged = csv_logger.last_step()
         self.loggers = [csv_logger]
         lg = self.s.logger
         if "tensorboard" in lg.sinks:
@@ -361,10 +381,15 @@ class TrainLoop:
                                              name=lg.name, tags=lg.tags, tracking_uri=lg.tracking_uri))
 
     def _log(self, steps: int, row: Metrics) -> None:
+        # a resumed run that had already finished (or stopped right after its last row) has this row already
+        if steps <= self._last_logged:
+            return
+        self._last_logged = steps
         for lg in self.loggers:
             lg.log(steps, row)
 
-    def _finish(self, status: str, *, start_steps: int = 0, t0: float | None = None, error: str | None = None) -> dict:
+    def _finish(self, status: str, *, start_steps: int = 0, t0: float | None = None, error: str | None = None,
+                checkpoint: bool = True) -> dict:
         steps = self.counters["env_steps"]
         final: tuple[float, float] | None = None
         elapsed = (time.perf_counter() - t0) if t0 is not None else math.nan
@@ -379,8 +404,10 @@ class TrainLoop:
                 self._log(steps, self._row(self.last_learn, sps))
             final = self.last_eval
         ckpt = None
-        if self.is_main and status in ("completed", "interrupted"):
+        if self.is_main and status in ("completed", "interrupted") and checkpoint:
             ckpt = self.save(kind="final" if status == "completed" else "step")
+        elif self.is_main and status == "interrupted":
+            ckpt = self.last_checkpoint  # what a resume continues from (none written now: the envs were stuck)
         summary = {
             "status": status,
             "algo": self.algo.name,
@@ -402,6 +429,8 @@ class TrainLoop:
             "resumed_from_env_steps": start_steps or None,
             "checkpoint": str(ckpt) if ckpt else None,
         }
+        if self.resume_changes:
+            summary["resume_changes"] = self.resume_changes
         if status == "interrupted":
             summary["stop_reason"] = self.stop.reason
             summary["resume_command"] = resume_command(self.run_dir)
@@ -420,13 +449,3 @@ class TrainLoop:
 
 def _next_multiple(steps: int, every: int) -> int:
     return (steps // every + 1) * every if every > 0 else 1 << 62
-
-
-def _to_cpu(obj):
-    if isinstance(obj, torch.Tensor):
-        return obj.detach().cpu()
-    if isinstance(obj, dict):
-        return {k: _to_cpu(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return type(obj)(_to_cpu(v) for v in obj)
-    return obj

@@ -187,7 +187,8 @@ class ParallelTrainer(Trainer):
             if isinstance(ev, Failed):
                 records[ev.index]["traceback"] = ev.traceback
             display.set_status(ev.index, "failed")
-            detail = ev.traceback.rstrip() if isinstance(ev, Failed) else ""
+            # a one-line kind (an env fault, bad input) says it all; its traceback is in agent_<k>/error.txt
+            detail = ev.traceback.rstrip() if isinstance(ev, Failed) and not ev.one_line else ""
             print(f"rltrain: agent {ev.index} failed: {error}" + (f"\n{detail}" if detail else ""), file=sys.stderr,
                   flush=True)
             return ev.index

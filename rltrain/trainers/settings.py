@@ -93,6 +93,7 @@ class RunSettings:
     max_wall_time_s: float | None
     resume: str  # never | auto | a checkpoint file or run dir
     resume_trust_envs: bool = False  # unpickle an env sidecar this run dir did not write (only files you trust)
+    resume_allow_changes: tuple[str, ...] = ()  # settings a resume may change (e.g. env.kwargs); others refuse
     env: EnvFactory
     algo: Callable[..., Any] = field(repr=False)  # functools.partial(AlgorithmClass, **hparams)
     eval: EvalSettings = EvalSettings()

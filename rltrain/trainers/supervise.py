@@ -24,9 +24,14 @@ The parent side::
 
 Supervision: the parent waits on the pipes *and* each ``Process.sentinel`` at once, so a worker that dies
 without a word (SIGKILL, OOM killer, segfault) is reported at once as ``Exited`` with its exit code / signal.
-A worker that raises sends ``Failed`` with its formatted traceback, then exits 1. Workers send a
-``Heartbeat`` every ``heartbeat_s`` from a thread; a worker silent for ``heartbeat_timeout_s`` is reported
-``Unresponsive`` (the parent decides what to do, e.g. ``kill(index)``).
+A worker that raises sends ``Failed`` with its formatted traceback, then exits 1. The heartbeat reports the
+worker's *loop*, not its liveness as a process: every ``heartbeat_s`` a thread sends a ``Heartbeat`` only if
+the loop made progress since the last one (it polled ``ctx.stop_requested``, or an env call began:
+``CallWatch.calls``), so a loop stuck in an env call or a deadlock goes silent like a dead one; a worker silent
+for ``heartbeat_timeout_s`` is reported ``Unresponsive`` (the parent decides what to do, e.g. ``kill(index)``).
+
+Every worker dies with its parent, under every start method: ``die_with_parent`` (Linux's parent-death signal,
+SIGKILL) is armed first thing in the child, so a SIGKILLed parent leaves no worker training on in its run dir.
 
 Start-up is paid once where the start method allows it: with ``fork`` the workers inherit the parent's
 modules (nothing to import: the fastest start, but only safe before threads and CUDA); with ``forkserver``
@@ -60,78 +65,17 @@ from dataclasses import dataclass, field
 from multiprocessing.connection import Connection, wait
 from typing import Any
 
+from rltrain.envs.lifetime import die_with_parent
 from rltrain.errors import ConfigError
 from rltrain.run.signals import StopFlag
+from rltrain.trainers.messages import Done, Exited, Failed, Heartbeat, Started, Stop, Unresponsive
+
+__all__ = ["Done", "Exited", "Failed", "Heartbeat", "Started", "Stop", "Unresponsive", "WorkerContext", "WorkerGroup",
+           "ContextStop", "check_start_method"]
 
 START_METHODS = ("spawn", "forkserver", "fork", "auto")
 # imported once by the fork server (start_method=forkserver) instead of once per worker
 HEAVY_MODULES = ("numpy", "torch", "gymnasium")
-
-
-# -- messages -------------------------------------------------------------------------------------------------
-@dataclass(frozen=True)
-class Started:
-    """worker -> parent: the worker's target is about to run."""
-
-    index: int
-    pid: int
-
-
-@dataclass(frozen=True)
-class Heartbeat:
-    """worker -> parent, every ``heartbeat_s`` from a background thread."""
-
-    index: int
-    time: float
-
-
-@dataclass(frozen=True)
-class Done:
-    """worker -> parent: the target returned ``result`` (plain, picklable)."""
-
-    index: int
-    result: Any
-
-
-@dataclass(frozen=True)
-class Failed:
-    """worker -> parent: the target raised; ``traceback`` is the worker's formatted traceback."""
-
-    index: int
-    error: str
-    traceback: str
-
-
-@dataclass(frozen=True)
-class Stop:
-    """parent -> worker: finish at the next safe point (``ctx.stop_requested`` turns true)."""
-
-    reason: str
-
-
-@dataclass(frozen=True)
-class Exited:
-    """Synthesised by the parent: the process ended without ``Done``/``Failed`` (killed, crashed, os._exit)."""
-
-    index: int
-    exitcode: int | None
-
-    @property
-    def description(self) -> str:
-        if self.exitcode is not None and self.exitcode < 0:
-            try:
-                return f"killed by signal {signal.Signals(-self.exitcode).name}"
-            except ValueError:
-                return f"killed by signal {-self.exitcode}"
-        return f"exited with code {self.exitcode} without reporting a result"
-
-
-@dataclass(frozen=True)
-class Unresponsive:
-    """Synthesised by the parent: no message from a running worker for ``silent_s`` seconds."""
-
-    index: int
-    silent_s: float
 
 
 # -- the worker side ------------------------------------------------------------------------------------------
@@ -146,14 +90,21 @@ class WorkerContext:
         self._inbox: queue.SimpleQueue[Any] = queue.SimpleQueue()  # parent -> worker messages other than Stop
         self.stop_reason: str | None = None
         self.parent_gone = False
+        self.ticks = 0  # times the loop polled stop_requested: its progress, which the heartbeat reports
+        self.stop_listeners: list[Callable[[], None]] = []
 
     @property
     def stop_requested(self) -> bool:
+        self.ticks += 1
         return self._stop.is_set()
 
     def request_stop(self, reason: str) -> None:
         self.stop_reason = self.stop_reason or reason
+        first = not self._stop.is_set()
         self._stop.set()
+        if first:
+            for listener in self.stop_listeners:  # e.g. abandon an env call stuck in the main thread
+                listener()
 
     def wait_stop(self, timeout: float) -> bool:
         return self._stop.wait(timeout)
@@ -190,9 +141,19 @@ class WorkerContext:
             else:
                 self._inbox.put(msg)
 
+    def _progress(self) -> tuple[int, int]:
+        # env calls begun (envs/vector.py's CallWatch), read without importing it: a worker without envs
+        vector = sys.modules.get("rltrain.envs.vector")
+        return self.ticks, vector.CallWatch.calls if vector is not None else 0
+
     def _heartbeat(self, every_s: float) -> None:
+        # relays the loop's progress, never just this thread's: a stuck loop stops the heartbeats
+        last = self._progress()
         while not self._stop.wait(every_s) and not self.parent_gone:
-            self.send(Heartbeat(self.index, time.time()))
+            now = self._progress()
+            if now != last:
+                last = now
+                self.send(Heartbeat(self.index, time.time()))
 
 
 class ContextStop(StopFlag):
@@ -206,6 +167,9 @@ class ContextStop(StopFlag):
         super().__init__()
         self.ctx = ctx
 
+    def on_stop(self, listener: Callable[[], None]) -> None:
+        self.ctx.stop_listeners.append(listener)
+
     @property
     def requested(self) -> bool:
         if self.signum is None and self.ctx.stop_requested:
@@ -215,8 +179,10 @@ class ContextStop(StopFlag):
 
 
 def _bootstrap(target: Callable[..., Any], index: int, conn: Connection, payload: Any, heartbeat_s: float,
-               graceful_sigterm: bool) -> None:
-    """Runs in the child: signals, threads, one torch thread, then ``target(ctx, payload)``."""
+               graceful_sigterm: bool, parent_pid: int, direct_child: bool) -> None:
+    """Runs in the child: tie its life to the parent's, signals, threads, one torch thread, then
+    ``target(ctx, payload)``."""
+    die_with_parent(parent_pid, direct=direct_child)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     ctx = WorkerContext(index, conn)
     if graceful_sigterm:  # also replaces the handlers a forked child inherited from its parent
@@ -234,7 +200,9 @@ def _bootstrap(target: Callable[..., Any], index: int, conn: Connection, payload
         result = target(ctx, payload)
         ctx.send(Done(index, result))
     except BaseException as err:  # noqa: BLE001 - everything is reported to the parent, then we exit non-zero
-        ctx.send(Failed(index, f"{type(err).__name__}: {err}", traceback.format_exc()))
+        one_line = isinstance(err, ConfigError)
+        ctx.send(Failed(index, str(err) if one_line else f"{type(err).__name__}: {err}", traceback.format_exc(),
+                        one_line))
         code = 1
     finally:
         ctx._stop.set()  # ends the heartbeat thread
@@ -306,7 +274,8 @@ class WorkerGroup:
             self._preload_for(target)
         parent_conn, child_conn = self.ctx.Pipe(duplex=True)
         proc = self.ctx.Process(target=_bootstrap, name=f"{self.name}-{index}", daemon=self.daemon,
-                                args=(target, index, child_conn, payload, self.heartbeat_s, self.graceful_sigterm))
+                                args=(target, index, child_conn, payload, self.heartbeat_s, self.graceful_sigterm,
+                                      os.getpid(), self.start_method != "forkserver"))
         # SIG_IGN survives fork and exec: the child ignores Ctrl-C from its very first instruction
         previous = signal.signal(signal.SIGINT, signal.SIG_IGN) if _main_thread() else None
         try:

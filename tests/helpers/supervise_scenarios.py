@@ -15,7 +15,7 @@ import sys
 import time
 from dataclasses import dataclass
 
-from rltrain.trainers.supervise import Done, Exited, Failed, Started, WorkerGroup
+from rltrain.trainers.supervise import Done, Exited, Failed, Started, Unresponsive, WorkerGroup
 
 IMPORTED_IN = os.getpid()  # the process that ran this module's import: the worker itself, or the fork server
 
@@ -52,6 +52,21 @@ def stubborn(ctx, _: int) -> None:
         time.sleep(0.1)
 
 
+def stuck(ctx, _: int) -> None:
+    """A loop stuck in one call (its heartbeat thread is alive and well): it must go silent."""
+    ctx.send(Tick(ctx.index, 0, os.getpid()))
+    time.sleep(60)
+
+
+def polling(ctx, _: int) -> dict:
+    """A slow but live loop: polls its stop flag (its progress) while the seconds pass."""
+    ctx.send(Tick(ctx.index, 0, os.getpid()))
+    deadline = time.monotonic() + 4
+    while time.monotonic() < deadline and not ctx.stop_requested:
+        time.sleep(0.1)
+    return {"polled": True}
+
+
 def imports(ctx, _: int) -> dict:
     """Where this worker's modules came from: nothing in its own chain of imports loads torch."""
     return {"pid": os.getpid(), "module_imported_in": IMPORTED_IN, "torch_loaded": "torch" in sys.modules}
@@ -73,9 +88,12 @@ def run(name: str, method: str) -> dict:
     me = importlib.import_module("tests.helpers.supervise_scenarios")
     target, payload = {"ok": (me.counting, 5), "raise": (me.raising, 3), "sigkill": (me.until_stopped, 0),
                        "stop": (me.until_stopped, 0), "stubborn": (me.stubborn, 0), "imports": (me.imports, 0),
-                       "child": (me.with_child, 0), "child_of_daemon": (me.with_child, 0)}[name]
+                       "child": (me.with_child, 0), "child_of_daemon": (me.with_child, 0),
+                       "stuck": (me.stuck, 0), "polling": (me.polling, 0)}[name]
     t0 = time.monotonic()
-    with WorkerGroup(start_method=method, heartbeat_s=0.2, daemon=name != "child") as group:
+    silent_after = 1.5 if name in ("stuck", "polling") else 60.0
+    with WorkerGroup(start_method=method, heartbeat_s=0.2, heartbeat_timeout_s=silent_after,
+                     daemon=name != "child") as group:
         for _ in range(2):
             group.start(target, payload)
         stopped = False
@@ -85,6 +103,9 @@ def run(name: str, method: str) -> dict:
                     report["pids"].append(ev.pid)
                     if name == "sigkill" and ev.index == 1:
                         os.kill(ev.pid, signal.SIGKILL)
+                if isinstance(ev, Unresponsive):
+                    report["events"].append({"type": "Unresponsive", "index": ev.index})
+                    group.kill(ev.index)
                 if isinstance(ev, (Started, Done, Failed, Exited)):
                     rec = {"type": type(ev).__name__, "index": ev.index}
                     if isinstance(ev, Done):

@@ -30,6 +30,7 @@ import torch
 
 from rltrain.data.structs import Rollout
 from rltrain.envs.make import EnvFactory
+from rltrain.envs.vector import EnvCallAbandoned
 from rltrain.run.seeding import SeedTree, seed_process
 from rltrain.trainers.actors.shared_weights import SharedWeights, WeightsHandle
 from rltrain.trainers.supervise import WorkerContext
@@ -126,6 +127,7 @@ class _ActorLoop:
         self._reload()
         venv = spec.env.vector(spec.seeds.env_seeds, num_envs=spec.num_envs)
         self.collector = RolloutCollector(venv, self.algo.policy, espec, device=device)
+        ctx.stop_listeners.append(venv.watch.abandon)  # the learner's stop also ends an env call that is stuck
         self.credits = spec.credits
         self.env_ids = spec.actor_id * spec.num_envs + np.arange(spec.num_envs, dtype=np.int64)
 
@@ -162,8 +164,11 @@ class _ActorLoop:
                     continue
                 random = self.algo.wants_random_actions(self.weights.env_steps)
                 t0 = time.perf_counter()
-                rollout = self.collector.collect(spec.rollout_len, policy_version=self.version,
-                                                 random_actions=random)
+                try:
+                    rollout = self.collector.collect(spec.rollout_len, policy_version=self.version,
+                                                     random_actions=random)
+                except EnvCallAbandoned:
+                    break  # asked to stop while an env call was stuck: the rollout is given up
                 # stable stream ids per actor slot: the learner's replay links successors across batches by them
                 rollout.env_ids = self.env_ids
                 collect_s = time.perf_counter() - t0

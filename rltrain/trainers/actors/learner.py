@@ -195,8 +195,10 @@ class ActorBatches(LoopHooks):
         summary.update({"num_actors": self.t.num_actors, "policy_version": self.loop.counters["updates"],
                         "restarts": self.pool.total_restarts if self.pool else 0,
                         "dropped_rollouts": int(self.stats["dropped_rollouts"])})
-        if self.failure:
-            summary["error"] = self.failure
+        if self.failure:  # the actors failed (abort policy, or out of restarts): the run failed, whatever stopped it
+            summary.update(status="failed", error=self.failure)
+            summary.pop("resume_command", None)
+            summary["last_checkpoint"] = summary.get("checkpoint")
 
     def start_actors(self, make_spec, on_restart) -> None:
         loop = self.loop

@@ -1,0 +1,77 @@
+"""The typed messages between a ``WorkerGroup`` parent and its workers (trainers/supervise.py), never bare
+strings: what a worker sends (``Started``, ``Heartbeat``, ``Done``, ``Failed``), what the parent sends
+(``Stop``), and what the parent synthesises from a process's sentinel or silence (``Exited``, ``Unresponsive``).
+"""
+
+from __future__ import annotations
+
+import signal
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass(frozen=True)
+class Started:
+    """worker -> parent: the worker's target is about to run."""
+
+    index: int
+    pid: int
+
+
+@dataclass(frozen=True)
+class Heartbeat:
+    """worker -> parent, every ``heartbeat_s`` from a background thread."""
+
+    index: int
+    time: float
+
+
+@dataclass(frozen=True)
+class Done:
+    """worker -> parent: the target returned ``result`` (plain, picklable)."""
+
+    index: int
+    result: Any
+
+
+@dataclass(frozen=True)
+class Failed:
+    """worker -> parent: the target raised; ``traceback`` is the worker's formatted traceback."""
+
+    index: int
+    error: str
+    traceback: str
+    one_line: bool = False  # a ConfigError (bad input, an env fault): ``error`` says it all
+
+@dataclass(frozen=True)
+class Stop:
+    """parent -> worker: finish at the next safe point (``ctx.stop_requested`` turns true)."""
+
+    reason: str
+
+
+@dataclass(frozen=True)
+class Exited:
+    """Synthesised by the parent: the process ended without ``Done``/``Failed`` (killed, crashed, os._exit)."""
+
+    index: int
+    exitcode: int | None
+
+    @property
+    def description(self) -> str:
+        if self.exitcode is not None and self.exitcode < 0:
+            try:
+                return f"killed by signal {signal.Signals(-self.exitcode).name}"
+            except ValueError:
+                return f"killed by signal {-self.exitcode}"
+        return f"exited with code {self.exitcode} without reporting a result"
+
+
+@dataclass(frozen=True)
+class Unresponsive:
+    """Synthesised by the parent: no message from a running worker for ``silent_s`` seconds."""
+
+    index: int
+    silent_s: float
+
+

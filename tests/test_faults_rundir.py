@@ -1,0 +1,134 @@
+"""The run dir tells the truth at all times (issue 25, items 1, 3 and 4), provoked with real runs.
+
+``summary.json`` says ``running`` while a run is live and ``crashed`` is recorded on the next start after a
+SIGKILL; no step appears twice in ``metrics.csv`` or TensorBoard after any resume; a refused command leaves
+no files; a resume with changed settings refuses in one line unless ``resume_allow_changes`` names them; a
+sweep whose jobs all crash fails as a whole and counts them.
+"""
+
+from __future__ import annotations
+
+import csv
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import run_cli
+from tests.test_faults import SMOKE, _pythonpath, _stderr_lines, _summary, _train
+
+TB = "logger.sinks=[csv,tensorboard]"
+
+
+def _steps(run_dir: Path) -> list[int]:
+    with open(run_dir / "metrics.csv", newline="") as f:
+        return [int(float(r["env_steps"])) for r in csv.DictReader(f)]
+
+
+def _tensorboard_steps(run_dir: Path, tag: str = "time/wall") -> list[int]:
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    acc = EventAccumulator(str(run_dir / "tensorboard"))
+    acc.Reload()
+    return [e.step for e in acc.Scalars(tag)]
+
+
+def _repeated(steps: list[int]) -> list[int]:
+    return [s for s, n in Counter(steps).items() if n > 1]
+
+
+@pytest.mark.parametrize("trainer", [[], ["trainer=parallel", "trainer.num_agents=2"]], ids=["sequential", "parallel"])
+def test_resume_auto_of_a_finished_run_logs_no_step_twice(tmp_path, trainer):
+    run_dir = tmp_path / "run"
+    assert _train(run_dir, TB, *trainer).returncode == 0
+    res = _train(run_dir, TB, *trainer, "resume=auto")
+    assert res.returncode == 0, res.stderr[-3000:]
+    dirs = sorted(run_dir.glob("agent_*")) or [run_dir]
+    for d in dirs:
+        assert _repeated(_steps(d)) == [], _steps(d)
+        assert _repeated(_tensorboard_steps(d)) == [], _tensorboard_steps(d)
+        assert _steps(d)[-1] == 2048
+
+
+def test_resume_after_an_interruption_logs_no_step_twice(tmp_path):
+    run_dir = tmp_path / "run"
+    assert _train(run_dir, TB, "total_env_steps=1536").returncode == 0  # ends between two checkpoints' steps
+    res = _train(run_dir, TB, "total_env_steps=3072", "resume=auto")
+    assert res.returncode == 0, res.stderr[-3000:]
+    steps, tb = _steps(run_dir), _tensorboard_steps(run_dir)
+    assert _repeated(steps) == [] and _repeated(tb) == [] and steps == sorted(steps), steps
+    assert steps[-1] == 3072
+
+
+def test_summary_says_running_while_live_and_crashed_after_a_sigkill(tmp_path):
+    run_dir = tmp_path / "run"
+    env = {**os.environ, "PYTHONPATH": _pythonpath()}
+    env.pop("HYDRA_FULL_ERROR", None)
+    proc = subprocess.Popen([sys.executable, "-m", "rltrain", *SMOKE, f"hydra.run.dir={run_dir}",
+                             "total_env_steps=100000000"], cwd=tmp_path, env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 90
+        while not (run_dir / "metrics.csv").exists():
+            assert proc.poll() is None and time.monotonic() < deadline
+            time.sleep(0.1)
+        live = _summary(run_dir)
+        assert live["status"] == "running" and live["pid"] == proc.pid and live["host"] and live["started_at"]
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(30)
+    assert _summary(run_dir)["status"] == "running"  # what a killed run leaves: a dead pid, no lock holder
+    res = _train(run_dir, "total_env_steps=2048")
+    assert res.returncode == 0, res.stderr[-3000:]
+    warnings = [ln for ln in _stderr_lines(res) if "warning" in ln]
+    assert len(warnings) == 1 and f"pid {proc.pid}" in warnings[0] and "crashed" in warnings[0], res.stderr
+    crashed = _summary(run_dir)["crashed_before"]
+    assert crashed["status"] == "crashed" and crashed["pid"] == proc.pid and crashed["last_env_steps"] >= 512
+
+
+@pytest.mark.parametrize("overrides", [["total_env_steps=-1"], ["algo.lr=-1"], ["env.step_timeout_s=0"]])
+def test_a_refused_command_leaves_no_files(tmp_path, overrides):
+    run_dir = tmp_path / "run"
+    res = _train(run_dir, *overrides)
+    assert res.returncode == 2 and len(_stderr_lines(res)) == 1, res.stderr
+    assert not run_dir.exists(), sorted(run_dir.rglob("*"))
+
+
+def test_a_resume_with_changed_settings_refuses_unless_allowed_and_then_uses_them(tmp_path):
+    run_dir = tmp_path / "run"
+    env = ["env.id=tests.helpers.faulty_envs:make_counting", "env.num_envs=2"]
+    assert _train(run_dir, *env, "+env.kwargs.length=5", "total_env_steps=1024").returncode == 0
+    # another trainer on resume: refused before anything is written (it would restart from step 0)
+    before = {p.name: p.read_bytes() for p in run_dir.iterdir() if p.is_file() and p.name != ".rltrain.lock"}
+    res = _train(run_dir, *env, "+env.kwargs.length=5", "resume=auto", "trainer=parallel")
+    assert res.returncode == 2 and len(_stderr_lines(res)) == 1, res.stderr
+    assert "trainer._target_: 'rltrain.trainers.sequential.SequentialTrainer' -> " in res.stderr
+    assert {p.name: p.read_bytes() for p in run_dir.iterdir() if p.is_file() and p.name in before} == before
+    # changed env kwargs: one line listing the difference and the opt-in
+    res = _train(run_dir, *env, "+env.kwargs.length=8", "resume=auto", "total_env_steps=2048")
+    assert res.returncode == 2 and len(_stderr_lines(res)) == 1, res.stderr
+    assert "env.kwargs.length: 5 -> 8" in res.stderr and "resume_allow_changes=[env.kwargs.length]" in res.stderr
+    # opted in: the run trains with the new value (fresh envs, not the pickled ones) and records it
+    res = _train(run_dir, *env, "+env.kwargs.length=8", "resume=auto", "total_env_steps=2048",
+                 "resume_allow_changes=[env.kwargs]")
+    assert res.returncode == 0, res.stderr[-3000:]
+    summary = _summary(run_dir)
+    assert summary["resumed_from_env_steps"] == 1024 and summary["resume_changes"] == ["env.kwargs.length: 5 -> 8"]
+    with open(run_dir / "metrics.csv", newline="") as f:
+        rows = list(csv.DictReader(f))
+    assert float(rows[-1]["rollout/episode_length"]) == 8.0  # make_counting ends episodes at `length`
+
+
+def test_a_sweep_whose_jobs_all_crash_fails_and_counts_them(tmp_path):
+    res = run_cli(["-m", *SMOKE, "seed=1,2", "env.id=tests.helpers.broken_envs:Raising", "env.num_envs=2",
+                   f"hydra.sweep.dir={tmp_path / 'sweep'}"], cwd=tmp_path, timeout=300,
+                  env={"PYTHONPATH": _pythonpath()})
+    assert res.returncode == 1, res.stderr[-3000:]
+    assert "0/2 jobs completed, 2 failed" in res.stderr, res.stderr
+    summaries = sorted((tmp_path / "sweep").glob("*/summary.json"))
+    assert len(summaries) == 2 and all(_summary(p.parent)["status"] == "failed" for p in summaries)
