@@ -95,3 +95,9 @@ def test_a_module_that_fails_inside_names_its_own_error(user_dir):
     res = _python("-m", "rltrain", "env.id=broken_env:Env", *TINY, "hydra.run.dir=out", cwd=user_dir)
     assert res.returncode == 2
     assert "cannot import 'broken_env': it imports 'no_such_simulator_pkg', which is not installed" in res.stderr
+
+
+def test_rltrain_check_finds_the_module_beside_the_user(user_dir):
+    res = _python("-m", "rltrain.cli.check", "env.id=my_env:MyEnv", *TINY, cwd=user_dir)
+    assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
+    assert "error" not in res.stdout.lower()

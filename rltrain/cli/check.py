@@ -66,6 +66,8 @@ def validate_job(cfg) -> dict:
     job = copy.deepcopy(plain)  # what prepare() adds: a root seed (drawn at start when null)
     job["seed_drawn"] = job["seed"] is None
     job["seed"] = 0 if job["seed"] is None else job["seed"]
+    if not job["env"].get("search_path"):  # as the rltrain CLI: an env module beside the user (envs/make.py)
+        job["env"]["search_path"] = str(Path.cwd())
     build.build_trainer(job, Path("."))  # settings, factories, trainer keys: every check a real start makes
     build.pick_device(plain["device"])
     return plain
