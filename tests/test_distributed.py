@@ -126,7 +126,8 @@ def test_torchrun_two_nodes_on_localhost(tmp_path, no_leaks):
 
 
 # -- faults and Ctrl-C -------------------------------------------------------------------------------------
-@pytest.mark.parametrize(("mode", "expect"), [("raise", "rank 1 failed: RuntimeError: injected fault on rank 1"),
+@pytest.mark.parametrize(("mode", "expect"), [("raise", "rank 1 failed: env 0 failed in step() at its step 150: "
+                                                         "RuntimeError: injected fault on rank 1"),
                                               ("kill", "rank 1 killed by signal SIGKILL")])
 def test_a_failing_rank_stops_the_job(cli, tmp_path, no_leaks, mode, expect):
     timeout_s, stamp = 20, tmp_path / "fault.time"

@@ -17,6 +17,7 @@ import traceback
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from rltrain.envs.vector import EnvFault
 from rltrain.errors import ConfigError
 from rltrain.run.signals import StopFlag
 from rltrain.trainers.distributed import PeerFailure, run_rank
@@ -57,8 +58,10 @@ class RankFailure:
 
 
 def failure_of(rank: int, err: BaseException) -> RankFailure:
-    kind = "config" if isinstance(err, ConfigError) else "peer" if isinstance(err, PeerFailure) else "error"
-    return RankFailure(rank, kind, f"{type(err).__name__}: {err}" if kind != "config" else str(err),
+    # an env fault is this rank's failure (its line names the env and step), not bad input for the whole job
+    kind = "error" if isinstance(err, EnvFault) else "config" if isinstance(err, ConfigError) else \
+        "peer" if isinstance(err, PeerFailure) else "error"
+    return RankFailure(rank, kind, str(err) if isinstance(err, ConfigError) else f"{type(err).__name__}: {err}",
                        "".join(traceback.format_exception(type(err), err, err.__traceback__)))
 
 
