@@ -49,7 +49,7 @@ def violations(root: Path = PKG) -> list[str]:
         for line, mod in imports(path):
             where = f"rltrain/{rel}:{line} imports {mod}"
             top = mod.split(".")[0]
-            if top in HYDRA and layer not in ("cli", "sweeps") and rel.name != "__main__.py":
+            if top in HYDRA and layer not in ("cli", "sweeps") and rel.name not in ("__main__.py", "api.py"):
                 found.append(f"{where}: only cli/ and sweeps/ may read Hydra")
             if top != "rltrain" or layer is None:
                 continue
@@ -72,16 +72,20 @@ def test_the_checker_catches_a_forbidden_arrow(tmp_path):
     (tmp_path / "trainers" / "bad.py").write_text("def f():\n    from rltrain.cli.build import run\n")
     (tmp_path / "algos").mkdir()
     (tmp_path / "algos" / "worse.py").write_text("import omegaconf\nfrom rltrain.trainers import loop\n")
+    (tmp_path / "cli").mkdir()
+    (tmp_path / "cli" / "up.py").write_text("from rltrain import api\n")
     found = violations(tmp_path)
     assert any("trainers/bad.py:2 imports rltrain.cli.build: trainers/ must not import cli/" in v for v in found)
     assert any("algos/worse.py:1 imports omegaconf: only cli/ and sweeps/ may read Hydra" in v for v in found)
     assert any("algos/worse.py:2 imports rltrain.trainers: algos/ must not import trainers/" in v for v in found)
+    assert any("cli/up.py:1 imports rltrain.api: cli/ must not import api/" in v for v in found)  # nothing -> api
 
 
 def test_every_module_is_in_a_room_and_short():
-    """No flat room of modules: only errors.py and the entry points sit at the top; modules stay readable."""
+    """No flat room of modules: only errors.py, the entry points and the Python API (api.py, at the command
+    lines' level: it may import cli/, and no layer may import it) sit at the top; modules stay readable."""
     top = sorted(p.name for p in PKG.glob("*.py"))
-    assert top == ["__init__.py", "__main__.py", "errors.py"]
+    assert top == ["__init__.py", "__main__.py", "api.py", "errors.py"]
     long = [f"{p.relative_to(PKG)}: {n}" for p in PKG.rglob("*.py") if (n := len(p.read_text().splitlines())) > 450]
     assert long == []
 

@@ -1,0 +1,210 @@
+"""The Python API: what the command lines do, called from a script or a notebook.
+
+    import rltrain
+    result = rltrain.train(["algo=ppo", "env=cartpole", "total_env_steps=20000"])
+    policy = rltrain.load_policy(result.run_dir)
+    action, state = policy.act(obs)              # one observation, or a batch of them
+
+``train`` composes the same Hydra config from ``rltrain/conf`` that ``rltrain`` composes from its command line
+and calls the same ``rltrain.cli.build.run``: ``trainer=sequential`` trains in this process, the other
+trainers start the same workers the command line starts. ``load_policy`` is the loader ``rltrain-eval`` and
+``rltrain-export`` use (the checkpoint's acting weights only: no trainer, no optimiser state, and nothing named
+inside the checkpoint is imported unless ``allow_import=True``).
+
+This module sits at the command lines' level (it may import ``rltrain.cli``); nothing inside rltrain imports it.
+"""
+
+from __future__ import annotations
+
+import datetime
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from rltrain.errors import ConfigError
+
+
+@dataclass
+class RunResult:
+    """What ``train`` returns: the run dir, its ``summary.json`` as a dict, and the final policy (the run's
+    final, else latest, checkpoint loaded by ``load_policy``; None when the run wrote no single checkpoint,
+    e.g. ``trainer=parallel``, whose agents each have their own under ``run_dir/agent_<k>``)."""
+
+    run_dir: Path
+    summary: dict
+    policy: LoadedPolicy | None
+
+
+def train(overrides: list[str] | Any = (), *, run_dir: str | Path | None = None) -> RunResult:
+    """Train as ``rltrain <overrides...>`` does; returns when the run has ended (finished, stopped by its
+    wall-time limit or target, or failed: ``summary["status"]`` says which).
+
+    ``overrides``: the command line's ``key=value`` list (``hydra.run.dir=...`` included), or a ``DictConfig``
+    composed already (e.g. by ``hydra.compose``). ``run_dir`` overrides ``hydra.run.dir`` (default, as on the
+    command line: ``outputs/runs/<date>/<time>`` under the current directory). Bad input raises
+    ``rltrain.errors.ConfigError`` with the command line's one-line message."""
+    from omegaconf import DictConfig
+
+    if isinstance(overrides, DictConfig):
+        return _train_config(overrides, run_dir)
+    if isinstance(overrides, str):
+        raise ConfigError(f"overrides={overrides!r}: pass a list of key=value strings (e.g. [{overrides!r}])")
+    return _train_overrides(list(overrides), run_dir)
+
+
+def _train_overrides(overrides: list[str], run_dir: str | Path | None) -> RunResult:
+    from hydra import compose, initialize_config_module
+    from hydra.core.hydra_config import HydraConfig
+    from omegaconf import open_dict
+
+    from rltrain.cli.train import one_line
+
+    if any(o.startswith(("-m", "--multirun", "hydra.mode")) for o in overrides):
+        raise ConfigError("multirun is a command-line feature: call train() once per job, or run rltrain -m")
+    # the context stays open for the run: trainer=parallel composes its agents' configs under it
+    with initialize_config_module("rltrain.conf", version_base="1.3"):
+        try:
+            cfg = compose(config_name="train", overrides=overrides, return_hydra_config=True)
+        except ConfigError:
+            raise
+        except Exception as err:  # Hydra / OmegaConf composition errors: the CLI's one line
+            raise ConfigError(one_line(err)) from None
+        out = Path(run_dir) if run_dir is not None else Path(str(cfg.hydra.run.dir))
+        with open_dict(cfg):
+            cfg.hydra.runtime.output_dir = str(out.resolve())
+        hydra_node = cfg.hydra
+        # what @hydra.main's job sees: HydraConfig set (agents read the overrides there), no `hydra` key
+        HydraConfig.instance().set_config(cfg)
+        try:
+            with open_dict(cfg):
+                del cfg["hydra"]
+            _note(hydra_node.runtime.choices, cfg)
+            return _run(cfg, out)
+        finally:
+            HydraConfig.instance().cfg = None  # type: ignore[assignment]
+
+
+def _train_config(cfg: Any, run_dir: str | Path | None) -> RunResult:
+    from omegaconf import OmegaConf
+
+    cfg = OmegaConf.create(OmegaConf.to_container(cfg, resolve=False))  # ours to edit
+    hydra_node = cfg.pop("hydra", None)
+    if run_dir is None:
+        run_dir = hydra_node.run.dir if hydra_node is not None and "run" in hydra_node else \
+            Path("outputs/runs") / datetime.datetime.now().strftime("%Y-%m-%d/%H-%M-%S")
+    return _run(cfg, Path(str(run_dir)))
+
+
+def _note(choices: Any, cfg: Any) -> None:
+    from rltrain.cli.presets import preset_note
+
+    note = preset_note(str(choices.get("algo")), str(cfg.env.id), choices.get("experiment"),
+                       wrappers=cfg.env.get("wrappers"))
+    if note:
+        print(f"[rltrain] note: {note}", flush=True)
+
+
+def _run(cfg: Any, run_dir: Path) -> RunResult:
+    from rltrain.cli.build import run
+
+    summary = run(cfg, run_dir)
+    policy = None
+    if (run_dir / "checkpoints").is_dir():
+        try:
+            policy = load_policy(run_dir, allow_import=True)  # the user's own run: its env is theirs
+        except ConfigError:
+            policy = None  # e.g. every checkpoint failed to write: the summary says why
+    return RunResult(run_dir=run_dir, summary=summary, policy=policy)
+
+
+def load_policy(path: str | Path, *, device: str = "cpu", allow_import: bool = False) -> LoadedPolicy:
+    """The policy in a checkpoint file, or in a run dir (its final, else latest, checkpoint), ready to act.
+
+    Only the acting network is built and loaded (no optimiser state, no replay buffer contents, no trainer).
+    ``allow_import``: as ``--allow-import`` on the command lines (an ``env.id`` ``module:Attr`` stored in the
+    checkpoint is imported only if you say so)."""
+    from rltrain.cli.build import env_factory
+    from rltrain.cli.build import load_policy as load
+
+    module, cfg, checkpoint, _ = load(Path(path), device=device, allow_import=allow_import)
+    return LoadedPolicy(module, spec=env_factory(cfg["env"]).spec(), config=cfg, checkpoint=checkpoint)
+
+
+@dataclass
+class LoadedPolicy:
+    """A trained policy that acts on numpy observations: ``act(obs, state=None, deterministic=True)``.
+
+    ``module``: the torch policy (``module.act`` on batched tensors); ``spec``: the env's spaces;
+    ``config``: the run's resolved config; ``checkpoint``: the file it came from."""
+
+    module: torch.nn.Module = field(repr=False)
+    spec: Any = field(repr=False)
+    config: dict = field(repr=False)
+    checkpoint: Path
+
+    def __post_init__(self) -> None:
+        from rltrain.data.structs import obs_buffer
+
+        self.module.eval().requires_grad_(False)
+        self._template = obs_buffer(self.spec.observation, (0,))  # one [0, *shape] array per stored key
+        self._device = next(self.module.parameters()).device
+        self._generator = torch.Generator(device=self._device).manual_seed(0)
+
+    @property
+    def recurrent(self) -> bool:
+        return bool(getattr(self.module, "recurrent", False))
+
+    def initial_state(self, n: int = 1) -> tuple[torch.Tensor, ...] | None:
+        """The state a recurrent policy starts ``n`` envs from (zeros); None for a feed-forward one."""
+        return self.module.initial_state(n) if self.recurrent else None
+
+    def reset_state(self, state: tuple[torch.Tensor, ...] | None, done: Any) -> tuple[torch.Tensor, ...] | None:
+        """``state`` with the envs whose episode ended (``done`` [N] bool) back at zero."""
+        from rltrain.models.cores import reset_state
+
+        return None if state is None else reset_state(state, np.asarray(done, bool))
+
+    def act(self, obs: Any, state: tuple[torch.Tensor, ...] | None = None, *,
+            deterministic: bool = True) -> tuple[np.ndarray, tuple[torch.Tensor, ...] | None]:
+        """obs: one observation (the env's shape, or for a Dict space a dict of arrays) or a batch [N, ...] of
+        them -> (action, state). The action is what to step the env with: an int64 (Discrete; [N] for a batch)
+        or a float32 array clipped to the Box bounds ([N, *shape] for a batch), the mode when
+        ``deterministic`` else a sample. ``state``: a recurrent policy's state returned by the previous call
+        (None: start of an episode); feed-forward policies return None."""
+        from rltrain.data.structs import obs_leaves, obs_map
+
+        single = self._is_single(obs)
+        try:
+            batch = obs_map(lambda t, x: torch.as_tensor(np.asarray(x, t.dtype)[None] if single else
+                                                         np.asarray(x, t.dtype), device=self._device),
+                            self._template, obs)
+        except (KeyError, TypeError, ValueError) as err:
+            raise ValueError(f"observation does not match {self.spec.observation.name}: {err}") from None
+        n = len(obs_leaves(batch)[0])
+        if self.recurrent and state is None:
+            state = self.module.initial_state(n)
+        with torch.inference_mode():
+            if self.recurrent:
+                out = self.module.act(batch, state, deterministic=deterministic, generator=self._generator)
+            else:
+                out = self.module.act(batch, deterministic=deterministic, generator=self._generator)
+        action = out.action.cpu().numpy()
+        if self.spec.action_kind != "discrete":  # what rltrain-eval steps the env with
+            action = np.clip(action, np.asarray(self.spec.action_low, np.float32),
+                             np.asarray(self.spec.action_high, np.float32)).astype(np.float32)
+        return (action[0] if single else action), (out.state if self.recurrent else None)
+
+    def _is_single(self, obs: Any) -> bool:
+        """One observation (no batch axis): its first stored array has the space's own number of axes."""
+        from rltrain.data.structs import obs_leaves
+
+        if isinstance(self._template, dict):
+            if not isinstance(obs, dict):
+                raise ValueError(f"observation must be a dict with keys {list(self._template)} "
+                                 f"({self.spec.observation.name})")
+            key = next(iter(self._template))
+            return np.ndim(obs_leaves(obs[key])[0]) == obs_leaves(self._template[key])[0].ndim - 1
+        return np.ndim(obs) == self._template.ndim - 1

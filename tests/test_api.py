@@ -1,0 +1,142 @@
+"""The Python API (rltrain/api.py): ``rltrain.train`` runs what ``rltrain`` runs, ``rltrain.load_policy`` acts on
+one observation or a batch (Dict and recurrent included) like ``rltrain-eval``'s policy; the README's example runs."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from tests.conftest import compose_cfg, run_cli
+
+REPO = Path(__file__).resolve().parents[1]
+TINY = ["total_env_steps=512", "env.num_envs=2", "eval.every_env_steps=0", "eval.episodes=2", "logger=quiet",
+        "logger.progress=off"]
+DICT = ["algo=ppo", "algo.rollout_len=16", "model.hidden_sizes=[16]", "model.cnn_features=16",
+        "env.id=tests.helpers.obs_envs:DictEnv", "+env.kwargs.image_shape=[10,10,3]", "+env.kwargs.nested=true"]
+RECURRENT = ["algo=ppo", "env=cartpole_novel", "model.core=lstm", "model.core_size=16", "algo.rollout_len=16"]
+
+
+def test_import_rltrain_is_cheap_and_exports_the_api():
+    code = ("import sys, rltrain; heavy = [m for m in ('torch', 'hydra', 'omegaconf', 'gymnasium') if m in sys.modules]; "
+            "assert not heavy, heavy; assert callable(rltrain.train) and callable(rltrain.load_policy); "
+            "assert 'torch' in sys.modules")
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                         env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert res.returncode == 0, res.stderr
+
+
+def test_train_runs_what_the_cli_runs_and_returns_the_policy(tmp_path):
+    """Same overrides, same seed: the API's run and the CLI's run write the same config and the same final
+    evaluation; the returned policy acts like the checkpoint's network on one observation and on a batch."""
+    import rltrain
+
+    overrides = ["algo=ppo", "seed=3", *TINY]
+    result = rltrain.train([*overrides, f"hydra.run.dir={tmp_path / 'api'}"])
+    cli = run_cli([*overrides, f"hydra.run.dir={tmp_path / 'cli'}"], cwd=tmp_path)
+    assert cli.returncode == 0, cli.stderr
+    assert result.run_dir == tmp_path / "api"
+    assert result.summary == json.loads((tmp_path / "api" / "summary.json").read_text())
+    cli_summary = json.loads((tmp_path / "cli" / "summary.json").read_text())
+    assert result.summary["final_eval_return"] == cli_summary["final_eval_return"]
+    assert (tmp_path / "api" / "config.yaml").read_text() == (tmp_path / "cli" / "config.yaml").read_text()
+
+    policy = result.policy
+    assert policy is not None and policy.checkpoint == tmp_path / "api" / "checkpoints" / "final.pt"
+    assert not any(isinstance(v, torch.optim.Optimizer) for v in vars(policy).values())
+    obs = np.random.default_rng(0).standard_normal((16, 4)).astype(np.float32)
+    batch, state = policy.act(obs)
+    assert state is None and batch.shape == (16,) and batch.dtype == np.int64
+    assert [int(policy.act(o)[0]) for o in obs] == batch.tolist()  # one observation: no batch axis in or out
+    with torch.no_grad():
+        want = policy.module.act(torch.as_tensor(obs), deterministic=True).action.numpy()
+    assert np.array_equal(batch, want)
+
+
+def test_train_takes_a_composed_dictconfig(tmp_path):
+    import rltrain
+
+    result = rltrain.train(compose_cfg(["algo=ppo", *TINY]), run_dir=tmp_path / "run")
+    assert result.summary["status"] == "completed" and (tmp_path / "run" / "summary.json").exists()
+
+
+def test_bad_input_raises_the_clis_one_line(tmp_path):
+    import rltrain
+    from rltrain.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=r"^unknown option algo=nope \(valid: .*ppo"):
+        rltrain.train(["algo=nope", f"hydra.run.dir={tmp_path}"])
+    with pytest.raises(ConfigError, match=r"^total_env_steps=-5 must be a positive integer$"):
+        rltrain.train(["total_env_steps=-5", f"hydra.run.dir={tmp_path}"])
+    with pytest.raises(ConfigError, match="no such file|not a checkpoint|cannot"):
+        rltrain.load_policy(tmp_path / "missing.pt")
+
+
+def test_box_actions_are_clipped_like_eval(tmp_path):
+    import rltrain
+
+    result = rltrain.train(["algo=ppo", "env=pendulum", "algo.init_log_std=1.0", *TINY,
+                            f"hydra.run.dir={tmp_path}"])
+    policy = rltrain.load_policy(tmp_path)
+    obs = np.random.default_rng(1).standard_normal((32, 3)).astype(np.float32) * 5
+    actions, _ = policy.act(obs, deterministic=False)
+    assert actions.shape == (32, 1) and actions.dtype == np.float32
+    assert actions.min() >= -2.0 and actions.max() <= 2.0
+    one, _ = policy.act(obs[0])
+    assert one.shape == (1,)
+    assert result.summary["status"] == "completed"
+
+
+def test_dict_and_recurrent_policies_act_on_one_observation_or_a_batch(tmp_path):
+    """A nested Dict observation (image + vector keys), one or a batch; an LSTM policy carries its state:
+    stepping one env at a time gives the batch's actions, and the state changes them."""
+    import rltrain
+    from rltrain.errors import ConfigError
+
+    rltrain.train([*DICT, *TINY, f"hydra.run.dir={tmp_path / 'dict'}"])
+    with pytest.raises(ConfigError, match="--allow-import"):
+        rltrain.load_policy(tmp_path / "dict")
+    policy = rltrain.load_policy(tmp_path / "dict", allow_import=True)
+    from tests.helpers.obs_envs import DictEnv
+
+    env = DictEnv(image_shape=(10, 10, 3), nested=True)
+    obs = [env.reset(seed=s)[0] for s in range(6)]
+    stacked = {k: (np.stack([o[k] for o in obs]) if not isinstance(v, dict) else
+                   {kk: np.stack([o[k][kk] for o in obs]) for kk in v}) for k, v in obs[0].items()}
+    batch, _ = policy.act(stacked)
+    assert batch.shape == (6,) and [int(policy.act(o)[0]) for o in obs] == batch.tolist()
+
+    rltrain.train([*RECURRENT, *TINY, f"hydra.run.dir={tmp_path / 'lstm'}"])
+    policy = rltrain.load_policy(tmp_path / "lstm")
+    assert policy.recurrent
+    seq = (np.random.default_rng(0).standard_normal((20, 3, 4)) * [1.0, 0.0, 0.2, 0.0]).astype(np.float32)
+    state, batched = None, []
+    singles = [[] for _ in range(3)]
+    single_states = [None] * 3
+    for t in range(len(seq)):
+        action, state = policy.act(seq[t], state)
+        batched.append(action)
+        for i in range(3):
+            a, single_states[i] = policy.act(seq[t, i], single_states[i])
+            singles[i].append(int(a))
+    assert np.array_equal(np.stack(batched).T, np.array(singles))
+    stateless = np.stack([policy.act(seq[t])[0] for t in range(len(seq))])
+    assert not np.array_equal(np.stack(batched), stateless)  # the state matters, so it was carried
+
+
+def test_readme_python_api_example_runs(tmp_path):
+    readme = (REPO / "README.md").read_text()
+    section = readme.split("## Python API", 1)[1].split("\n## ", 1)[0]
+    code = re.search(r"```python\n(.*?)```", section, re.S).group(1)
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, cwd=tmp_path,
+                         env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert res.returncode == 0, res.stderr
+    assert (tmp_path / "runs" / "cartpole" / "checkpoints" / "final.pt").exists()
+    assert "completed" in res.stdout
