@@ -17,6 +17,7 @@ This module sits at the command lines' level (it may import ``rltrain.cli``); no
 from __future__ import annotations
 
 import datetime
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -60,7 +61,7 @@ def _train_overrides(overrides: list[str], run_dir: str | Path | None) -> RunRes
     from hydra.core.hydra_config import HydraConfig
     from omegaconf import open_dict
 
-    from rltrain.cli.train import one_line
+    from rltrain.cli.train import one_line, prepare_job
 
     if any(o.startswith(("-m", "--multirun", "hydra.mode")) for o in overrides):
         raise ConfigError("multirun is a command-line feature: call train() once per job, or run rltrain -m")
@@ -81,7 +82,7 @@ def _train_overrides(overrides: list[str], run_dir: str | Path | None) -> RunRes
         try:
             with open_dict(cfg):
                 del cfg["hydra"]
-            _note(hydra_node.runtime.choices, cfg)
+            prepare_job(cfg, hydra_node.runtime.choices, hydra_node.runtime.cwd, announce=True)
             return _run(cfg, out)
         finally:
             HydraConfig.instance().cfg = None  # type: ignore[assignment]
@@ -95,16 +96,10 @@ def _train_config(cfg: Any, run_dir: str | Path | None) -> RunResult:
     if run_dir is None:
         run_dir = hydra_node.run.dir if hydra_node is not None and "run" in hydra_node else \
             Path("outputs/runs") / datetime.datetime.now().strftime("%Y-%m-%d/%H-%M-%S")
+    from rltrain.cli.train import prepare_job
+
+    prepare_job(cfg, {}, os.getcwd(), announce=False)  # no group choices here to name a preset by
     return _run(cfg, Path(str(run_dir)))
-
-
-def _note(choices: Any, cfg: Any) -> None:
-    from rltrain.cli.presets import preset_note
-
-    note = preset_note(str(choices.get("algo")), str(cfg.env.id), choices.get("experiment"),
-                       wrappers=cfg.env.get("wrappers"))
-    if note:
-        print(f"[rltrain] note: {note}", flush=True)
 
 
 def _run(cfg: Any, run_dir: Path) -> RunResult:

@@ -33,10 +33,12 @@ def test_import_rltrain_is_cheap_and_exports_the_api():
     assert res.returncode == 0, res.stderr
 
 
-def test_train_runs_what_the_cli_runs_and_returns_the_policy(tmp_path):
+def test_train_runs_what_the_cli_runs_and_returns_the_policy(tmp_path, monkeypatch):
     """Same overrides, same seed: the API's run and the CLI's run write the same config and the same final
     evaluation; the returned policy acts like the checkpoint's network on one observation and on a batch."""
     import rltrain
+
+    monkeypatch.chdir(tmp_path)  # both launched from the same directory (recorded as env.search_path)
 
     overrides = ["algo=ppo", "seed=3", *TINY]
     result = rltrain.train([*overrides, f"hydra.run.dir={tmp_path / 'api'}"])

@@ -30,6 +30,25 @@ def _sweep_value(summary: dict) -> float:
     return float(value)
 
 
+def prepare_job(cfg: DictConfig, choices, launch_dir: str, *, announce: bool) -> None:
+    """What a job does between composition and ``build.run``, from the command line and from ``rltrain.train``
+    alike: the preset note (``announce``: once per command line, not once per sweep job) and the launch
+    directory recorded as ``env.search_path``, so that every process of the run (and a SLURM job, which
+    starts elsewhere) finds an env module beside the user whatever its working directory (envs/make.py)."""
+    if announce:
+        from rltrain.cli.presets import preset_note
+
+        note = preset_note(str(choices.get("algo")), str(cfg.env.id), choices.get("experiment"),
+                           wrappers=cfg.env.get("wrappers"))
+        if note:
+            print(f"[rltrain] note: {note}", flush=True)  # stdout: stderr stays for errors (one line each)
+    if not cfg.env.get("search_path"):
+        from omegaconf import open_dict
+
+        with open_dict(cfg):
+            cfg.env.search_path = launch_dir
+
+
 @hydra.main(config_path="../conf", config_name="train", version_base="1.3")
 def task(cfg: DictConfig) -> float:
     if cfg.logger.progress not in ("off", False):  # within a second of launch, before torch & co. are imported
@@ -48,20 +67,7 @@ def task(cfg: DictConfig) -> float:
     hc = HydraConfig.get()
     run_dir = Path(hc.runtime.output_dir)
     multirun = hc.mode == RunMode.MULTIRUN
-    if not multirun or hc.job.num == 0:  # once per command line, not once per sweep job
-        from rltrain.cli.presets import preset_note
-
-        note = preset_note(str(hc.runtime.choices.get("algo")), str(cfg.env.id), hc.runtime.choices.get("experiment"),
-                           wrappers=cfg.env.get("wrappers"))
-        if note:
-            print(f"[rltrain] note: {note}", flush=True)  # stdout: stderr stays for errors (one line each)
-    if not cfg.env.get("search_path"):
-        # the launch directory, recorded so that every process of the run (and a SLURM job, which starts
-        # elsewhere) finds an env module beside the user whatever its working directory (envs/make.py)
-        from omegaconf import open_dict
-
-        with open_dict(cfg):
-            cfg.env.search_path = hc.runtime.cwd
+    prepare_job(cfg, hc.runtime.choices, hc.runtime.cwd, announce=not multirun or hc.job.num == 0)
     try:
         summary = run(cfg, run_dir)
     except ConfigError as err:
