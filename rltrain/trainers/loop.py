@@ -346,12 +346,14 @@ class TrainLoop:
             from rltrain.run.trackers import WandbLogger
 
             self.loggers.append(WandbLogger(self.run_dir, config=self.s.config, project=lg.project, entity=lg.entity,
-                                            group=lg.group, name=lg.name, tags=lg.tags, mode=lg.mode))
+                                            group=lg.group, name=lg.name, tags=lg.tags, mode=lg.mode,
+                                            seeds=self.seeds.to_dict(), device=str(self.device)))
         if "mlflow" in lg.sinks:
             from rltrain.run.trackers import MLflowLogger
 
             self.loggers.append(MLflowLogger(self.run_dir, config=self.s.config, project=lg.project, group=lg.group,
-                                             name=lg.name, tags=lg.tags, tracking_uri=lg.tracking_uri))
+                                             name=lg.name, tags=lg.tags, tracking_uri=lg.tracking_uri,
+                                             seeds=self.seeds.to_dict(), device=str(self.device)))
 
     def _log(self, steps: int, row: Metrics) -> None:
         for lg in self.loggers:
