@@ -13,6 +13,7 @@ import pytest
 import yaml
 
 from rltrain.cli import report
+from rltrain.run.metrics import read_metrics
 from tests.conftest import run_cli
 
 SMOKE = ["debug=smoke", "total_env_steps=1024", "env.num_envs=2"]
@@ -119,6 +120,51 @@ def test_plain_progress_clamps_percent_and_eta(capsys):
     assert "(50%)" in lines[0]
     assert "1000/1000 steps (100%)" in lines[1] and "eta 0s" in lines[1]
     assert "-" not in lines[1].split("eta")[1]
+
+
+def test_eta_counts_the_rate_from_learning_starts_on():
+    from rltrain.run.progress import EtaEstimate
+
+    eta = EtaEstimate(100_000, rate_from=10_000)
+    for k in range(11):  # random warm-up: 10,000 steps in 1 s
+        eta.add(0.1 * k, 1000 * k)
+    assert eta.seconds_left(10_000) is None  # one point after learning_starts gives no rate yet
+    assert "learning starts at 10000" in eta.text(9_000)
+    for k in range(1, 11):  # learning: 1,000 steps/s
+        eta.add(1.0 + k, 10_000 + 1000 * k)
+    # 80,000 steps left at 1,000/s; the whole run's mean rate (20,000 in 11 s) would say 44 s
+    assert eta.seconds_left(20_000) == pytest.approx(80.0)
+    assert eta.text(20_000) == "80s"
+
+
+def test_eta_follows_the_last_minute():
+    from rltrain.run.progress import RATE_WINDOW_S, EtaEstimate
+
+    eta = EtaEstimate(1_000_000)
+    t, steps = 0.0, 0
+    for _ in range(100):  # fast for 100 s, then slow for two windows
+        t, steps = t + 1, steps + 1000
+        eta.add(t, steps)
+    for _ in range(int(2 * RATE_WINDOW_S)):
+        t, steps = t + 1, steps + 100
+        eta.add(t, steps)
+    assert eta.seconds_left(steps) == pytest.approx((1_000_000 - steps) / 100)
+
+
+def test_summary_steps_per_second_leaves_out_evaluation(tmp_path):
+    """Many long evaluations: the summary's sps counts training time only, the evaluations' time apart."""
+    run_dir = tmp_path / "run"
+    res = run_cli([*SMOKE, "total_env_steps=4096", "log.every_env_steps=512", "eval.every_env_steps=512",
+                   "eval.episodes=30", "eval.deterministic=false", "logger.progress=off",
+                   f"hydra.run.dir={run_dir}"], cwd=tmp_path, timeout=300)
+    assert res.returncode == 0, res.stderr
+    summary = json.loads((run_dir / "summary.json").read_text())
+    training_s = summary["total_env_steps"] / summary["sps"]
+    assert summary["eval_time_s"] > 0
+    # wall_time_s (up to the last update) holds the periodic evaluations; the sps time does not
+    assert training_s < summary["wall_time_s"] <= training_s + summary["eval_time_s"]
+    rows = [r for r in read_metrics(run_dir / "metrics.csv") if r.get("eval/return_mean")]
+    assert len(rows) >= 3
 
 
 def _render(display) -> str:
