@@ -99,6 +99,70 @@ def test_png_grid_titles_do_not_overlap(tmp_path, n_groups):
             assert not a.overlaps(b), "two subplot titles overlap"
 
 
+def _two_envs(root: Path, seeds: int) -> Path:
+    """CartPole returns near 100, Pendulum's near -1000: two configurations, ``seeds`` seeds each."""
+    sweep, num = root / "multirun", 0
+    for env, ret in (("CartPole-v1", 100.0), ("Pendulum-v1", -1000.0)):
+        for seed in range(1, seeds + 1):
+            cfg = {"seed": seed, "algo": {"lr": 0.001}, "env": {"id": env}}
+            _fake_job(sweep, num, [f"env.id={env}", f"seed={seed}"], cfg, ret + seed)
+            num += 1
+    return sweep
+
+
+def _figure_of(monkeypatch, tmp_path, sweep):
+    """The report's figure, caught before it is closed: [(title, ylim, legend texts)] per visible subplot."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    seen = []
+    orig = plt.Figure.savefig
+
+    def spy(fig, *args, **kwargs):
+        for ax in fig.axes:
+            if ax.get_visible():
+                legend = ax.get_legend()
+                seen.append((ax.get_title(), ax.get_ylim(), [t.get_text() for t in legend.get_texts()]))
+        return orig(fig, *args, **kwargs)
+
+    monkeypatch.setattr(plt.Figure, "savefig", spy)
+    groups = report.group_runs([report.load_run(r) for r in report.find_runs([sweep])])
+    assert report.plot(groups, tmp_path / "curves.png", "rollout/episode_return") is not None
+    return seen
+
+
+def test_each_env_gets_a_subplot_with_its_own_y_axis(tmp_path, monkeypatch):
+    seen = _figure_of(monkeypatch, tmp_path, _two_envs(tmp_path, 5))
+    assert [title for title, _, _ in seen] == ["env.id=CartPole-v1", "env.id=Pendulum-v1"]
+    (_, cart, _), (_, pend, _) = seen
+    assert cart[0] > 0 and pend[1] < -200  # neither squashed into the other's scale
+    assert all("rough" not in text for _, _, legend in seen for text in legend)
+
+
+def test_intervals_from_fewer_than_5_seeds_are_labelled_and_warned(tmp_path, monkeypatch):
+    sweep = _two_envs(tmp_path, 2)
+    seen = _figure_of(monkeypatch, tmp_path, sweep)
+    assert all("95% CI of mean (n=2 < 5 seeds: rough)" in legend for _, _, legend in seen)
+    out = subprocess.run([sys.executable, "-m", "rltrain.cli.report", str(sweep), "--out", str(tmp_path / "r.md")],
+                         capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    warnings = [line for line in out.stderr.splitlines() if "warning" in line]
+    assert warnings == ["rltrain-report: warning: 95% intervals from fewer than 5 seeds are rough: "
+                        "env.id=CartPole-v1 (n=2), env.id=Pendulum-v1 (n=2); run more seeds (seed=1,2,3,4,5) "
+                        "before comparing"]
+    md = (tmp_path / "r.md").read_text()
+    assert md.count("(n<5)") == 2 and "fewer than 5 seeds" in md
+
+
+def test_five_seeds_give_no_warning(tmp_path):
+    out = subprocess.run([sys.executable, "-m", "rltrain.cli.report", str(_two_envs(tmp_path, 5)), "--json"],
+                         capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    assert "warning" not in out.stderr
+
+
 @pytest.mark.slow
 def test_report_on_a_real_multirun_labels_by_algo(tmp_path):
     res = run_cli(["-m", "algo=ppo,a2c", *SMOKE, f"hydra.sweep.dir={tmp_path / 'sweep'}"], cwd=tmp_path, timeout=300)
