@@ -293,3 +293,46 @@ def test_eval_video_prints_no_runtime_dir_noise(tmp_path):
     assert res.returncode == 0, res.stderr
     assert "XDG_RUNTIME_DIR" not in res.stdout + res.stderr
     assert list((tmp_path / "run" / "videos").glob("*.mp4"))
+
+
+NOISY_ENV = '''
+import sys
+
+import gymnasium as gym
+from gymnasium.envs.classic_control.cartpole import CartPoleEnv
+
+
+class NoisyCartPole(CartPoleEnv):
+    """Prints a long line in pieces on every reset: without whole-line writes, agents' pieces would mix."""
+
+    def reset(self, **kwargs):
+        sys.stdout.write("noisy-begin ")
+        for _ in range(40):
+            sys.stdout.write("piece ")
+            sys.stdout.flush()
+        sys.stdout.write("noisy-end\\n")
+        print("warned on stderr", file=sys.stderr)
+        return super().reset(**kwargs)
+
+
+gym.register("NoisyCartPole-v0", entry_point=NoisyCartPole, max_episode_steps=50)
+'''
+
+
+def test_parallel_agents_own_lines_are_prefixed_and_whole_without_a_tty(tmp_path):
+    (tmp_path / "noisy_env.py").write_text(NOISY_ENV)
+    env = {"PYTHONPATH": f"{tmp_path}{os.pathsep}{Path(__file__).resolve().parents[1]}"}
+    res = run_cli([*SMOKE, "trainer=parallel", "env.id=noisy_env:NoisyCartPole-v0", "logger.progress=plain",
+                   f"hydra.run.dir={tmp_path / 'run'}"], cwd=tmp_path, timeout=400, env=env)
+    assert res.returncode == 0, res.stderr
+    whole = "noisy-begin " + "piece " * 40 + "noisy-end"
+    noisy = [line for line in res.stdout.splitlines() if "noisy-" in line or "piece" in line]
+    assert noisy, res.stdout[-2000:]
+    # the parent probes the env once itself (its own line, unprefixed); every agent line is prefixed; none mixed
+    agents = [line.partition("] ")[0] for line in noisy if line != whole]
+    assert all(line in (whole, f"[agent_0] {whole}", f"[agent_1] {whole}") for line in noisy), noisy
+    assert set(agents) == {"[agent_0", "[agent_1"} and len(agents) > len(noisy) // 2
+    warned = [line for line in res.stderr.splitlines() if "warned on stderr" in line]
+    assert sum(line.startswith("[agent_") for line in warned) > len(warned) // 2
+    assert all(line in ("warned on stderr", "[agent_0] warned on stderr", "[agent_1] warned on stderr")
+               for line in warned)
