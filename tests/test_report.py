@@ -5,6 +5,7 @@ from __future__ import annotations
 import io
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -336,3 +337,16 @@ def test_parallel_agents_own_lines_are_prefixed_and_whole_without_a_tty(tmp_path
     assert sum(line.startswith("[agent_") for line in warned) > len(warned) // 2
     assert all(line in ("warned on stderr", "[agent_0] warned on stderr", "[agent_1] warned on stderr")
                for line in warned)
+
+
+def test_an_off_policy_run_shows_no_eta_until_learning_starts(tmp_path):
+    res = run_cli(["debug=smoke", "algo=dqn", "total_env_steps=2048", "algo.learning_starts=1024", "env.num_envs=2",
+                   "log.every_env_steps=256", "logger.progress=plain", "logger.progress_interval_s=0",
+                   f"hydra.run.dir={tmp_path / 'run'}"], cwd=tmp_path, timeout=300)
+    assert res.returncode == 0, res.stderr
+    lines = [line for line in res.stdout.splitlines() if line.startswith("[training] ")]
+    steps = [int(line.split()[1].split("/")[0]) for line in lines]
+    before = [line for s, line in zip(steps, lines, strict=True) if s < 1024]
+    after = [line for s, line in zip(steps, lines, strict=True) if s >= 1024 + 256]
+    assert before and all(line.endswith("eta - (learning starts at 1024)") for line in before)
+    assert after and all(re.search(r"eta \d+s$", line) for line in after)
