@@ -1,7 +1,8 @@
-"""A non-editable ``pip install .`` finds its configs (they ship inside the wheel)."""
+"""A non-editable ``pip install .`` finds its configs (they ship inside the wheel); the extras agree."""
 
 from __future__ import annotations
 
+import re
 import site
 import subprocess
 import sys
@@ -9,6 +10,8 @@ import sys
 import pytest
 
 from tests.conftest import REPO
+
+tomllib = pytest.importorskip("tomllib")  # Python 3.11+ (3.10 has no TOML reader built in)
 
 
 @pytest.mark.slow
@@ -36,3 +39,45 @@ def test_wheel_install_finds_configs(tmp_path):
     assert list(work.glob("outputs/runs/*/*/summary.json"))
     res = subprocess.run([str(venv / "bin" / "rltrain"), "--help"], cwd=work, capture_output=True, text=True)
     assert "env: acrobot, atari, cartpole" in res.stdout and "model: default" in res.stdout  # groups ship too
+
+
+PYPROJECT = tomllib.loads((REPO / "pyproject.toml").read_text())
+EXTRAS = PYPROJECT["project"]["optional-dependencies"]
+# distributions that install the same import name over each other's files: an install may name one of each set
+SAME_MODULE = [{"pygame", "pygame-ce"}, {"opencv-python", "opencv-python-headless", "opencv-contrib-python"}]
+# what our extras pull in through other packages' extras (gymnasium[box2d] and [classic-control] ask pygame-ce)
+VIA_EXTRAS = {"gymnasium[box2d]": {"pygame-ce"}, "gymnasium[classic-control]": {"pygame-ce"}}
+
+
+def _name(requirement: str) -> str:
+    return re.split(r"[<>=!~\[; ]", requirement.strip(), maxsplit=1)[0].lower().replace("_", "-")
+
+
+def _distributions(requirements: list[str]) -> set[str]:
+    names = set()
+    for req in requirements:
+        names.add(_name(req))
+        for pattern, pulled in VIA_EXTRAS.items():
+            if req.replace(" ", "").lower().startswith(pattern):
+                names |= pulled
+    return names
+
+
+def test_every_extra_names_the_same_pygame_and_opencv():
+    every = {n for reqs in EXTRAS.values() for n in _distributions(reqs)}
+    for clash in SAME_MODULE:
+        assert len(every & clash) <= 1, sorted(every & clash)
+    assert "pygame-ce" in _distributions(EXTRAS["video"])  # eval videos render classic-control envs
+
+
+def test_the_all_extra_covers_every_feature_extra():
+    (line,) = EXTRAS["all"]
+    assert _name(line) == "rltrain"
+    named = set(re.search(r"\[(.*)\]", line).group(1).split(","))
+    assert named == set(EXTRAS) - {"all", "dev"}
+
+
+def test_the_readme_names_every_extra():
+    readme = (REPO / "README.md").read_text()
+    missing = sorted(e for e in EXTRAS if f"`{e}`" not in readme and f"rltrain[{e}]" not in readme)
+    assert missing == []

@@ -5,6 +5,7 @@ from __future__ import annotations
 import io
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -13,6 +14,7 @@ import pytest
 import yaml
 
 from rltrain.cli import report
+from rltrain.run.metrics import read_metrics
 from tests.conftest import run_cli
 
 SMOKE = ["debug=smoke", "total_env_steps=1024", "env.num_envs=2"]
@@ -98,6 +100,70 @@ def test_png_grid_titles_do_not_overlap(tmp_path, n_groups):
             assert not a.overlaps(b), "two subplot titles overlap"
 
 
+def _two_envs(root: Path, seeds: int) -> Path:
+    """CartPole returns near 100, Pendulum's near -1000: two configurations, ``seeds`` seeds each."""
+    sweep, num = root / "multirun", 0
+    for env, ret in (("CartPole-v1", 100.0), ("Pendulum-v1", -1000.0)):
+        for seed in range(1, seeds + 1):
+            cfg = {"seed": seed, "algo": {"lr": 0.001}, "env": {"id": env}}
+            _fake_job(sweep, num, [f"env.id={env}", f"seed={seed}"], cfg, ret + seed)
+            num += 1
+    return sweep
+
+
+def _figure_of(monkeypatch, tmp_path, sweep):
+    """The report's figure, caught before it is closed: [(title, ylim, legend texts)] per visible subplot."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    seen = []
+    orig = plt.Figure.savefig
+
+    def spy(fig, *args, **kwargs):
+        for ax in fig.axes:
+            if ax.get_visible():
+                legend = ax.get_legend()
+                seen.append((ax.get_title(), ax.get_ylim(), [t.get_text() for t in legend.get_texts()]))
+        return orig(fig, *args, **kwargs)
+
+    monkeypatch.setattr(plt.Figure, "savefig", spy)
+    groups = report.group_runs([report.load_run(r) for r in report.find_runs([sweep])])
+    assert report.plot(groups, tmp_path / "curves.png", "rollout/episode_return") is not None
+    return seen
+
+
+def test_each_env_gets_a_subplot_with_its_own_y_axis(tmp_path, monkeypatch):
+    seen = _figure_of(monkeypatch, tmp_path, _two_envs(tmp_path, 5))
+    assert [title for title, _, _ in seen] == ["env.id=CartPole-v1", "env.id=Pendulum-v1"]
+    (_, cart, _), (_, pend, _) = seen
+    assert cart[0] > 0 and pend[1] < -200  # neither squashed into the other's scale
+    assert all("rough" not in text for _, _, legend in seen for text in legend)
+
+
+def test_intervals_from_fewer_than_5_seeds_are_labelled_and_warned(tmp_path, monkeypatch):
+    sweep = _two_envs(tmp_path, 2)
+    seen = _figure_of(monkeypatch, tmp_path, sweep)
+    assert all("95% CI of mean (n=2 < 5 seeds: rough)" in legend for _, _, legend in seen)
+    out = subprocess.run([sys.executable, "-m", "rltrain.cli.report", str(sweep), "--out", str(tmp_path / "r.md")],
+                         capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    warnings = [line for line in out.stderr.splitlines() if "warning" in line]
+    assert warnings == ["rltrain-report: warning: 95% intervals from fewer than 5 seeds are rough: "
+                        "env.id=CartPole-v1 (n=2), env.id=Pendulum-v1 (n=2); run more seeds (seed=1,2,3,4,5) "
+                        "before comparing"]
+    md = (tmp_path / "r.md").read_text()
+    assert md.count("(n<5)") == 2 and "fewer than 5 seeds" in md
+
+
+def test_five_seeds_give_no_warning(tmp_path):
+    out = subprocess.run([sys.executable, "-m", "rltrain.cli.report", str(_two_envs(tmp_path, 5)), "--json"],
+                         capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    assert "warning" not in out.stderr
+
+
 @pytest.mark.slow
 def test_report_on_a_real_multirun_labels_by_algo(tmp_path):
     res = run_cli(["-m", "algo=ppo,a2c", *SMOKE, f"hydra.sweep.dir={tmp_path / 'sweep'}"], cwd=tmp_path, timeout=300)
@@ -119,6 +185,51 @@ def test_plain_progress_clamps_percent_and_eta(capsys):
     assert "(50%)" in lines[0]
     assert "1000/1000 steps (100%)" in lines[1] and "eta 0s" in lines[1]
     assert "-" not in lines[1].split("eta")[1]
+
+
+def test_eta_counts_the_rate_from_learning_starts_on():
+    from rltrain.run.progress import EtaEstimate
+
+    eta = EtaEstimate(100_000, rate_from=10_000)
+    for k in range(11):  # random warm-up: 10,000 steps in 1 s
+        eta.add(0.1 * k, 1000 * k)
+    assert eta.seconds_left(10_000) is None  # one point after learning_starts gives no rate yet
+    assert "learning starts at 10000" in eta.text(9_000)
+    for k in range(1, 11):  # learning: 1,000 steps/s
+        eta.add(1.0 + k, 10_000 + 1000 * k)
+    # 80,000 steps left at 1,000/s; the whole run's mean rate (20,000 in 11 s) would say 44 s
+    assert eta.seconds_left(20_000) == pytest.approx(80.0)
+    assert eta.text(20_000) == "80s"
+
+
+def test_eta_follows_the_last_minute():
+    from rltrain.run.progress import RATE_WINDOW_S, EtaEstimate
+
+    eta = EtaEstimate(1_000_000)
+    t, steps = 0.0, 0
+    for _ in range(100):  # fast for 100 s, then slow for two windows
+        t, steps = t + 1, steps + 1000
+        eta.add(t, steps)
+    for _ in range(int(2 * RATE_WINDOW_S)):
+        t, steps = t + 1, steps + 100
+        eta.add(t, steps)
+    assert eta.seconds_left(steps) == pytest.approx((1_000_000 - steps) / 100)
+
+
+def test_summary_steps_per_second_leaves_out_evaluation(tmp_path):
+    """Many long evaluations: the summary's sps counts training time only, the evaluations' time apart."""
+    run_dir = tmp_path / "run"
+    res = run_cli([*SMOKE, "total_env_steps=4096", "log.every_env_steps=512", "eval.every_env_steps=512",
+                   "eval.episodes=30", "eval.deterministic=false", "logger.progress=off",
+                   f"hydra.run.dir={run_dir}"], cwd=tmp_path, timeout=300)
+    assert res.returncode == 0, res.stderr
+    summary = json.loads((run_dir / "summary.json").read_text())
+    training_s = summary["total_env_steps"] / summary["sps"]
+    assert summary["eval_time_s"] > 0
+    # wall_time_s (up to the last update) holds the periodic evaluations; the sps time does not
+    assert training_s < summary["wall_time_s"] <= training_s + summary["eval_time_s"]
+    rows = [r for r in read_metrics(run_dir / "metrics.csv") if r.get("eval/return_mean")]
+    assert len(rows) >= 3
 
 
 def _render(display) -> str:
@@ -183,3 +294,59 @@ def test_eval_video_prints_no_runtime_dir_noise(tmp_path):
     assert res.returncode == 0, res.stderr
     assert "XDG_RUNTIME_DIR" not in res.stdout + res.stderr
     assert list((tmp_path / "run" / "videos").glob("*.mp4"))
+
+
+NOISY_ENV = '''
+import sys
+
+import gymnasium as gym
+from gymnasium.envs.classic_control.cartpole import CartPoleEnv
+
+
+class NoisyCartPole(CartPoleEnv):
+    """Prints a long line in pieces on every reset: without whole-line writes, agents' pieces would mix."""
+
+    def reset(self, **kwargs):
+        sys.stdout.write("noisy-begin ")
+        for _ in range(40):
+            sys.stdout.write("piece ")
+            sys.stdout.flush()
+        sys.stdout.write("noisy-end\\n")
+        print("warned on stderr", file=sys.stderr)
+        return super().reset(**kwargs)
+
+
+gym.register("NoisyCartPole-v0", entry_point=NoisyCartPole, max_episode_steps=50)
+'''
+
+
+def test_parallel_agents_own_lines_are_prefixed_and_whole_without_a_tty(tmp_path):
+    (tmp_path / "noisy_env.py").write_text(NOISY_ENV)
+    env = {"PYTHONPATH": f"{tmp_path}{os.pathsep}{Path(__file__).resolve().parents[1]}"}
+    res = run_cli([*SMOKE, "trainer=parallel", "env.id=noisy_env:NoisyCartPole-v0", "logger.progress=plain",
+                   f"hydra.run.dir={tmp_path / 'run'}"], cwd=tmp_path, timeout=400, env=env)
+    assert res.returncode == 0, res.stderr
+    whole = "noisy-begin " + "piece " * 40 + "noisy-end"
+    noisy = [line for line in res.stdout.splitlines() if "noisy-" in line or "piece" in line]
+    assert noisy, res.stdout[-2000:]
+    # the parent probes the env once itself (its own line, unprefixed); every agent line is prefixed; none mixed
+    agents = [line.partition("] ")[0] for line in noisy if line != whole]
+    assert all(line in (whole, f"[agent_0] {whole}", f"[agent_1] {whole}") for line in noisy), noisy
+    assert set(agents) == {"[agent_0", "[agent_1"} and len(agents) > len(noisy) // 2
+    warned = [line for line in res.stderr.splitlines() if "warned on stderr" in line]
+    assert sum(line.startswith("[agent_") for line in warned) > len(warned) // 2
+    assert all(line in ("warned on stderr", "[agent_0] warned on stderr", "[agent_1] warned on stderr")
+               for line in warned)
+
+
+def test_an_off_policy_run_shows_no_eta_until_learning_starts(tmp_path):
+    res = run_cli(["debug=smoke", "algo=dqn", "total_env_steps=2048", "algo.learning_starts=1024", "env.num_envs=2",
+                   "log.every_env_steps=256", "logger.progress=plain", "logger.progress_interval_s=0",
+                   f"hydra.run.dir={tmp_path / 'run'}"], cwd=tmp_path, timeout=300)
+    assert res.returncode == 0, res.stderr
+    lines = [line for line in res.stdout.splitlines() if line.startswith("[training] ")]
+    steps = [int(line.split()[1].split("/")[0]) for line in lines]
+    before = [line for s, line in zip(steps, lines, strict=True) if s < 1024]
+    after = [line for s, line in zip(steps, lines, strict=True) if s >= 1024 + 256]
+    assert before and all(line.endswith("eta - (learning starts at 1024)") for line in before)
+    assert after and all(re.search(r"eta \d+s$", line) for line in after)

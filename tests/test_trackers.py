@@ -5,6 +5,7 @@ from __future__ import annotations
 import csv
 import json
 import os
+import socket
 import struct
 import subprocess
 import sys
@@ -16,6 +17,18 @@ from tests.conftest import run_cli
 
 SMOKE = ["debug=smoke", "env.num_envs=2", "log.every_env_steps=512", "logger.progress=off"]
 REPO = str(Path(__file__).resolve().parents[1])
+
+
+def no_network_env(tmp_path: Path, **extra: str) -> dict[str, str]:
+    """Offline W&B with no key anywhere it looks (a fresh HOME / config dir), and a server URL that refuses."""
+    with socket.socket() as s:  # a port nobody listens on once this socket is closed
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    home = tmp_path / "home"
+    home.mkdir(exist_ok=True)
+    return {"HOME": str(home), "WANDB_CONFIG_DIR": str(home / ".config" / "wandb"), "WANDB_API_KEY": "",
+            "WANDB_BASE_URL": f"http://127.0.0.1:{port}", "WANDB_MODE": "offline", "WANDB_PROJECT": "",
+            "WANDB_ENTITY": "", "WANDB_DIR": "", "WANDB_INIT_TIMEOUT": "30", **extra}
 
 
 def _csv_rows(run_dir: Path) -> list[dict[str, str]]:
@@ -212,3 +225,78 @@ def test_trackers_are_not_imported_unless_chosen(tmp_path):
                          env={**os.environ, "PYTHONPATH": REPO})
     assert res.returncode == 0, res.stderr
     assert "TRACKERS []" in res.stdout
+
+
+def test_wandb_follows_its_environment_offline_without_key_or_network(tmp_path):
+    pytest.importorskip("wandb")
+    run_dir, wandb_dir = tmp_path / "run", tmp_path / "wandb_home"
+    wandb_dir.mkdir()
+    env = no_network_env(tmp_path, WANDB_PROJECT="from-env", WANDB_DIR=str(wandb_dir))
+    res = run_cli([*SMOKE, "logger=wandb", f"hydra.run.dir={run_dir}"], cwd=tmp_path, timeout=300, env=env)
+    assert res.returncode == 0, res.stderr
+    assert not (run_dir / "wandb").exists()  # WANDB_DIR decides where the run goes
+    back = wandb_readback(wandb_dir)
+    assert back["run"].project == "from-env" and back["run"].display_name == "run"
+    assert back["config"]["seed"] == back["config"]["seeds.root"]
+    assert str(back["config"]["seeds.torch_seed"]) in (run_dir / "seeds.json").read_text()
+    assert back["config"]["system.torch"] and back["config"]["system.device"] == "cpu"
+    assert back["config"]["system.cpu_count"] == os.cpu_count()
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert back["summary"]["sps"] == pytest.approx(summary["sps"])
+    # the last stderr line names the directory `wandb sync` uploads: the offline run with its .wandb file
+    line = res.stderr.strip().splitlines()[-1]
+    assert line.startswith("rltrain: W&B offline run saved; upload it with: wandb sync ")
+    sync_dir = Path(line.rsplit(" ", 1)[1])
+    assert sync_dir.name.startswith("offline-run-") and sync_dir.parent == wandb_dir / "wandb"
+    assert list(sync_dir.glob("run-*.wandb"))
+
+
+def test_wandb_online_without_a_key_is_one_line_naming_both_fixes(tmp_path):
+    pytest.importorskip("wandb")
+    env = no_network_env(tmp_path, WANDB_MODE="online")
+    res = run_cli([*SMOKE, "logger=wandb", f"hydra.run.dir={tmp_path / 'run'}"], cwd=tmp_path, timeout=180, env=env)
+    assert res.returncode == 2, res.stderr
+    err = res.stderr.strip()
+    assert err.count("\n") == 0 and "Traceback" not in err, err
+    assert err.startswith("rltrain: error: logger=wandb: no W&B API key")
+    assert "`wandb login`" in err and "WANDB_MODE=offline" in err
+
+
+def test_logger_mode_set_in_the_config_wins_over_the_environment(tmp_path):
+    pytest.importorskip("wandb")
+    run_dir = tmp_path / "run"
+    env = no_network_env(tmp_path, WANDB_MODE="online")
+    res = run_cli([*SMOKE, "logger=wandb", "logger.mode=offline", "logger.project=mine",
+                   f"hydra.run.dir={run_dir}"], cwd=tmp_path, timeout=300, env=env)
+    assert res.returncode == 0, res.stderr
+    assert wandb_readback(run_dir)["run"].project == "mine"
+
+
+def test_mlflow_follows_its_environment(tmp_path):
+    pytest.importorskip("mlflow")
+    run_dir, store = tmp_path / "run", tmp_path / "store"
+    env = {"MLFLOW_TRACKING_URI": store.as_uri(), "MLFLOW_EXPERIMENT_NAME": "from-env",
+           "MLFLOW_ALLOW_FILE_STORE": "true"}
+    res = run_cli([*SMOKE, "logger=mlflow", f"hydra.run.dir={run_dir}"], cwd=tmp_path, timeout=300, env=env)
+    assert res.returncode == 0, res.stderr
+    assert not (run_dir / "mlruns").exists()
+    client = _mlflow_client(store)
+    (run,) = client.search_runs([client.get_experiment_by_name("from-env").experiment_id])
+    params = run.data.params
+    assert params["seeds.root"] == params["seed"] and params["system.device"] == "cpu" and params["system.torch"]
+    assert run.data.metrics["sps"] == pytest.approx(json.loads((run_dir / "summary.json").read_text())["sps"])
+
+
+@pytest.mark.slow
+def test_wandb_multirun_jobs_are_runs_grouped_by_sweep(tmp_path):
+    pytest.importorskip("wandb")
+    sweep = tmp_path / "sweep"
+    res = run_cli(["-m", "seed=1,2", *SMOKE, "logger=wandb", f"hydra.sweep.dir={sweep}"], cwd=tmp_path,
+                  timeout=400, env=no_network_env(tmp_path))
+    assert res.returncode == 0, res.stderr
+    jobs = sorted(p for p in sweep.iterdir() if (p / "summary.json").exists())
+    assert len(jobs) == 2
+    for job in jobs:
+        back = wandb_readback(job)
+        assert back["run"].display_name == job.name and back["run"].run_group == "sweep"
+        assert back["config"]["seed"] == int(job.name[-1])

@@ -5,8 +5,9 @@ run: a run dir with agent subdirs is reported per agent). Runs are grouped by th
 between them, leaving out the seed (and other keys that do not change the experiment: resume, logging), so a
 sweep ``algo=ppo,a2c seed=1,2,3`` gives two rows of three seeds. Per group: mean, median, IQM and a bootstrap
 95% CI of the mean of the final eval return (Agarwal et al. 2021: with few seeds, report intervals and robust
-statistics), wall time, and how many runs failed. A PNG of learning curves (each run thin, the group mean with
-its band) is written from the runs' ``metrics.csv``.
+statistics), wall time, and how many runs failed. An interval from fewer than 5 seeds is marked ``(n<5)`` and
+a warning line says so. A PNG of learning curves (one subplot per configuration and env, each with its own y
+axis; each run thin, the group mean with its band) is written from the runs' ``metrics.csv``.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from pathlib import Path
 
 import yaml
 
-from rltrain.run.plots import plot_learning_curves, read_curve
+from rltrain.run.plots import MIN_SEEDS_FOR_CI, plot_learning_curves, read_curve
 from rltrain.run.stats import aggregate
 
 IGNORED = ("seed", "seed_drawn", "resume", "logger.", "allow_nested_processes", "max_wall_time", "hydra.")
@@ -163,8 +164,18 @@ HEADER = ["group", "n", "mean", "median", "IQM", "95% CI (mean)", "wall s", "fai
 
 def table_cells(row: dict) -> list[str]:
     ci = row.get("ci95_mean")
+    few = f" (n<{MIN_SEEDS_FOR_CI})" if row["n"] < MIN_SEEDS_FOR_CI else ""
     return [row["group"], f"{row['n']}/{row['runs']}", _f(row["mean"]), _f(row["median"]), _f(row["iqm"]),
-            f"[{ci[0]:.1f}, {ci[1]:.1f}]" if ci else "-", _f(row["wall_time_s"]), str(row["failed"])]
+            f"[{ci[0]:.1f}, {ci[1]:.1f}]{few}" if ci else "-", _f(row["wall_time_s"]), str(row["failed"])]
+
+
+def few_seeds_warning(rows: list[dict]) -> str | None:
+    """One line naming the groups whose interval rests on fewer than ``MIN_SEEDS_FOR_CI`` seeds, or None."""
+    few = [f"{r['group']} (n={r['n']})" for r in rows if 0 < r["n"] < MIN_SEEDS_FOR_CI]
+    if not few:
+        return None
+    return (f"rltrain-report: warning: 95% intervals from fewer than {MIN_SEEDS_FOR_CI} seeds are rough: "
+            f"{', '.join(few)}; run more seeds (seed=1,2,3,4,5) before comparing")
 
 
 def markdown(rows: list[dict], title: str) -> str:
@@ -205,8 +216,18 @@ def _curve(run: dict, column: str):
         return np.zeros(0), np.zeros(0)
 
 
+def panel_title(label: str, runs: list[dict]) -> str:
+    """The group's label, with the env named when the label does not already (one env per subplot)."""
+    envs = sorted({str(r["config"].get("env.id")) for r in runs if r["config"].get("env.id")})
+    named = [e for e in envs if e not in label]
+    return f"{', '.join(named)}: {label}" if named else label
+
+
 def plot(groups: dict[str, list[dict]], out: Path, column: str) -> Path | None:
-    panels = {label: {_run_label(r): _curve(r, column) for r in runs} for label, runs in groups.items()}
+    # grouped by env first, so one env's configurations sit side by side
+    order = sorted(groups, key=lambda label: (str(groups[label][0]["config"].get("env.id")), list(groups).index(label)))
+    panels = {panel_title(label, groups[label]): {_run_label(r): _curve(r, column) for r in groups[label]}
+              for label in order}
     if not any(len(x) for runs in panels.values() for x, _ in runs.values()):
         return None
     return plot_learning_curves(panels, out, title=column)
@@ -230,10 +251,14 @@ def main(argv: list[str] | None = None) -> None:
         print(json.dumps(rows, indent=2, default=float))
     else:
         print_table(rows, title)
+    warning = few_seeds_warning(rows)
+    if warning:
+        print(warning, file=sys.stderr)
     png = args.plot or (args.out.with_suffix(".png") if args.out else args.paths[0] / "report_curves.png")
     written = plot(groups, png, args.column)
     if args.out:
-        text = markdown(rows, title) + (f"\n![learning curves]({png.name})\n" if written else "")
+        text = markdown(rows, title) + (f"\n> {warning.split(': ', 2)[2]}\n" if warning else "")
+        text += f"\n![learning curves]({png.name})\n" if written else ""
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(text)
         print(f"wrote {args.out}", file=sys.stderr)

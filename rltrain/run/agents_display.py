@@ -1,11 +1,15 @@
 """One progress display for many agents: a rich table (a row per agent) on a terminal, plain lines elsewhere.
 
-Fed by the agents' progress messages in the parent; the agents themselves print nothing.
+Fed by the agents' progress messages in the parent. What an agent process prints itself (a warning, an env's
+own output) goes to the shared stdout/stderr; without a terminal each of those lines is prefixed with the
+agent and written whole (``prefix_agent_output``), so K agents' lines never cut into each other.
 """
 
 from __future__ import annotations
 
+import io
 import math
+import os
 import sys
 import time
 
@@ -79,3 +83,68 @@ class AgentsDisplay:
 
 def _ret(value: float | None) -> str:
     return "-" if value is None or math.isnan(value) else f"{value:.1f}"
+
+
+class PrefixedLines(io.TextIOBase):
+    """A text stream for one agent process: buffers until a newline, then writes ``<prefix><line>\n`` with one
+    ``os.write`` per line to the inherited file descriptor.
+
+    One write per whole line is what keeps lines intact: a pipe takes a write of up to PIPE_BUF (4 KiB) bytes
+    atomically, and processes sharing a file's offset append whole writes. A partial line waits for its newline
+    (``flush`` does not write it: another agent's line would land in the middle).
+    """
+
+    def __init__(self, stream, prefix: str):
+        super().__init__()
+        stream.flush()  # whatever the process wrote before goes out first, unprefixed but in order
+        self._fd, self._prefix, self._pending = stream.fileno(), prefix, ""
+        self._encoding = getattr(stream, "encoding", None) or "utf-8"
+
+    @property
+    def encoding(self) -> str:  # type: ignore[override]
+        return self._encoding
+
+    def writable(self) -> bool:
+        return True
+
+    def isatty(self) -> bool:
+        return False
+
+    def fileno(self) -> int:
+        return self._fd
+
+    def write(self, text: str) -> int:
+        self._pending += text
+        if "\n" in self._pending:
+            *lines, self._pending = self._pending.split("\n")
+            for line in lines:
+                self._write_line(line)
+        return len(text)
+
+    def finish(self) -> None:
+        """Write a last line that never got its newline."""
+        if self._pending:
+            line, self._pending = self._pending, ""
+            self._write_line(line)
+
+    def _write_line(self, line: str) -> None:
+        data = f"{self._prefix}{line}\n".encode(self._encoding, errors="replace")
+        while data:  # a short write (a full pipe, a signal) goes on where it stopped
+            data = data[os.write(self._fd, data):]
+
+
+def prefix_agent_output(index: int) -> list[PrefixedLines]:
+    """In agent ``index``'s process: prefix its stdout and stderr lines with ``[agent_<index>] `` unless stdout
+    is a terminal (there the parent's rich table owns the screen). Returns the streams to ``finish``."""
+    if sys.stdout is None or sys.stdout.isatty():
+        return []
+    streams = []
+    for name in ("stdout", "stderr"):
+        stream = getattr(sys, name)
+        try:
+            wrapped = PrefixedLines(stream, f"[agent_{index}] ")
+        except (AttributeError, OSError, io.UnsupportedOperation):  # no file descriptor (captured by a harness)
+            continue
+        setattr(sys, name, wrapped)
+        streams.append(wrapped)
+    return streams

@@ -2,7 +2,8 @@
 
 ``plot_learning_curves`` draws every run thin and the mean across runs thick with a shaded band (the
 bootstrap 95% CI of the mean at each step, or +-1 std). Used by the ``parallel`` trainer (one PNG per
-experiment) and by ``rltrain-report``.
+experiment) and by ``rltrain-report``. Every subplot has its own y axis (envs' returns differ by orders of
+magnitude), and a band from fewer than ``MIN_SEEDS_FOR_CI`` runs says so in its legend.
 """
 
 from __future__ import annotations
@@ -16,6 +17,16 @@ import numpy as np
 
 from rltrain.run.metrics import read_metrics
 from rltrain.run.stats import align_curves
+
+# below this many runs a bootstrap interval is mostly the resampling of a handful of numbers (Agarwal et al.
+# 2021 report 5 or more seeds with intervals); still drawn, but labelled as few-seed
+MIN_SEEDS_FOR_CI = 5
+
+
+def band_label(band: str, n: int) -> str:
+    """The legend text of a band over ``n`` runs: '95% CI of mean', or '... (n=2 < 5 seeds: rough)'."""
+    text = "95% CI of mean" if band == "ci" else "+-1 std"
+    return f"{text} (n={n} < {MIN_SEEDS_FOR_CI} seeds: rough)" if n < MIN_SEEDS_FOR_CI else text
 
 
 def read_curve(metrics_csv: Path, column: str) -> tuple[np.ndarray, np.ndarray]:
@@ -57,8 +68,7 @@ def _draw_panel(ax, runs: Mapping[str, tuple[np.ndarray, np.ndarray]], band: str
         if values.size:
             lo, hi = _band(values, band)
             ax.plot(grid, np.nanmean(values, axis=0), color="black", lw=2, label=f"mean (n={len(curves)})")
-            ax.fill_between(grid, lo, hi, color="black", alpha=0.15,
-                            label="95% CI of mean" if band == "ci" else "+-1 std")
+            ax.fill_between(grid, lo, hi, color="black", alpha=0.15, label=band_label(band, len(curves)))
     ax.set_xlabel("env steps", fontsize=8)
     ax.set_ylabel("return", fontsize=8)
     ax.tick_params(labelsize=7)
@@ -81,7 +91,9 @@ def plot_learning_curves(panels: Mapping[str, Mapping[str, tuple[np.ndarray, np.
     # a grid of at most 4 columns: 12 panels stay 4 x 3 readable subplots instead of one 66-inch row
     ncols = min(4, len(panels))
     nrows = math.ceil(len(panels) / ncols)
-    fig, axes = plt.subplots(nrows, ncols, figsize=(4.6 * ncols, 3.7 * nrows + 0.6), squeeze=False)
+    # sharey=False: each panel scales to its own returns (CartPole's 500 beside a MuJoCo env's 3,000)
+    fig, axes = plt.subplots(nrows, ncols, figsize=(4.6 * ncols, 3.7 * nrows + 0.6), squeeze=False,
+                             sharex=False, sharey=False)
     for ax in axes.flat[len(panels):]:
         ax.set_visible(False)
     for ax, (name, runs) in zip(axes.flat, panels.items(), strict=False):

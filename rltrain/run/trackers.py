@@ -1,8 +1,14 @@
 """Experiment trackers as metric sinks beside CSV and TensorBoard: Weights & Biases and MLflow.
 
 Both receive exactly what ``metrics.csv`` receives (same scalar names, one point per log row, the x axis is
-env steps), the resolved config as parameters (flattened to dotted keys: ``algo.lr``) and, when the run ends,
-the numbers of ``summary.json`` as final metrics. Neither package is imported unless its sink is chosen.
+env steps), the resolved config as parameters (flattened to dotted keys: ``algo.lr``) with the run's seeds
+(``seeds.*``) and system (``system.*``), and, when the run ends, the numbers of ``summary.json`` as final
+metrics. Neither package is imported unless its sink is chosen.
+
+Settings left ``None`` defer to the tracker's own conventions, so a user's usual setup works unchanged:
+W&B reads ``WANDB_PROJECT``, ``WANDB_ENTITY``, ``WANDB_MODE`` (and ``wandb offline``'s settings file) and
+``WANDB_DIR``; MLflow reads ``MLFLOW_TRACKING_URI`` and ``MLFLOW_EXPERIMENT_NAME``. Without them: project
+``rltrain``, W&B online into ``<run dir>/wandb``, MLflow's local store ``<run dir>/mlruns``.
 
 Who a tracker run is follows from the run dir (``run_identity``): a multirun job is grouped under its sweep
 dir's name, an agent of ``trainer=parallel`` (``<run>/agent_<k>``) under its run's name; ``logger.group`` and
@@ -15,6 +21,7 @@ import json
 import math
 import os
 import re
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -22,6 +29,7 @@ from rltrain.data.structs import Metrics
 from rltrain.errors import ConfigError
 
 EXTRAS = {"wandb": "wandb", "mlflow": "mlflow"}  # sink -> (package, rltrain extra) share the name
+DEFAULT_PROJECT = "rltrain"
 
 
 @dataclass(frozen=True)
@@ -60,6 +68,32 @@ def final_numbers(summary: dict) -> dict[str, float]:
             if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)}
 
 
+def system_info(device: str) -> dict[str, str | int | None]:
+    """Where the run ran: interpreter, platform, host, cores, device and the versions that shape the numbers."""
+    import importlib.metadata
+    import platform
+    import socket
+
+    info: dict[str, str | int | None] = {"python": platform.python_version(), "platform": platform.platform(),
+                                         "hostname": socket.gethostname(), "cpu_count": os.cpu_count(),
+                                         "device": device}
+    for package in ("rltrain", "torch", "gymnasium", "numpy"):
+        try:
+            info[package] = importlib.metadata.version(package)
+        except importlib.metadata.PackageNotFoundError:  # a source checkout that was never pip-installed
+            info[package] = None
+    if device.startswith("cuda"):
+        import torch
+
+        info["gpu"] = torch.cuda.get_device_name(torch.device(device))
+    return info
+
+
+def tracked_params(config: dict, *, seeds: dict | None, device: str) -> dict:
+    """The parameters a tracker run records: the config, ``seeds.*`` (root, torch, env, eval) and ``system.*``."""
+    return flat_params({**config, "seeds": seeds or {}, "system": system_info(device)})
+
+
 def _finite(metrics: Metrics) -> dict[str, float]:
     return {k: float(v) for k, v in metrics.items() if v is not None and math.isfinite(float(v))}
 
@@ -77,18 +111,26 @@ def _require(sink: str):
 class WandbLogger:
     """One W&B run per process that logs (rank 0; each agent of ``trainer=parallel``).
 
-    ``mode=offline`` writes ``<run dir>/wandb/offline-run-*`` without network (upload later: ``wandb sync``).
+    Offline (``WANDB_MODE=offline`` or ``logger.mode=offline``) needs no key and no network: the run lands in
+    ``<WANDB_DIR or run dir>/wandb/offline-run-*``, the directory ``wandb sync`` uploads later.
     """
 
-    def __init__(self, run_dir: Path, *, config: dict, project: str, entity: str | None, group: str | None,
-                 name: str | None, tags: tuple[str, ...], mode: str):
+    def __init__(self, run_dir: Path, *, config: dict, project: str | None, entity: str | None,
+                 group: str | None, name: str | None, tags: tuple[str, ...], mode: str | None,
+                 seeds: dict | None = None, device: str = "cpu"):
         wandb = _require("wandb")
         who = run_identity(run_dir)
-        self.run = wandb.init(project=project, entity=entity, group=group or who.group, name=name or who.name,
-                              tags=list(tags), mode=mode, dir=str(run_dir), config=flat_params(config),
-                              reinit="create_new",
-                              # our progress display owns the terminal; wandb's console capture would fight it
-                              settings=wandb.Settings(console="off", silent=True, x_disable_stats=True))
+        if project is None and not os.environ.get("WANDB_PROJECT"):
+            project = DEFAULT_PROJECT  # wandb's own fallback would be "uncategorized"
+        try:
+            # None (project, entity, mode, dir) lets wandb read its environment variables and settings files
+            self.run = wandb.init(project=project, entity=entity, group=group or who.group, name=name or who.name,
+                                  tags=list(tags), mode=mode, dir=None if os.environ.get("WANDB_DIR") else str(run_dir),
+                                  config=tracked_params(config, seeds=seeds, device=device), reinit="create_new",
+                                  # our progress display owns the terminal; wandb's console capture would fight it
+                                  settings=wandb.Settings(console="off", silent=True, x_disable_stats=True))
+        except wandb.errors.Error as err:
+            raise ConfigError(wandb_error_line(err)) from None
 
     def log(self, step: int, metrics: Metrics) -> None:
         self.run.log(_finite(metrics), step=step)
@@ -98,19 +140,34 @@ class WandbLogger:
             self.run.summary.update(final_numbers(summary))
             self.run.summary["status"] = summary.get("status")
         failed = summary is not None and summary.get("status") == "failed"
+        offline, sync_dir = self.run.offline, self.run.sync_dir
         self.run.finish(exit_code=1 if failed else 0)
+        if offline:  # where the run is, and the one command that uploads it
+            print(f"rltrain: W&B offline run saved; upload it with: wandb sync {sync_dir}", file=sys.stderr)
+
+
+def wandb_error_line(err: Exception) -> str:
+    """One line for a failed ``wandb.init``; both ways out named when it is about the key or the network."""
+    text = " ".join(str(err).split())
+    fixes = "run `wandb login` (or set WANDB_API_KEY), or train offline with WANDB_MODE=offline and `wandb sync` later"
+    if "api key" in text.lower() or "login" in text.lower():
+        return f"logger=wandb: no W&B API key for an online run; {fixes}"
+    return f"logger=wandb: W&B did not start a run ({text}); {fixes}"
 
 
 class MLflowLogger:
-    """One MLflow run per process that logs; ``tracking_uri=None`` uses a local store ``<run dir>/mlruns``
-    (the sweep dir's under a multirun, the run's for parallel agents: one store per experiment)."""
+    """One MLflow run per process that logs; ``tracking_uri=None`` uses ``MLFLOW_TRACKING_URI``, else a local
+    store ``<run dir>/mlruns`` (the sweep dir's under a multirun, the run's for parallel agents: one store per
+    experiment). A multirun's jobs carry the tag ``group`` = the sweep dir's name."""
 
-    def __init__(self, run_dir: Path, *, config: dict, project: str, group: str | None, name: str | None,
-                 tags: tuple[str, ...], tracking_uri: str | None):
+    def __init__(self, run_dir: Path, *, config: dict, project: str | None, group: str | None, name: str | None,
+                 tags: tuple[str, ...], tracking_uri: str | None, seeds: dict | None = None, device: str = "cpu"):
         _require("mlflow")
         from mlflow.tracking import MlflowClient
 
         who = run_identity(run_dir)
+        project = project or os.environ.get("MLFLOW_EXPERIMENT_NAME") or DEFAULT_PROJECT
+        tracking_uri = tracking_uri or os.environ.get("MLFLOW_TRACKING_URI") or None
         if tracking_uri is None:
             tracking_uri = str(who.store_root / "mlruns")
             # a plain directory is MLflow's file store, which MLflow 3 keeps behind this opt-in; pass
@@ -128,7 +185,7 @@ class MLflowLogger:
         run_tags = {"group": group or who.group or "", "run_dir": str(Path(run_dir).resolve()),
                     **{f"tag.{t}": "true" for t in tags}}
         self.run_id = self.client.create_run(experiment_id, run_name=name or who.name, tags=run_tags).info.run_id
-        self._log_params(flat_params(config))
+        self._log_params(tracked_params(config, seeds=seeds, device=device))
 
     def _log_params(self, params: dict) -> None:
         from mlflow.entities import Param

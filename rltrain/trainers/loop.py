@@ -75,6 +75,7 @@ class TrainLoop:
         self.counters = {"env_steps": 0, "updates": 0, "episodes": 0, "wall_time": 0.0}
         self.best_eval = -math.inf
         self.last_eval: tuple[float, float] | None = None
+        self.eval_s = 0.0  # seconds in evaluations this session: reported apart, left out of steps/s
         self.solved: dict | None = None
         self.ckpt = CheckpointManager(self.run_dir / "checkpoints", keep_last=settings.checkpoint.keep_last)
         self.loggers: list[MetricLogger] = []
@@ -202,7 +203,7 @@ class TrainLoop:
         nxt = {k: _next_multiple(start_steps, e) for k, e in every.items()}
         progress = self.progress_factory(total, mode=s.logger.progress if self.is_main else "off",
                                          interval_s=s.logger.progress_interval_s, initial=start_steps,
-                                         title=self.title)
+                                         title=self.title, rate_from=getattr(self.algo, "learning_starts", 0))
         t0, wall0 = time.perf_counter(), self.counters["wall_time"]
         sps_t, sps_steps = t0, start_steps
         learn_metrics: Metrics = {}
@@ -226,8 +227,8 @@ class TrainLoop:
                 now = time.perf_counter()
                 self.last_learn = learn_metrics
                 if self.is_main and steps >= nxt["log"] and steps < total and not self.solved:
-                    row = self._row(learn_metrics, (steps - sps_steps) / max(now - sps_t, 1e-9))
-                    sps_t, sps_steps = now, steps
+                    row = self._row(learn_metrics, (steps - sps_steps) / max(now - sps_t - self.eval_s, 1e-9))
+                    sps_t, sps_steps = now - self.eval_s, steps  # an evaluation below is not training time
                     if recent is not None:  # pooled over workers; min/max/length stay this worker's
                         row["rollout/episode_return"] = recent
                     if every["eval"] and steps >= nxt["eval"]:
@@ -236,7 +237,8 @@ class TrainLoop:
                     self._log(steps, row)
                     nxt["log"] = _next_multiple(steps, every["log"])
                 if self.is_main:
-                    progress.update(steps, sps=(steps - start_steps) / max(now - t0, 1e-9), episode_return=recent)
+                    progress.update(steps, sps=(steps - start_steps) / max(now - t0 - self.eval_s, 1e-9),
+                                    episode_return=recent)
                 if every["checkpoint"] and steps >= nxt["checkpoint"]:
                     self.save()
                     nxt["checkpoint"] = _next_multiple(steps, every["checkpoint"])
@@ -341,7 +343,7 @@ class TrainLoop:
         return row
 
     def _evaluate(self, *, final: bool = False) -> Metrics:
-        ev = self.s.eval
+        ev, t0 = self.s.eval, time.perf_counter()
         video = self.run_dir / "videos" if final and ev.video else None
         rets = evaluate(self.algo.policy, counted(self.s.env.make), episodes=ev.episodes, eval_seed=self.seeds.eval_seed,
                         deterministic=ev.deterministic, device=self.device, video_dir=video,
@@ -353,6 +355,7 @@ class TrainLoop:
                                                  self.counters["updates"], self.counters["env_steps"],
                                                  self.last_checkpoint))
         self.last_eval = (mean, std)
+        self.eval_s += time.perf_counter() - t0
         if mean > self.best_eval:
             self.best_eval = mean
             self.save(kind="best")
@@ -373,12 +376,14 @@ class TrainLoop:
             from rltrain.run.trackers import WandbLogger
 
             self.loggers.append(WandbLogger(self.run_dir, config=self.s.config, project=lg.project, entity=lg.entity,
-                                            group=lg.group, name=lg.name, tags=lg.tags, mode=lg.mode))
+                                            group=lg.group, name=lg.name, tags=lg.tags, mode=lg.mode,
+                                            seeds=self.seeds.to_dict(), device=str(self.device)))
         if "mlflow" in lg.sinks:
             from rltrain.run.trackers import MLflowLogger
 
             self.loggers.append(MLflowLogger(self.run_dir, config=self.s.config, project=lg.project, group=lg.group,
-                                             name=lg.name, tags=lg.tags, tracking_uri=lg.tracking_uri))
+                                             name=lg.name, tags=lg.tags, tracking_uri=lg.tracking_uri,
+                                             seeds=self.seeds.to_dict(), device=str(self.device)))
 
     def _log(self, steps: int, row: Metrics) -> None:
         # a resumed run that had already finished (or stopped right after its last row) has this row already
@@ -392,7 +397,8 @@ class TrainLoop:
                 checkpoint: bool = True) -> dict:
         steps = self.counters["env_steps"]
         final: tuple[float, float] | None = None
-        elapsed = (time.perf_counter() - t0) if t0 is not None else math.nan
+        # training steps per second: the evaluations' time (periodic ones; the final one runs below) is not in it
+        elapsed = (time.perf_counter() - t0 - self.eval_s) if t0 is not None else math.nan
         sps = (steps - start_steps) / elapsed if elapsed and elapsed > 0 else math.nan
         if status == "completed" and self.is_main:
             # the final evaluation always runs (also after an early stop at target_return); its row is the last
@@ -423,6 +429,7 @@ class TrainLoop:
             "episodes": self.counters["episodes"],
             "wall_time_s": self.counters["wall_time"],
             "sps": sps if math.isfinite(sps) else None,
+            "eval_time_s": self.eval_s,  # every evaluation of this session, the final one included
             "solved_at_env_steps": self.solved["env_steps"] if self.solved else None,
             "solved_at_seconds": self.solved["seconds"] if self.solved else None,
             "world_size": self.sync.world_size,

@@ -23,7 +23,7 @@ from pathlib import Path
 import yaml
 
 from rltrain.errors import ConfigError
-from rltrain.run.agents_display import AgentsDisplay
+from rltrain.run.agents_display import AgentsDisplay, prefix_agent_output
 from rltrain.run.device import pick_device
 from rltrain.run.seeding import SeedTree, derive, write_seeds
 from rltrain.run.signals import StopFlag
@@ -99,9 +99,15 @@ def agent_main(ctx: WorkerContext, job: AgentJob) -> dict:
     (run_dir / "config.yaml").write_text(yaml.safe_dump(s.config, sort_keys=False))
     seeds = derive(s.seed, s.env.num_envs)
     write_seeds(run_dir / "seeds.json", s.seed, {"main": seeds}, drawn=False)
-    loop = TrainLoop(s, run_dir, seeds=seeds, device=pick_device(s.device), stop=ContextStop(ctx),
-                     title=f"agent_{job.index}", progress_factory=partial(_MessageProgress, ctx, job.progress_interval_s))
-    return loop.run()
+    streams = prefix_agent_output(job.index)  # without a TTY: whole lines, each prefixed with the agent
+    try:
+        loop = TrainLoop(s, run_dir, seeds=seeds, device=pick_device(s.device), stop=ContextStop(ctx),
+                         title=f"agent_{job.index}",
+                         progress_factory=partial(_MessageProgress, ctx, job.progress_interval_s))
+        return loop.run()
+    finally:
+        for stream in streams:
+            stream.finish()
 
 
 # -- the parent ------------------------------------------------------------------------------------------------

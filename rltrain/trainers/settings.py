@@ -49,13 +49,15 @@ class LoggerSettings:
     progress: str = "auto"  # auto | rich | plain | off
     progress_interval_s: float = 10.0
     # trackers (logger=wandb / logger=mlflow; run/trackers.py)
-    project: str = "rltrain"  # W&B project / MLflow experiment
+    # None below: the tracker's own environment variables / settings files decide (run/trackers.py)
+    project: str | None = None  # W&B project / MLflow experiment (None: WANDB_PROJECT / MLFLOW_EXPERIMENT_NAME, else rltrain)
     entity: str | None = None  # W&B team or user (None: your default entity)
     group: str | None = None  # None: the sweep dir's name for a multirun's jobs, the run's for parallel agents
     name: str | None = None  # None: the run dir's name (agent_<k> for an agent of trainer=parallel)
     tags: tuple[str, ...] = ()
-    mode: str = "online"  # W&B: online | offline (writes <run dir>/wandb, no network; `wandb sync` later) | disabled
-    tracking_uri: str | None = None  # MLflow: None = a local store <run dir>/mlruns; any MLflow URI otherwise
+    # W&B: online | offline (writes <run dir>/wandb, no network; `wandb sync` later) | disabled; None: WANDB_MODE
+    mode: str | None = None
+    tracking_uri: str | None = None  # MLflow: None = MLFLOW_TRACKING_URI, else a local store <run dir>/mlruns
 
     def __post_init__(self) -> None:
         for sink in self.sinks:
@@ -66,7 +68,7 @@ class LoggerSettings:
             if sink in ("wandb", "mlflow") and not _installed(sink):
                 raise ConfigError(f"logger.sinks={sink}: the {sink} package is missing; "
                                   f"pip install 'rltrain[{sink}]'")
-        if self.mode not in WANDB_MODES:
+        if self.mode is not None and self.mode not in WANDB_MODES:
             raise ConfigError(f"logger.mode={self.mode!r} is not one of: {', '.join(WANDB_MODES)} "
                               "(offline: no network, sync later with `wandb sync`)")
 
