@@ -153,3 +153,20 @@ def test_sigkill_of_the_parent_leaves_no_process_of_its_tree(tmp_path, extra):
     for p in survivors:
         os.kill(p, signal.SIGKILL)
     assert not survivors, survivors
+
+
+def test_sigterm_reaches_a_parallel_agent_stuck_in_an_env_call(tmp_path, no_leaks):
+    run_dir = tmp_path / "run"
+    marker = tmp_path / "hung"
+    proc = _popen(run_dir, f"{BROKEN}Hanging", f"+env.kwargs.marker={marker}", "env.num_envs=2",
+                  "env.step_timeout_s=null", "trainer=parallel", "trainer.num_agents=1")
+    try:
+        _wait_for(marker, proc)
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    assert proc.returncode == 143, err[-3000:]
+    summary = _summary(run_dir)
+    assert summary["status"] == "interrupted" and "abandoned" in summary["agents"][0]["stop_reason"], summary
+    assert "no agent had a checkpoint yet" in err and "checkpoint written" not in err, err
