@@ -98,3 +98,76 @@ def test_trainers_load_without_hydra(module):
             "or m.startswith('rltrain.cli')]; print(bad); sys.exit(1 if bad else 0)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stdout + out.stderr
+
+
+def import_graph(root: Path = PKG) -> dict[str, set[str]]:
+    """Module -> the rltrain modules it imports at any depth (``if TYPE_CHECKING:`` blocks aside: annotations
+    only). The package root is left out: it holds ``__version__`` and lazy re-exports of the Python API."""
+    def name(path: Path) -> str:
+        parts = ["rltrain", *path.relative_to(root).with_suffix("").parts]
+        return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+    modules = {name(p): p for p in root.rglob("*.py")}
+    graph: dict[str, set[str]] = {}
+    for mod, path in modules.items():
+        tree = ast.parse(path.read_text(), str(path))
+        typing_only = {id(n) for node in ast.walk(tree) if isinstance(node, ast.If)
+                       and "TYPE_CHECKING" in ast.unparse(node.test) for stmt in node.body for n in ast.walk(stmt)}
+        deps = set()
+        for node in ast.walk(tree):
+            if id(node) in typing_only:
+                continue
+            if isinstance(node, ast.Import):
+                deps |= {a.name for a in node.names}
+            elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                deps |= {f"{node.module}.{a.name}" if f"{node.module}.{a.name}" in modules else node.module
+                         for a in node.names}
+        graph[mod] = {d for d in deps if d in modules and d not in (mod, "rltrain")}
+    return graph
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan's algorithm)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    found: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        for w in graph[v]:
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return found
+
+
+def test_no_import_cycles():
+    assert cycles(import_graph()) == []
+
+
+def test_the_cycle_checker_finds_a_cycle(tmp_path):
+    (tmp_path / "models").mkdir()
+    (tmp_path / "models" / "a.py").write_text("from rltrain.models.b import x\n")
+    (tmp_path / "models" / "b.py").write_text("def f():\n    from rltrain.models import a\n")
+    (tmp_path / "models" / "c.py").write_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n"
+                                              "    from rltrain.models.a import y\n")
+    graph = import_graph(tmp_path)
+    assert cycles(graph) == [["rltrain.models.a", "rltrain.models.b"]]
+    assert graph["rltrain.models.c"] == set()

@@ -15,7 +15,6 @@ from pathlib import Path
 from rltrain.errors import ConfigError
 from rltrain.run.device import pick_device
 from rltrain.run.seeding import worker_root
-from rltrain.trainers.settings import RunSettings
 
 SEQUENTIAL = {"_target_": "rltrain.trainers.sequential.SequentialTrainer", "_partial_": True}
 
@@ -71,10 +70,9 @@ def compose_agent_overrides(per_agent: list[list[str]]) -> list[dict]:
         return [_compose(o) for o in per_agent]
 
 
-def agent_settings(cfg: dict, params: dict) -> list[RunSettings]:
-    """Agent k: the parent config (+ its overrides), its own seed, env count, device; trainer=sequential."""
-    from rltrain.cli.build import settings_from, validate
-
+def agent_configs(cfg: dict, params: dict) -> list[dict]:
+    """Agent k's plain config: the parent config (+ its overrides), its own seed, env count, device;
+    trainer=sequential. ``build.build_trainer`` validates each and turns it into ``RunSettings``."""
     num_agents = int(params.get("num_agents", 2))
     scopes, devices, overrides = params.get("scopes"), params.get("devices"), params.get("agent_overrides")
     if num_agents < 1:
@@ -101,6 +99,5 @@ def agent_settings(cfg: dict, params: dict) -> list[RunSettings]:
         resume = c.get("resume") or "never"
         if resume not in ("never", "auto"):  # a parent run dir (or checkpoint dir): each agent its own
             c["resume"] = str(Path(resume) / f"agent_{k}")
-        validate(c)
-        out.append(settings_from(c))  # unknown / mistyped keys fail now, before any process starts
+        out.append(c)
     return out

@@ -248,9 +248,12 @@ def build_trainer(cfg: dict, run_dir: Path):
     check_kwargs(trainer_cls, params, "trainer")
     extra = {}
     if "agents" in inspect.signature(trainer_cls.__init__).parameters:  # trainer=parallel: one config per agent
-        from rltrain.cli.agents import agent_settings
+        from rltrain.cli.agents import agent_configs
 
-        extra["agents"] = agent_settings(cfg, params)
+        agents = agent_configs(cfg, params)
+        for agent in agents:
+            validate(agent)
+        extra["agents"] = [settings_from(a) for a in agents]  # unknown / mistyped keys fail before any start
     from rltrain.cli.preflight import preflight
 
     settings = settings_from(cfg)

@@ -34,6 +34,7 @@ from rltrain.run.seeding import SeedTree, derive, write_seeds
 from rltrain.run.signals import StopFlag
 from rltrain.trainers.base import Trainer
 from rltrain.trainers.loop import LoopHooks, TrainLoop
+from rltrain.trainers.ranks import PeerFailure, failure_of, primary_failure, report_failure, spawn_ranks
 from rltrain.trainers.rendezvous import (
     LaunchInfo,
     detect_launch,
@@ -41,10 +42,6 @@ from rltrain.trainers.rendezvous import (
 from rltrain.trainers.settings import RunSettings
 
 BACKENDS = ("auto", "gloo", "nccl")
-
-
-class PeerFailure(RuntimeError):
-    """A collective failed or timed out: another rank is gone, hung or crashed."""
 
 
 class TorchDistSync(Sync):
@@ -256,12 +253,10 @@ class DistributedSimulatorTrainer(Trainer):
         return self.launch is None or self.launch.is_main
 
     def train(self, stop: StopFlag) -> dict:
-        from rltrain.trainers.ranks import failure_of, primary_failure, report_failure, spawn_ranks
-
         launch = self.launch
         if launch is None:
             self._precheck_resume()
-            summaries, failures = spawn_ranks(self.settings, self.run_dir, stop, world_size=self.world_size,
+            summaries, failures = spawn_ranks(run_rank, self.settings, self.run_dir, stop, world_size=self.world_size,
                                               backend=self.backend, timeout_s=self.timeout_s,
                                               master_addr=self.master_addr)
             if failures:

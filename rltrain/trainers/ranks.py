@@ -11,16 +11,17 @@ before terminating them, so a dead peer never hangs the job.
 
 from __future__ import annotations
 
+import functools
 import sys
 import time
 import traceback
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 
 from rltrain.envs.vector import EnvFault
 from rltrain.errors import ConfigError
 from rltrain.run.signals import StopFlag
-from rltrain.trainers.distributed import PeerFailure, run_rank
 from rltrain.trainers.rendezvous import LaunchInfo, free_port
 from rltrain.trainers.settings import RunSettings
 from rltrain.trainers.supervise import (
@@ -32,6 +33,10 @@ from rltrain.trainers.supervise import (
     WorkerContext,
     WorkerGroup,
 )
+
+
+class PeerFailure(RuntimeError):
+    """A collective failed or timed out: another rank is gone, hung or crashed."""
 
 
 @dataclass(frozen=True)
@@ -71,8 +76,9 @@ def primary_failure(failures: list[RankFailure]) -> RankFailure:
     return (own or failures)[0]
 
 
-def _spawned_rank(ctx: WorkerContext, job: RankJob) -> dict:
-    """Worker ``rank`` of the parent's group: its summary returns as ``Done``; a failure is classified here,
+def spawned_rank(run_rank: Callable[..., dict], ctx: WorkerContext, job: RankJob) -> dict:
+    """Worker ``rank`` of the parent's group, running ``run_rank`` (the distributed trainer's, handed down so that
+    this module does not import the trainer): its summary returns as ``Done``; a failure is classified here,
     where the exception's type is known, and sent before the bootstrap sends ``Failed`` with the traceback."""
     try:
         return run_rank(job.launch, job.settings, Path(job.run_dir), backend=job.backend, timeout_s=job.timeout_s,
@@ -118,9 +124,11 @@ def supervise_ranks(group: WorkerGroup, stop: StopFlag, *, timeout_s: float
     return summaries, list(failures.values())
 
 
-def spawn_ranks(settings: RunSettings, run_dir: Path, stop: StopFlag, *, world_size: int, backend: str,
-                timeout_s: float, master_addr: str) -> tuple[dict[int, dict], list[RankFailure]]:
-    """Start ``world_size`` local ranks and supervise them to the end (see the module docstring)."""
+def spawn_ranks(run_rank: Callable[..., dict], settings: RunSettings, run_dir: Path, stop: StopFlag, *,
+                world_size: int, backend: str, timeout_s: float,
+                master_addr: str) -> tuple[dict[int, dict], list[RankFailure]]:
+    """Start ``world_size`` local ranks, each running ``run_rank`` (a picklable module-level function), and
+    supervise them to the end (see the module docstring)."""
     port = free_port(master_addr)
     jobs = [RankJob(LaunchInfo(rank=r, world_size=world_size, local_rank=r, master_addr=master_addr,
                                master_port=port, source="local"), settings, str(run_dir), backend, timeout_s)
@@ -131,7 +139,7 @@ def spawn_ranks(settings: RunSettings, run_dir: Path, stop: StopFlag, *, world_s
     with WorkerGroup(start_method="auto", heartbeat_timeout_s=None, start_timeout_s=None, name="rltrain-rank",
                      daemon=False, preload=HEAVY_MODULES) as group:
         for job in jobs:
-            group.start(_spawned_rank, job)  # worker index == rank
+            group.start(functools.partial(spawned_rank, run_rank), job)  # worker index == rank
         return supervise_ranks(group, stop, timeout_s=timeout_s)
 
 
