@@ -11,7 +11,6 @@ import dataclasses
 import functools
 import importlib
 import inspect
-import json
 import math
 import sys
 import tempfile
@@ -397,6 +396,3 @@ def _policy_from(state: dict, path: Path, *, device: str, allow_import: bool):
     algo.policy.load_state_dict(state["algo"]["policy"])  # the acting weights only: no optimiser, no buffer
     return algo.policy, cfg, path, int(state["meta"]["eval_seed"])
 
-
-def summary_json(run_dir: Path) -> dict:
-    return json.loads((Path(run_dir) / "summary.json").read_text())

@@ -20,7 +20,7 @@ import os
 import numpy as np
 import torch
 
-from rltrain.data.replay import available_memory
+from rltrain.data.memory import available_memory
 from rltrain.data.structs import EnvSpec, ObsSpace, storage_dtype
 from rltrain.envs.make import env_spec
 from rltrain.errors import ConfigError

@@ -30,6 +30,7 @@ from rltrain.run.signals import StopFlag
 from rltrain.run.stats import aggregate
 from rltrain.run.summary import resume_command
 from rltrain.trainers.base import Trainer
+from rltrain.trainers.hooks import Placement, TrainerParts
 from rltrain.trainers.loop import TrainLoop
 from rltrain.trainers.settings import RunSettings
 from rltrain.trainers.supervise import (
@@ -101,9 +102,9 @@ def agent_main(ctx: WorkerContext, job: AgentJob) -> dict:
     write_seeds(run_dir / "seeds.json", s.seed, {"main": seeds}, drawn=False)
     streams = prefix_agent_output(job.index)  # without a TTY: whole lines, each prefixed with the agent
     try:
-        loop = TrainLoop(s, run_dir, seeds=seeds, device=pick_device(s.device), stop=ContextStop(ctx),
-                         title=f"agent_{job.index}",
-                         progress_factory=partial(_MessageProgress, ctx, job.progress_interval_s))
+        place = Placement(run_dir, seeds, pick_device(s.device), title=f"agent_{job.index}")
+        parts = TrainerParts(progress_factory=partial(_MessageProgress, ctx, job.progress_interval_s))
+        loop = TrainLoop(s, place, ContextStop(ctx), parts)
         return loop.run()
     finally:
         for stream in streams:

@@ -6,6 +6,7 @@ from rltrain.run.device import pick_device
 from rltrain.run.seeding import SeedTree, derive
 from rltrain.run.signals import StopFlag
 from rltrain.trainers.base import Trainer
+from rltrain.trainers.hooks import Placement
 from rltrain.trainers.loop import TrainLoop
 
 
@@ -15,6 +16,6 @@ class SequentialTrainer(Trainer):
 
     def train(self, stop: StopFlag) -> dict:
         s = self.settings
-        loop = TrainLoop(s, self.run_dir, seeds=derive(s.seed, s.env.num_envs), device=pick_device(s.device),
-                         stop=stop)
+        place = Placement(self.run_dir, derive(s.seed, s.env.num_envs), pick_device(s.device))
+        loop = TrainLoop(s, place, stop)
         return loop.run()
