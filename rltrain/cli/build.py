@@ -246,7 +246,7 @@ def build_trainer(cfg: dict, run_dir: Path):
     params = hparams(cfg["trainer"])
     check_kwargs(trainer_cls, params, "trainer")
     extra = {}
-    if "agents" in inspect.signature(trainer_cls.__init__).parameters:  # trainer=parallel: one config per agent
+    if trainer_cls.capabilities.agent_configs:  # trainer=parallel: one config per agent
         from rltrain.cli.agents import agent_configs
 
         agents = agent_configs(cfg, params)

@@ -32,7 +32,7 @@ from rltrain.run.checkpoint import CheckpointManager, load_checkpoint
 from rltrain.run.device import pick_device
 from rltrain.run.seeding import SeedTree, derive, write_seeds
 from rltrain.run.signals import StopFlag
-from rltrain.trainers.base import Trainer
+from rltrain.trainers.base import Capabilities, Trainer
 from rltrain.trainers.hooks import LoopHooks, Placement, TrainerParts
 from rltrain.trainers.loop import TrainLoop
 from rltrain.trainers.ranks import PeerFailure, failure_of, primary_failure, report_failure, spawn_ranks
@@ -228,6 +228,9 @@ def run_rank(launch: LaunchInfo, settings: RunSettings, run_dir: Path, *, backen
 
 
 class DistributedSimulatorTrainer(Trainer):
+    name = "distributed_simulator"
+    capabilities = Capabilities(all_reduce=True)
+
     def __init__(self, *, settings: RunSettings, run_dir: Path, world_size: int = 2, backend: str = "auto",
                  timeout_s: float = 300.0, master_addr: str = "127.0.0.1"):
         super().__init__(settings=settings, run_dir=run_dir)
@@ -243,6 +246,13 @@ class DistributedSimulatorTrainer(Trainer):
                               "updates are not all-reduced; use trainer=sequential, parallel or subprocess_actors")
         self.world_size, self.backend, self.timeout_s, self.master_addr = world_size, backend, timeout_s, master_addr
         self.launch = detect_launch()  # None: this process spawns and supervises its own ranks
+
+    def replicas(self) -> int:
+        return self.world_size
+
+    def describe(self) -> list[tuple[str, str]]:
+        return [(f"{self.world_size} ranks (local spawn; torchrun / SLURM tasks set their own)",
+                 f"backend {self.backend}, each rank envs {self.envs_text()}")]
 
     def seed_trees(self) -> dict[str, SeedTree]:
         if self.launch is not None:  # torchrun / SLURM: rank 0 records them once the ranks agree on the seed

@@ -29,7 +29,7 @@ from rltrain.run.seeding import SeedTree, derive, write_seeds
 from rltrain.run.signals import StopFlag
 from rltrain.run.stats import aggregate
 from rltrain.run.summary import resume_command
-from rltrain.trainers.base import Trainer
+from rltrain.trainers.base import Capabilities, Trainer
 from rltrain.trainers.hooks import Placement, TrainerParts
 from rltrain.trainers.loop import TrainLoop
 from rltrain.trainers.settings import RunSettings
@@ -115,6 +115,9 @@ def agent_main(ctx: WorkerContext, job: AgentJob) -> dict:
 class ParallelTrainer(Trainer):
     """K agents, one process each. ``agents`` (one ``RunSettings`` per agent) is composed by the CLI from
     ``num_agents``, ``scopes``, ``devices`` and ``agent_overrides`` (cli/agents.py); the trainer only places them."""
+
+    name = "parallel"
+    capabilities = Capabilities(agent_configs=True)
 
     def __init__(self, *, settings: RunSettings, run_dir: Path, agents: list[RunSettings], num_agents: int = 2,
                  scopes: list[int] | None = None, devices: list[str] | None = None,

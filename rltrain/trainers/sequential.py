@@ -11,6 +11,12 @@ from rltrain.trainers.loop import TrainLoop
 
 
 class SequentialTrainer(Trainer):
+    name = "sequential"
+
+    def describe(self) -> list[tuple[str, str]]:
+        device = f"{self.settings.device} -> {pick_device(self.settings.device)}"
+        return [("1 process (this one)", f"collect -> learn on {device}; envs {self.envs_text()}")]
+
     def seed_trees(self) -> dict[str, SeedTree]:
         return {"main": derive(self.settings.seed, self.settings.env.num_envs)}
 

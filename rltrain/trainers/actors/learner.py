@@ -42,7 +42,7 @@ from rltrain.trainers.actors.actor import ActorSpec, RolloutMsg
 from rltrain.trainers.actors.pool import ActorFailure, ActorPool
 from rltrain.trainers.actors.rollouts import EpisodeStats, merge_rollouts
 from rltrain.trainers.actors.shared_weights import SharedWeights
-from rltrain.trainers.base import Trainer
+from rltrain.trainers.base import Capabilities, Trainer, UpdateSize
 from rltrain.trainers.hooks import LoopHooks, Placement, TrainerParts
 from rltrain.trainers.loop import TrainLoop
 from rltrain.trainers.settings import RunSettings
@@ -275,6 +275,9 @@ class ActorBatches(LoopHooks):
 class SubprocessActorsTrainer(Trainer):
     """See the module docstring. Keys are ``trainer.*`` in ``conf/trainer/subprocess_actors.yaml``."""
 
+    name = "subprocess_actors"
+    capabilities = Capabilities(batched_rollouts=True)
+
     def __init__(self, *, settings: RunSettings, run_dir: Path, num_actors: int = 2, envs_per_actor: int | None = None,
                  rollout_len: int | None = None, batch_rollouts: int | None = None,
                  queue_out_of_sync_factor: int = 2, start_method: str = "forkserver", sync: bool = False,
@@ -323,6 +326,12 @@ class SubprocessActorsTrainer(Trainer):
 
     def actor_seeds(self, actor_id: int, generation: int) -> SeedTree:
         return derive(self.settings.seed, self.envs_per_actor, path=(_ACTOR_BRANCH, actor_id, generation))
+
+    def update_size(self, rollout_len: int) -> UpdateSize:
+        """The learner merges ``batch_rollouts`` actor rollouts of ``envs_per_actor`` envs per update."""
+        steps, envs, batches = self.rollout_len or rollout_len, self.envs_per_actor, self.batch_rollouts
+        text = f"trainer.batch_rollouts ({batches}) x envs per actor ({envs}) x rollout_len ({steps})"
+        return UpdateSize(batches * envs * steps, text, self.num_actors * envs)
 
     def seed_trees(self) -> dict[str, SeedTree]:
         return {}  # recorded in train(): the actors' generations are known only after the resume
