@@ -15,7 +15,7 @@ LAYERS = ("cli", "sweeps", "trainers", "algos", "models", "envs", "data", "run",
 # what each layer may import from rltrain (rltrain.errors is a leaf every layer may use)
 ALLOWED = {
     "cli": set(LAYERS),
-    "sweeps": {"sweeps", "cli", "run", "data"},
+    "sweeps": {"sweeps", "run", "data"},  # the CLI runs the jobs; sweeps never import it
     "trainers": {"trainers", "algos", "models", "envs", "data", "run"},
     "algos": {"algos", "models", "data"},
     "models": {"models", "data"},
