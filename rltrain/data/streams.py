@@ -19,8 +19,7 @@ def runs(rollouts: list[Rollout], *, frame_stack: int | None) -> list[list[Rollo
     run: list[Rollout] = []
     for r in rollouts:
         # with frame stacks a stream that starts an episode at the seam is left to add_rollout's own checks
-        last = run[-1] if run else None
-        ended = frame_stack is not None and last is not None and bool((last.terminated[-1] | last.truncated[-1]).any())
+        ended = frame_stack is not None and bool(run) and _ends_an_episode(run[-1])
         if run and (ended or not continues(run[-1], r)):
             out.append(run)
             run = []
@@ -73,9 +72,14 @@ def unique_id_groups(ids: np.ndarray) -> list[np.ndarray]:
 def columns(rollout: Rollout, cols: np.ndarray) -> Rollout:
     """The env columns ``cols`` of a time-major rollout (episode statistics are not carried)."""
     pick = lambda x: x[:, cols]  # noqa: E731
-    return Rollout(obs=obs_map(pick, rollout.obs), actions=pick(rollout.actions), log_probs=pick(rollout.log_probs),
-                   rewards=pick(rollout.rewards), terminated=pick(rollout.terminated),
-                   truncated=pick(rollout.truncated), next_obs=obs_map(pick, rollout.next_obs),
+    return Rollout(obs=obs_map(pick, rollout.obs), actions=pick(rollout.actions),
+                   log_probs=pick(rollout.log_probs), rewards=pick(rollout.rewards),
+                   terminated=pick(rollout.terminated), truncated=pick(rollout.truncated),
+                   next_obs=obs_map(pick, rollout.next_obs),
                    policy_version=rollout.policy_version if rollout.policy_version.ndim == 1 else
                    rollout.policy_version[:, cols], env_ids=np.asarray(rollout.env_ids)[cols])
 
+
+def _ends_an_episode(rollout: Rollout) -> bool:
+    """Some env of ``rollout`` ends an episode at its last step."""
+    return bool((rollout.terminated[-1] | rollout.truncated[-1]).any())

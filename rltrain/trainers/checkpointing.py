@@ -31,8 +31,8 @@ from rltrain.trainers.state import LoopState
 
 
 class Checkpointing:
-    def __init__(self, settings: RunSettings, place: Placement, state: LoopState, *, algo: Algorithm, source: Any,
-                 env_id: str, hooks: LoopHooks, guard: FiniteGuard):
+    def __init__(self, settings: RunSettings, place: Placement, state: LoopState, *, algo: Algorithm,
+                 source: Any, env_id: str, hooks: LoopHooks, guard: FiniteGuard):
         self.s, self.place, self.state = settings, place, state
         self.algo, self.source, self.env_id, self.hooks, self.guard = algo, source, env_id, hooks, guard
         self.ckpt = CheckpointManager(place.run_dir / "checkpoints", keep_last=settings.checkpoint.keep_last)
@@ -96,8 +96,8 @@ class Checkpointing:
             lines = [ln.strip() for ln in str(err).splitlines() if ln.strip()] or [type(err).__name__]
             detail = next((ln for ln in lines if ln.startswith(("size mismatch", "Missing", "Unexpected"))),
                           lines[0])
-            raise ConfigError(f"resume={path}: its weights do not fit this run's networks ({detail}); resume with "
-                              "the checkpoint's algo, env and model settings") from None
+            raise ConfigError(f"resume={path}: its weights do not fit this run's networks ({detail}); resume "
+                              "with the checkpoint's algo, env and model settings") from None
         self.state.counters.update(saved_state["counters"])
         self.state.best_eval = float(saved_state.get("best_eval", -math.inf))
         self.state.solved = saved_state.get("solved")
@@ -125,7 +125,8 @@ class Checkpointing:
         """Write a checkpoint (main worker only); ``kind``: step, best or final."""
         if not self.place.is_main:
             return None
-        # never write NaN weights over the last finite checkpoint (the loop checks every update; this is the gate)
+        # never write NaN weights over the last finite checkpoint (the loop checks every update; this is the
+        # gate)
         self.guard.check_weights()
         path = self.ckpt.save(self.checkpoint_state(), self.state.counters["env_steps"],
                               envs=self.source.env_state(), kind=kind)

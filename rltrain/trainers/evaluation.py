@@ -33,15 +33,17 @@ class Evaluation:
         self.save_best = save_best
 
     def __call__(self, *, final: bool = False) -> Metrics:
-        """One evaluation now (``final``: the one at the end, which records the video); its metrics columns."""
+        """One evaluation now (``final``: the one at the end, which records the video); its metrics
+        columns."""
         ev, t0 = self.s.eval, time.perf_counter()
         video = self.run_dir / "videos" if final and ev.video else None
-        rets = evaluate(self.algo.policy, counted(self.s.env.make), episodes=ev.episodes, eval_seed=self.eval_seed,
-                        deterministic=ev.deterministic, device=self.device, video_dir=video,
-                        real_scores=self.s.env.real_scores)
+        rets = evaluate(self.algo.policy, counted(self.s.env.make), episodes=ev.episodes,
+                        eval_seed=self.eval_seed, deterministic=ev.deterministic, device=self.device,
+                        video_dir=video, real_scores=self.s.env.real_scores)
         mean, std = float(rets.mean()), float(rets.std())
         counters = self.state.counters
-        if not math.isfinite(mean):  # a NaN in evaluation only (the guard sees training rollouts) is a failure
+        # a NaN in evaluation only (the guard sees training rollouts) is a failure
+        if not math.isfinite(mean):
             bad = int(np.flatnonzero(~np.isfinite(rets))[0])
             raise NonFiniteError(non_finite_line(f"evaluation return={rets[bad]} (eval episode {bad})",
                                                  counters["updates"], counters["env_steps"],

@@ -1,5 +1,5 @@
-"""What a trainer hands ``TrainLoop`` (trainers/loop.py): where the loop runs (``Placement``), what it plugs in
-around the fixed loop (``TrainerParts``: the rollout source, the progress display, ``LoopHooks``), and
+"""What a trainer hands ``TrainLoop`` (trainers/loop.py): where the loop runs (``Placement``), what it plugs
+in around the fixed loop (``TrainerParts``: the rollout source, the progress display, ``LoopHooks``), and
 ``to_cpu``. Hooks are given what they need with each call (the algorithm, the counters), never the loop."""
 
 from __future__ import annotations

@@ -45,7 +45,8 @@ from rltrain.trainers.summary import LoopSummary
 class TrainLoop:
     """Collect -> learn until ``total_env_steps``; logs, evaluates and checkpoints on its cadence."""
 
-    def __init__(self, settings: RunSettings, place: Placement, stop: StopFlag, parts: TrainerParts | None = None):
+    def __init__(self, settings: RunSettings, place: Placement, stop: StopFlag,
+                 parts: TrainerParts | None = None):
         self.s, self.place, self.stop = settings, place, stop
         parts = parts or TrainerParts()
         self.sync, self.is_main = place.sync, place.is_main
@@ -65,8 +66,8 @@ class TrainLoop:
                                    device=place.device, run_dir=place.run_dir,
                                    save_best=lambda: self.checkpoints.save(kind="best"))
         self.rows = MetricRows(settings, place, counters=self.counters, source=self.source, hooks=self.hooks)
-        self.summary = LoopSummary(place, self.state, algo=self.algo, env_id=self.spec.env_id, source=self.source,
-                                   stop=stop, hooks=self.hooks, rows=self.rows)
+        self.summary = LoopSummary(place, self.state, algo=self.algo, env_id=self.spec.env_id,
+                                   source=self.source, stop=stop, hooks=self.hooks, rows=self.rows)
         watch = getattr(getattr(self.source, "venv", None), "watch", None)
         if watch is not None:  # a stop signal abandons an env call that is stuck (trainers/../envs/vector.py)
             stop.on_stop(watch.abandon)
@@ -94,7 +95,8 @@ class TrainLoop:
                            "checkpoint": s.checkpoint.every_env_steps}, start_steps)
         progress = self.progress_factory(total, mode=s.logger.progress if self.is_main else "off",
                                          interval_s=s.logger.progress_interval_s, initial=start_steps,
-                                         title=self.place.title, rate_from=getattr(self.algo, "learning_starts", 0))
+                                         title=self.place.title,
+                                         rate_from=getattr(self.algo, "learning_starts", 0))
         t0, wall0 = time.perf_counter(), self.counters["wall_time"]
         sps_t, sps_steps = t0, start_steps
         learn_metrics: Metrics = {}
@@ -102,7 +104,8 @@ class TrainLoop:
         try:
             while self.counters["env_steps"] < total:
                 over_wall = bool(s.max_wall_time_s and time.perf_counter() - t0 >= s.max_wall_time_s)
-                # agreed over workers (one tiny all-reduce when distributed): every rank stops at the same update
+                # agreed over workers (one tiny all-reduce when distributed): every rank stops at the same
+                # update
                 if self.sync.any(self.stop.requested or over_wall):
                     if not self.stop.requested:
                         self.stop.request("max_wall_time" if over_wall else "peer_stopped")
@@ -118,7 +121,8 @@ class TrainLoop:
                 now = time.perf_counter()
                 self.last_learn = learn_metrics
                 if self.is_main and cadence.due("log", steps) and steps < total and not state.solved:
-                    row = self.rows.row(learn_metrics, (steps - sps_steps) / max(now - sps_t - state.eval_s, 1e-9))
+                    sps = (steps - sps_steps) / max(now - sps_t - state.eval_s, 1e-9)
+                    row = self.rows.row(learn_metrics, sps)
                     sps_t, sps_steps = now - state.eval_s, steps  # an evaluation below is not training time
                     if recent is not None:  # pooled over workers; min/max/length stay this worker's
                         row["rollout/episode_return"] = recent
@@ -136,13 +140,14 @@ class TrainLoop:
                 if state.solved:
                     break
         except EnvCallAbandoned as err:
-            # a stop came while an env call was stuck: the envs are unusable, the last checkpoint is the way on
+            # a stop came while an env call was stuck: the envs are unusable, the last checkpoint is the way
+            # on
             progress.close()
             self.stop.reason = f"{self.stop.reason or 'stop'}: {err}"
             return self._finish("interrupted", start_steps=start_steps, t0=t0, checkpoint=False)
         except BaseException as err:
             progress.close()
-            error = str(err) if isinstance(err, ConfigError) else f"{type(err).__name__}: {err}"
+            error = _one_line(err)
             if isinstance(err, EnvFault):  # where in the run, and where the user's traceback is
                 error += f" (run at env step {self.counters['env_steps']})"
                 error += self._write_traceback(err)
@@ -154,7 +159,7 @@ class TrainLoop:
             summary = self._finish(status, start_steps=start_steps, t0=t0)
         except BaseException as err:  # the final evaluation (a NaN return) or the final checkpoint failed
             progress.close()
-            self._finish("failed", error=str(err) if isinstance(err, ConfigError) else f"{type(err).__name__}: {err}")
+            self._finish("failed", error=_one_line(err))
             raise
         progress.close(summary if self.is_main else None)
         return summary
@@ -169,7 +174,8 @@ class TrainLoop:
         update, at_step = self.counters["updates"] + 1, steps + rollout.num_steps * self.sync.world_size
         self.guard.check_rollout(rollout, update, at_step)
         t0 = time.perf_counter()
-        with np.errstate(all="ignore"):  # an overflow is reported by the guard below, in one line, not as warnings
+        # an overflow is reported by the guard below, in one line, not as warnings
+        with np.errstate(all="ignore"):
             learn_metrics = self.algo.learn(rollout, progress=steps / total)
         learn_s = time.perf_counter() - t0
         self.guard.check_update(learn_metrics, update, at_step)
@@ -200,12 +206,14 @@ class TrainLoop:
                 checkpoint: bool = True) -> dict:
         """The run's end: the final evaluation and row, the final checkpoint, the summary written."""
         state, steps = self.state, self.counters["env_steps"]
-        # training steps per second: the evaluations' time (periodic ones; the final one runs below) is not in it
+        # training steps per second: the evaluations' time (periodic ones; the final one runs below) is not in
+        # it
         elapsed = (time.perf_counter() - t0 - state.eval_s) if t0 is not None else float("nan")
         sps = (steps - start_steps) / elapsed if elapsed and elapsed > 0 else float("nan")
         final = state.last_eval
         if status == "completed" and self.is_main:
-            # the final evaluation always runs (also after an early stop at target_return); its row is the last
+            # the final evaluation always runs (also after an early stop at target_return); its row is the
+            # last
             row = self.evaluate(final=True)
             final = (row["eval/return_mean"], row["eval/return_std"])
             self.rows.log(steps, {**self.rows.row(self.last_learn, sps), **row})
@@ -215,8 +223,14 @@ class TrainLoop:
         if self.is_main and status in ("completed", "interrupted") and checkpoint:
             ckpt = self.save(kind="final" if status == "completed" else "step")
         elif self.is_main and status == "interrupted":
-            ckpt = state.last_checkpoint  # what a resume continues from (none written now: the envs were stuck)
+            # what a resume continues from (none written now: the envs were stuck)
+            ckpt = state.last_checkpoint
         summary = self.summary.build(status, sps=sps, final=final, start_steps=start_steps, checkpoint=ckpt,
                                      error=error)
         self.summary.write(summary)
         return summary
+
+
+def _one_line(err: BaseException) -> str:
+    """The summary's ``error``: a ConfigError says it all; anything else is named by its type."""
+    return str(err) if isinstance(err, ConfigError) else f"{type(err).__name__}: {err}"

@@ -23,7 +23,8 @@ RECENT_EPISODES = 20
 
 
 class MetricRows:
-    def __init__(self, settings: RunSettings, place: Placement, *, counters: dict, source: Any, hooks: LoopHooks):
+    def __init__(self, settings: RunSettings, place: Placement, *, counters: dict, source: Any,
+                 hooks: LoopHooks):
         self.s, self.place, self.counters, self.source, self.hooks = settings, place, counters, source, hooks
         self.loggers: list[MetricLogger] = []
         self._last_logged = -1  # the highest step any sink has a row for: no step is ever logged twice
@@ -37,20 +38,21 @@ class MetricRows:
         self.loggers = [csv_logger]
         lg, seeds, device = self.s.logger, self.place.seeds.to_dict(), str(self.place.device)
         if "tensorboard" in lg.sinks:
-            self.loggers.append(TensorBoardLogger(run_dir / "tensorboard", purge_step=steps + 1 if resumed else None))
+            purge = steps + 1 if resumed else None
+            self.loggers.append(TensorBoardLogger(run_dir / "tensorboard", purge_step=purge))
         # trackers: one run per process that logs (rank 0; each agent of trainer=parallel opens its own)
         if "wandb" in lg.sinks:
             from rltrain.run.trackers import WandbLogger
 
-            self.loggers.append(WandbLogger(run_dir, config=self.s.config, project=lg.project, entity=lg.entity,
-                                            group=lg.group, name=lg.name, tags=lg.tags, mode=lg.mode,
-                                            seeds=seeds, device=device))
+            self.loggers.append(WandbLogger(run_dir, config=self.s.config, project=lg.project,
+                                            entity=lg.entity, group=lg.group, name=lg.name, tags=lg.tags,
+                                            mode=lg.mode, seeds=seeds, device=device))
         if "mlflow" in lg.sinks:
             from rltrain.run.trackers import MLflowLogger
 
-            self.loggers.append(MLflowLogger(run_dir, config=self.s.config, project=lg.project, group=lg.group,
-                                             name=lg.name, tags=lg.tags, tracking_uri=lg.tracking_uri,
-                                             seeds=seeds, device=device))
+            self.loggers.append(MLflowLogger(run_dir, config=self.s.config, project=lg.project,
+                                             group=lg.group, name=lg.name, tags=lg.tags,
+                                             tracking_uri=lg.tracking_uri, seeds=seeds, device=device))
 
     def row(self, learn_metrics: Metrics, sps: float) -> Metrics:
         """The columns of one row: time, episode statistics of this worker, the learner's, the trainer's."""

@@ -35,7 +35,8 @@ class LoopSummary:
             "final_eval_return": final[0] if final else None,
             "final_eval_return_std": final[1] if final else None,
             "best_eval_return": state.best_eval if math.isfinite(state.best_eval) else None,
-            # CleanRL's and rl-zoo3's published metric: the mean of the last 100 training episodes (this worker's)
+            # CleanRL's and rl-zoo3's published metric: the mean of the last 100 training episodes (this
+            # worker's)
             "train_return_last100": float(np.mean(recent)) if recent else None,
             "total_env_steps": c["env_steps"],
             "updates": c["updates"],
