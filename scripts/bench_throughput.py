@@ -99,6 +99,7 @@ def measure_train(overrides: list[str], *, warmup: int, measure: int) -> tuple[f
     from rltrain.run.device import pick_device
     from rltrain.run.seeding import derive
     from rltrain.run.signals import StopFlag
+    from rltrain.trainers.hooks import Placement
     from rltrain.trainers.loop import TrainLoop
     from tests.conftest import compose_cfg
 
@@ -107,8 +108,7 @@ def measure_train(overrides: list[str], *, warmup: int, measure: int) -> tuple[f
                            "eval.episodes=1", f"total_env_steps={warmup + measure}"])
         s = settings_from(prepare(cfg, Path(tmp)))
         torch.set_num_threads(s.torch_threads)
-        loop = TrainLoop(s, Path(tmp), seeds=derive(s.seed, s.env.num_envs), device=pick_device(s.device),
-                         stop=StopFlag())
+        loop = TrainLoop(s, Placement(Path(tmp), derive(s.seed, s.env.num_envs), pick_device(s.device)), StopFlag())
         marks: list[tuple[int, float, float]] = []
         collect = loop.source.collect
 

@@ -21,7 +21,7 @@ import torch
 
 from rltrain.data.structs import Rollout
 from rltrain.run.metrics import read_metrics
-from rltrain.trainers.actors.learner import merge_rollouts
+from rltrain.trainers.actors.rollouts import merge_rollouts
 from rltrain.trainers.actors.shared_weights import SharedWeights
 from tests.conftest import REPO, child_pids
 

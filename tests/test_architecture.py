@@ -15,7 +15,7 @@ LAYERS = ("cli", "sweeps", "trainers", "algos", "models", "envs", "data", "run",
 # what each layer may import from rltrain (rltrain.errors is a leaf every layer may use)
 ALLOWED = {
     "cli": set(LAYERS),
-    "sweeps": {"sweeps", "cli", "run", "data"},
+    "sweeps": {"sweeps", "run", "data"},  # the CLI runs the jobs; sweeps never import it
     "trainers": {"trainers", "algos", "models", "envs", "data", "run"},
     "algos": {"algos", "models", "data"},
     "models": {"models", "data"},
@@ -86,7 +86,7 @@ def test_every_module_is_in_a_room_and_short():
     lines' level: it may import cli/, and no layer may import it) sit at the top; modules stay readable."""
     top = sorted(p.name for p in PKG.glob("*.py"))
     assert top == ["__init__.py", "__main__.py", "api.py", "errors.py"]
-    long = [f"{p.relative_to(PKG)}: {n}" for p in PKG.rglob("*.py") if (n := len(p.read_text().splitlines())) > 450]
+    long = [f"{p.relative_to(PKG)}: {n}" for p in PKG.rglob("*.py") if (n := len(p.read_text().splitlines())) > 400]
     assert long == []
 
 

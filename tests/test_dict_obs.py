@@ -24,7 +24,7 @@ from rltrain.models.factory import ModelSettings, build
 from rltrain.models.q_networks import ContinuousQNetwork
 from rltrain.models.squashed_actor import SquashedGaussianActor
 from rltrain.run.checkpoint import load_checkpoint
-from rltrain.trainers.actors.learner import merge_rollouts
+from rltrain.trainers.actors.rollouts import merge_rollouts
 from rltrain.trainers.collector import RolloutCollector
 from rltrain.trainers.episodes import evaluate
 from tests.conftest import compose_cfg

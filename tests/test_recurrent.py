@@ -327,7 +327,7 @@ def test_recurrent_ppo_runs_under_every_trainer(cli, tmp_path, trainer):
 
 def test_learner_joins_the_actors_start_states_like_their_envs():
     from rltrain.data.structs import Rollout
-    from rltrain.trainers.actors.learner import merge_rollouts
+    from rltrain.trainers.actors.rollouts import merge_rollouts
 
     def rollout(n, fill):
         z = np.zeros((3, n), np.float32)

@@ -17,7 +17,8 @@ import pytest
 import torch
 
 from rltrain.algos.dqn import DQN
-from rltrain.data.replay import ReplayBuffer, row_bytes
+from rltrain.data.memory import row_bytes
+from rltrain.data.replay import ReplayBuffer
 from rltrain.data.structs import EnvSpec, Rollout
 from rltrain.errors import ConfigError
 from tests.helpers.tiny_image import TinyImageEnv

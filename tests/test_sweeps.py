@@ -95,7 +95,8 @@ def test_a_config_error_in_one_job_does_not_end_the_sweep(cli):
 
 
 def test_task_returns_a_finite_float_never_nan():
-    from rltrain.cli.train import FAILED_RETURN, _sweep_value
+    from rltrain.cli.train import _sweep_value
+    from rltrain.run.summary import FAILED_RETURN
 
     assert _sweep_value({"final_eval_return": 12.5}) == 12.5
     for bad in ({"final_eval_return": None}, {"final_eval_return": float("nan")}, {}):

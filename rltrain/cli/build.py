@@ -11,7 +11,6 @@ import dataclasses
 import functools
 import importlib
 import inspect
-import json
 import math
 import sys
 import tempfile
@@ -247,7 +246,7 @@ def build_trainer(cfg: dict, run_dir: Path):
     params = hparams(cfg["trainer"])
     check_kwargs(trainer_cls, params, "trainer")
     extra = {}
-    if "agents" in inspect.signature(trainer_cls.__init__).parameters:  # trainer=parallel: one config per agent
+    if trainer_cls.capabilities.agent_configs:  # trainer=parallel: one config per agent
         from rltrain.cli.agents import agent_configs
 
         agents = agent_configs(cfg, params)
@@ -397,6 +396,3 @@ def _policy_from(state: dict, path: Path, *, device: str, allow_import: bool):
     algo.policy.load_state_dict(state["algo"]["policy"])  # the acting weights only: no optimiser, no buffer
     return algo.policy, cfg, path, int(state["meta"]["eval_seed"])
 
-
-def summary_json(run_dir: Path) -> dict:
-    return json.loads((Path(run_dir) / "summary.json").read_text())

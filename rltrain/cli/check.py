@@ -53,8 +53,9 @@ def output_dir(cfg, overrides: list[str], *, job_num: int | None) -> str:
     return f"{OmegaConf.select(cfg, 'hydra.sweep.dir')}/{OmegaConf.select(cfg, 'hydra.sweep.subdir')}"
 
 
-def validate_job(cfg) -> dict:
-    """The full build-time validation of ``build.run`` without starting anything; returns the plain config."""
+def validate_job(cfg):
+    """The full build-time validation of ``build.run`` without starting anything; returns the plain config
+    and the trainer built from it (nothing started)."""
     import copy
 
     from omegaconf import OmegaConf
@@ -68,40 +69,25 @@ def validate_job(cfg) -> dict:
     job["seed"] = 0 if job["seed"] is None else job["seed"]
     if not job["env"].get("search_path"):  # as the rltrain CLI: an env module beside the user (envs/make.py)
         job["env"]["search_path"] = str(Path.cwd())
-    build.build_trainer(job, Path("."))  # settings, factories, trainer keys: every check a real start makes
+    trainer = build.build_trainer(job, Path("."))  # settings, factories, trainer keys: every check a real start makes
     build.pick_device(plain["device"])
-    return plain
+    return plain, trainer
 
 
-def layout(plain: dict, trainer: str) -> list[tuple[str, str]]:
-    """(what, where) rows: the processes this run starts. A trainer may add ``describe(cfg) -> rows``."""
-    from rltrain.cli.build import pick_device, resolve_target
-
-    cls = resolve_target(plain["trainer"], "trainer")
-    if hasattr(cls, "describe"):
-        return list(cls.describe(plain))
-    env = plain["env"]
-    envs = f"{env['num_envs']} x {env['id']} ({env.get('vectorization', 'sync')})"
-    t = {k: v for k, v in plain["trainer"].items() if not k.startswith("_")}
-    if trainer == "sequential":
-        device = f"{plain['device']} -> {pick_device(plain['device'])}"
-        return [("1 process (this one)", f"collect -> learn on {device}; envs {envs}")]
-    if trainer == "distributed_simulator":
-        return [(f"{t.get('world_size', '?')} ranks (local spawn; torchrun / SLURM tasks set their own)",
-                 f"backend {t.get('backend', 'auto')}, each rank envs {envs}")]
-    rows = [(f"trainer {trainer}", ", ".join(f"{k}={v}" for k, v in t.items()) or "(no keys)")]
-    return rows + [("envs per worker", envs)]
-
-
-def batch_rows(plain: dict) -> list[tuple[str, str]]:
-    algo, env, trainer = plain["algo"], plain["env"], plain["trainer"]
-    workers = int(trainer.get("world_size", 1)) if "Distributed" in str(trainer.get("_target_")) else 1
+def batch_rows(plain: dict, trainer) -> list[tuple[str, str]]:
+    """The batch arithmetic of one update, as the trainer consumes it (``Trainer.update_size``)."""
+    algo, env = plain["algo"], plain["env"]
+    workers = trainer.replicas()
     rows = [("env.num_envs", str(env["num_envs"]))]
     total = int(plain["total_env_steps"])
     if "rollout_len" in algo:
         batch = int(env["num_envs"]) * int(algo["rollout_len"]) * workers
-        rows.append(("env steps per update", f"{env['num_envs']} envs x {algo['rollout_len']} rollout_len"
-                     + (f" x {workers} ranks" if workers > 1 else "") + f" = {batch}"))
+        text = f"{env['num_envs']} envs x {algo['rollout_len']} rollout_len" + \
+            (f" x {workers} ranks" if workers > 1 else "")
+        if trainer.capabilities.batched_rollouts:  # the learner's batch: several actors' rollouts merged
+            size = trainer.update_size(int(algo["rollout_len"]))
+            batch, text = size.env_steps, size.text
+        rows.append(("env steps per update", f"{text} = {batch}"))
         rows.append(("updates", f"{total} total_env_steps / {batch} = {-(-total // batch)}"))
         if "num_minibatches" in algo:
             per_rank = batch // workers
@@ -186,7 +172,7 @@ def check(overrides: list[str], console: Console, *, multirun: bool = False) -> 
     for num, job in enumerate(jobs):
         try:
             cfg = compose(job)
-            plain = validate_job(cfg)
+            plain, built = validate_job(cfg)
             start_checks(plain, Path(output_dir(cfg, job, job_num=num if multirun else None)))
         except ConfigError as err:
             console.print(f"[red]job {num} ({' '.join(job)}): error:[/red] {err}")
@@ -196,9 +182,9 @@ def check(overrides: list[str], console: Console, *, multirun: bool = False) -> 
             continue  # every job is validated; the first one is shown in full
         trainer = str(cfg.hydra.runtime.choices.get("trainer"))
         show(console, f"process layout (trainer={trainer}, start method: "
-             f"{plain['trainer'].get('start_method', 'n/a')})", layout(plain, trainer))
+             f"{plain['trainer'].get('start_method', 'n/a')})", built.describe())
         show(console, "seeds", seed_rows(plain))
-        show(console, f"batch arithmetic (algo={cfg.hydra.runtime.choices.get('algo')})", batch_rows(plain))
+        show(console, f"batch arithmetic (algo={cfg.hydra.runtime.choices.get('algo')})", batch_rows(plain, built))
         where = output_dir(cfg, job, job_num=0 if multirun else None)
         launcher = str(cfg.hydra.launcher.get("_target_", "")).rsplit(".", 1)[-1]
         rows = [("run dir" if not multirun else "job 0 dir", where), ("jobs", f"{len(jobs)} ({launcher})")]

@@ -20,10 +20,11 @@ import os
 import numpy as np
 import torch
 
-from rltrain.data.replay import available_memory
+from rltrain.data.memory import available_memory
 from rltrain.data.structs import EnvSpec, ObsSpace, storage_dtype
 from rltrain.envs.make import env_spec
 from rltrain.errors import ConfigError
+from rltrain.trainers.base import Trainer
 from rltrain.trainers.settings import RunSettings
 
 # Envs of one worker are Python objects stepped one after another; beyond this many a worker spends its time
@@ -40,20 +41,6 @@ def algo_default(cls: type, node: dict, key: str):
     return None if param is None or param.default is param.empty else param.default
 
 
-def update_size(trainer, settings: RunSettings, rollout_len: int) -> tuple[int, str, int]:
-    """(env steps one update consumes, that product spelled out, env processes with async envs)."""
-    steps = getattr(trainer, "rollout_len", None) or rollout_len
-    if hasattr(trainer, "batch_rollouts"):  # subprocess_actors: the learner merges batch_rollouts actor rollouts
-        envs, batches = trainer.envs_per_actor, trainer.batch_rollouts
-        text = f"trainer.batch_rollouts ({batches}) x envs per actor ({envs}) x rollout_len ({steps})"
-        return batches * envs * steps, text, trainer.num_actors * envs
-    workers = int(getattr(trainer, "world_size", 1) or 1)
-    envs = settings.env.num_envs
-    text = f"algo.rollout_len ({steps}) x env.num_envs ({envs})" + \
-        (f" x trainer.world_size ({workers})" if workers > 1 else "")
-    return steps * envs * workers, text, envs * workers
-
-
 def check_envs(settings: RunSettings) -> None:
     """Refuse absurd env counts before anything is built or multiplied."""
     env = settings.env
@@ -63,10 +50,11 @@ def check_envs(settings: RunSettings) -> None:
                           "distributed_simulator) or use fewer")
 
 
-def check_budget(settings: RunSettings, trainer) -> None:
+def check_budget(settings: RunSettings, trainer: Trainer) -> None:
     """``total_env_steps`` against one update and against an off-policy ``learning_starts``."""
     cls, node, total = settings.algo_class, settings.config["algo"], settings.total_env_steps
-    batch, text, _ = update_size(trainer, settings, int(algo_default(cls, node, "rollout_len") or 1))
+    size = trainer.update_size(int(algo_default(cls, node, "rollout_len") or 1))
+    batch, text = size.env_steps, size.text
     if total < batch:
         raise ConfigError(f"total_env_steps={total} is less than one update: {text} = {batch} env steps; set "
                           f"total_env_steps >= {batch} or make the rollout smaller")
@@ -83,11 +71,12 @@ def obs_bytes(space: ObsSpace) -> int:
     return int(np.prod(space.shape or (1,))) * storage_dtype(space.dtype or "float32").itemsize
 
 
-def check_size(settings: RunSettings, trainer, spec: EnvSpec) -> None:
+def check_size(settings: RunSettings, trainer: Trainer, spec: EnvSpec) -> None:
     """Env processes, and one update's rollout in memory, each against this machine."""
     env = settings.env
     rollout_len = int(algo_default(settings.algo_class, settings.config["algo"], "rollout_len") or 1)
-    batch, text, processes = update_size(trainer, settings, rollout_len)
+    size = trainer.update_size(rollout_len)
+    batch, text, processes = size.env_steps, size.text, size.env_processes
     cap = PROCESSES_PER_CORE * (os.cpu_count() or 1)
     if env.vectorization == "async" and processes > cap:
         raise ConfigError(f"env.vectorization=async would start {processes} env processes, more than "
@@ -154,7 +143,7 @@ def _width_lists(config: dict) -> list[tuple[str, list[int]]]:
     return found
 
 
-def preflight(settings: RunSettings, trainer) -> None:
+def preflight(settings: RunSettings, trainer: Trainer) -> None:
     """Every check above."""
     check_envs(settings)
     spec = probe_env(settings)  # what the env is, and the algorithm fits it, before what the budget does with it

@@ -18,9 +18,9 @@ import hydra
 from omegaconf import DictConfig
 
 from rltrain.errors import ConfigError
+from rltrain.run.summary import FAILED_RETURN
 
 WRITE_ERRNOS = (errno.EACCES, errno.EPERM, errno.EROFS, errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
-FAILED_RETURN = -1e9  # what a failed or eval-less run reports to sweepers: finite, never NaN
 
 
 def _sweep_value(summary: dict) -> float:

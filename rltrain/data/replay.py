@@ -21,7 +21,6 @@ With ``frame_stack=K`` only each stack's newest frame is stored and stacks are r
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 from operator import itemgetter
 
@@ -29,7 +28,8 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from rltrain.data import frames
+from rltrain.data import frames, streams
+from rltrain.data.memory import ring_fits, row_bytes
 from rltrain.data.structs import (
     ObsArray,
     ObsSpace,
@@ -41,8 +41,6 @@ from rltrain.data.structs import (
     obs_put,
 )
 from rltrain.errors import ConfigError
-
-_GIB = 2**30
 
 
 @dataclass
@@ -59,30 +57,6 @@ class Batch:
     rewards: Tensor
     next_obs: Tensor | dict
     terminated: Tensor
-
-
-def available_memory() -> int:
-    """Bytes the kernel can hand out without swapping (MemAvailable), or free physical pages elsewhere."""
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-
-
-def row_bytes(row_shape: tuple[int, ...], obs_dtype: np.dtype, action_shape: tuple[int, ...],
-              action_dtype: np.dtype, *, frame_stack: int | None, obs_bytes: int | None = None) -> dict[str, int]:
-    """Bytes one ring row takes, per field: the stored observation (one frame with ``frame_stack``; a Dict
-    observation passes its ``obs_bytes``, all keys together), the action, the reward, two bool flags
-    (terminated, final) and the int64 links (next; + prev, oldest)."""
-    if obs_bytes is None:
-        obs_bytes = int(np.prod(row_shape)) * np.dtype(obs_dtype).itemsize
-    return {"obs": obs_bytes,
-            "action": int(np.prod(action_shape)) * np.dtype(action_dtype).itemsize, "reward": 4, "flags": 2,
-            "links": 8 * (1 if frame_stack is None else 3)}
 
 
 class ReplayBuffer:
@@ -106,7 +80,10 @@ class ReplayBuffer:
         obs_bytes = None
         if self.tree:
             obs_bytes = sum(int(np.prod(x.shape[1:])) * x.itemsize for x in obs_leaves(obs_buffer(obs_space, (0,))))
-        self.nbytes = self._preflight(row_shape, action_shape, np.dtype(action_dtype), obs_bytes)
+        per_row = row_bytes(row_shape, self.obs_dtype, action_shape, np.dtype(action_dtype), frame_stack=frame_stack,
+                            obs_bytes=obs_bytes)
+        self.nbytes = ring_fits(self.capacity, per_row,
+                                stack_hint=None if frame_stack is not None or self.tree else self.obs_shape)
         C = self.capacity
         # np.zeros maps untouched pages lazily: memory is committed as the ring fills
         self.obs: ObsArray = (obs_buffer(obs_space, (C,), np.zeros) if self.tree
@@ -125,22 +102,6 @@ class ReplayBuffer:
         self.ready = 0  # transitions held whose successor has arrived (an upper bound on the sampleable)
         self.tails: dict[int, tuple[int, np.ndarray]] = {}  # stream -> (last row, its next_obs), mid-episode
 
-    def _preflight(self, row_shape: tuple[int, ...], action_shape: tuple[int, ...], action_dtype: np.dtype,
-                   obs_bytes: int | None) -> int:
-        """Bytes the full ring needs; refuses (one line) when that exceeds the machine's available memory."""
-        per_row = row_bytes(row_shape, self.obs_dtype, action_shape, action_dtype, frame_stack=self.frame_stack,
-                            obs_bytes=obs_bytes)
-        per_total = sum(per_row.values())
-        need, avail = self.capacity * per_total, available_memory()
-        if need > avail:
-            parts = " + ".join(f"{b} B {name}" for name, b in per_row.items())
-            stacked = self.frame_stack is None and not self.tree and len(self.obs_shape) >= 3 and 2 <= self.obs_shape[0] <= 16
-            hint = f" or store each frame once with algo.frame_stack={self.obs_shape[0]}" if stacked else ""
-            raise ConfigError(f"algo.buffer_size={self.capacity} needs {need / _GIB:.1f} GiB ({self.capacity} x "
-                              f"({parts}) = {self.capacity} x {per_total} B) but {avail / _GIB:.1f} GiB are "
-                              f"available; lower algo.buffer_size{hint}")
-        return need
-
     def __len__(self) -> int:
         """Transitions held (rows that are not final observations), whether or not sampleable yet."""
         rows = min(self.written, self.capacity)
@@ -151,30 +112,12 @@ class ReplayBuffer:
         """``add_rollout`` for each of ``rollouts`` in order, with the same rows in the same slots, but a run
         of consecutive rollouts of the same streams is written in one go (an off-policy learner that gathers
         single env steps and writes them when an update is due pays the per-call cost once per run)."""
-        run: list[Rollout] = []
-        for r in rollouts:
-            # with frame stacks a stream that starts an episode at the seam is left to add_rollout's own checks
-            ended = self.frame_stack is not None and run and bool((run[-1].terminated[-1] | run[-1].truncated[-1]).any())
-            if run and (ended or not _continues(run[-1], r)):
-                self._add_run(run)
-                run = []
-            run.append(r)
-        if run:
-            self._add_run(run)
-
-    def _add_run(self, run: list[Rollout]) -> None:
-        if len(run) == 1:
-            self.add_rollout(run[0])
-            return
-        cat = lambda *xs: np.concatenate(xs)  # noqa: E731
-        merged = Rollout(obs=obs_map(cat, *[r.obs for r in run]), actions=cat(*[r.actions for r in run]),
-                         log_probs=cat(*[r.log_probs for r in run]), rewards=cat(*[r.rewards for r in run]),
-                         terminated=cat(*[r.terminated for r in run]), truncated=cat(*[r.truncated for r in run]),
-                         next_obs=obs_map(cat, *[r.next_obs for r in run]), policy_version=np.zeros(0, np.int64),
-                         env_ids=run[0].env_ids)
-        # step t of the merged rollout belongs to segment k (the k-th rollout): rows are laid out per segment
-        segments = np.repeat(np.arange(len(run)), [r.shape[0] for r in run])
-        self.add_rollout(merged, segments=segments)
+        for run in streams.runs(rollouts, frame_stack=self.frame_stack):
+            if len(run) == 1:
+                self.add_rollout(run[0])
+            else:
+                merged, segments = streams.glue(run)
+                self.add_rollout(merged, segments=segments)
 
     def add_rollout(self, rollout: Rollout, *, segments: np.ndarray | None = None) -> None:
         """Append a time-major rollout ``[T, N]``: T*N transition rows, then one row per episode end.
@@ -187,8 +130,8 @@ class ReplayBuffer:
         if N > 1 and len(np.unique(ids)) != N:
             # a learner batch can hold consecutive rollouts of one stream side by side (an actor that delivered
             # twice): add them one after the other, in column order, which is their order of arrival
-            for cols in _unique_id_groups(ids):
-                self.add_rollout(_columns(rollout, cols))
+            for cols in streams.unique_id_groups(ids):
+                self.add_rollout(streams.columns(rollout, cols))
             return
         obs, next_obs = self._checked(rollout.obs), self._checked(rollout.next_obs)
         done = np.asarray(rollout.terminated | rollout.truncated, bool)
@@ -428,42 +371,6 @@ class UnwrittenSteps:
         self.rollouts = []
 
 
-def _continues(a: Rollout, b: Rollout) -> bool:
-    """Whether ``b`` picks up every stream of ``a`` where it stopped (same streams, distinct ids, each column
-    not at an episode end starting from ``a``'s last next observation): then writing them glued together
-    makes the same links as writing them one after the other."""
-    if a.shape[1] != b.shape[1] or (a.env_ids is None) != (b.env_ids is None):
-        return False
-    if a.env_ids is not None and (not np.array_equal(a.env_ids, b.env_ids) or len(np.unique(a.env_ids)) != len(a.env_ids)):
-        return False
-    live = ~(a.terminated[-1] | a.truncated[-1])
-    if isinstance(a.next_obs, np.ndarray):  # the common case, without obs_map's and array_equal's overhead
-        last, first = a.next_obs[-1], b.obs[0]
-        if last.shape != first.shape:
-            return False
-        return bool((last == first).all() if live.all() else (last[live] == first[live]).all())
-    return obs_equal(obs_map(lambda x: x[-1][live], a.next_obs), obs_map(lambda x: x[0][live], b.obs))
-
-
 def _row_shapes(obs) -> tuple | dict:
     """The shape of one stored row (per key for a Dict observation): what a checkpoint must match."""
     return obs_map(lambda x: tuple(x.shape[1:]), obs)
-
-
-def _unique_id_groups(ids: np.ndarray) -> list[np.ndarray]:
-    """Column indices split into groups with distinct stream ids: the k-th occurrence of each id in group k."""
-    seen: dict[int, int] = {}
-    rank = np.empty(len(ids), np.int64)
-    for n, i in enumerate(ids.tolist()):
-        rank[n] = seen[i] = seen.get(i, -1) + 1
-    return [np.flatnonzero(rank == k) for k in range(int(rank.max()) + 1)]
-
-
-def _columns(rollout: Rollout, cols: np.ndarray) -> Rollout:
-    """The env columns ``cols`` of a time-major rollout (episode statistics are not carried)."""
-    return Rollout(obs=obs_map(lambda x: x[:, cols], rollout.obs), actions=rollout.actions[:, cols], log_probs=rollout.log_probs[:, cols],
-                   rewards=rollout.rewards[:, cols], terminated=rollout.terminated[:, cols],
-                   truncated=rollout.truncated[:, cols], next_obs=obs_map(lambda x: x[:, cols], rollout.next_obs),
-                   policy_version=rollout.policy_version if rollout.policy_version.ndim == 1 else
-                   rollout.policy_version[:, cols], env_ids=np.asarray(rollout.env_ids)[cols])
-

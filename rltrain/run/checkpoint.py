@@ -115,26 +115,6 @@ def _sync_dir(directory: Path) -> None:
         os.close(fd)
 
 
-def atomic_save(obj: dict, path: Path) -> None:
-    """torch.save to a temp file in the same dir, fsync, then rename: a crash never leaves half a file."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = _tmp_name(path)
-    try:
-        _write_synced(tmp, lambda f: torch.save(obj, f))
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
-
-
-def atomic_write_bytes(data: bytes, path: Path) -> None:
-    tmp = _tmp_name(path)
-    try:
-        _write_synced(tmp, lambda f: f.write(data))
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
-
-
 KEY_ENV = "RLTRAIN_CONFIG_DIR"  # where the per-user key lives (tests point it at a temp dir)
 
 

@@ -1,4 +1,5 @@
-"""The run's ``summary.json`` (written atomically) and the command that resumes an interrupted run."""
+"""The run's ``summary.json`` (written atomically), the command that resumes an interrupted run, and the
+value a failed run reports to sweepers."""
 
 from __future__ import annotations
 
@@ -12,6 +13,8 @@ import shlex
 import sys
 from pathlib import Path
 from typing import Any
+
+FAILED_RETURN = -1e9  # what a failed or eval-less run reports to sweepers: finite, never NaN
 
 
 def json_safe(value: Any) -> Any:

@@ -17,7 +17,7 @@ from typing import Any
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.core.utils import JobReturn, JobStatus
 
-from rltrain.cli.train import FAILED_RETURN
+from rltrain.run.summary import FAILED_RETURN
 
 
 def split_seeds(arguments: list[str]) -> tuple[list[str], list[str]]:

@@ -9,6 +9,9 @@ interrupted for another reason). A trainer fills in two public hooks:
 - ``train(stop)``: run the components where they belong (one process, K agents, W ranks, a learner and
   actors) and return the summary.
 
+and declares what it is (``name``, ``capabilities``), what one update consumes (``update_size``) and the
+processes it starts (``describe``): the CLI asks the trainer these, never its name or attributes.
+
 While the run is live, ``summary.json`` says ``running`` (PID, host, start time): a reader never mistakes a
 live run, or one killed without a word (SIGKILL, OOM, power), for an earlier segment's ``completed``. The next
 start in the run dir (it holds the run-dir lock, so that process is gone) records the dead one as ``crashed``
@@ -24,7 +27,9 @@ import socket
 import sys
 import time
 from abc import ABC, abstractmethod
+from dataclasses import dataclass
 from pathlib import Path
+from typing import ClassVar
 
 from rltrain.errors import ConfigError
 from rltrain.run.seeding import SeedTree, write_seeds
@@ -33,8 +38,30 @@ from rltrain.run.summary import write_summary
 from rltrain.trainers.settings import RunSettings
 
 
+@dataclass(frozen=True)
+class Capabilities:
+    """What a trainer can do, declared on its class (``Trainer.capabilities``)."""
+
+    batched_rollouts: bool = False  # an update merges trainer.batch_rollouts rollouts of several actors
+    all_reduce: bool = False  # replicas all-reduce every update: one global batch over trainer.world_size
+    agent_configs: bool = False  # takes ``agents``: one RunSettings per agent, composed by the CLI
+
+
+@dataclass(frozen=True)
+class UpdateSize:
+    """What one update consumes: env steps, that product spelled out with the keys that set it, and the env
+    processes the run starts with ``env.vectorization=async``."""
+
+    env_steps: int
+    text: str
+    env_processes: int
+
+
 class Trainer(ABC):
     """Base of every trainer. Subclasses take ``(*, settings, run_dir, **their typed keyword arguments)``."""
+
+    name: ClassVar[str] = "custom"  # the trainer= choice that selects it
+    capabilities: ClassVar[Capabilities] = Capabilities()
 
     def __init__(self, *, settings: RunSettings, run_dir: Path):
         self.settings, self.run_dir = settings, Path(run_dir)
@@ -105,6 +132,27 @@ class Trainer(ABC):
     def writes_summary(self) -> bool:
         """Whether this process writes the run's ``summary.json`` (False on distributed ranks > 0)."""
         return True
+
+    def replicas(self) -> int:
+        """Workers that all-reduce each update (``capabilities.all_reduce``); 1 otherwise."""
+        return 1
+
+    def update_size(self, rollout_len: int) -> UpdateSize:
+        """One update of ``rollout_len`` steps (the algorithm's) per env, on every replica."""
+        envs, workers = self.settings.env.num_envs, self.replicas()
+        text = f"algo.rollout_len ({rollout_len}) x env.num_envs ({envs})" + \
+            (f" x trainer.world_size ({workers})" if workers > 1 else "")
+        return UpdateSize(rollout_len * envs * workers, text, envs * workers)
+
+    def envs_text(self) -> str:
+        env = self.settings.env
+        return f"{env.num_envs} x {env.id} ({env.vectorization})"
+
+    def describe(self) -> list[tuple[str, str]]:
+        """(what, where) rows: the processes this run starts (``rltrain-check`` prints them)."""
+        keys = {k: v for k, v in (self.settings.config.get("trainer") or {}).items() if not k.startswith("_")}
+        return [(f"trainer {self.name}", ", ".join(f"{k}={v}" for k, v in keys.items()) or "(no keys)"),
+                ("envs per worker", self.envs_text())]
 
     @abstractmethod
     def seed_trees(self) -> dict[str, SeedTree]:

@@ -26,14 +26,15 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
-from rltrain.algos.base import Sync
+from rltrain.algos.base import Algorithm, Sync
 from rltrain.errors import ConfigError
 from rltrain.run.checkpoint import CheckpointManager, load_checkpoint
 from rltrain.run.device import pick_device
 from rltrain.run.seeding import SeedTree, derive, write_seeds
 from rltrain.run.signals import StopFlag
-from rltrain.trainers.base import Trainer
-from rltrain.trainers.loop import LoopHooks, TrainLoop
+from rltrain.trainers.base import Capabilities, Trainer
+from rltrain.trainers.hooks import LoopHooks, Placement, TrainerParts
+from rltrain.trainers.loop import TrainLoop
 from rltrain.trainers.ranks import PeerFailure, failure_of, primary_failure, report_failure, spawn_ranks
 from rltrain.trainers.rendezvous import (
     LaunchInfo,
@@ -152,28 +153,26 @@ def init_distributed(launch: LaunchInfo, *, backend: str, device: torch.device, 
 class DistributedHooks(LoopHooks):
     """What a rank adds to the shared loop: the resume layout rule and the per-rank summary entries."""
 
-    def __init__(self, launch: LaunchInfo):
-        self.launch = launch
+    def __init__(self, launch: LaunchInfo, sync: Sync, *, num_envs: int):
+        self.launch, self.sync, self.num_envs = launch, sync, num_envs
 
-    def layout(self) -> dict:
-        loop = self.loop
-        return {"world_size": loop.sync.world_size, "num_envs": loop.s.env.num_envs,
-                "rollout_len": int(loop.algo.rollout_len)}
+    def layout(self, algo: Algorithm) -> dict:
+        return {"world_size": self.sync.world_size, "num_envs": self.num_envs, "rollout_len": int(algo.rollout_len)}
 
-    def check_resume(self, meta: dict, path: Path) -> str | None:
-        return layout_mismatch(meta, self.layout(), path)
+    def check_resume(self, meta: dict, path: Path, *, algo: Algorithm) -> str | None:
+        return layout_mismatch(meta, self.layout(algo), path)
 
-    def extend_checkpoint(self, state: dict) -> None:
-        state["meta"]["layout"] = self.layout()
+    def extend_checkpoint(self, state: dict, *, algo: Algorithm) -> None:
+        state["meta"]["layout"] = self.layout(algo)
 
-    def extend_summary(self, summary: dict, status: str) -> None:
-        sync = self.loop.sync
+    def extend_summary(self, summary: dict, status: str, *, algo: Algorithm) -> None:
+        sync = self.sync
         summary.update(backend=getattr(sync, "backend", "none"), launcher=self.launch.source)
         if status != "failed":  # no collectives on the failure path: peers may be gone
             sps = summary["sps"]
             summary["rank_sps"] = sync.gather_object(sps / sync.world_size if sps else None)
             # the replicas must be bitwise identical; recorded so anyone can check it after the fact
-            summary["rank_param_sha256"] = sync.gather_object(param_digest(self.loop.algo.policy))
+            summary["rank_param_sha256"] = sync.gather_object(param_digest(algo.policy))
 
 
 def layout_mismatch(meta: dict, new: dict, path: Path) -> str | None:
@@ -217,9 +216,11 @@ def run_rank(launch: LaunchInfo, settings: RunSettings, run_dir: Path, *, backen
             if launch.is_main:
                 trees = {f"rank_{r}": derive(seed, settings.env.num_envs, path=(r,)) for r in range(launch.world_size)}
                 write_seeds(Path(run_dir) / "seeds.json", seed, trees, drawn=settings.seed_drawn)
-        loop = TrainLoop(settings, Path(run_dir), seeds=derive(settings.seed, settings.env.num_envs, path=(launch.rank,)),
-                         device=device, stop=stop, sync=sync, is_main=launch.is_main,
-                         title=f"distributed x{launch.world_size}", hooks=DistributedHooks(launch))
+        seeds = derive(settings.seed, settings.env.num_envs, path=(launch.rank,))
+        place = Placement(Path(run_dir), seeds, device, sync=sync, is_main=launch.is_main,
+                          title=f"distributed x{launch.world_size}")
+        hooks = DistributedHooks(launch, sync, num_envs=settings.env.num_envs)
+        loop = TrainLoop(settings, place, stop, TrainerParts(hooks=hooks))
         return loop.run()
     finally:
         if dist.is_initialized():
@@ -227,6 +228,9 @@ def run_rank(launch: LaunchInfo, settings: RunSettings, run_dir: Path, *, backen
 
 
 class DistributedSimulatorTrainer(Trainer):
+    name = "distributed_simulator"
+    capabilities = Capabilities(all_reduce=True)
+
     def __init__(self, *, settings: RunSettings, run_dir: Path, world_size: int = 2, backend: str = "auto",
                  timeout_s: float = 300.0, master_addr: str = "127.0.0.1"):
         super().__init__(settings=settings, run_dir=run_dir)
@@ -242,6 +246,13 @@ class DistributedSimulatorTrainer(Trainer):
                               "updates are not all-reduced; use trainer=sequential, parallel or subprocess_actors")
         self.world_size, self.backend, self.timeout_s, self.master_addr = world_size, backend, timeout_s, master_addr
         self.launch = detect_launch()  # None: this process spawns and supervises its own ranks
+
+    def replicas(self) -> int:
+        return self.world_size
+
+    def describe(self) -> list[tuple[str, str]]:
+        return [(f"{self.world_size} ranks (local spawn; torchrun / SLURM tasks set their own)",
+                 f"backend {self.backend}, each rank envs {self.envs_text()}")]
 
     def seed_trees(self) -> dict[str, SeedTree]:
         if self.launch is not None:  # torchrun / SLURM: rank 0 records them once the ranks agree on the seed

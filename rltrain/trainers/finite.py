@@ -20,8 +20,10 @@ import numpy as np
 import torch
 from torch import nn
 
+from rltrain.algos.base import Algorithm, Sync
 from rltrain.data.structs import Metrics, Rollout
 from rltrain.errors import ConfigError
+from rltrain.trainers.state import LoopState
 
 
 class NonFiniteError(ConfigError):
@@ -120,3 +122,48 @@ def tensors_problem(tensors: list[tuple[str, torch.Tensor]]) -> str | None:
             if bad.any():
                 return f"{kind}/{name}={t[bad].flatten()[0].item()}"
     return None
+
+
+class FiniteGuard:
+    """The loop's guard: rollouts before ``learn()``, metrics and weights after it, weights again before a
+    checkpoint is written. Workers agree first (one tiny all-reduce), so every rank stops at the same update."""
+
+    def __init__(self, algo: Algorithm, sync: Sync, state: LoopState):
+        self.algo, self.sync, self.state = algo, sync, state
+        self.tensors = named_tensors(algo)
+        self._checked_writes: int | None = None  # the algorithm's weight_writes when last found finite
+
+    def check_rollout(self, rollout: Rollout, update: int, env_step: int) -> None:
+        # before learn(): a NaN observation or reward would reach the weights (and every rank must agree first,
+        # or the healthy ones wait in learn()'s all-reduce forever)
+        self._stop_if(rollout_problem(rollout), update, env_step)
+
+    def check_update(self, metrics: Metrics, update: int, env_step: int) -> None:
+        # the weights are checked only when they changed: an algorithm that counts its weight writes
+        # (off-policy learners update on a fraction of the env steps) says so; others are checked every time
+        writes = getattr(self.algo, "weight_writes", None)
+        stale = writes is None or writes != self._checked_writes
+        self._stop_if(metrics_problem(metrics) or (tensors_problem(self.tensors) if stale else None), update,
+                      env_step)
+        self._checked_writes = writes
+
+    def check_weights(self) -> None:
+        """This worker's weights, before a checkpoint: never write NaN weights over the last finite one."""
+        problem = tensors_problem(self.tensors)
+        if problem:
+            c = self.state.counters
+            raise NonFiniteError(non_finite_line(problem, c["updates"], c["env_steps"], self.state.last_checkpoint))
+
+    def _stop_if(self, problem: str | None, update: int, env_step: int) -> None:
+        """Stop the run (``NonFiniteError``: status failed, one line) when ``problem`` is set on any worker."""
+        if not self.sync.any(problem is not None):
+            return
+        # every rank raises the same line: the first rank's problem, rank 0's last checkpoint
+        last = self.state.last_checkpoint
+        found = self.sync.gather_object((problem, str(last) if last else None))
+        rank, first = next((r, p) for r, (p, _) in enumerate(found) if p is not None)
+        if self.sync.world_size > 1:
+            first = f"{first} on rank {rank}"
+        ckpt = found[0][1]
+        raise NonFiniteError(non_finite_line(first, update, env_step, Path(ckpt) if ckpt else None))
+

@@ -29,7 +29,8 @@ from rltrain.run.seeding import SeedTree, derive, write_seeds
 from rltrain.run.signals import StopFlag
 from rltrain.run.stats import aggregate
 from rltrain.run.summary import resume_command
-from rltrain.trainers.base import Trainer
+from rltrain.trainers.base import Capabilities, Trainer
+from rltrain.trainers.hooks import Placement, TrainerParts
 from rltrain.trainers.loop import TrainLoop
 from rltrain.trainers.settings import RunSettings
 from rltrain.trainers.supervise import (
@@ -101,9 +102,9 @@ def agent_main(ctx: WorkerContext, job: AgentJob) -> dict:
     write_seeds(run_dir / "seeds.json", s.seed, {"main": seeds}, drawn=False)
     streams = prefix_agent_output(job.index)  # without a TTY: whole lines, each prefixed with the agent
     try:
-        loop = TrainLoop(s, run_dir, seeds=seeds, device=pick_device(s.device), stop=ContextStop(ctx),
-                         title=f"agent_{job.index}",
-                         progress_factory=partial(_MessageProgress, ctx, job.progress_interval_s))
+        place = Placement(run_dir, seeds, pick_device(s.device), title=f"agent_{job.index}")
+        parts = TrainerParts(progress_factory=partial(_MessageProgress, ctx, job.progress_interval_s))
+        loop = TrainLoop(s, place, ContextStop(ctx), parts)
         return loop.run()
     finally:
         for stream in streams:
@@ -114,6 +115,9 @@ def agent_main(ctx: WorkerContext, job: AgentJob) -> dict:
 class ParallelTrainer(Trainer):
     """K agents, one process each. ``agents`` (one ``RunSettings`` per agent) is composed by the CLI from
     ``num_agents``, ``scopes``, ``devices`` and ``agent_overrides`` (cli/agents.py); the trainer only places them."""
+
+    name = "parallel"
+    capabilities = Capabilities(agent_configs=True)
 
     def __init__(self, *, settings: RunSettings, run_dir: Path, agents: list[RunSettings], num_agents: int = 2,
                  scopes: list[int] | None = None, devices: list[str] | None = None,

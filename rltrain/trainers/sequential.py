@@ -6,15 +6,22 @@ from rltrain.run.device import pick_device
 from rltrain.run.seeding import SeedTree, derive
 from rltrain.run.signals import StopFlag
 from rltrain.trainers.base import Trainer
+from rltrain.trainers.hooks import Placement
 from rltrain.trainers.loop import TrainLoop
 
 
 class SequentialTrainer(Trainer):
+    name = "sequential"
+
+    def describe(self) -> list[tuple[str, str]]:
+        device = f"{self.settings.device} -> {pick_device(self.settings.device)}"
+        return [("1 process (this one)", f"collect -> learn on {device}; envs {self.envs_text()}")]
+
     def seed_trees(self) -> dict[str, SeedTree]:
         return {"main": derive(self.settings.seed, self.settings.env.num_envs)}
 
     def train(self, stop: StopFlag) -> dict:
         s = self.settings
-        loop = TrainLoop(s, self.run_dir, seeds=derive(s.seed, s.env.num_envs), device=pick_device(s.device),
-                         stop=stop)
+        place = Placement(self.run_dir, derive(s.seed, s.env.num_envs), pick_device(s.device))
+        loop = TrainLoop(s, place, stop)
         return loop.run()

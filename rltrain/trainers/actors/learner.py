@@ -26,12 +26,13 @@ import logging
 import math
 import time
 from collections import deque
+from collections.abc import Mapping
 from pathlib import Path
 
 import numpy as np
-import torch
 
-from rltrain.data.structs import Metrics, Rollout, obs_map
+from rltrain.algos.base import Algorithm
+from rltrain.data.structs import Metrics, Rollout
 from rltrain.errors import ConfigError
 from rltrain.run.device import pick_device
 from rltrain.run.progress import ProgressDisplay
@@ -39,57 +40,15 @@ from rltrain.run.seeding import SeedTree, derive
 from rltrain.run.signals import StopFlag
 from rltrain.trainers.actors.actor import ActorSpec, RolloutMsg
 from rltrain.trainers.actors.pool import ActorFailure, ActorPool
+from rltrain.trainers.actors.rollouts import EpisodeStats, merge_rollouts
 from rltrain.trainers.actors.shared_weights import SharedWeights
-from rltrain.trainers.base import Trainer
-from rltrain.trainers.loop import LoopHooks, TrainLoop
+from rltrain.trainers.base import Capabilities, Trainer, UpdateSize
+from rltrain.trainers.hooks import LoopHooks, Placement, TrainerParts
+from rltrain.trainers.loop import TrainLoop
 from rltrain.trainers.settings import RunSettings
 
 log = logging.getLogger("rltrain.actors")
 _ACTOR_BRANCH = 7  # actor seeds hang below spawn key (7, actor, generation): disjoint from the learner's
-
-
-def merge_rollouts(rollouts: list[Rollout]) -> Rollout:
-    """Concatenate along the env axis: k rollouts [T, N] -> [T, k*N]; ``policy_version`` becomes [T, k*N]."""
-    if len(rollouts) == 1:
-        return rollouts[0]
-    cat = functools.partial(np.concatenate, axis=1)
-    T = rollouts[0].shape[0]
-    versions = [np.broadcast_to(r.policy_version.reshape(T, -1), r.shape) for r in rollouts]
-    obs_cat = functools.partial(obs_map, lambda *xs: np.concatenate(xs, axis=1))  # per key for Dict observations
-    return Rollout(obs=obs_cat(*[r.obs for r in rollouts]), actions=cat([r.actions for r in rollouts]),
-                   log_probs=cat([r.log_probs for r in rollouts]), rewards=cat([r.rewards for r in rollouts]),
-                   terminated=cat([r.terminated for r in rollouts]), truncated=cat([r.truncated for r in rollouts]),
-                   next_obs=obs_cat(*[r.next_obs for r in rollouts]), policy_version=cat(versions),
-                   env_ids=None if any(r.env_ids is None for r in rollouts) else np.concatenate([r.env_ids for r in rollouts]),
-                   episode_returns=[x for r in rollouts for x in r.episode_returns],
-                   episode_lengths=[x for r in rollouts for x in r.episode_lengths],
-                   # recurrent policies: each actor's start state [1, N, H] per tensor, joined like the envs
-                   core_state=None if any(r.core_state is None for r in rollouts) else
-                   tuple(torch.cat([torch.as_tensor(x) for x in parts], dim=1)
-                         for parts in zip(*(r.core_state for r in rollouts), strict=True)))
-
-
-class EpisodeStats:
-    """The learner's stand-in for a collector: episode statistics of the rollouts it consumed."""
-
-    def __init__(self, window: int = 100):
-        self.recent_returns: deque[float] = deque(maxlen=window)
-        self.recent_lengths: deque[int] = deque(maxlen=window)
-        self.episodes = 0
-
-    def add(self, rollout: Rollout) -> None:
-        self.recent_returns.extend(rollout.episode_returns)
-        self.recent_lengths.extend(rollout.episode_lengths)
-        self.episodes += len(rollout.episode_returns)
-
-    def state_dict(self) -> dict:
-        return {"recent_returns": list(self.recent_returns), "recent_lengths": list(self.recent_lengths),
-                "episodes": self.episodes}
-
-    def load_state_dict(self, state: dict, venv_blob: bytes | None) -> None:
-        self.recent_returns.extend(state["recent_returns"])
-        self.recent_lengths.extend(state["recent_lengths"])
-        self.episodes = int(state["episodes"])
 
 
 class ActorsProgress(ProgressDisplay):
@@ -117,8 +76,9 @@ class ActorBatches(LoopHooks):
     queue, merged along the env axis) and its hooks (publish the weights after each update, lag and queue
     columns in the log, actor generations in the checkpoint)."""
 
-    def __init__(self, trainer: SubprocessActorsTrainer):
-        self.t = trainer
+    def __init__(self, trainer: SubprocessActorsTrainer, stop: StopFlag):
+        self.t, self.stop = trainer, stop
+        self.version = 0  # the learner's update count: the policy version it last published
         self.stats_source = EpisodeStats()
         self.queue: deque[RolloutMsg] = deque()
         self.capacity = trainer.batch_rollouts * trainer.queue_out_of_sync_factor
@@ -159,11 +119,11 @@ class ActorBatches(LoopHooks):
     def collect(self, rollout_len: int, *, policy_version: int, random_actions: bool) -> Rollout | None:
         """The next batch from the actors, merged along the env axis; None when stopped or an actor failed."""
         try:
-            batch = self._next_batch()
+            batch = self._next_batch(policy_version)
         except ActorFailure as err:
             self.failure = str(err)
             log.error("%s", err)
-            self.loop.stop.request("actor_failure")
+            self.stop.request("actor_failure")
             return None
         if not batch:
             return None
@@ -181,18 +141,18 @@ class ActorBatches(LoopHooks):
         self.generations = [(old[k] + 1 if k < len(old) else 0) for k in range(self.t.num_actors)]
         self.stats.update(actors.get("stats", {}))
 
-    def extend_checkpoint(self, state: dict) -> None:
+    def extend_checkpoint(self, state: dict, *, algo: Algorithm) -> None:
         gens = [s.generation for s in self.pool.slots] if self.pool else self.generations
         state["actors"] = {"generations": gens, "stats": dict(self.stats)}
 
-    def after_learn(self, rollout: Rollout, learn_s: float) -> None:
-        c = self.loop.counters
-        self.weights.publish(self.loop.algo.policy_state(), version=c["updates"],  # type: ignore[union-attr]
-                             env_steps=c["env_steps"])
+    def after_learn(self, rollout: Rollout, learn_s: float, *, algo: Algorithm, counters: Mapping) -> None:
+        self.version = counters["updates"]
+        self.weights.publish(algo.policy_state(), version=self.version,  # type: ignore[union-attr]
+                             env_steps=counters["env_steps"])
         self._window.setdefault("learner_sps", []).append(rollout.num_steps / max(learn_s, 1e-9))
 
-    def extend_summary(self, summary: dict, status: str) -> None:
-        summary.update({"num_actors": self.t.num_actors, "policy_version": self.loop.counters["updates"],
+    def extend_summary(self, summary: dict, status: str, *, algo: Algorithm) -> None:
+        summary.update({"num_actors": self.t.num_actors, "policy_version": summary["updates"],
                         "restarts": self.pool.total_restarts if self.pool else 0,
                         "dropped_rollouts": int(self.stats["dropped_rollouts"])})
         if self.failure:  # the actors failed (abort policy, or out of restarts): the run failed, whatever stopped it
@@ -200,10 +160,10 @@ class ActorBatches(LoopHooks):
             summary.pop("resume_command", None)
             summary["last_checkpoint"] = summary.get("checkpoint")
 
-    def start_actors(self, make_spec, on_restart) -> None:
-        loop = self.loop
-        self.weights = SharedWeights.create(loop.algo.policy_state(), version=loop.counters["updates"],
-                                            env_steps=loop.counters["env_steps"])
+    def start_actors(self, make_spec, on_restart, *, algo: Algorithm, counters: Mapping) -> None:
+        self.version = counters["updates"]
+        self.weights = SharedWeights.create(algo.policy_state(), version=self.version,
+                                            env_steps=counters["env_steps"])
         t = self.t
         self.pool = ActorPool(functools.partial(make_spec, self.weights.handle), t.num_actors,
                               start_method=t.start_method, on_failure=t.on_actor_failure,
@@ -219,7 +179,7 @@ class ActorBatches(LoopHooks):
             self.weights.close()
             self.weights = None
 
-    def _next_batch(self) -> list[RolloutMsg]:
+    def _next_batch(self, version: int) -> list[RolloutMsg]:
         """``batch_rollouts`` usable rollouts (sync: fewer when a preemption threshold is met); [] if stopped."""
         t, pool = self.t, self.pool
         assert pool is not None
@@ -236,7 +196,7 @@ class ActorBatches(LoopHooks):
         while True:
             while self.queue and len(batch) < need:
                 msg = self.queue.popleft()
-                lag = self.loop.counters["updates"] - msg.version
+                lag = version - msg.version
                 stale = lag > 0 if t.sync else (t.max_policy_lag is not None and lag > t.max_policy_lag)
                 if stale:
                     self.stats["dropped_steps"] += msg.num_steps
@@ -259,7 +219,7 @@ class ActorBatches(LoopHooks):
                 if len(batch) >= enough_samples or done >= enough_workers:
                     self.stats["preempted_batches"] += 1
                     break
-            if self.loop.stop.requested:
+            if self.stop.requested:
                 return []
             msgs = pool.poll(0.2)  # credits bound what can arrive
             for m in msgs:
@@ -287,7 +247,7 @@ class ActorBatches(LoopHooks):
             "actors/policy_lag_max": float(max(lag)) if lag else math.nan,
             "actors/queue_fill": mean("queue_fill"), "actors/dequeue_wait_s": mean("dequeue_wait_s"),
             "actors/batch_rollouts": mean("batch_rollouts"), "time/actor_sps": actor_sps,
-            "time/learner_sps": mean("learner_sps"), "actors/policy_version": float(self.loop.counters["updates"]),
+            "time/learner_sps": mean("learner_sps"), "actors/policy_version": float(self.version),
             "actors/restarts": float(self.pool.total_restarts if self.pool else 0),
             **{f"actors/{k}": v for k, v in self.stats.items()},
         })
@@ -299,7 +259,7 @@ class ActorBatches(LoopHooks):
         rows = [self._actor_row(slot) for slot in self.pool.slots] if self.pool else []
         lag = self._window.get("lag", [])
         lag_txt = f"{min(lag)}/{np.mean(lag):.1f}/{max(lag)}" if lag else "-"
-        rows.append(f"policy v{self.loop.counters['updates']}  lag min/mean/max {lag_txt}  queue "
+        rows.append(f"policy v{self.version}  lag min/mean/max {lag_txt}  queue "
                     f"{len(self.queue)}/{self.capacity}  dropped {int(self.stats['dropped_rollouts'])} rollouts")
         return rows
 
@@ -314,6 +274,9 @@ class ActorBatches(LoopHooks):
 
 class SubprocessActorsTrainer(Trainer):
     """See the module docstring. Keys are ``trainer.*`` in ``conf/trainer/subprocess_actors.yaml``."""
+
+    name = "subprocess_actors"
+    capabilities = Capabilities(batched_rollouts=True)
 
     def __init__(self, *, settings: RunSettings, run_dir: Path, num_actors: int = 2, envs_per_actor: int | None = None,
                  rollout_len: int | None = None, batch_rollouts: int | None = None,
@@ -364,6 +327,12 @@ class SubprocessActorsTrainer(Trainer):
     def actor_seeds(self, actor_id: int, generation: int) -> SeedTree:
         return derive(self.settings.seed, self.envs_per_actor, path=(_ACTOR_BRANCH, actor_id, generation))
 
+    def update_size(self, rollout_len: int) -> UpdateSize:
+        """The learner merges ``batch_rollouts`` actor rollouts of ``envs_per_actor`` envs per update."""
+        steps, envs, batches = self.rollout_len or rollout_len, self.envs_per_actor, self.batch_rollouts
+        text = f"trainer.batch_rollouts ({batches}) x envs per actor ({envs}) x rollout_len ({steps})"
+        return UpdateSize(batches * envs * steps, text, self.num_actors * envs)
+
     def seed_trees(self) -> dict[str, SeedTree]:
         return {}  # recorded in train(): the actors' generations are known only after the resume
 
@@ -377,18 +346,19 @@ class SubprocessActorsTrainer(Trainer):
             trees[f"actor_{spec.actor_id}_gen_{spec.generation}"] = spec.seeds
             self.record_seeds(trees)
 
-        batches = ActorBatches(self)
-        loop = TrainLoop(s, self.run_dir, seeds=trees["learner"], device=device, stop=stop, title="learner",
-                         num_envs=self.batch_rollouts * self.envs_per_actor, hooks=batches,
-                         source_factory=lambda algo: batches,
-                         progress_factory=functools.partial(ActorsProgress, rows=batches.progress_rows))
+        batches = ActorBatches(self, stop)
+        parts = TrainerParts(hooks=batches, source_factory=lambda algo: batches,
+                             progress_factory=functools.partial(ActorsProgress, rows=batches.progress_rows),
+                             num_envs=self.batch_rollouts * self.envs_per_actor)
+        loop = TrainLoop(s, Placement(self.run_dir, trees["learner"], device, title="learner"), stop, parts)
         try:
             rollout_len = self.rollout_len or int(loop.algo.rollout_len)
             loop.resume()  # before the actors start: their generations (and seeds) come from the checkpoint
             for k, gen in enumerate(batches.generations):
                 trees[f"actor_{k}_gen_{gen}"] = self.actor_seeds(k, gen)
             self.record_seeds(trees)
-            batches.start_actors(functools.partial(self._make_spec, rollout_len=rollout_len), on_restart=record)
+            batches.start_actors(functools.partial(self._make_spec, rollout_len=rollout_len), on_restart=record,
+                                 algo=loop.algo, counters=loop.counters)
             summary = loop.run()
         finally:
             batches.shutdown()

@@ -85,9 +85,6 @@ class SharedWeights:
         h[1], h[2] = version, env_steps
         h[0] += 1  # even: consistent again
 
-    def set_env_steps(self, env_steps: int) -> None:
-        self._header[2] = env_steps  # a single aligned int64 store: no seqlock needed
-
     def mark_closing(self) -> None:
         """Tell every actor to stop (seen at its next check even if its pipe is blocked)."""
         self._header[3] = 1

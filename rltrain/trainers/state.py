@@ -1,0 +1,28 @@
+"""``LoopState``: what one training loop knows about its run so far, shared by the loop's components.
+
+The counters, the best evaluation and the target-return record travel in every checkpoint (and are
+broadcast to the other workers on resume); the rest lives for this session only.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+
+
+def fresh_counters() -> dict:
+    """A run's counters before its first step (a checkpoint stores this dict as it is)."""
+    return {"env_steps": 0, "updates": 0, "episodes": 0, "wall_time": 0.0}
+
+
+@dataclass
+class LoopState:
+    counters: dict = field(default_factory=fresh_counters)
+    best_eval: float = -math.inf
+    solved: dict | None = None  # {"env_steps", "seconds"} when the recent return first reached target_return
+    last_eval: tuple[float, float] | None = None  # (mean, std) of the latest evaluation this session
+    eval_s: float = 0.0  # seconds in evaluations this session: reported apart, left out of steps/s
+    last_checkpoint: Path | None = None  # the newest checkpoint written or resumed from: finite weights
+    resumed_from: Path | None = None
+    resume_changes: list[str] = field(default_factory=list)  # settings resume_allow_changes let differ
