@@ -1,5 +1,6 @@
-"""rltrain-export: the exported file, run by plain torch / onnxruntime in a process that never imports rltrain,
-acts like rltrain-eval's deterministic policy on the same observations."""
+"""rltrain-export: the file it writes, run by plain torch / onnxruntime in a process where importing rltrain
+fails, acts like the loaded policy's deterministic ``act`` (``rltrain.load_policy``) on the same observations:
+Discrete, Box, Dict and image observations, feed-forward and recurrent, in each format."""
 
 from __future__ import annotations
 
@@ -11,73 +12,121 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import torch
 
+import rltrain
 from tests.conftest import run_cli
 
 REPO = str(Path(__file__).resolve().parents[1])
 BASE = ["debug=smoke", "total_env_steps=512", "env.num_envs=2", "eval.every_env_steps=0", "logger=quiet"]
+DICT_ENV = ["algo=ppo", "algo.rollout_len=16", "model.hidden_sizes=[16]", "model.cnn_features=16",
+            "env.id=tests.helpers.obs_envs:DictEnv", "+env.kwargs.image_shape=[10,10,3]", "+env.kwargs.nested=true"]
 CASES = {
     "ppo_discrete": ["algo=ppo", "algo.norm_obs=true"],
     "ppo_box": ["algo=ppo", "env=pendulum", "algo.norm_obs=true", "algo.init_log_std=1.0"],
+    "ppo_dict": DICT_ENV,
     "dqn": ["algo=dqn", "algo.learning_starts=128", "algo.train_frequency=4", "algo.buffer_size=1000"],
     "sac": ["algo=sac", "env=pendulum", "algo.learning_starts=128", "algo.buffer_size=1000"],
     "ppo_image": ["algo=ppo", "env=minatar", "env.num_envs=2"],
 }
 RECURRENT = {core: ["algo=ppo", "env=cartpole_novel", f"model.core={core}", "model.core_size=16",
                     "algo.rollout_len=16"] for core in ("lstm", "gru")}
+FORMATS = ["export", "onnx", "torchscript"]
+SLOW = {"sac", "ppo_image"}  # their training runs take over 20 s on a busy machine
 
-# runs in a fresh interpreter whose path has no rltrain: only torch / onnxruntime / numpy
+# A fresh interpreter in which `import rltrain` raises, run from an empty directory without PYTHONPATH: only
+# torch / onnxruntime / numpy and the files. It steps each exported file T times over a batch of B envs (inputs
+# [T, B, ...] in its description's order), carrying a recurrent state and zeroing it where an episode ended.
 RUNNER = """
-import sys, numpy as np
-obs = np.load(sys.argv[3])
-if sys.argv[1] == "torchscript":
+import importlib.abc, sys
+class NoRltrain(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path=None, target=None):
+        if name == "rltrain" or name.startswith("rltrain."):
+            raise ImportError("an exported policy must run without rltrain, yet " + name + " was imported")
+sys.meta_path.insert(0, NoRltrain())
+import json, numpy as np
+arrays = np.load(sys.argv[1])
+done = arrays["done"]
+
+def stepper(fmt, model):
+    if fmt == "onnx":
+        import onnxruntime as ort
+        session = ort.InferenceSession(model, providers=["CPUExecutionProvider"])
+        outs = [o.name for o in session.get_outputs()]
+        names = [i.name for i in session.get_inputs()]
+        return lambda xs: session.run(outs, dict(zip(names, xs)))
     import torch
     torch.set_num_threads(1)
-    actions = torch.jit.load(sys.argv[2])(torch.from_numpy(obs)).numpy()
-else:
-    import onnxruntime as ort
-    session = ort.InferenceSession(sys.argv[2], providers=["CPUExecutionProvider"])
-    actions = session.run(["action"], {"obs": obs})[0]
-assert not any(m == "rltrain" or m.startswith("rltrain.") for m in sys.modules), "imported rltrain"
-np.save(sys.argv[4], actions)
+    net = torch.export.load(model).module() if fmt == "export" else torch.jit.load(model)
+    def step(xs):
+        result = net(*map(torch.from_numpy, xs))
+        return [t.numpy() for t in (result if isinstance(result, (tuple, list)) else (result,))]
+    return step
+
+results = {}
+for fmt, model in zip(sys.argv[3::2], sys.argv[4::2]):
+    record = json.load(open(model.rsplit(".", 1)[0] + ".json"))
+    state_names = record.get("state", {}).get("names", [])
+    obs_names = [i["name"] for i in record["inputs"]][:len(record["inputs"]) - len(state_names)]
+    state = [np.zeros((1, done.shape[1], record["state"]["shape"][2]), np.float32) for _ in state_names]
+    step, actions = stepper(fmt, model), []
+    for t in range(len(done)):
+        action, *state = step([arrays[n][t] for n in obs_names] + state)
+        actions.append(action)
+        state = [s * (1.0 - done[t])[None, :, None].astype(np.float32) for s in state]
+    results[fmt] = np.stack(actions)
+np.savez(sys.argv[2], **results)
 """
 
 
-def _plain_python_actions(fmt: str, model: Path, obs: np.ndarray, tmp: Path) -> np.ndarray:
-    np.save(tmp / "obs.npy", obs)
+def _standalone_actions(models: dict[str, Path], inputs: dict[str, np.ndarray], done: np.ndarray,
+                        tmp: Path) -> dict[str, np.ndarray]:
+    """Actions [T, B, ...] of each exported file (format -> file), run as described above."""
+    np.savez(tmp / "inputs.npz", done=done, **inputs)
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    res = subprocess.run([sys.executable, "-c", RUNNER, fmt, str(model), str(tmp / "obs.npy"), str(tmp / "act.npy")],
-                         capture_output=True, text=True, cwd=tmp, env=env, timeout=120)
-    assert res.returncode == 0, res.stderr
-    return np.load(tmp / "act.npy")
+    cwd = tmp / "elsewhere"
+    cwd.mkdir(exist_ok=True)
+    args = [str(a) for fmt, model in models.items() for a in (fmt, model)]
+    res = subprocess.run([sys.executable, "-c", RUNNER, str(tmp / "inputs.npz"), str(tmp / "act.npz"), *args],
+                         capture_output=True, text=True, cwd=cwd, env=env, timeout=300)
+    assert res.returncode == 0, res.stderr[-3000:]
+    with np.load(tmp / "act.npz") as saved:
+        return {fmt: saved[fmt] for fmt in models}
 
 
-def _eval_actions(run_dir: Path, obs: np.ndarray) -> np.ndarray:
-    """What rltrain-eval does with these observations: the loaded policy's deterministic act, Box clipped."""
-    from rltrain.cli.build import env_factory, load_policy
-
-    policy, cfg, _, _ = load_policy(run_dir)
-    spec = env_factory(cfg["env"]).spec()
-    with torch.no_grad():
-        actions = policy.act(torch.as_tensor(obs), deterministic=True).action.numpy()
-    if spec.action_kind != "discrete":
-        actions = np.clip(actions, np.asarray(spec.action_low), np.asarray(spec.action_high))
-    return actions
+def _stack(samples: list):
+    if isinstance(samples[0], dict):
+        return {k: _stack([s[k] for s in samples]) for k in samples[0]}
+    return np.stack(samples)
 
 
-def _observations(run_dir: Path, n: int = 64) -> np.ndarray:
-    """``n`` observations drawn from the env's own observation space (seeded), in its dtype; float ones
-    spread wider than the training data so that the normalisation and the action clipping matter."""
-    from rltrain.cli.build import env_factory, load_policy
+def _leaf(tree, name: str) -> np.ndarray:
+    for key in name.split(".")[1:]:  # "obs" or "obs.<key>[.<subkey>]"
+        tree = tree[key]
+    return tree
 
-    _, cfg, _, _ = load_policy(run_dir)
-    space = env_factory(cfg["env"]).make().observation_space
+
+def _observations(policy, n: int = 64):
+    """``n`` observations drawn from the env's own observation space (seeded), in its dtype; float ones spread
+    wider than the training data so that the normalisation and the action clipping matter."""
+    from rltrain.cli.build import env_factory
+
+    space = env_factory(policy.config["env"]).make().observation_space
     space.seed(0)
-    obs = np.stack([space.sample() for _ in range(n)])
-    if obs.dtype == np.float32:
-        obs = obs * np.float32(3.0)
-    return obs
+    return _widen(_stack([space.sample() for _ in range(n)]))
+
+
+def _widen(obs):
+    if isinstance(obs, dict):
+        return {k: _widen(v) for k, v in obs.items()}
+    return obs * np.float32(3.0) if obs.dtype == np.float32 else obs
+
+
+def _formats() -> list[str]:
+    """The formats this environment can write and run (onnx needs the export extra)."""
+    import importlib.util
+
+    onnx = all(importlib.util.find_spec(m) for m in ("onnx", "onnxscript", "onnxruntime"))
+    return [f for f in FORMATS if f != "onnx" or onnx]
 
 
 @pytest.fixture(scope="module")
@@ -90,7 +139,8 @@ def trained(tmp_path_factory):
                 pytest.importorskip("minatar")
             root = tmp_path_factory.mktemp(case)
             overrides = CASES[case] if case in CASES else RECURRENT[case]
-            res = run_cli([*BASE, *overrides, f"hydra.run.dir={root / 'run'}"], cwd=root, timeout=300)
+            res = run_cli([*BASE, *overrides, f"hydra.run.dir={root / 'run'}"], cwd=root, timeout=300,
+                          env={"PYTHONPATH": REPO})
             assert res.returncode == 0, res.stderr
             runs[case] = root / "run"
         return runs[case]
@@ -98,119 +148,137 @@ def trained(tmp_path_factory):
     return get
 
 
-SLOW = {"sac", "ppo_image"}  # their training runs take over 20 s on a busy machine
-
-
-@pytest.mark.parametrize("fmt", ["torchscript", "onnx"])
 @pytest.mark.parametrize("case", [pytest.param(c, marks=pytest.mark.slow) if c in SLOW else c for c in CASES])
-def test_exported_policy_acts_like_eval(trained, tmp_path, case, fmt):
-    if fmt == "onnx":
-        pytest.importorskip("onnx")
-        pytest.importorskip("onnxruntime")
+def test_exported_policy_acts_like_the_loaded_policy_without_rltrain(trained, tmp_path, case):
     from rltrain.cli.export import export
 
     run_dir = trained(case)
-    model = export(run_dir, fmt=fmt, out=tmp_path / "export")
-    obs = _observations(run_dir)
-    got = _plain_python_actions(fmt, model, obs, tmp_path)
-    want = _eval_actions(run_dir, obs)
-    assert got.shape == want.shape
-    if want.dtype.kind in "iu":
-        assert got.dtype == np.int64 and np.array_equal(got, want)
-        assert len(np.unique(want)) > 1 or case == "dqn"  # the observations exercise more than one action
-    else:
-        np.testing.assert_allclose(got, want, atol=1e-5, rtol=1e-5)
+    # any name --out gives: the description goes beside each file as <stem>.json
+    models = {fmt: export(run_dir, fmt=fmt, out=tmp_path / fmt / "policy.file", allow_import=True)
+              for fmt in _formats()}
     record = json.loads((tmp_path / "export" / "policy.json").read_text())
-    assert record["files"][fmt] == model.name
-    assert record["observation"] == {"shape": list(obs.shape[1:]), "dtype": str(obs.dtype)}
+    policy = rltrain.load_policy(run_dir, allow_import=True)
+    obs = _observations(policy)
+    names = [i["name"] for i in record["inputs"]]
+    got = _standalone_actions(models, {n: _leaf(obs, n)[None] for n in names}, np.zeros((1, 64), bool), tmp_path)
+    want, _ = policy.act(obs, deterministic=True)
+    for fmt, model in models.items():
+        assert model == tmp_path / fmt / "policy.file" and model.is_file()
+        assert json.loads((tmp_path / fmt / "policy.json").read_text())["files"] == {fmt: "policy.file"}
+        actions = got[fmt][0]
+        assert actions.shape == want.shape and actions.dtype == want.dtype, fmt
+        if want.dtype.kind in "iu":
+            assert np.array_equal(actions, want), fmt
+        else:
+            np.testing.assert_allclose(actions, want, atol=1e-5, rtol=1e-5, err_msg=fmt)
+    if want.dtype.kind in "iu":
+        assert len(np.unique(want)) > 1 or case == "dqn"  # the observations exercise more than one action
+    assert record["outputs"][0] == {"name": "action", "shape": ["B", *want.shape[1:]], "dtype": str(want.dtype)}
+    assert record["inputs"] == [{"name": n, "shape": ["B", *_leaf(obs, n).shape[1:]], "dtype": str(_leaf(obs, n).dtype)}
+                                for n in names]
+    if case == "ppo_dict":  # one input per stored key, in the space's (sorted) key order
+        assert names == ["obs.arm.gripper", "obs.arm.joints", "obs.flags", "obs.mode", "obs.pixels",
+                         "obs.state"]
 
 
-def test_cli_writes_default_dir_and_spaces(trained):
-    run_dir = trained("ppo_box")
-    res = subprocess.run([sys.executable, "-m", "rltrain.cli.export", str(run_dir), "--format", "torchscript"],
-                         capture_output=True, text=True, timeout=180, env={**os.environ, "PYTHONPATH": REPO})
-    assert res.returncode == 0, res.stderr
-    record = json.loads((run_dir / "export" / "policy.json").read_text())
-    assert record["action"] == {"kind": "box", "shape": [1], "dtype": "float32", "low": [-2.0], "high": [2.0]}
-    assert record["env_id"] == "Pendulum-v1" and record["files"] == {"torchscript": "policy.pt"}
-
-
-def test_bad_input_is_one_line(trained, tmp_path):
-    run_dir = trained("ppo_discrete")
-    env = {**os.environ, "PYTHONPATH": REPO}
-    for target, args, needle in ((run_dir, ["--format", "tflite"], "--format=tflite: unknown format"),
-                                 (tmp_path / "nothing", [], str(tmp_path / "nothing"))):
-        res = subprocess.run([sys.executable, "-m", "rltrain.cli.export", str(target), *args], capture_output=True,
-                             text=True, timeout=120, env=env)
-        assert res.returncode == 2 and res.stderr.startswith("rltrain-export: error:"), res.stderr
-        assert res.stderr.count("\n") == 1 and needle in res.stderr
-
-
-# a recurrent policy: T steps of a batch of envs, the state carried and zeroed where an episode ended
-RECURRENT_RUNNER = """
-import json, sys, numpy as np
-obs, done = np.load(sys.argv[3]), np.load(sys.argv[4])
-spec = json.load(open(sys.argv[6]))["state"]
-state = [np.zeros((1, obs.shape[1], spec["shape"][2]), np.float32) for _ in spec["names"]]
-if sys.argv[1] == "torchscript":
-    import torch
-    model = torch.jit.load(sys.argv[2])
-    step = lambda o, s: [t.numpy() for t in model(torch.from_numpy(o), *map(torch.from_numpy, s))]
-else:
-    import onnxruntime as ort
-    session = ort.InferenceSession(sys.argv[2], providers=["CPUExecutionProvider"])
-    outs = ["action", *(n + "_out" for n in spec["names"])]
-    step = lambda o, s: session.run(outs, {"obs": o, **dict(zip(spec["names"], s))})
-actions = []
-for t in range(len(obs)):
-    action, *state = step(obs[t], state)
-    actions.append(action)
-    state = [s * (1.0 - done[t])[None, :, None].astype(np.float32) for s in state]
-assert not any(m == "rltrain" or m.startswith("rltrain.") for m in sys.modules), "imported rltrain"
-np.save(sys.argv[5], np.stack(actions))
-"""
-
-
-@pytest.mark.parametrize("fmt", ["torchscript", "onnx"])
 @pytest.mark.parametrize("core", ["lstm", "gru"])
-def test_recurrent_export_carries_the_state_like_eval(trained, tmp_path, core, fmt):
+def test_recurrent_export_carries_the_state_like_the_loaded_policy(trained, tmp_path, core):
     """The exported recurrent actor, stepped with its state (zeroed at episode ends), picks the actions the
     loaded policy picks when it acts with its state; the state changes the action (memory is exported)."""
-    if fmt == "onnx":
-        pytest.importorskip("onnx")
-        pytest.importorskip("onnxruntime")
-    from rltrain.cli.build import load_policy
     from rltrain.cli.export import export
-    from rltrain.models.cores import reset_state
 
     run_dir = trained(core)
-    model = export(run_dir, fmt=fmt, out=tmp_path / "export")
-    record = json.loads((tmp_path / "export" / "policy.json").read_text())
-    assert record["state"]["names"] == (["h", "c"] if core == "lstm" else ["h"])
-    assert record["state"]["shape"] == [1, "B", 16]
+    models = {fmt: export(run_dir, fmt=fmt, out=tmp_path / f"policy.{fmt}") for fmt in _formats()}
+    record = json.loads((tmp_path / "policy.json").read_text())
+    names = ["h", "c"] if core == "lstm" else ["h"]
+    assert record["state"]["names"] == names and record["state"]["shape"] == [1, "B", 16]
+    assert [o["name"] for o in record["outputs"]] == ["action", *(f"{n}_out" for n in names)]
+    assert record["files"] == {fmt: f"policy.{fmt}" for fmt in models}  # the formats beside each other
 
     rng = np.random.default_rng(0)
     T, B = 40, 8
     obs = (rng.standard_normal((T, B, 4)) * [1.0, 0.0, 0.2, 0.0]).astype(np.float32)
     done = rng.random((T, B)) < 0.1
-    np.save(tmp_path / "obs.npy", obs)
-    np.save(tmp_path / "done.npy", done)
-    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    res = subprocess.run([sys.executable, "-c", RECURRENT_RUNNER, fmt, str(model), str(tmp_path / "obs.npy"),
-                          str(tmp_path / "done.npy"), str(tmp_path / "act.npy"),
-                          str(tmp_path / "export" / "policy.json")],
-                         capture_output=True, text=True, cwd=tmp_path, env=env, timeout=120)
-    assert res.returncode == 0, res.stderr
-    got = np.load(tmp_path / "act.npy")
+    got = _standalone_actions(models, {"obs": obs}, done, tmp_path)
 
-    policy, _, _, _ = load_policy(run_dir)
-    want, stateless, state = [], [], policy.initial_state(B)
-    with torch.no_grad():
-        for t in range(T):
-            out = policy.act(torch.as_tensor(obs[t]), state, deterministic=True)
-            want.append(out.action.numpy())
-            stateless.append(policy.act(torch.as_tensor(obs[t]), None, deterministic=True).action.numpy())
-            state = reset_state(out.state, done[t])
+    policy = rltrain.load_policy(run_dir)
+    want, stateless, state = [], [], None
+    for t in range(T):
+        action, state = policy.act(obs[t], state)
+        want.append(action)
+        stateless.append(policy.act(obs[t])[0])
+        state = policy.reset_state(state, done[t])
     want = np.stack(want)
-    assert got.dtype == np.int64 and np.array_equal(got, want)
+    for fmt in models:
+        assert got[fmt].dtype == np.int64 and np.array_equal(got[fmt], want), fmt
     assert not np.array_equal(want, np.stack(stateless))  # the state matters, so carrying it was tested
+
+
+def _cli(*args: str, cwd: Path) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "rltrain.cli.export", *args], capture_output=True, text=True,
+                          timeout=180, cwd=cwd, env={**os.environ, "PYTHONPATH": REPO})
+
+
+def test_cli_writes_the_named_file_refuses_to_overwrite_and_replaces_with_force(trained, tmp_path):
+    run_dir = trained("ppo_box")
+    res = _cli(str(run_dir), cwd=tmp_path)  # default: a torch.export program beside the run
+    assert res.returncode == 0, res.stderr
+    default = run_dir / "export" / "policy.pt2"
+    assert default.is_file() and res.stdout.strip() == f"wrote {default} and {default.with_suffix('.json')}"
+    record = json.loads(default.with_suffix(".json").read_text())
+    assert record["action"] == {"kind": "box", "shape": [1], "dtype": "float32", "low": [-2.0], "high": [2.0]}
+    assert record["env_id"] == "Pendulum-v1" and record["files"] == {"export": "policy.pt2"}
+    assert record["observation"] == {"shape": [3], "dtype": "float32"}
+
+    before = default.stat().st_mtime_ns
+    again = _cli(str(run_dir), cwd=tmp_path)
+    assert again.returncode == 2 and again.stderr.count("\n") == 1, again.stderr
+    assert again.stderr.startswith(f"rltrain-export: error: the default output {default}: exists; pass --force")
+    assert default.stat().st_mtime_ns == before
+
+    out = tmp_path / "deploy" / "pendulum.pt"  # --out names a file, parents created
+    res = _cli(str(run_dir / "checkpoints" / "final.pt"), "--format", "torchscript", "--out", str(out), cwd=tmp_path)
+    assert res.returncode == 0 and out.is_file() and (tmp_path / "deploy" / "pendulum.json").is_file()
+    assert "TorchScript is deprecated" in res.stderr and "--format export" in res.stderr
+    refused = _cli(str(run_dir), "--format", "torchscript", "--out", str(out), cwd=tmp_path)
+    assert refused.returncode == 2 and f"--out={out}: exists; pass --force" in refused.stderr
+    forced = _cli(str(run_dir), "--format", "torchscript", "--out", str(out), "--force", cwd=tmp_path)
+    assert forced.returncode == 0, forced.stderr
+    assert sorted(p.name for p in out.parent.iterdir()) == ["pendulum.json", "pendulum.pt"]  # no temp left
+
+
+def test_bad_input_is_one_line_and_writes_nothing(trained, tmp_path):
+    run_dir = trained("ppo_discrete")
+    (tmp_path / "a_dir").mkdir()
+    for target, args, needle in (
+            (run_dir, ["--format", "tflite"], "--format=tflite: unknown format; use export, onnx, torchscript"),
+            (run_dir, ["--out", str(tmp_path / "a_dir")], f"--out={tmp_path / 'a_dir'}: is a directory"),
+            (run_dir, ["--out", str(tmp_path / "p.json")], "p.json: .json is the name of the description"),
+            (tmp_path / "nothing", ["--out", str(tmp_path / "x.pt2")], str(tmp_path / "nothing"))):
+        res = _cli(str(target), *args, cwd=tmp_path)
+        assert res.returncode == 2 and res.stderr.startswith("rltrain-export: error:"), res.stderr
+        assert res.stderr.count("\n") == 1 and needle in res.stderr, res.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a_dir"] and not any((tmp_path / "a_dir").iterdir())
+
+
+def test_onnx_falls_back_to_the_torchscript_exporter_out_loud(trained, tmp_path, monkeypatch, capsys):
+    """Where the dynamo exporter cannot convert a policy, one line says why and the dynamo=False exporter
+    writes a file that still acts like the policy."""
+    if "onnx" not in _formats():
+        pytest.skip("needs rltrain[export]")
+    from rltrain.cli import export as export_cli
+
+    def refuse(*args, **kwargs):
+        raise RuntimeError("no ONNX translation for aten::made_up_op\nsecond line of detail")
+
+    monkeypatch.setattr(export_cli, "exported_program", refuse)
+    run_dir = trained("ppo_discrete")
+    model = export_cli.export(run_dir, fmt="onnx", out=tmp_path / "policy.onnx")
+    err = [line for line in capsys.readouterr().err.splitlines() if line.startswith("rltrain-export:")]
+    assert err == ["rltrain-export: warning: the dynamo ONNX exporter failed (RuntimeError: no ONNX translation "
+                   "for aten::made_up_op); falling back to torch.onnx.export(dynamo=False)"]
+    policy = rltrain.load_policy(run_dir)
+    obs = _observations(policy)
+    got = _standalone_actions({"onnx": model}, {"obs": obs[None]}, np.zeros((1, 64), bool), tmp_path)["onnx"]
+    assert np.array_equal(got[0], policy.act(obs)[0])
+

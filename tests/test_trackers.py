@@ -287,6 +287,23 @@ def test_mlflow_follows_its_environment(tmp_path):
     assert run.data.metrics["sps"] == pytest.approx(json.loads((run_dir / "summary.json").read_text())["sps"])
 
 
+
+def test_mlflow_refusing_a_directory_store_is_one_line_naming_both_fixes(tmp_path):
+    """MLFLOW_TRACKING_URI naming a directory without MLFLOW_ALLOW_FILE_STORE: MLflow 3 refuses its file store;
+    the run stops before training with one line (the opt-in, or a database URI), and writes nothing."""
+    pytest.importorskip("mlflow")
+    run_dir, store = tmp_path / "run", tmp_path / "store"
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("MLFLOW_", "HYDRA_FULL_ERROR"))}
+    env["MLFLOW_TRACKING_URI"] = str(store)
+    res = subprocess.run([sys.executable, "-m", "rltrain", *SMOKE, "logger=mlflow", f"hydra.run.dir={run_dir}"],
+                         cwd=tmp_path, capture_output=True, text=True, timeout=300, env=env)
+    assert res.returncode == 2, res.stderr[-3000:]
+    assert res.stderr.count("\n") == 1 and "Traceback" not in res.stderr, res.stderr
+    assert res.stderr.startswith(f"rltrain: error: logger=mlflow: MLflow 3 opens the directory store {store} only "
+                                 "with MLFLOW_ALLOW_FILE_STORE=true; set it, or use a database store: "
+                                 f"MLFLOW_TRACKING_URI=sqlite:///{store}.db")
+    assert not run_dir.exists() and not store.exists()
+
 @pytest.mark.slow
 def test_wandb_multirun_jobs_are_runs_grouped_by_sweep(tmp_path):
     pytest.importorskip("wandb")

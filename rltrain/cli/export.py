@@ -1,141 +1,298 @@
-"""``rltrain-export <run dir or checkpoint> --format torchscript|onnx [--out DIR]``: a standalone policy.
+"""``rltrain-export <run dir or checkpoint> [--format export|onnx|torchscript] [--out FILE] [--force]``:
+a standalone policy file.
 
 The file maps a batch of observations to a batch of actions with nothing of rltrain needed to run it:
-observation normalisation folded in, deterministic (argmax for Discrete, the Gaussian mean for Box, SAC's
-mean squashed by tanh and scaled to the bounds), Box actions clipped to the action space as ``rltrain-eval``
-does before stepping an env. Beside it, ``policy.json`` describes the spaces. The checkpoint is loaded through
-``rltrain.cli.build.load_policy``: nothing named inside it is imported without ``--allow-import``.
+observation normalisation folded in, deterministic (the action distribution's mode: argmax for Discrete, the
+Gaussian mean for Box, SAC's mean squashed by tanh and scaled to the bounds), Box actions clipped to the action
+space as ``rltrain-eval`` does before stepping an env. Each policy supplies the module itself
+(``export_module()``, built from its own action distribution), so a new registered distribution exports
+with no change here. Beside the file, ``<name>.json`` describes its inputs and outputs.
 
-    obs [B, *obs_shape] (the env's dtype: float32, uint8 pixels ...) -> action [B] int64 | [B, *action_shape] float32
+    obs [B, *obs_shape] (the env's dtype: float32, uint8 / bool pixels, int64 Discrete ...)
+        -> action [B] int64 | [B, *action_shape] (the distribution's dtype)
 
-A recurrent policy (``model.core=lstm|gru``) exports its actor core's state as inputs and outputs, each
-[1, B, core_size] float32 (LSTM: ``h``, ``c``; GRU: ``h``); start from zeros and zero an env's state when its
-episode ends, as the collector and ``rltrain-eval`` do:
+A Dict observation is one input per stored key, in the space's key order, named ``obs.<key>`` (nested:
+``obs.<key>.<subkey>``). A recurrent policy (``model.core=lstm|gru``) takes its actor core's state as inputs
+and returns the next one, each [1, B, core_size] float32 (LSTM: ``h``, ``c``; GRU: ``h``); start from zeros and
+zero an env's state when its episode ends, as the collector and ``rltrain-eval`` do:
 
-    obs, h[, c] -> action, h_out[, c_out]
+    obs..., h[, c] -> action, h_out[, c_out]
+
+Formats: ``export`` (default) a ``torch.export`` ExportedProgram (``.pt2``, ``torch.export.load``);
+``onnx`` converted from that same program by torch's ``dynamo=True`` exporter (onnxruntime); ``torchscript``
+(``torch.jit.trace``, ``.pt``), which torch deprecates: kept for existing consumers, its warning shown.
+The checkpoint loads through ``rltrain.cli.build.load_policy``, as in ``rltrain-eval`` and
+``rltrain.load_policy``: nothing named inside it is imported without ``--allow-import``.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
+import os
 import sys
-import warnings
 from pathlib import Path
 
 from rltrain.errors import ConfigError
 
-FORMATS = {"torchscript": "policy.pt", "onnx": "policy.onnx"}
+FORMATS = {"export": ".pt2", "onnx": ".onnx", "torchscript": ".pt"}
+DEFAULT_FORMAT = "export"
+EXAMPLE_BATCH = 2  # torch.export specialises sizes 0 and 1: a batch of 2 keeps the batch axis symbolic
 
 
-def deterministic_actor(policy, spec):
-    """An ``nn.Module`` obs (+ state) -> action that runs only torch ops (no numpy fast path, no sampling):
-    the policy's own ``export_module()``, frozen (the exported graph returns plain tensors)."""
-    return policy.export_module().eval().requires_grad_(False)
+def run_dir_of(path: Path) -> Path:
+    """The run dir a checkpoint file or run dir argument belongs to (where the default export goes)."""
+    path = Path(path)
+    if path.is_dir():
+        return path.parent if path.name == "checkpoints" else path
+    return path.parent.parent if path.parent.name == "checkpoints" else path.parent
 
 
-def state_names(policy) -> list[str]:
-    """The exported state inputs of a recurrent policy's actor core ([] when feed-forward)."""
-    return list(policy.export_module().state_names)
+def target_of(path: Path, fmt: str, out: Path | None, *, force: bool) -> Path:
+    """The file to write, checked before anything loads (a refused command writes nothing)."""
+    if fmt not in FORMATS:
+        raise ConfigError(f"--format={fmt}: unknown format; use {', '.join(FORMATS)}")
+    target = Path(out) if out is not None else run_dir_of(path) / "export" / f"policy{FORMATS[fmt]}"
+    flag = f"--out={out}" if out is not None else f"the default output {target}"
+    if target.is_dir():
+        raise ConfigError(f"{flag}: is a directory; --out names the file to write (e.g. {target / 'policy'}"
+                          f"{FORMATS[fmt]})")
+    if target.suffix == ".json":
+        raise ConfigError(f"{flag}: .json is the name of the description written beside the policy; "
+                          f"name the policy file (e.g. {target.with_suffix(FORMATS[fmt])})")
+    if target.exists() and not force:
+        raise ConfigError(f"{flag}: exists; pass --force to replace it, or another --out")
+    return target
 
 
-def spaces_record(spec, *, out: Path, cfg: dict, checkpoint: Path, policy=None) -> dict:
-    """The JSON beside the policy files: what goes in, what comes out."""
-    if spec.action_kind == "discrete":
-        action = {"kind": "discrete", "n": spec.n_actions, "dtype": "int64"}
-    else:
-        action = {"kind": "box", "shape": list(spec.action_shape), "dtype": "float32",
-                  "low": list(spec.action_low), "high": list(spec.action_high)}
-    files = {fmt: name for fmt, name in FORMATS.items() if (out / name).exists()}
-    record = {"files": files, "env_id": spec.env_id, "algo": cfg["algo"]["_target_"],
-              "checkpoint": str(checkpoint.resolve()), "input": "obs [B, *shape]",
-              "output": "action [B] or [B, *shape]",
-              "observation": {"shape": list(spec.obs_shape), "dtype": spec.obs_dtype}, "action": action}
-    names = state_names(policy)
-    if names:
-        size = policy.export_module().state_size
-        record["input"] += "".join(f", {n} [1, B, {size}]" for n in names)
-        record["output"] += "".join(f", {n}_out [1, B, {size}]" for n in names)
-        record["state"] = {"names": names, "shape": [1, "B", size], "dtype": "float32", "initial": "zeros",
+def leaf_names(space) -> list[tuple[str, ...]]:
+    """The key path of each stored observation array, in ``obs_leaves`` order (() for a plain array)."""
+    if space.kind != "dict":
+        return [()]
+    return [(key, *sub) for key, part in space.parts if part.kind != "unsupported" for sub in leaf_names(part)]
+
+
+def example_leaves(space, batch: int) -> list:
+    """One valid batch per stored array (values are irrelevant to the graph: Discrete ones at ``start``)."""
+    import numpy as np
+    import torch
+
+    from rltrain.data.structs import storage_dtype
+
+    if space.kind == "dict":
+        return [leaf for _, part in space.parts if part.kind != "unsupported"
+                for leaf in example_leaves(part, batch)]
+    fill = space.start if space.kind == "discrete" else 0
+    return [torch.as_tensor(np.full((batch, *space.shape), fill, dtype=storage_dtype(space.dtype)))]
+
+
+def flat_actor(actor, paths: list[tuple[str, ...]]):
+    """``actor`` (obs tree (+ state) -> action (+ state)) taking one positional tensor per stored observation
+    array, then the state: the form every format shares (ONNX inputs are flat and named)."""
+    from torch import nn
+
+    class FlatActor(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.actor = actor
+
+        def forward(self, *inputs):
+            n = len(paths)
+            if paths == [()]:
+                obs = inputs[0]
+            else:
+                obs = {}
+                for path, leaf in zip(paths, inputs[:n], strict=True):
+                    node = obs
+                    for key in path[:-1]:
+                        node = node.setdefault(key, {})
+                    node[path[-1]] = leaf
+            return self.actor(obs, *inputs[n:])
+
+    return FlatActor().eval()
+
+
+def describe(spec, *, fmt: str, target: Path, cfg: dict, checkpoint: Path, names: list[str],
+             example: tuple, outputs: tuple, state_names: list[str]) -> dict:
+    """The JSON beside the policy file: every input and output with its shape and dtype ("B": the batch)."""
+
+    def tensor(name, t, batch_axis=0):
+        shape: list = list(t.shape)
+        shape[batch_axis] = "B"
+        return {"name": name, "shape": shape, "dtype": str(t.dtype).removeprefix("torch.")}
+
+    n_obs = len(names) - len(state_names)
+    inputs = [tensor(n, t, 0 if i < n_obs else 1) for i, (n, t) in enumerate(zip(names, example, strict=True))]
+    out_names = ["action", *(f"{n}_out" for n in state_names)]
+    outs = [tensor(n, t, 0 if i == 0 else 1) for i, (n, t) in enumerate(zip(out_names, outputs, strict=True))]
+    action = {"kind": spec.action_kind, "shape": outs[0]["shape"][1:], "dtype": outs[0]["dtype"]}
+    if spec.n_actions:
+        action["n"] = spec.n_actions
+    if spec.action_low:
+        action["low"], action["high"] = list(spec.action_low), list(spec.action_high)
+    sidecar = target.with_suffix(".json")
+    files = {}
+    if sidecar.exists():  # another format of the same checkpoint exported beside it: keep listing it
+        try:
+            old = json.loads(sidecar.read_text())
+            if old.get("checkpoint") == str(checkpoint.resolve()):
+                files = {f: n for f, n in dict(old.get("files", {})).items() if (target.parent / n).exists()}
+        except (OSError, ValueError, TypeError, AttributeError):
+            files = {}
+    record = {"files": {**files, fmt: target.name}, "env_id": spec.env_id, "algo": cfg["algo"]["_target_"],
+              "checkpoint": str(checkpoint.resolve()), "inputs": inputs, "outputs": outs, "action": action}
+    if n_obs == 1 and names[0] == "obs":
+        record["observation"] = {"shape": inputs[0]["shape"][1:], "dtype": inputs[0]["dtype"]}
+    if state_names:
+        record["state"] = {"names": state_names, "shape": inputs[-1]["shape"], "dtype": "float32",
+                           "initial": "zeros",
                            "reset": "zero an env's columns when its episode ends (terminated or truncated)"}
     return record
 
 
-def example_observations(spec, batch: int = 2):
-    """A batch in the observation space's dtype (values are irrelevant: tracing records the ops)."""
-    import numpy as np
-    import torch
-
-    return torch.as_tensor(np.zeros((batch, *spec.obs_shape), dtype=np.dtype(spec.obs_dtype)))
-
-
-def export(path: Path, *, fmt: str, out: Path | None = None, allow_import: bool = False) -> Path:
-    """Write ``policy.pt`` / ``policy.onnx`` and ``policy.json`` into ``out``; returns the policy file."""
+def export(path: Path, *, fmt: str = DEFAULT_FORMAT, out: Path | None = None, force: bool = False,
+           allow_import: bool = False) -> Path:
+    """Write the policy file (``out``, default ``<run dir>/export/policy.<ext>``) and ``<out stem>.json``
+    beside it; returns the policy file."""
+    target = target_of(Path(path), fmt, out, force=force)
+    if fmt == "onnx":
+        missing = [m for m in ("onnx", "onnxscript") if importlib.util.find_spec(m) is None]
+        if missing:
+            raise ConfigError(f"--format=onnx needs {' and '.join(missing)}: pip install 'rltrain[export]'")
     import torch
 
     from rltrain.cli.build import env_factory, load_policy
 
-    if fmt not in FORMATS:
-        raise ConfigError(f"--format={fmt}: unknown format; use torchscript or onnx")
     policy, cfg, ckpt_path, _ = load_policy(Path(path), device="cpu", allow_import=allow_import)
     spec = env_factory(cfg["env"]).spec()
-    if spec.obs_space is not None and spec.observation.kind != "box":
-        raise ConfigError(f"checkpoint={ckpt_path}: observations of {spec.observation.name} cannot be exported "
-                          "(Box observations only: one array in, one action out)")
-    out = Path(out) if out else ckpt_path.parent.parent / "export"
-    out.mkdir(parents=True, exist_ok=True)
-    actor = deterministic_actor(policy, spec)
-    example = example_observations(spec)
-    names = state_names(policy)
-    if names:  # a non-zero example state, so that tracing cannot fold the state away
-        size = actor.state_size
-        example = (example, *(torch.full((1, example.shape[0], size), 0.5) for _ in names))
-    else:
-        example = (example,)
-    target = out / FORMATS[fmt]
+    actor = policy.export_module().eval().requires_grad_(False)
+    for tensor in [*actor.parameters(), *actor.buffers()]:  # own storage each: fused weights share one buffer,
+        tensor.data = tensor.data.clone()                     # which the .pt2 archive cannot split cleanly
+    state_names = list(actor.state_names)
+    paths = leaf_names(spec.observation)
+    names = ["obs" if p == () else "obs." + ".".join(p) for p in paths] + state_names
+    example = tuple(example_leaves(spec.observation, EXAMPLE_BATCH))
+    # a non-zero example state, so that tracing cannot fold the state away
+    example += tuple(torch.full((1, EXAMPLE_BATCH, actor.state_size), 0.5) for _ in state_names)
+    module = flat_actor(actor, paths)
     with torch.no_grad():
-        if fmt == "torchscript":
-            with warnings.catch_warnings():  # torch 2.13 marks jit.trace deprecated; torch.jit.load still reads it
-                warnings.simplefilter("ignore", DeprecationWarning)
-                torch.jit.trace(actor, example).save(str(target))
-        else:
-            _onnx(actor, example, target, names)
-    record = spaces_record(spec, out=out, cfg=cfg, checkpoint=ckpt_path, policy=policy)
-    (out / "policy.json").write_text(json.dumps(record, indent=2) + "\n")
+        outputs = module(*example)
+    outputs = outputs if isinstance(outputs, tuple) else (outputs,)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = target.with_name(f".{target.name}.tmp-{os.getpid()}{FORMATS[fmt]}")  # the suffix torch expects
+    try:
+        WRITERS[fmt](module, example, tmp, names, len(paths), len(outputs))
+        os.replace(tmp, target)
+    finally:
+        tmp.unlink(missing_ok=True)
+    record = describe(spec, fmt=fmt, target=target, cfg=cfg, checkpoint=ckpt_path, names=names,
+                      example=example, outputs=outputs, state_names=state_names)
+    target.with_suffix(".json").write_text(json.dumps(record, indent=2) + "\n")
     return target
 
 
-def _onnx(actor, example: tuple, target: Path, names: list[str]) -> None:
-    import importlib.util
+def exported_program(module, example: tuple, n_obs: int):
+    """``torch.export.export`` with the batch axis symbolic (axis 0 of observations, 1 of states)."""
+    import torch
+
+    batch = torch.export.Dim("batch")
+    axes = tuple({0 if i < n_obs else 1: batch} for i in range(len(example)))
+    with torch.no_grad():
+        return torch.export.export(module, example, dynamic_shapes=(axes,))
+
+
+def write_export(module, example: tuple, target: Path, names: list[str], n_obs: int, n_out: int) -> None:
+    import torch
+
+    torch.export.save(exported_program(module, example, n_obs), str(target))
+
+
+def write_onnx(module, example: tuple, target: Path, names: list[str], n_obs: int, n_out: int) -> None:
+    """Through torch's ``dynamo=True`` exporter, from the same ExportedProgram ``--format export`` writes.
+    Where it cannot convert a policy (e.g. a user's encoder with an op that has no ONNX translation yet), one
+    line says why and the TorchScript-based exporter (``dynamo=False``) writes the file instead."""
+    import torch
+
+    state = names[n_obs:]
+    out_names = ["action", *(f"{n}_out" for n in state)][:n_out]
+    try:
+        program = exported_program(module, example, n_obs)
+        with _quiet_onnx_registry():
+            torch.onnx.export(program, (), str(target), input_names=names, output_names=out_names, dynamo=True,
+                              external_data=False, verbose=False)
+        return
+    except (ImportError, ModuleNotFoundError):
+        raise
+    except Exception as err:  # noqa: BLE001 - any exporter failure: said in one line, then the fallback
+        reason = (str(err).strip().splitlines() or [type(err).__name__])[0][:200]
+        print(f"rltrain-export: warning: the dynamo ONNX exporter failed ({type(err).__name__}: {reason}); "
+              "falling back to torch.onnx.export(dynamo=False)", file=sys.stderr)
+    axes = {n: {0 if i < n_obs else 1: "batch"} for i, n in enumerate(names)}
+    axes.update({n: {0 if i == 0 else 1: "batch"} for i, n in enumerate(out_names)})
+    torch.onnx.export(module, example, str(target), input_names=names, output_names=out_names,
+                      dynamic_axes=axes, dynamo=False)
+
+
+class _quiet_onnx_registry:
+    """The dynamo exporter logs one warning per torchvision op it cannot register when torchvision is absent:
+    irrelevant to a policy, so its registry logger is raised to ERROR for the call (and restored)."""
+
+    NAME = "torch.onnx._internal.exporter._registration"
+
+    def __enter__(self):
+        import logging
+
+        self.logger = logging.getLogger(self.NAME)
+        self.level = self.logger.level
+        self.logger.setLevel(logging.ERROR)
+
+    def __exit__(self, *exc):
+        self.logger.setLevel(self.level)
+
+
+def write_torchscript(module, example: tuple, target: Path, names: list[str], n_obs: int, n_out: int) -> None:
+    """``torch.jit.trace``. Torch deprecates TorchScript with a DeprecationWarning, which Python hides outside
+    ``__main__``: it is caught here and said on stderr with the successor this command writes."""
+    import warnings
 
     import torch
 
-    if importlib.util.find_spec("onnx") is None:
-        raise ConfigError("--format=onnx needs the onnx package: pip install 'rltrain[export]'")
-    # the TorchScript-based exporter (the torch.export one needs onnxscript too): our actors are straight-line
-    # torch ops, which it handles; its deprecation notice is about exporters, not about this file
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", DeprecationWarning)
-        outs = [f"{n}_out" for n in names]
-        axes = {"obs": {0: "batch"}, "action": {0: "batch"}, **{n: {1: "batch"} for n in [*names, *outs]}}
-        torch.onnx.export(actor, example, str(target), input_names=["obs", *names], output_names=["action", *outs],
-                          dynamic_axes=axes, dynamo=False)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        torch.jit.trace(module, example).save(str(target))
+    said = next((str(w.message) for w in caught if issubclass(w.category, DeprecationWarning)), "")
+    print(f"rltrain-export: warning: TorchScript is deprecated by torch{f' ({said})' if said else ''}; "
+          "--format export writes its successor (a torch.export program, torch.export.load)", file=sys.stderr)
+    for w in caught:  # anything else torch said, as it said it
+        if not issubclass(w.category, DeprecationWarning):
+            warnings.showwarning(w.message, w.category, w.filename, w.lineno)
+
+
+WRITERS = {"export": write_export, "onnx": write_onnx, "torchscript": write_torchscript}
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="rltrain-export", description=__doc__.splitlines()[0].split(": ", 1)[1])
+    p = argparse.ArgumentParser(prog="rltrain-export", description="a standalone policy file: a batch of "
+                                "observations in, the deterministic actions out, no rltrain needed to run it")
     p.add_argument("path", help="a checkpoint file (.pt) or a run directory (its final or latest checkpoint)")
-    p.add_argument("--format", default="torchscript", help="torchscript (torch.jit.load) or onnx (onnxruntime)")
-    p.add_argument("--out", type=Path, default=None, help="output directory (default: <run dir>/export)")
+    p.add_argument("--format", default=DEFAULT_FORMAT,
+                   help="export (default: torch.export ExportedProgram, .pt2), onnx (onnxruntime, .onnx) or "
+                        "torchscript (deprecated by torch, .pt)")
+    p.add_argument("--out", type=Path, default=None,
+                   help="the file to write (default: <run dir>/export/policy.pt2|.onnx|.pt); "
+                        "a description goes beside it as <name>.json")
+    p.add_argument("--force", action="store_true", help="replace --out if it exists")
     p.add_argument("--allow-import", action="store_true",
                    help="let an env.id import path stored in the checkpoint import its module (trusted files only)")
     args = p.parse_args(argv)
     try:
-        target = export(Path(args.path), fmt=args.format, out=args.out, allow_import=args.allow_import)
+        target = export(Path(args.path), fmt=args.format, out=args.out, force=args.force,
+                        allow_import=args.allow_import)
     except ConfigError as err:
         print(f"rltrain-export: error: {err}", file=sys.stderr)
         return 2
-    print(f"wrote {target} and {target.with_name('policy.json')}")
+    print(f"wrote {target} and {target.with_suffix('.json')}")
     return 0
 
 

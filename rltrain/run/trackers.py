@@ -155,6 +155,18 @@ def wandb_error_line(err: Exception) -> str:
     return f"logger=wandb: W&B did not start a run ({text}); {fixes}"
 
 
+def mlflow_error_line(err: Exception, tracking_uri: str) -> str:
+    """One line for a tracking store MLflow will not open; for a directory store (which MLflow 3 opens only
+    with ``MLFLOW_ALLOW_FILE_STORE=true``), both ways out."""
+    text = " ".join(str(err).split())
+    if "MLFLOW_ALLOW_FILE_STORE" in text:
+        store = tracking_uri.removeprefix("file://")
+        return (f"logger=mlflow: MLflow 3 opens the directory store {tracking_uri} only with "
+                f"MLFLOW_ALLOW_FILE_STORE=true; set it, or use a database store: "
+                f"MLFLOW_TRACKING_URI=sqlite:///{Path(store).resolve()}.db")
+    return f"logger=mlflow: MLflow could not open the tracking store {tracking_uri} ({type(err).__name__}: {text[:300]})"
+
+
 class MLflowLogger:
     """One MLflow run per process that logs; ``tracking_uri=None`` uses ``MLFLOW_TRACKING_URI``, else a local
     store ``<run dir>/mlruns`` (the sweep dir's under a multirun, the run's for parallel agents: one store per
@@ -173,8 +185,11 @@ class MLflowLogger:
             # a plain directory is MLflow's file store, which MLflow 3 keeps behind this opt-in; pass
             # logger.tracking_uri=sqlite:///... (or a server) for a database store
             os.environ.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")
-        self.client = MlflowClient(tracking_uri=tracking_uri)
-        experiment = self.client.get_experiment_by_name(project)
+        try:
+            self.client = MlflowClient(tracking_uri=tracking_uri)
+            experiment = self.client.get_experiment_by_name(project)
+        except Exception as err:  # noqa: BLE001 - MlflowException and what its stores raise: one line
+            raise ConfigError(mlflow_error_line(err, tracking_uri)) from None
         if experiment is None:
             try:
                 experiment_id = self.client.create_experiment(project)
