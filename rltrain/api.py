@@ -125,7 +125,7 @@ def load_policy(path: str | Path, *, device: str = "cpu", allow_import: bool = F
     from rltrain.cli.build import load_policy as load
 
     module, cfg, checkpoint, _ = load(Path(path), device=device, allow_import=allow_import)
-    return LoadedPolicy(module, spec=env_factory(cfg["env"]).spec(), config=cfg, checkpoint=checkpoint)
+    return LoadedPolicy(module, spec=env_factory(cfg["env"], cfg.get("algo")).spec(), config=cfg, checkpoint=checkpoint)
 
 
 @dataclass

@@ -78,7 +78,7 @@ def export(path: Path, *, fmt: str, out: Path | None = None, allow_import: bool 
     if fmt not in FORMATS:
         raise ConfigError(f"--format={fmt}: unknown format; use torchscript or onnx")
     policy, cfg, ckpt_path, _ = load_policy(Path(path), device="cpu", allow_import=allow_import)
-    spec = env_factory(cfg["env"]).spec()
+    spec = env_factory(cfg["env"], cfg.get("algo")).spec()
     if spec.obs_space is not None and spec.observation.kind != "box":
         raise ConfigError(f"checkpoint={ckpt_path}: observations of {spec.observation.name} cannot be exported "
                           "(Box observations only: one array in, one action out)")
