@@ -43,6 +43,11 @@ def spaces_record(spec, *, out: Path, cfg: dict, checkpoint: Path, policy=None) 
     """The JSON beside the policy files: what goes in, what comes out."""
     if spec.action_kind == "discrete":
         action = {"kind": "discrete", "n": spec.n_actions, "dtype": "int64"}
+    elif spec.action_kind == "multi_discrete":
+        action = {"kind": "multi_discrete", "nvec": list(spec.nvec), "start": list(spec.action_start),
+                  "shape": list(spec.action_shape), "dtype": "int64"}
+    elif spec.action_kind == "multi_binary":
+        action = {"kind": "multi_binary", "shape": list(spec.action_shape), "dtype": "int8"}
     else:
         action = {"kind": "box", "shape": list(spec.action_shape), "dtype": "float32",
                   "low": list(spec.action_low), "high": list(spec.action_high)}
