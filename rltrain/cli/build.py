@@ -236,7 +236,7 @@ def settings_from(cfg: dict) -> RunSettings:
         logger=group_settings(LoggerSettings, cfg["logger"], "logger"), model=model_settings(cfg), config=cfg)
 
 
-_MASK_LINES: set[str] = set()  # said once per process (parallel agents build one env factory each)
+_MASK_LINES: set[str] = set()  # said once per build (parallel agents build one env factory each)
 
 
 def env_settings(cfg: dict) -> EnvFactory:
@@ -260,6 +260,7 @@ def env_factory(node: dict, algo: dict | None = None) -> EnvFactory:
 
 def build_trainer(cfg: dict, run_dir: Path):
     """The trainer object for a prepared plain config; nothing starts until its ``fit()``."""
+    _MASK_LINES.clear()
     trainer_cls = resolve_target(cfg["trainer"], "trainer")
     params = hparams(cfg["trainer"])
     check_kwargs(trainer_cls, params, "trainer")

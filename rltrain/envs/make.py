@@ -335,7 +335,8 @@ class EnvFactory:
             return (dataclasses.replace(self, action_mask="drop" if source == "key" else "off"),
                     f"env.id={self.id} offers an action mask ({where}); ignored: {why}")
         return (dataclasses.replace(self, action_mask=source),
-                f"action masking on: the mask comes from {where} (algo.action_mask={mode}; off ignores it)")
+                f"action masking on for env.id={self.id}: the mask comes from {where} "
+                f"(algo.action_mask={mode}; off ignores it)")
 
     def record(self) -> dict:
         """The plain dict this factory was built from (config.yaml, checkpoints)."""
