@@ -57,8 +57,13 @@ def resolve_target(node: dict, group: str) -> type:
         raise ConfigError(f"{group}._target_={target!r} cannot be imported: {err}") from None
 
 
+# keys of a group that rltrain reads itself rather than passing to the group's class: algo.action_mask
+# (train.yaml, merged into every algo) decides how the envs are wrapped (``env_settings``)
+NOT_HPARAMS = ("action_mask",)
+
+
 def hparams(node: dict) -> dict:
-    return {k: v for k, v in node.items() if not k.startswith("_")}
+    return {k: v for k, v in node.items() if not k.startswith("_") and k not in NOT_HPARAMS}
 
 
 def check_kwargs(cls: type, params: dict, group: str) -> None:
@@ -123,7 +128,6 @@ def algo_factory(cfg: dict):
     settings, for an algorithm that builds its networks from the model family)."""
     cls = resolve_target(cfg["algo"], "algo")
     params = hparams(cfg["algo"])
-    params.pop("action_mask", None)  # the env's concern (``env_settings``): the policy reads the mask key
     check_kwargs(cls, params, "algo")
     if "model" in inspect.signature(cls.__init__).parameters:
         params["model"] = model_settings(cfg)
