@@ -185,3 +185,27 @@ def test_nested_tuples_are_encoded_and_an_unreadable_part_is_refused_by_path(mon
     message = str(err.value)
     assert "\n" not in message and "'3'" in message and "FlattenObservation" in message
     assert "model.ignore_keys=[3]" in message
+
+
+@pytest.mark.parametrize("kind,dtype,shape", [("md", np.int64, (2,)), ("mb", np.int8, (4,))])
+def test_rollouts_and_actor_batches_keep_the_action_dtype_and_shape(kind, dtype, shape):
+    import pickle
+
+    from rltrain.envs.make import make_vector_env
+    from rltrain.trainers.actors.learner import merge_rollouts
+    from rltrain.trainers.collector import RolloutCollector
+
+    spec = _spec(kind)
+    policy = build(spec, ModelSettings(hidden_sizes=(8,)), "actor_critic")
+    venv = make_vector_env(MD if kind == "md" else MB, 2, [0, 1])
+    col = RolloutCollector(venv, policy, spec, device=torch.device("cpu"))
+    try:
+        rollouts = [pickle.loads(pickle.dumps(col.collect(5))) for _ in range(2)]  # as an actor's pipe ships it
+    finally:
+        col.close()
+    merged = merge_rollouts(rollouts)
+    for r in (*rollouts, merged):
+        assert r.actions.dtype == dtype and r.actions.shape[2:] == shape
+    logp, _, _ = policy.evaluate(torch.from_numpy(merged.obs.reshape(-1, merged.obs.shape[-1])),
+                                 torch.from_numpy(merged.actions.reshape(-1, *shape)))
+    assert torch.allclose(logp, torch.from_numpy(merged.log_probs.reshape(-1)), atol=1e-5)
