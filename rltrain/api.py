@@ -125,7 +125,7 @@ def load_policy(path: str | Path, *, device: str = "cpu", allow_import: bool = F
     from rltrain.cli.build import load_policy as load
 
     module, cfg, checkpoint, _ = load(Path(path), device=device, allow_import=allow_import)
-    return LoadedPolicy(module, spec=env_factory(cfg["env"]).spec(), config=cfg, checkpoint=checkpoint)
+    return LoadedPolicy(module, spec=env_factory(cfg["env"], cfg.get("algo")).spec(), config=cfg, checkpoint=checkpoint)
 
 
 @dataclass
@@ -187,7 +187,7 @@ class LoadedPolicy:
             else:
                 out = self.module.act(batch, deterministic=deterministic, generator=self._generator)
         action = out.action.cpu().numpy()
-        if self.spec.action_kind != "discrete":  # what rltrain-eval steps the env with
+        if self.spec.action_kind == "box":  # what rltrain-eval steps the env with
             action = np.clip(action, np.asarray(self.spec.action_low, np.float32),
                              np.asarray(self.spec.action_high, np.float32)).astype(np.float32)
         return (action[0] if single else action), (out.state if self.recurrent else None)

@@ -151,7 +151,8 @@ def test_text_key_is_refused_naming_the_key_or_dropped_with_ignore_keys():
     with pytest.raises(ConfigError) as err:
         make_actor_critic(spec, ModelSettings())
     assert str(err.value) == ("model: observation key 'mission' is Text, which no encoder reads; drop it with "
-                              "model.ignore_keys=[mission]")
+                              "model.ignore_keys=[mission], or wrap the env so that it becomes a Box (e.g. "
+                              "env.wrappers=[FlattenObservation] flattens a whole space of fixed size)")
     model = make_actor_critic(spec, ModelSettings(ignore_keys=["mission"]))
     assert "mission" not in model.torso.actor_encoder.keys
     assert model(batch(env))[0].shape == (5, 3)  # the Text entry in the batch is simply not read

@@ -56,7 +56,7 @@ class Algorithm(ABC):
 
     name: ClassVar[str]
     on_policy: ClassVar[bool] = True
-    action_kinds: ClassVar[tuple[str, ...]] = ("discrete", "box")
+    action_kinds: ClassVar[tuple[str, ...]] = ("discrete", "box", "multi_discrete", "multi_binary")
     suggested_env: ClassVar[dict[str, str]] = {"discrete": "cartpole", "box": "pendulum"}
 
     policy: Policy
@@ -71,6 +71,9 @@ class Algorithm(ABC):
 
     @classmethod
     def check_spec(cls, spec: EnvSpec) -> None:
+        if spec.action_kind not in cls.action_kinds and spec.action_kind.startswith("multi_"):
+            raise ConfigError(f"algo={cls.name} does not take {spec.describe()} actions (env.id={spec.env_id}); "
+                              "algo=ppo, algo=a2c and algo=impala do")
         if spec.action_kind not in cls.action_kinds:
             other = cls.suggested_env[cls.action_kinds[0]]
             need = "a Discrete" if cls.action_kinds == ("discrete",) else "a Box"

@@ -56,8 +56,13 @@ def resolve_target(node: dict, group: str) -> type:
         raise ConfigError(f"{group}._target_={target!r} cannot be imported: {err}") from None
 
 
+# keys of a group that rltrain reads itself rather than passing to the group's class: algo.action_mask
+# (train.yaml, merged into every algo) decides how the envs are wrapped (``env_settings``)
+NOT_HPARAMS = ("action_mask",)
+
+
 def hparams(node: dict) -> dict:
-    return {k: v for k, v in node.items() if not k.startswith("_")}
+    return {k: v for k, v in node.items() if not k.startswith("_") and k not in NOT_HPARAMS}
 
 
 def check_kwargs(cls: type, params: dict, group: str) -> None:
@@ -228,20 +233,37 @@ def settings_from(cfg: dict) -> RunSettings:
         max_wall_time_s=cfg.get("max_wall_time_s"), resume=str(cfg.get("resume") or "never"),
         resume_trust_envs=bool(cfg.get("resume_trust_envs", False)),
         resume_allow_changes=tuple(cfg.get("resume_allow_changes") or ()),
-        env=group_settings(EnvFactory, cfg["env"], "env"), algo=algo_factory(cfg),
+        env=env_settings(cfg), algo=algo_factory(cfg),
         eval=group_settings(EvalSettings, cfg["eval"], "eval"), log=group_settings(LogSettings, cfg["log"], "log"),
         checkpoint=group_settings(CheckpointSettings, cfg["checkpoint"], "checkpoint"),
         logger=group_settings(LoggerSettings, cfg["logger"], "logger"), model=model_settings(cfg), config=cfg)
 
 
-def env_factory(node: dict) -> EnvFactory:
-    """The env factory recorded in a checkpoint's config (keys this version does not know are dropped)."""
+_MASK_LINES: set[str] = set()  # said once per build (parallel agents build one env factory each)
+
+
+def env_settings(cfg: dict) -> EnvFactory:
+    """The run's env factory, its action mask resolved from ``algo.action_mask`` (auto | on | off) against
+    what the env offers (``EnvFactory.with_action_mask``), which it says in one line."""
+    factory, line = group_settings(EnvFactory, cfg["env"], "env").with_action_mask(
+        str((cfg.get("algo") or {}).get("action_mask", "auto")))
+    if line and line not in _MASK_LINES:
+        _MASK_LINES.add(line)
+        print(f"rltrain: {line}", file=sys.stderr)
+    return factory
+
+
+def env_factory(node: dict, algo: dict | None = None) -> EnvFactory:
+    """The env factory recorded in a checkpoint's config (keys this version does not know are dropped), its
+    action mask resolved quietly from the config's ``algo.action_mask`` (``algo``; None: auto)."""
     known = {f.name for f in dataclasses.fields(EnvFactory)}
-    return group_settings(EnvFactory, {k: v for k, v in node.items() if k in known}, "env")
+    factory = group_settings(EnvFactory, {k: v for k, v in node.items() if k in known}, "env")
+    return factory.with_action_mask(str((algo or {}).get("action_mask", "auto")))[0]
 
 
 def build_trainer(cfg: dict, run_dir: Path):
     """The trainer object for a prepared plain config; nothing starts until its ``fit()``."""
+    _MASK_LINES.clear()
     trainer_cls = resolve_target(cfg["trainer"], "trainer")
     params = hparams(cfg["trainer"])
     check_kwargs(trainer_cls, params, "trainer")
@@ -390,7 +412,7 @@ def _policy_from(state: dict, path: Path, *, device: str, allow_import: bool):
     if not (isinstance(cls, type) and issubclass(cls, Algorithm)):
         raise ConfigError(f"checkpoint={path}: algo._target_={cfg['algo']['_target_']} inside it is not an "
                           "rltrain algorithm")
-    spec = env_factory(env).spec()
+    spec = env_factory(env, cfg["algo"]).spec()
     dev = pick_device(device)
     algo = algo_factory(cfg)(spec, num_envs=env["num_envs"], device=dev)
     algo.policy.load_state_dict(state["algo"]["policy"])  # the acting weights only: no optimiser, no buffer

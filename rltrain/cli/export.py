@@ -127,7 +127,9 @@ def describe(spec, *, fmt: str, target: Path, cfg: dict, checkpoint: Path, names
     out_names = ["action", *(f"{n}_out" for n in state_names)]
     outs = [tensor(n, t, 0 if i == 0 else 1) for i, (n, t) in enumerate(zip(out_names, outputs, strict=True))]
     action = {"kind": spec.action_kind, "shape": outs[0]["shape"][1:], "dtype": outs[0]["dtype"]}
-    if spec.n_actions:
+    if spec.action_kind == "multi_discrete":
+        action["nvec"], action["start"] = list(spec.nvec), list(spec.action_start)
+    elif spec.n_actions:
         action["n"] = spec.n_actions
     if spec.action_low:
         action["low"], action["high"] = list(spec.action_low), list(spec.action_high)
@@ -165,7 +167,7 @@ def export(path: Path, *, fmt: str = DEFAULT_FORMAT, out: Path | None = None, fo
     from rltrain.cli.build import env_factory, load_policy
 
     policy, cfg, ckpt_path, _ = load_policy(Path(path), device="cpu", allow_import=allow_import)
-    spec = env_factory(cfg["env"]).spec()
+    spec = env_factory(cfg["env"], cfg.get("algo")).spec()
     actor = policy.export_module().eval().requires_grad_(False)
     for tensor in [*actor.parameters(), *actor.buffers()]:  # own storage each: fused weights share one buffer,
         tensor.data = tensor.data.clone()                     # which the .pt2 archive cannot split cleanly

@@ -16,8 +16,12 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-ActionKind = Literal["discrete", "box"]
-ObsKind = Literal["box", "discrete", "multi_binary", "dict", "unsupported"]
+ActionKind = Literal["discrete", "box", "multi_discrete", "multi_binary"]
+ObsKind = Literal["box", "discrete", "multi_discrete", "multi_binary", "dict", "unsupported"]
+# A top-level Dict observation key by this name is the action mask (Huang & Ontanon 2022): 1 = legal, one
+# entry per action (MultiDiscrete: per component, concatenated). It travels with the observation (rollouts,
+# replay, actor pipes) and the policy applies it to its logits instead of encoding it.
+MASK_KEY = "action_mask"
 Metrics = dict[str, float]
 
 
@@ -25,13 +29,15 @@ Metrics = dict[str, float]
 class ObsSpace:
     """A plain, picklable description of an observation space (or of one key of a Dict space).
 
-    kind:  box | discrete (one integer in [start, start + n)) | multi_binary | dict | unsupported (e.g.
-           Text: kept so that the model can refuse it by key, or drop it with ``model.ignore_keys``)
+    kind:  box | discrete (one integer in [start, start + n)) | multi_discrete (one integer per component,
+           ``nvec``) | multi_binary | dict (also a Tuple, keyed "0", "1", ...) | unsupported (e.g. Text:
+           kept so that the model can refuse it by key, or drop it with ``model.ignore_keys``)
     shape: shape of one stored observation: () for discrete and dict
     dtype: numpy dtype name of the stored observation ("" for dict and unsupported)
     n:     discrete only: the number of values (encoded one-hot)
     start: discrete only: the smallest value
     parts: dict only: (key, ObsSpace) pairs in the space's key order
+    nvec:  multi_discrete only: the number of values of each component (flattened; encoded one-hot each)
     name:  how gymnasium prints the space (the type's name where that is long), for error messages
     """
 
@@ -42,6 +48,7 @@ class ObsSpace:
     start: int = 0
     parts: tuple[tuple[str, ObsSpace], ...] = ()
     name: str = ""
+    nvec: tuple[int, ...] = ()
 
 
 def storage_dtype(dtype: str | np.dtype) -> np.dtype:
@@ -108,12 +115,14 @@ class EnvSpec:
     env_id: str
     obs_shape: tuple[int, ...]  # () for discrete and dict observations
     action_kind: ActionKind
-    action_shape: tuple[int, ...]  # () for discrete
+    action_shape: tuple[int, ...]  # () for discrete; MultiDiscrete's nvec shape; MultiBinary's shape
     n_actions: int = 0  # discrete only
     action_low: tuple[float, ...] = ()  # box only
     action_high: tuple[float, ...] = ()  # box only
     obs_dtype: str = "float32"  # numpy dtype name of a stored observation ("" for dict)
     obs_space: ObsSpace | None = None
+    nvec: tuple[int, ...] = ()  # multi_discrete only: values per component, flattened (C order)
+    action_start: tuple[int, ...] = ()  # multi_discrete only: each component's smallest value
 
     @property
     def observation(self) -> ObsSpace:
@@ -124,11 +133,28 @@ class EnvSpec:
 
     @property
     def action_dtype(self) -> np.dtype:
-        return np.dtype(np.int64) if self.action_kind == "discrete" else np.dtype(np.float32)
+        """How actions are stored and shipped: int64 indices, int8 MultiBinary bits, float32 Box values."""
+        return np.dtype({"discrete": np.int64, "multi_discrete": np.int64, "multi_binary": np.int8}
+                        .get(self.action_kind, np.float32))
+
+    @property
+    def masked(self) -> bool:
+        """Whether observations carry an action mask (a top-level Dict key ``MASK_KEY``)."""
+        obs = self.observation
+        return obs.kind == "dict" and any(k == MASK_KEY for k, _ in obs.parts)
+
+    @property
+    def mask_size(self) -> int:
+        """Entries of an action mask: n (Discrete) or sum(nvec) (MultiDiscrete, per component, concatenated)."""
+        return self.n_actions if self.action_kind == "discrete" else sum(self.nvec)
 
     def describe(self) -> str:
         if self.action_kind == "discrete":
             return f"Discrete({self.n_actions})"
+        if self.action_kind == "multi_discrete":
+            return f"MultiDiscrete({list(self.nvec)})"
+        if self.action_kind == "multi_binary":
+            return f"MultiBinary({list(self.action_shape)})"
         return f"Box(shape={self.action_shape})"
 
 
@@ -136,7 +162,8 @@ class EnvSpec:
 class ActOutput:
     """Result of ``Policy.act`` for a batch of N observations.
 
-    action:   [N] int64 (discrete) or [N, A] float32 (box, unclipped sample)
+    action:   [N] int64 (discrete), [N, *nvec shape] int64 (multi_discrete), [N, *shape] int8 (multi_binary)
+              or [N, A] float32 (box, unclipped sample)
     log_prob: [N] float32, log-probability of ``action`` under the acting policy
     state:    recurrent policies: the core state after this step (a tuple of [1, N, H] tensors); None for
               feed-forward policies
@@ -158,7 +185,7 @@ class Rollout:
                     pixels as they are), raw (unnormalised) observation acted on. For a Dict observation
                     space a dict (nested like the space) of such arrays, one per key, each [T, N, *key_shape]
                     in its own storage dtype (``obs_buffer``); keys no encoder reads (Text) are not stored
-    actions:        [T, N, *action_shape] (int64 or float32)
+    actions:        [T, N, *action_shape] in ``EnvSpec.action_dtype`` (int64, int8 or float32)
     log_probs:      [T, N] float32, behaviour log-prob (for PPO ratios, V-trace rhos)
     rewards:        [T, N] float32, raw rewards
     terminated:     [T, N] bool, the MDP ended: no bootstrap

@@ -21,6 +21,7 @@ fake transition per episode boundary that has to be masked.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import importlib
 import os
@@ -29,8 +30,17 @@ from dataclasses import dataclass, field, fields
 from typing import Any
 
 import gymnasium as gym
+import numpy as np
 
-from rltrain.data.structs import EnvSpec, ObsSpace
+from rltrain.data.structs import MASK_KEY, EnvSpec, ObsSpace
+from rltrain.envs.spaces import (
+    MASK_SOURCES,
+    ActionMaskObservation,
+    TupleAsDict,
+    has_tuple,
+    mask_size,
+    mask_source,
+)
 from rltrain.envs.vector import AsyncVecEnv, VecEnv
 from rltrain.envs.wrappers import apply_wrappers
 from rltrain.errors import ConfigError, close_matches
@@ -44,9 +54,10 @@ _EXTRAS = {"ale_py": "atari", "opencv": "atari", "cv2": "atari", "minatar": "min
 
 def make_env(env_id: str, kwargs: dict[str, Any] | None = None, *, wrappers: list | tuple | None = None,
              max_episode_steps: int | None = None, render_mode: str | None = None,
-             search_path: str | None = None) -> gym.Env:
+             search_path: str | None = None, action_mask: str = "off") -> gym.Env:
     """Build one env (see the module docstring for ``env_id`` and ``search_path``), then apply
-    ``env.wrappers`` in order."""
+    ``env.wrappers`` in order, then rltrain's own (``envs/spaces.py``): Tuple observations as Dicts, and with
+    ``action_mask`` (a ``spaces.MASK_SOURCES`` entry, or "drop") the env's action mask as an observation key."""
     kwargs = dict(kwargs or {})
     if render_mode is not None:
         kwargs["render_mode"] = render_mode
@@ -54,7 +65,10 @@ def make_env(env_id: str, kwargs: dict[str, Any] | None = None, *, wrappers: lis
         add_search_path(search_path)
     try:
         env = _make_base(env_id, kwargs, max_episode_steps, search_path)
-        return apply_wrappers(env, wrappers) if wrappers else env
+        env = apply_wrappers(env, wrappers) if wrappers else env
+        if has_tuple(env.observation_space):
+            env = TupleAsDict(env)
+        return ActionMaskObservation(env, action_mask) if action_mask != "off" else env
     except gym.error.DependencyNotInstalled as err:  # from gymnasium, a wrapper or a user factory
         raise ConfigError(f"env.id={env_id} needs a package that is not installed: "
                           f"{_install_hint(str(err))}") from None
@@ -176,8 +190,14 @@ def _describe_obs(space: gym.Space) -> ObsSpace:
                         name=str(space))
     if isinstance(space, gym.spaces.MultiBinary):
         return ObsSpace("multi_binary", tuple(space.shape), space.dtype.name, name=str(space))
-    if isinstance(space, gym.spaces.Dict):
-        parts = tuple((str(k), _describe_obs(sub)) for k, sub in space.spaces.items())
+    if isinstance(space, gym.spaces.MultiDiscrete):
+        if int(np.min(space.start)) != 0:
+            return ObsSpace("unsupported", (), "", name=f"{space} with start={space.start.tolist()}")
+        return ObsSpace("multi_discrete", tuple(space.shape), space.dtype.name, name=str(space),
+                        nvec=tuple(int(n) for n in space.nvec.ravel()))
+    if isinstance(space, (gym.spaces.Dict, gym.spaces.Tuple)):  # a Tuple keyed "0", "1", ... (TupleAsDict)
+        items = space.spaces.items() if isinstance(space, gym.spaces.Dict) else enumerate(space.spaces)
+        parts = tuple((str(k), _describe_obs(sub)) for k, sub in items)
         return ObsSpace("dict", (), "", parts=parts, name=str(space))
     return ObsSpace("unsupported", (), "", name=type(space).__name__)  # Text's repr spells out its charset
 def _install_hint(message: str) -> str:
@@ -192,29 +212,39 @@ def env_spec(env: gym.Env, env_id: str) -> EnvSpec:
     obs_space, act_space = env.observation_space, env.action_space
     obs = _describe_obs(obs_space)
     if obs.kind == "unsupported":
-        raise ConfigError(f"env.id={env_id}: observation space {obs.name} is not supported "
-                          "(Box, Discrete, MultiBinary or a Dict of them); wrap the env to return one of those")
+        raise ConfigError(f"env.id={env_id}: observation space {obs.name} is not supported (Box, Discrete, "
+                          "MultiDiscrete, MultiBinary or a Dict / Tuple of them); wrap the env to return one of "
+                          "those (e.g. env.wrappers=[FlattenObservation] for a space of fixed size)")
     common = {"obs_dtype": obs.dtype, "obs_space": obs}
     if isinstance(act_space, gym.spaces.Discrete):
         return EnvSpec(env_id, obs.shape, "discrete", (), n_actions=int(act_space.n), **common)
+    if isinstance(act_space, gym.spaces.MultiDiscrete):
+        return EnvSpec(env_id, obs.shape, "multi_discrete", tuple(act_space.shape),
+                       nvec=tuple(int(n) for n in act_space.nvec.ravel()),
+                       action_start=tuple(int(x) for x in act_space.start.ravel()), **common)
+    if isinstance(act_space, gym.spaces.MultiBinary):
+        return EnvSpec(env_id, obs.shape, "multi_binary", tuple(act_space.shape), **common)
     if isinstance(act_space, gym.spaces.Box):
         return EnvSpec(env_id, obs.shape, "box", tuple(act_space.shape),
                        action_low=tuple(float(x) for x in act_space.low.ravel()),
                        action_high=tuple(float(x) for x in act_space.high.ravel()), **common)
-    raise ConfigError(f"env.id={env_id}: action space {act_space} is not supported (Discrete or Box)")
+    raise ConfigError(f"env.id={env_id}: action space {act_space} is not supported (Discrete, MultiDiscrete, "
+                      "MultiBinary or Box); wrap the env to take one of those (e.g. a Tuple of Discretes as "
+                      "one MultiDiscrete)")
 
 
 def make_vector_env(env_id: str, num_envs: int, seeds: list[int] | tuple[int, ...], *,
                     kwargs: dict[str, Any] | None = None, wrappers: list | tuple | None = None,
                     max_episode_steps: int | None = None, vectorization: str = "sync",
-                    search_path: str | None = None, step_timeout_s: float | None = None) -> VecEnv | AsyncVecEnv:
+                    search_path: str | None = None, step_timeout_s: float | None = None,
+                    action_mask: str = "off") -> VecEnv | AsyncVecEnv:
     """Build ``num_envs`` envs seeded with ``seeds``, each wrapped by ``wrappers``; ``vectorization`` is
-    ``sync`` or ``async``; ``search_path`` as for ``make_env``."""
+    ``sync`` or ``async``; ``search_path`` and ``action_mask`` as for ``make_env``."""
     if len(seeds) != num_envs:
         raise ValueError(f"need {num_envs} seeds, got {len(seeds)}")
     wrappers = list(wrappers or [])  # a plain list pickles into async workers (no OmegaConf objects)
     fn = functools.partial(make_env, env_id, kwargs, wrappers=wrappers, max_episode_steps=max_episode_steps,
-                           search_path=search_path)
+                           search_path=search_path, action_mask=action_mask)
     fn().close()  # fail fast, in this process, with a clear error
     if vectorization == "sync":
         return VecEnv([fn] * num_envs, list(seeds), real_scores=bool(wrappers), step_timeout_s=step_timeout_s)
@@ -240,8 +270,14 @@ class EnvFactory:
     # minute is far above any legitimate step (simulators step in ms; a reset that loads assets takes seconds)
     # and below the parallel trainer's heartbeat_timeout_s, so a hung env is named, not just found silent
     step_timeout_s: float | None = 60.0
+    # where the env's action mask comes from (envs/spaces.py): off | key | info | method | drop (off but the
+    # Dict observation's mask key removed); set from algo.action_mask by ``with_action_mask``
+    action_mask: str = "off"
 
     def __post_init__(self) -> None:
+        if self.action_mask not in ("off", "drop", *MASK_SOURCES):
+            raise ConfigError(f"env.action_mask={self.action_mask!r}: one of off, drop, {', '.join(MASK_SOURCES)} "
+                              "(set algo.action_mask=auto|on|off instead)")
         t = self.step_timeout_s
         if t is not None and (isinstance(t, bool) or not isinstance(t, (int, float)) or not 0 < t < 1e9):
             raise ConfigError(f"env.step_timeout_s={t!r} must be a number of seconds > 0, or null for no limit")
@@ -254,7 +290,7 @@ class EnvFactory:
     def make(self, *, render_mode: str | None = None) -> gym.Env:
         """One env (evaluation, video, spec discovery)."""
         return make_env(self.id, self.kwargs, wrappers=self.wrappers, max_episode_steps=self.max_episode_steps,
-                        render_mode=render_mode, search_path=self.search_path)
+                        render_mode=render_mode, search_path=self.search_path, action_mask=self.action_mask)
 
     def spec(self) -> EnvSpec:
         env = self.make()
@@ -267,7 +303,40 @@ class EnvFactory:
         """``num_envs`` (default ``self.num_envs``) envs seeded with ``seeds``."""
         return make_vector_env(self.id, num_envs or self.num_envs, seeds, kwargs=self.kwargs, wrappers=self.wrappers,
                                max_episode_steps=self.max_episode_steps, vectorization=self.vectorization,
-                               search_path=self.search_path, step_timeout_s=self.step_timeout_s)
+                               search_path=self.search_path, step_timeout_s=self.step_timeout_s,
+                               action_mask=self.action_mask)
+
+    def with_action_mask(self, mode: str) -> tuple[EnvFactory, str | None]:
+        """This factory with ``action_mask`` resolved from ``algo.action_mask`` (auto | on | off) against what
+        the env offers, and the one line to tell the user (None: nothing to say). ``on`` without a mask, or a
+        mask on an action space that takes none, fails in one line."""
+        if mode not in ("auto", "on", "off"):
+            raise ConfigError(f"algo.action_mask={mode!r}: one of auto, on, off")
+        probe = dataclasses.replace(self, action_mask="off")
+        env = probe.make()
+        try:
+            source, size = mask_source(env), mask_size(env.action_space)
+            action_space = env.action_space
+        finally:
+            env.close()
+        where = {"key": f"its observation key {MASK_KEY!r}", "info": f"info[{MASK_KEY!r}]",
+                 "method": "its action_masks() method"}.get(source or "", "")
+        if source is None:
+            if mode == "on":
+                raise ConfigError(f"algo.action_mask=on: env.id={self.id} offers no action mask (info[{MASK_KEY!r}], "
+                                  f"a Dict observation key {MASK_KEY!r} or an action_masks() method); set "
+                                  "algo.action_mask=auto")
+            return probe, None
+        if mode == "off" or size is None:
+            if mode == "on":
+                raise ConfigError(f"algo.action_mask=on: env.id={self.id} offers a mask, but masks apply to "
+                                  f"Discrete and MultiDiscrete actions, not {action_space}")
+            why = "algo.action_mask=off" if mode == "off" else f"its action space {action_space} takes none"
+            return (dataclasses.replace(self, action_mask="drop" if source == "key" else "off"),
+                    f"env.id={self.id} offers an action mask ({where}); ignored: {why}")
+        return (dataclasses.replace(self, action_mask=source),
+                f"action masking on for env.id={self.id}: the mask comes from {where} "
+                f"(algo.action_mask={mode}; off ignores it)")
 
     def record(self) -> dict:
         """The plain dict this factory was built from (config.yaml, checkpoints)."""

@@ -24,10 +24,10 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from rltrain.data.structs import ActOutput, EnvSpec, ObsSpace, Policy, obs_leaves, obs_map
+from rltrain.data.structs import MASK_KEY, ActOutput, EnvSpec, ObsSpace, Policy, obs_leaves, obs_map
 from rltrain.errors import ConfigError
 from rltrain.models.cores import CoreState, make_core
-from rltrain.models.distributions import ActionDistribution, make_action_distribution
+from rltrain.models.distributions import ActionDistribution, make_action_distribution, mask_logits
 from rltrain.models.encoders import Encoder, Obs, image_layout, make_encoder
 from rltrain.models.heads import POLICY_GAIN, ValueHead
 from rltrain.models.layers import NumpyActor, RunningNorm, TwinMLP
@@ -177,6 +177,10 @@ class ActorCritic(Policy):
         self.spec = spec
         self.obs_norm = RunningNorm(obs.shape if is_float_vector(obs) else (), enabled=norm_obs)
         self.dist: ActionDistribution = make_action_distribution(spec, init_log_std=init_log_std)
+        self.masked = spec.masked
+        if self.masked and spec.action_kind not in ("discrete", "multi_discrete"):
+            raise ConfigError(f"env.id={spec.env_id}: action masks apply to Discrete and MultiDiscrete actions, "
+                              f"not {spec.describe()}; set algo.action_mask=off")
         self.torso = torso(obs, self.dist.param_dim, settings)
         self.recurrent = self.torso.recurrent
         # set by a learner whose update runs in numpy (every parameter in one flat CPU buffer, in
@@ -205,7 +209,14 @@ class ActorCritic(Policy):
     def forward(self, obs: Obs) -> tuple[Tensor, Tensor]:
         """obs [B, *obs_shape] (or a dict of them) -> (policy parameters [B, P], value [B]). Feed-forward
         only: a recurrent policy learns through ``unroll``."""
-        return self.torso(self._inputs(obs))
+        params, value = self.torso(self._inputs(obs))
+        return self._masked(params, obs), value
+
+    def _masked(self, params: Tensor, obs: Obs) -> Tensor:
+        """params [B, P] with the illegal actions' logits at the dtype's minimum where the observation carries
+        an action mask (``MASK_KEY`` [B, P]; Huang & Ontanon 2022), so acting, the loss (log-prob and entropy
+        under the mask) and evaluation all see the masked distribution."""
+        return mask_logits(params, obs[MASK_KEY]) if self.masked else params  # type: ignore[index]
 
     def act(self, obs: Obs, state: CoreState | None = None, *, deterministic: bool = False,
             generator: torch.Generator | None = None) -> ActOutput:
@@ -215,7 +226,7 @@ class ActorCritic(Policy):
         if not torch.is_grad_enabled() and self._numpy_is_live(obs):
             return self._act_numpy(obs, deterministic, generator)  # type: ignore[arg-type]
         params, value, next_state = self.torso.act(self._inputs(obs), state or ())
-        action, log_prob = self.dist.sample(params, deterministic, generator)
+        action, log_prob = self.dist.sample(self._masked(params, obs), deterministic, generator)
         return ActOutput(action, log_prob, state=next_state if self.recurrent else None, value=value)
 
     def value(self, obs: Obs, state: CoreState | None = None) -> Tensor:
@@ -232,7 +243,7 @@ class ActorCritic(Policy):
         T, N = mask.shape
         x = self._inputs(obs_map(lambda o: o.reshape(T * N, *o.shape[2:]), obs))
         params, value, states = self.torso.unroll(x, state, mask, keep_states=keep_states)
-        return params.reshape(T, N, -1), value.reshape(T, N), states
+        return self._masked(params, x).reshape(T, N, -1), value.reshape(T, N), states
 
     def evaluate(self, obs: Obs, action: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         """obs [B, ...], action [B] or [B, A] -> (log_prob [B], entropy [B], value [B])."""
@@ -311,7 +322,7 @@ class ExportedActor(nn.Module):
         p = self.policy
         x = p._inputs(obs)
         params, next_state = p.torso.actor(x, tuple(state))
-        action = p.dist.mode(params)
+        action = p.dist.mode(p._masked(params, obs))
         if self.box:
             action = action.reshape(action.shape[0], *self.action_shape)
             action = torch.maximum(torch.minimum(action, self.high), self.low)

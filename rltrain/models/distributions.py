@@ -9,9 +9,17 @@ actions. Only here does the action space matter, so a new action space is one re
     log_prob_entropy(params, action)         -> (log_prob [B], entropy [B])
     mode(params)                             -> the deterministic action (evaluation, export)
 
+Actions are [B] (Discrete), [B, *action_shape] (MultiDiscrete, MultiBinary) or [B, A] (Box).
+
 They sample without ``torch.distributions`` objects (building one per step costs more than a small
-forward): Gumbel-max for categorical actions, ``mean + std * eps`` for Gaussian ones; ``layers`` holds the
-maths, shared with the numpy fast path (``layers.NumpyActor`` draws the same actions from the same noise).
+forward): Gumbel-max for categorical actions, ``mean + std * eps`` for Gaussian ones, ``u < sigmoid(l)`` for
+Bernoulli ones; ``layers`` holds the maths, shared with the numpy fast path (``layers.NumpyActor`` draws the
+same actions from the same noise). MultiDiscrete and MultiBinary have no numpy sampler: their policies act
+and learn through torch (``numpy_kind`` None), with the same maths.
+
+Invalid-action masking (Huang & Ontanon 2022, "A Closer Look at Invalid Action Masking in Policy Gradient
+Algorithms"): ``mask_logits`` sets illegal logits to the dtype's minimum before any of the above, so an
+illegal action has probability 0 when sampling, in the log-prob and in the entropy, and gets no gradient.
 """
 
 from __future__ import annotations
@@ -19,6 +27,7 @@ from __future__ import annotations
 from typing import ClassVar
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 
 from rltrain.data.structs import EnvSpec
@@ -93,6 +102,80 @@ class DiagGaussian(ActionDistribution):
         return params
 
 
+class MultiCategorical(ActionDistribution):
+    """MultiDiscrete(nvec): a product of independent categoricals (SB3's MultiCategoricalDistribution, CleanRL's
+    ppo_multidiscrete). params are the components' logits concatenated [B, sum(nvec)]; action [B, *nvec shape]
+    int64 (offset by the space's ``start``); log-prob and entropy are sums over the components."""
+
+    kind = "multi_discrete"
+
+    def __init__(self, spec: EnvSpec, *, init_log_std: float = 0.0):
+        super().__init__()
+        self.nvec = tuple(int(n) for n in spec.nvec)
+        self.param_dim = sum(self.nvec)
+        self.action_shape = tuple(spec.action_shape)
+        self.register_buffer("start", torch.tensor(spec.action_start or (0,) * len(self.nvec), dtype=torch.int64),
+                             persistent=False)
+
+    def _shape(self, index: Tensor) -> Tensor:
+        return (index + self.start).reshape(index.shape[0], *self.action_shape)
+
+    def sample(self, params, deterministic, generator=None):
+        picks = [categorical_sample(logits, deterministic, generator) for logits in params.split(self.nvec, -1)]
+        index = torch.stack([a for a, _ in picks], -1)
+        return self._shape(index), torch.stack([lp for _, lp in picks], -1).sum(-1)
+
+    def log_prob_entropy(self, params, action):
+        index = action.reshape(action.shape[0], -1).long() - self.start
+        parts = [categorical_logp_entropy(logits, index[:, i])
+                 for i, logits in enumerate(params.split(self.nvec, -1))]
+        return torch.stack([lp for lp, _ in parts], -1).sum(-1), torch.stack([e for _, e in parts], -1).sum(-1)
+
+    def mode(self, params):
+        return self._shape(torch.stack([logits.argmax(-1) for logits in params.split(self.nvec, -1)], -1))
+
+
+class Bernoulli(ActionDistribution):
+    """MultiBinary(shape): independent Bernoullis, one logit each: params [B, prod(shape)]; action
+    [B, *shape] int8; log-prob and entropy summed over the bits. The logits start near 0 (p = 1/2)."""
+
+    kind = "multi_binary"
+
+    def __init__(self, spec: EnvSpec, *, init_log_std: float = 0.0):
+        super().__init__()
+        self.action_shape = tuple(spec.action_shape)
+        self.param_dim = int(torch.Size(self.action_shape).numel())
+
+    def _shape(self, bits: Tensor) -> Tensor:
+        return bits.to(torch.int8).reshape(bits.shape[0], *self.action_shape)
+
+    def sample(self, params, deterministic, generator=None):
+        if deterministic:
+            bits = params > 0
+        else:
+            bits = torch.rand(params.shape, generator=generator, device=params.device) < torch.sigmoid(params)
+        logp, _ = self.log_prob_entropy(params, bits)
+        return self._shape(bits), logp
+
+    def log_prob_entropy(self, params, action):
+        a = action.reshape(params.shape).to(params.dtype)
+        # log p(a) = a l - softplus(l); H = softplus(l) - l sigmoid(l): stable for large |l|
+        soft = F.softplus(params)
+        return (a * params - soft).sum(-1), (soft - params * torch.sigmoid(params)).sum(-1)
+
+    def mode(self, params):
+        return self._shape(params > 0)
+
+
+def mask_logits(params: Tensor, mask: Tensor | None) -> Tensor:
+    """params [..., P] with the entries where ``mask`` [..., P] is 0 / False set to the dtype's minimum (a
+    finite value: log-softmax stays finite, and 0 * log p = 0 keeps the entropy exact); None: unchanged."""
+    if mask is None:
+        return params
+    legal = mask.to(device=params.device, dtype=torch.bool).reshape(params.shape)
+    return params.masked_fill(~legal, torch.finfo(params.dtype).min)
+
+
 ACTION_DISTRIBUTIONS: dict[str, type[ActionDistribution]] = {}
 
 
@@ -102,7 +185,7 @@ def register_action_distribution(cls: type[ActionDistribution]) -> type[ActionDi
     return cls
 
 
-for _cls in (Categorical, DiagGaussian):
+for _cls in (Categorical, DiagGaussian, MultiCategorical, Bernoulli):
     register_action_distribution(_cls)
 
 

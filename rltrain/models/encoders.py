@@ -24,7 +24,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from rltrain.data.structs import ObsSpace
+from rltrain.data.structs import MASK_KEY, ObsSpace
 from rltrain.errors import ConfigError, close_matches
 from rltrain.models.layers import ACTIVATIONS
 
@@ -96,17 +96,22 @@ def _to_device(obs: Obs, device: torch.device) -> Obs:
 
 
 class FlatInput(Encoder):
-    """Box / MultiBinary [B, *shape] -> float [B, prod(shape)]; Discrete [B] -> one-hot float [B, n]."""
+    """Box / MultiBinary [B, *shape] -> float [B, prod(shape)]; Discrete [B] -> one-hot float [B, n];
+    MultiDiscrete [B, *shape] -> each component one-hot, concatenated: float [B, sum(nvec)]."""
 
     def __init__(self, obs: ObsSpace):
         super().__init__()
         self.n = obs.n if obs.kind == "discrete" else 0
         self.start = obs.start  # gymnasium's Discrete(n, start=s) takes the values s .. s + n - 1
-        self.out_dim = self.n or math.prod(obs.shape)
+        self.nvec = obs.nvec if obs.kind == "multi_discrete" else ()
+        self.out_dim = self.n or sum(self.nvec) or math.prod(obs.shape)
 
     def encode(self, obs: Tensor) -> Tensor:  # type: ignore[override]
         if self.n:
             return F.one_hot(obs.long().reshape(-1) - self.start, self.n).float()
+        if self.nvec:
+            x = obs.long().flatten(1)
+            return torch.cat([F.one_hot(x[:, i], n) for i, n in enumerate(self.nvec)], 1).float()
         return to_float(obs.flatten(1))
 
 
@@ -253,14 +258,16 @@ def encoder_names() -> tuple[str, ...]:
 class MultiInputEncoder(Encoder):
     """Dict observation -> one encoder per key (CNN for images, flattened or one-hot for the rest),
     concatenated in the space's key order, then the MLP over the concatenation (SB3's CombinedExtractor
-    layout). Nested Dicts are encoded the same way, their keys named ``outer.inner``."""
+    layout). Nested Dicts are encoded the same way, their keys named ``outer.inner``; a Tuple arrives as a
+    Dict keyed "0", "1", ... (``envs/spaces.py``). The top-level action mask key (``MASK_KEY``) is no input:
+    the policy applies it to its logits."""
 
     def __init__(self, obs: ObsSpace, settings: ModelSettings, *, warn: bool, prefix: str = ""):
         super().__init__()
         keys, parts = [], []
         for key, sub in obs.parts:
             path = prefix + key
-            if path not in settings.ignore_keys:
+            if path not in settings.ignore_keys and path != MASK_KEY:
                 keys.append(key)
                 parts.append(_part_encoder(path, sub, settings, warn))
         if not parts:
@@ -279,7 +286,8 @@ class MultiInputEncoder(Encoder):
 def _part_encoder(path: str, sub: ObsSpace, settings: ModelSettings, warn: bool) -> Encoder:
     if sub.kind == "unsupported":
         raise ConfigError(f"model: observation key {path!r} is {sub.name}, which no encoder reads; "
-                          f"drop it with model.ignore_keys=[{path}]")
+                          f"drop it with model.ignore_keys=[{path}], or wrap the env so that it becomes a Box "
+                          "(e.g. env.wrappers=[FlattenObservation] flattens a whole space of fixed size)")
     if sub.kind == "dict":
         return MultiInputEncoder(sub, settings, warn=warn, prefix=path + ".")
     if sub.kind == "box" and image_layout(sub.shape) is not None:

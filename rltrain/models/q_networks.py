@@ -10,8 +10,9 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from rltrain.data.structs import ActOutput, EnvSpec, Policy
+from rltrain.data.structs import MASK_KEY, ActOutput, EnvSpec, Policy
 from rltrain.errors import ConfigError
+from rltrain.models.distributions import mask_logits
 from rltrain.models.encoders import Encoder, FlatInput, Obs, make_encoder
 from rltrain.models.heads import QHead
 from rltrain.models.layers import mlp
@@ -42,11 +43,15 @@ class QPolicy(Policy):
         self.spec = spec
         self.n_actions = spec.n_actions
         self.q = QNetwork(spec, settings)
+        self.masked = spec.masked
         self.register_buffer("epsilon", torch.tensor(1.0))
 
     def forward(self, obs: Obs) -> Tensor:
-        """obs [B, *obs_shape] (stored dtype) -> Q-values [B, n_actions]."""
-        return self.q(obs)
+        """obs [B, *obs_shape] (stored dtype) -> Q-values [B, n_actions]; with an action mask in the observation
+        the illegal actions' values are the dtype's minimum, so every argmax and max (acting, the target, Double
+        DQN's selection) is over legal actions only."""
+        q = self.q(obs)
+        return mask_logits(q, obs[MASK_KEY]) if self.masked else q  # type: ignore[index]
 
     def act(self, obs: Obs, state=None, *, deterministic: bool = False,
             generator: torch.Generator | None = None) -> ActOutput:
@@ -55,10 +60,16 @@ class QPolicy(Policy):
             return ActOutput(greedy, torch.zeros(greedy.shape))
         eps = float(self.epsilon)
         explore = torch.rand(greedy.shape, generator=generator) < eps
-        uniform = torch.randint(0, self.n_actions, greedy.shape, generator=generator)
+        if self.masked:  # explore uniformly among the legal actions
+            legal = obs[MASK_KEY].to(torch.float32).cpu()  # type: ignore[index]
+            uniform = torch.multinomial(legal, 1, generator=generator).squeeze(-1).to(greedy.device)
+            n_legal = legal.sum(-1).to(greedy.device)
+        else:
+            uniform = torch.randint(0, self.n_actions, greedy.shape, generator=generator)
+            n_legal = torch.full(greedy.shape, float(self.n_actions))
         action = torch.where(explore, uniform, greedy)
         # behaviour probability of the chosen action under epsilon-greedy (for logging / off-policy checks)
-        prob = eps / self.n_actions + (1.0 - eps) * (action == greedy).float()
+        prob = eps / n_legal + (1.0 - eps) * (action == greedy).float()
         return ActOutput(action, prob.log())
 
     def export_module(self) -> nn.Module:
@@ -76,9 +87,11 @@ class GreedyActor(nn.Module):
     def __init__(self, policy: QPolicy):
         super().__init__()
         self.q = policy.q
+        self.masked = policy.masked
 
     def forward(self, obs: Obs) -> Tensor:
-        return self.q(obs).argmax(-1)
+        q = self.q(obs)
+        return (mask_logits(q, obs[MASK_KEY]) if self.masked else q).argmax(-1)  # type: ignore[index]
 
 
 def upgrade_flat_q_keys(state: dict) -> dict:

@@ -12,7 +12,17 @@ from operator import itemgetter
 import numpy as np
 import torch
 
-from rltrain.data.structs import EnvSpec, ObsArray, Policy, Rollout, obs_buffer, obs_leaves, obs_map, obs_put
+from rltrain.data.structs import (
+    MASK_KEY,
+    EnvSpec,
+    ObsArray,
+    Policy,
+    Rollout,
+    obs_buffer,
+    obs_leaves,
+    obs_map,
+    obs_put,
+)
 from rltrain.envs.make import AsyncVecEnv, VecEnv
 from rltrain.errors import ConfigError
 from rltrain.models.cores import CoreState, reset_state
@@ -143,7 +153,7 @@ class RolloutCollector:
                 else:
                     obs_buf[t] = obs
                 if random_actions:
-                    action, logp = self._random_actions()
+                    action, logp = self._random_actions(obs)
                 else:
                     obs_t = (obs_map(torch.from_numpy, obs) if on_cpu
                              else obs_map(lambda x: torch.from_numpy(x).to(self.device), obs))
@@ -199,8 +209,13 @@ class RolloutCollector:
                 self.ep_length[i] = T - 1 - start[i]
         return ep_returns, ep_lengths
 
-    def _random_actions(self) -> tuple[np.ndarray, np.ndarray]:
+    def _random_actions(self, obs) -> tuple[np.ndarray, np.ndarray]:
         spec, n = self.spec, self.num_envs
+        if spec.action_kind == "discrete" and spec.masked:  # uniform over each env's legal actions
+            legal = obs[MASK_KEY].astype(bool)
+            pick = (np.random.random(n) * legal.sum(1)).astype(np.int64)
+            action = np.array([np.flatnonzero(row)[k] for row, k in zip(legal, pick, strict=True)], np.int64)
+            return action, -np.log(legal.sum(1)).astype(np.float32)
         if spec.action_kind == "discrete":
             return np.random.randint(0, spec.n_actions, n), np.full(n, -np.log(spec.n_actions), np.float32)
         action = np.random.uniform(self._low, self._high, (n, *spec.action_shape)).astype(np.float32)

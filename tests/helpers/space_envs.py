@@ -1,0 +1,122 @@
+"""Small learnable envs with the action spaces and masks of issue 24, addressed as
+``tests.helpers.space_envs:Name`` (env.id import paths).
+
+- ``MultiDiscreteEnv``: MultiDiscrete actions; each component is rewarded for naming its target.
+- ``MultiBinaryEnv``: MultiBinary actions; each bit is rewarded for copying the observed bit.
+- ``MaskedEnv``: Discrete (or MultiDiscrete, ``multi=True``) actions of which a random subset is legal each
+  step; a legal action earns 1, an illegal one ends the episode with a penalty of -10. The observation shows
+  the legal set, so an unmasked policy can learn it too, only slower. The mask is offered as ``source`` says:
+  ``info`` (``info["action_mask"]``), ``method`` (``action_masks()``) or ``key`` (a Dict observation key).
+  ``empty_at``: the step whose mask has no legal action (a broken env).
+"""
+
+from __future__ import annotations
+
+import gymnasium as gym
+import numpy as np
+from gymnasium import spaces
+
+ILLEGAL_PENALTY = -10.0
+
+
+class MultiDiscreteEnv(gym.Env):
+    """obs: the targets one-hot [sum(nvec)]; action MultiDiscrete(nvec); reward: components right / count."""
+
+    def __init__(self, nvec: tuple[int, ...] = (3, 4), length: int = 8):
+        self.nvec = np.asarray(nvec, np.int64)
+        self.action_space = spaces.MultiDiscrete(self.nvec)
+        self.observation_space = spaces.Box(0.0, 1.0, (int(self.nvec.sum()),), np.float32)
+        self.length, self.t = length, 0
+
+    def _observe(self) -> np.ndarray:
+        self.target = np.array([self.np_random.integers(n) for n in self.nvec])
+        obs = np.zeros(int(self.nvec.sum()), np.float32)
+        obs[np.concatenate([[0], np.cumsum(self.nvec)[:-1]]) + self.target] = 1.0
+        return obs
+
+    def reset(self, *, seed: int | None = None, options: dict | None = None):
+        super().reset(seed=seed)
+        self.t = 0
+        return self._observe(), {}
+
+    def step(self, action):
+        assert self.action_space.contains(np.asarray(action)), action
+        reward = float(np.mean(np.asarray(action) == self.target))
+        self.t += 1
+        return self._observe(), reward, False, self.t >= self.length, {}
+
+
+class MultiBinaryEnv(gym.Env):
+    """obs: n random bits; action MultiBinary(n); reward: the share of bits copied."""
+
+    def __init__(self, n: int = 4, length: int = 8):
+        self.action_space = spaces.MultiBinary(n)
+        self.observation_space = spaces.Box(0.0, 1.0, (n,), np.float32)
+        self.n, self.length, self.t = n, length, 0
+
+    def _observe(self) -> np.ndarray:
+        self.bits = self.np_random.integers(0, 2, self.n).astype(np.float32)
+        return self.bits.copy()
+
+    def reset(self, *, seed: int | None = None, options: dict | None = None):
+        super().reset(seed=seed)
+        self.t = 0
+        return self._observe(), {}
+
+    def step(self, action):
+        assert self.action_space.contains(np.asarray(action, np.int8)), action
+        reward = float(np.mean(np.asarray(action) == self.bits))
+        self.t += 1
+        return self._observe(), reward, False, self.t >= self.length, {}
+
+
+class MaskedEnv(gym.Env):
+    """See the module docstring. An episode's return is ``length`` exactly when no illegal action was taken
+    (an illegal one ends it below 0), which tests read from any trainer's episode returns."""
+
+    def __init__(self, n: int = 6, source: str = "info", multi: bool = False, length: int = 20,
+                 empty_at: int | None = None):
+        self.sizes = [n, n - 2] if multi else [n]
+        self.action_space = spaces.MultiDiscrete(self.sizes) if multi else spaces.Discrete(n)
+        vec = spaces.Box(0.0, 1.0, (sum(self.sizes),), np.float32)
+        self.observation_space = spaces.Dict({"legal": vec, "action_mask": spaces.MultiBinary(sum(self.sizes))}) \
+            if source == "key" else vec
+        self.source, self.multi, self.length, self.empty_at = source, multi, length, empty_at
+        self.t = 0
+        if source == "method":  # only this source offers the method (an attribute lookup finds it)
+            self.action_masks = lambda: self.legal.astype(bool)
+
+    def _draw(self) -> None:
+        parts = []
+        for n in self.sizes:
+            legal = self.np_random.random(n) < 0.4
+            legal[self.np_random.integers(n)] = True  # at least one legal action per component
+            parts.append(legal)
+        self.legal = np.concatenate(parts).astype(np.int8)
+        if self.empty_at is not None and self.t == self.empty_at:
+            self.legal[:] = 0
+
+    def _emit(self):
+        vec = self.legal.astype(np.float32)
+        obs = {"legal": vec, "action_mask": self.legal.copy()} if self.source == "key" else vec
+        info = {"action_mask": self.legal.astype(bool)} if self.source == "info" else {}
+        return obs, info
+
+    def reset(self, *, seed: int | None = None, options: dict | None = None):
+        super().reset(seed=seed)
+        self.t = 0
+        self._draw()
+        return self._emit()
+
+    def step(self, action):
+        picks = np.atleast_1d(np.asarray(action))
+        offsets = np.concatenate([[0], np.cumsum(self.sizes)[:-1]])
+        legal = all(self.legal[o + int(a)] for o, a in zip(offsets, picks, strict=True))
+        self.t += 1
+        if not legal:
+            self._draw()
+            obs, info = self._emit()
+            return obs, ILLEGAL_PENALTY, True, False, info
+        self._draw()
+        obs, info = self._emit()
+        return obs, 1.0, False, self.t >= self.length, info
