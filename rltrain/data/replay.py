@@ -135,7 +135,10 @@ class ReplayBuffer:
         if need > avail:
             parts = " + ".join(f"{b} B {name}" for name, b in per_row.items())
             stacked = self.frame_stack is None and not self.tree and len(self.obs_shape) >= 3 and 2 <= self.obs_shape[0] <= 16
-            hint = f" or store each frame once with algo.frame_stack={self.obs_shape[0]}" if stacked else ""
+            k = self.obs_shape[0]
+            once = self.capacity * sum(row_bytes(self.obs_shape[1:], self.obs_dtype, action_shape, action_dtype,
+                                                 frame_stack=k).values())
+            hint = f" or store each frame once with algo.frame_stack={k} ({once / _GIB:.1f} GiB)" if stacked else ""
             raise ConfigError(f"algo.buffer_size={self.capacity} needs {need / _GIB:.1f} GiB ({self.capacity} x "
                               f"({parts}) = {self.capacity} x {per_total} B) but {avail / _GIB:.1f} GiB are "
                               f"available; lower algo.buffer_size{hint}")

@@ -33,6 +33,7 @@ class ObsSpace:
     start: discrete only: the smallest value
     parts: dict only: (key, ObsSpace) pairs in the space's key order
     name:  how gymnasium prints the space (the type's name where that is long), for error messages
+    high:  integer Box only: the largest value any element may take (tells index grids from pixels)
     """
 
     kind: ObsKind
@@ -42,6 +43,7 @@ class ObsSpace:
     start: int = 0
     parts: tuple[tuple[str, ObsSpace], ...] = ()
     name: str = ""
+    high: int | None = None
 
 
 def storage_dtype(dtype: str | np.dtype) -> np.dtype:
@@ -114,6 +116,8 @@ class EnvSpec:
     action_high: tuple[float, ...] = ()  # box only
     obs_dtype: str = "float32"  # numpy dtype name of a stored observation ("" for dict)
     obs_space: ObsSpace | None = None
+    frame_stack: int | None = None  # K: the observation is a K-frame stack along its first axis (the env's own
+    #                                 FrameStackObservation, reset-padded), read from the env by envs/make.py
 
     @property
     def observation(self) -> ObsSpace:

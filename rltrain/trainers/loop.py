@@ -75,6 +75,7 @@ class TrainLoop:
         self.counters = {"env_steps": 0, "updates": 0, "episodes": 0, "wall_time": 0.0}
         self.best_eval = -math.inf
         self.last_eval: tuple[float, float] | None = None
+        self.last_eval_modes: dict[str, float] = {}  # deterministic / stochastic mean returns (eval.both_modes)
         self.eval_s = 0.0  # seconds in evaluations this session: reported apart, left out of steps/s
         self.solved: dict | None = None
         self.ckpt = CheckpointManager(self.run_dir / "checkpoints", keep_last=settings.checkpoint.keep_last)
@@ -345,21 +346,31 @@ class TrainLoop:
     def _evaluate(self, *, final: bool = False) -> Metrics:
         ev, t0 = self.s.eval, time.perf_counter()
         video = self.run_dir / "videos" if final and ev.video else None
-        rets = evaluate(self.algo.policy, counted(self.s.env.make), episodes=ev.episodes, eval_seed=self.seeds.eval_seed,
-                        deterministic=ev.deterministic, device=self.device, video_dir=video,
-                        real_scores=self.s.env.real_scores)
-        mean, std = float(rets.mean()), float(rets.std())
-        if not math.isfinite(mean):  # a NaN in evaluation only (the guard sees training rollouts) is a failure
-            bad = int(np.flatnonzero(~np.isfinite(rets))[0])
-            raise NonFiniteError(non_finite_line(f"evaluation return={rets[bad]} (eval episode {bad})",
-                                                 self.counters["updates"], self.counters["env_steps"],
-                                                 self.last_checkpoint))
-        self.last_eval = (mean, std)
+        row: Metrics = {}
+        # the headline mode first (the one best_eval and the sweepers follow), then the other with eval.both_modes
+        for deterministic in (ev.deterministic, not ev.deterministic)[: 2 if ev.both_modes else 1]:
+            rets = evaluate(self.algo.policy, counted(self.s.env.make), episodes=ev.episodes,
+                            eval_seed=self.seeds.eval_seed, deterministic=deterministic, device=self.device,
+                            video_dir=video if deterministic == ev.deterministic else None,
+                            real_scores=self.s.env.real_scores)
+            mean, std = float(rets.mean()), float(rets.std())
+            if not math.isfinite(mean):  # a NaN in evaluation only (the guard sees training rollouts) is a failure
+                bad = int(np.flatnonzero(~np.isfinite(rets))[0])
+                raise NonFiniteError(non_finite_line(f"evaluation return={rets[bad]} (eval episode {bad})",
+                                                     self.counters["updates"], self.counters["env_steps"],
+                                                     self.last_checkpoint))
+            row.setdefault("eval/return_mean", mean)
+            row.setdefault("eval/return_std", std)
+            if ev.both_modes:
+                row[f"eval/return_mean_{'deterministic' if deterministic else 'stochastic'}"] = mean
+        mean = row["eval/return_mean"]
+        self.last_eval = (mean, row["eval/return_std"])
+        self.last_eval_modes = {k.rpartition("_")[2]: v for k, v in row.items() if k.startswith("eval/return_mean_")}
         self.eval_s += time.perf_counter() - t0
         if mean > self.best_eval:
             self.best_eval = mean
             self.save(kind="best")
-        return {"eval/return_mean": mean, "eval/return_std": std}
+        return row
 
     def _open_loggers(self, *, resumed: bool) -> None:
         steps = self.counters["env_steps"]
@@ -421,6 +432,10 @@ class TrainLoop:
             "seed": self.seeds.root,
             "final_eval_return": final[0] if final else None,
             "final_eval_return_std": final[1] if final else None,
+            # which mode final_eval_return is (eval.deterministic), and both modes' means (eval.both_modes)
+            "final_eval_mode": "deterministic" if self.s.eval.deterministic else "stochastic",
+            "final_eval_return_deterministic": self.last_eval_modes.get("deterministic") if final else None,
+            "final_eval_return_stochastic": self.last_eval_modes.get("stochastic") if final else None,
             "best_eval_return": self.best_eval if math.isfinite(self.best_eval) else None,
             # CleanRL's and rl-zoo3's published metric: the mean of the last 100 training episodes (this worker's)
             "train_return_last100": float(np.mean(self.source.recent_returns)) if self.source.recent_returns else None,
