@@ -50,7 +50,7 @@ def _walk(module: nn.Module, indent: str, depth: int) -> list[str]:
             sub = _encoder(child, indent)
             lines += [f"{indent}{name}: {sub[0]}", *sub[1:]]
         elif isinstance(child, Core):
-            kind = type(child).__name__ if child.recurrent else "identity"
+            kind = getattr(child, "kind", type(child).__name__) if child.recurrent else "identity"
             lines.append(f"{indent}{name}: {kind} -> {child.out_dim}" +
                          (f" ({count(child):,} parameters)" if child.recurrent else ""))
         elif isinstance(child, TwinMLP):
