@@ -61,10 +61,11 @@ def _train_overrides(overrides: list[str], run_dir: str | Path | None) -> RunRes
     from hydra.core.hydra_config import HydraConfig
     from omegaconf import open_dict
 
-    from rltrain.cli.train import one_line, prepare_job
+    from rltrain.cli.train import announce_experiment, one_line, prepare_job
 
     if any(o.startswith(("-m", "--multirun", "hydra.mode")) for o in overrides):
         raise ConfigError("multirun is a command-line feature: call train() once per job, or run rltrain -m")
+    overrides = announce_experiment(overrides)  # experiment=auto, as the command line resolves it
     # the context stays open for the run: trainer=parallel composes its agents' configs under it
     with initialize_config_module("rltrain.conf", version_base="1.3"):
         try:
@@ -82,7 +83,7 @@ def _train_overrides(overrides: list[str], run_dir: str | Path | None) -> RunRes
         try:
             with open_dict(cfg):
                 del cfg["hydra"]
-            prepare_job(cfg, hydra_node.runtime.choices, hydra_node.runtime.cwd, announce=True)
+            prepare_job(cfg, hydra_node.runtime.cwd)
             return _run(cfg, out)
         finally:
             HydraConfig.instance().cfg = None  # type: ignore[assignment]
@@ -98,7 +99,7 @@ def _train_config(cfg: Any, run_dir: str | Path | None) -> RunResult:
             Path("outputs/runs") / datetime.datetime.now().strftime("%Y-%m-%d/%H-%M-%S")
     from rltrain.cli.train import prepare_job
 
-    prepare_job(cfg, {}, os.getcwd(), announce=False)  # no group choices here to name a preset by
+    prepare_job(cfg, os.getcwd())  # composed already: its experiment= was chosen by whoever composed it
     return _run(cfg, Path(str(run_dir)))
 
 

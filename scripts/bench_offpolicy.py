@@ -37,7 +37,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 PEER = REPO / "scripts" / "peers" / "sb3_offpolicy.py"
 
-COMMON = ["env.num_envs=1", "logger=quiet", "eval.every_env_steps=0", "eval.episodes=5",
+COMMON = ["experiment=none", "env.num_envs=1", "logger=quiet", "eval.every_env_steps=0", "eval.episodes=5",
           "checkpoint.every_env_steps=0"]
 DQN_ARGS = ["algo=dqn", "env=cartpole", "algo.lr=1e-4", "algo.buffer_size=100000", "algo.learning_starts=1000",
             "algo.batch_size=32", "algo.train_frequency=4", "algo.gradient_steps=1",

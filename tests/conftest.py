@@ -20,9 +20,12 @@ REPO = Path(__file__).resolve().parent.parent
 
 
 def compose_cfg(overrides: list[str] | None = None) -> DictConfig:
-    """Compose ``train.yaml`` with overrides, exactly as ``rltrain`` would (hydra node included)."""
+    """Compose ``train.yaml`` with overrides, exactly as ``rltrain`` would (``experiment=auto`` resolved first)."""
+    from rltrain.cli.presets import resolve_experiment
+
+    overrides, _ = resolve_experiment(list(overrides or []))
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-        return compose(config_name="train", overrides=list(overrides or []), return_hydra_config=False)
+        return compose(config_name="train", overrides=overrides, return_hydra_config=False)
 
 
 @pytest.fixture

@@ -17,7 +17,15 @@ from rltrain.data.structs import EnvSpec
 from rltrain.envs.make import env_spec, make_env
 from rltrain.errors import ConfigError
 from rltrain.models.actor_critic import ActorCritic, EncoderTorso, TwinMLPTorso
-from rltrain.models.encoders import FlatInput, ImpalaCNN, MinAtarCNN, MLPEncoder, MultiInputEncoder, NatureCNN
+from rltrain.models.encoders import (
+    FlatInput,
+    ImpalaCNN,
+    MinAtarCNN,
+    MLPEncoder,
+    MultiInputEncoder,
+    NatureCNN,
+    has_image,
+)
 from rltrain.models.factory import ModelSettings, build
 from rltrain.models.q_networks import QNetwork
 
@@ -209,9 +217,10 @@ def test_mlp_on_large_frames_warns_once_with_the_parameter_count():
 
 
 @pytest.mark.parametrize(("kwargs", "message"), [
-    ({"encoder": "resnet"}, "model.encoder=resnet: unknown (valid: auto, mlp, nature, impala, minatar)"),
+    ({"encoder": "resnet"}, "model.encoder=resnet: unknown (valid: auto, mlp, nature, impala, minatar, grid)"),
     ({"encoder": "natur"}, "model.encoder=natur: unknown; did you mean 'nature', 'minatar'? (valid: auto, mlp, nature, "
-                           "impala, minatar)"),
+                           "impala, minatar, grid)"),
+    ({"shared": "yes"}, "model.shared='yes': true, false or auto"),
     ({"core": "lstn"}, "model.core=lstn: unknown; did you mean 'lstm'? (valid: identity, lstm, gru)"),
     ({"activation": "gelu"}, "model.activation=gelu: unknown; did you mean 'elu', 'relu'? (valid: tanh, relu, elu, silu)"),
     ({"hidden_sizes": [64, 0]}, "model.hidden_sizes=[64, 0]: every width must be a positive integer "
@@ -246,8 +255,8 @@ def test_the_model_group_composes_and_builds_typed_settings():
     cfg = OmegaConf.to_container(compose_cfg(["model.encoder=minatar"]), resolve=True)
     assert model_settings(cfg) == ModelSettings(encoder="minatar")
     cls = ModelSettings
-    with pytest.raises(ConfigError, match=r"model.shared='yes' has the wrong type: expected bool"):
-        check_kwargs(cls, {"shared": "yes"}, "model")
+    with pytest.raises(ConfigError, match=r"model.core_size='big' has the wrong type: expected int"):
+        check_kwargs(cls, {"core_size": "big"}, "model")
 
 
 # ---- the assembled modules ----
@@ -318,7 +327,10 @@ def test_gradient_reaches_every_parameter(case):
     dead = [n for n, p in model.named_parameters() if p.grad is None or not p.grad.abs().sum() > 0]
     assert dead == []
     if isinstance(model.torso, EncoderTorso):
-        assert (model.torso.critic_encoder is None) == CASES[case][2].get("shared", False)
+        # model.shared=auto (the default): one torso for images and Dicts holding one, two otherwise
+        shared = CASES[case][2].get("shared", "auto")
+        expected = has_image(model.spec.observation) if shared == "auto" else shared
+        assert (model.torso.critic_encoder is None) == expected
 
 
 def test_q_network_gradients_and_refusal_for_box_actions():

@@ -7,9 +7,10 @@ import importlib.util
 import numpy as np
 import pytest
 import torch
+import yaml
 
 from rltrain.cli.build import run
-from rltrain.cli.presets import family, preset_note, presets
+from rltrain.cli.presets import family, preset_note, presets, resolve_experiment
 from tests.conftest import CONF_DIR, compose_cfg
 
 needs_mujoco = pytest.mark.skipif(importlib.util.find_spec("mujoco") is None, reason="needs rltrain[mujoco]")
@@ -43,14 +44,53 @@ def test_family_comes_from_the_registry_without_building_the_env(env_id, expecte
 ])
 def test_note_names_the_defaults_used_and_the_closest_preset(algo, env_id, says):
     note = preset_note(algo, env_id, None)
-    assert f"algo={algo}'s defaults are used on {env_id}" in note and says in note, note
+    assert f"algo={algo}'s generic defaults are used on {env_id}" in note and says in note, note
 
 
-@pytest.mark.parametrize(("algo", "env_id", "experiment"), [
-    ("ppo", "CartPole-v1", None), ("dqn", "CartPole-v1", None), ("sac", "Walker2d-v5", None),
-    ("ppo", "LunarLander-v3", "ppo_lunarlander"), ("ppo", "Ant-v5", "ppo_cartpole")])
-def test_no_note_when_a_preset_is_chosen_or_the_defaults_fit(algo, env_id, experiment):
-    assert preset_note(algo, env_id, experiment) is None
+def test_no_note_when_a_preset_is_chosen():
+    assert preset_note("ppo", "LunarLander-v3", "ppo_lunarlander") is None
+    assert preset_note("ppo", "Ant-v5", "ppo_cartpole") is None
+
+
+@pytest.mark.parametrize(("overrides", "added", "says"), [
+    ([], "experiment=ppo_cartpole", "preset experiment=ppo_cartpole (tuned for algo=ppo on CartPole-v1)"),
+    (["algo=dqn"], "experiment=dqn_cartpole", "preset experiment=dqn_cartpole"),
+    (["experiment=auto", "env=pendulum"], "experiment=ppo_pendulum", "preset experiment=ppo_pendulum"),
+    (["algo=sac", "env.id=Walker2d-v5"], "experiment=sac_mujoco", "algo=sac on any mujoco task"),
+    (["env=cartpole_novel"], "experiment=ppo_lstm_cartpole_novel", "with wrappers ['VelocityMask']"),
+])
+def test_experiment_auto_adds_the_preset_made_for_the_algo_and_env(overrides, added, says):
+    resolved, line = resolve_experiment(overrides)
+    assert resolved == [o for o in overrides if not o.startswith("experiment=")] + [added]
+    assert says in line and line.endswith("experiment=none for the generic defaults"), line
+
+
+@pytest.mark.parametrize(("overrides", "says"), [
+    (["experiment=none"], "algo=ppo's generic defaults are used on CartPole-v1 (published values: "
+                          "conf/algo/ppo.yaml); the tuned preset for it: rltrain experiment=ppo_cartpole"),
+    (["env.id=Taxi-v3"], "algo=ppo's generic defaults are used on Taxi-v3"),
+    (["algo=ppo,dqn", "-m"], "in a sweep over algo/env: the generic defaults are used"),
+])
+def test_experiment_none_and_no_match_keep_the_generic_defaults_and_say_so(overrides, says):
+    resolved, line = resolve_experiment(overrides)
+    assert not any(o.startswith("experiment=") for o in resolved) and says in line, (resolved, line)
+
+
+def test_a_named_preset_is_left_alone():
+    assert resolve_experiment(["experiment=ppo_cleanrl", "seed=2"]) == (["experiment=ppo_cleanrl", "seed=2"], None)
+
+
+def test_generic_defaults_are_the_published_ones_and_the_cartpole_preset_keeps_the_tuning():
+    """conf/algo holds SB3's / the papers' values; `rltrain` with no arguments still runs the CartPole tuning."""
+    generic = compose_cfg(["experiment=none"]).algo
+    assert (generic.rollout_len, generic.lr, generic.gamma, generic.gae_lambda, generic.num_minibatches,
+            generic.anneal_lr, generic.target_kl) == (None, 3e-4, 0.99, 0.95, 32, False, None)
+    tuned = compose_cfg([]).algo
+    assert (tuned.rollout_len, tuned.lr, tuned.gamma, tuned.gae_lambda, tuned.num_minibatches,
+            tuned.target_kl) == (64, 2e-3, 0.98, 0.8, 1, 0.02)
+    dqn = compose_cfg(["algo=dqn", "experiment=none"]).algo
+    assert (dqn.lr, dqn.batch_size, dqn.train_frequency, dqn.loss, dqn.max_grad_norm, dqn.learning_starts) == \
+        (1e-4, 32, 4, "huber", 10.0, 100)
 
 
 def test_a_wrapped_task_is_another_task_than_the_bare_env():
@@ -59,6 +99,7 @@ def test_a_wrapped_task_is_another_task_than_the_bare_env():
     for the bare CartPole-v1."""
     mask = [{"VelocityMask": {"indices": [2]}}]
     assert preset_note("ppo", "Pendulum-v1", None).endswith("experiment=ppo_pendulum")
+    assert preset_note("ppo", "CartPole-v1", None).endswith("experiment=ppo_cartpole")
     assert preset_note("ppo", "Pendulum-v1", None, wrappers=mask).endswith("experiment=ppo_lstm_pendulum_novel")
     note = preset_note("ppo", "CartPole-v1", None, wrappers=[{"VelocityMask": {"indices": [1, 3]}}])
     assert "CartPole-v1 with wrappers ['VelocityMask']" in note and note.endswith("experiment=ppo_lstm_cartpole_novel")
@@ -66,15 +107,21 @@ def test_a_wrapped_task_is_another_task_than_the_bare_env():
     assert note.endswith("the tuned preset for it: rltrain experiment=impala_lstm_cartpole_novel")
 
 
-def test_cli_prints_the_note_once_before_training(cli):
-    res = cli("env=pendulum", "total_env_steps=512", "logger=quiet", "eval.episodes=1", "hydra.run.dir=run")
+def test_cli_announces_the_preset_once_before_training(cli, tmp_path):
+    res = cli("env=pendulum", "total_env_steps=2048", "logger=quiet", "eval.episodes=1", "hydra.run.dir=run")
     assert res.returncode == 0, res.stderr
-    lines = [ln for ln in res.stdout.splitlines() if "note:" in ln]
-    assert len(lines) == 1 and "experiment=ppo_pendulum" in lines[0], res.stdout
-    assert "note:" not in res.stderr  # stderr is for errors
+    lines = [ln for ln in res.stdout.splitlines() if "experiment=" in ln]
+    assert len(lines) == 1 and lines[0].startswith("[rltrain] preset experiment=ppo_pendulum"), res.stdout
+    assert "experiment=" not in res.stderr  # stderr is for errors
+    hydra = yaml.safe_load((tmp_path / "run" / ".hydra" / "overrides.yaml").read_text())
+    assert "experiment=ppo_pendulum" in hydra, hydra  # composed with the preset, as announced
+    generic = cli("env=pendulum", "experiment=none", "total_env_steps=2048", "logger=quiet", "eval.episodes=1",
+                  "hydra.run.dir=run2")
+    assert generic.returncode == 0, generic.stderr
+    assert "[rltrain] algo=ppo's generic defaults are used on Pendulum-v1" in generic.stdout, generic.stdout
     quiet = cli("experiment=ppo_pendulum", "total_env_steps=2048", "logger=quiet", "eval.episodes=1",
-                "hydra.run.dir=run2")
-    assert quiet.returncode == 0 and "note:" not in quiet.stdout, quiet.stdout
+                "hydra.run.dir=run3")
+    assert quiet.returncode == 0 and "experiment=" not in quiet.stdout, quiet.stdout
 
 
 @pytest.mark.parametrize("numpy_update", [True, False])

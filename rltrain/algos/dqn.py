@@ -39,25 +39,26 @@ class DQN(Algorithm):
         sync: Sync | None = None,
         model: ModelSettings | None = None,  # the model group: encoder by observation space (cli/build.py)
         rollout_len: int = 1,  # steps per env between two learn() calls
-        lr: float = 2.5e-4,  # Adam learning rate
-        buffer_size: int = 10_000,  # replay capacity in observations (one per transition + one per episode end)
-        batch_size: int = 128,
+        lr: float = 1e-4,  # Adam learning rate (SB3)
+        buffer_size: int = 1_000_000,  # SB3; replay capacity in observations (one per transition + one per episode end)
+        batch_size: int = 32,  # SB3, Mnih et al. 2015
         gamma: float = 0.99,
         tau: float = 1.0,  # target update rate: 1.0 = hard copy, < 1 = Polyak averaging
-        target_network_frequency: int = 500,  # env steps between target updates
+        target_network_frequency: int = 10_000,  # env steps between target updates (SB3)
         start_e: float = 1.0,  # epsilon at the start ...
         end_e: float = 0.05,  # ... and after exploration_fraction of the budget
-        exploration_fraction: float = 0.5,
-        learning_starts: int = 10_000,  # env steps of uniform-random acting before the first update
-        train_frequency: int = 10,  # env steps between two rounds of updates
+        exploration_fraction: float = 0.1,  # SB3
+        learning_starts: int = 100,  # SB3; env steps of uniform-random acting before the first update
+        train_frequency: int = 4,  # SB3, Mnih et al. 2015; env steps between two rounds of updates
         gradient_steps: int = 1,  # gradient steps per round
         double_dqn: bool = False,  # select the next action with the online net, value it with the target
-        max_grad_norm: float | None = None,  # clip the global gradient norm (None: no clipping)
-        loss: str = "mse",  # TD loss: mse (CleanRL) | huber (smooth L1: Mnih et al. 2015's error clipping, SB3)
-        hidden_sizes: Sequence[int] = (120, 84),
+        max_grad_norm: float | None = 10.0,  # clip the global gradient norm (None: no clipping; SB3: 10)
+        loss: str = "huber",  # TD loss: mse (CleanRL) | huber (smooth L1: Mnih et al. 2015's error clipping, SB3)
+        hidden_sizes: Sequence[int] = (64, 64),  # SB3 MlpPolicy
         activation: str = "relu",
         checkpoint_buffer: bool = False,  # put the replay buffer into state_dict (checkpoint.replay_buffer)
-        frame_stack: int | None = None,  # K: observations are K-frame stacks; the buffer stores each frame once
+        frame_stack: int | None = None,  # K: observations are K-frame stacks, stored once per frame; None: the
+        #                                   env's (EnvSpec.frame_stack, from its FrameStackObservation); 0: off
     ):
         super().__init__(spec, num_envs=num_envs, device=device, sync=sync)
         refuse_recurrent("algo=dqn (off-policy)", (model or ModelSettings()).core)
@@ -72,6 +73,9 @@ class DQN(Algorithm):
             raise ConfigError(f"algo.start_e={start_e}, algo.end_e={end_e} must lie in [0, 1] and "
                               f"algo.tau={tau} in (0, 1]")
         self.rollout_len = rollout_len
+        if frame_stack is not None and frame_stack < 0:
+            raise ConfigError(f"algo.frame_stack={frame_stack}: K >= 2, 0 (whole stacks stored) or null (inferred)")
+        self.frame_stack = getattr(spec, "frame_stack", None) if frame_stack is None else (frame_stack or None)
         self.lr, self.batch_size, self.gamma, self.tau = lr, batch_size, gamma, tau
         self.target_network_frequency, self.train_frequency = target_network_frequency, train_frequency
         self.start_e, self.end_e, self.exploration_fraction = start_e, end_e, exploration_fraction
@@ -90,7 +94,7 @@ class DQN(Algorithm):
         # what the collector writes otherwise); frame stacks are stored one frame per step
         self.buffer = ReplayBuffer(buffer_size, spec.obs_shape, spec.action_shape, spec.action_dtype, device=device,
                                    obs_dtype=getattr(spec, "obs_dtype", np.dtype(np.float32)),
-                                   frame_stack=frame_stack, obs_space=spec.observation)
+                                   frame_stack=self.frame_stack, obs_space=spec.observation)
         # counters in env steps over all workers; checkpointed so resume keeps the schedules
         self.env_steps = 0
         self.pending_updates = 0.0  # rounds of updates owed (train_frequency may not divide the batch)

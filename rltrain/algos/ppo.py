@@ -13,6 +13,7 @@ every sequence stays whole (as SB3-contrib's RecurrentPPO; Kapturowski et al. 20
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 import numpy as np
@@ -37,6 +38,17 @@ from rltrain.models.numpy_mlp import (
     single_thread_blas,
 )
 
+GENERIC_BATCH = 2048  # SB3's n_steps=2048 with one env; Schulman et al. 2017's T=2048 (MuJoCo)
+
+
+def auto_rollout_len(num_envs: int, num_minibatches: int) -> int:
+    """``algo.rollout_len=null``: steps per env for a batch of about ``GENERIC_BATCH`` steps over ``num_envs``
+    envs, rounded down to a multiple that ``num_minibatches`` divides (at least one such multiple)."""
+    positive("env.num_envs", num_envs)
+    positive("algo.num_minibatches", num_minibatches)
+    step = num_minibatches // math.gcd(num_envs, num_minibatches)  # rollout_len * num_envs % num_minibatches == 0
+    return max(step, GENERIC_BATCH // num_envs // step * step)
+
 
 class PPO(ActorCriticState, Algorithm):
     name = "ppo"
@@ -49,16 +61,16 @@ class PPO(ActorCriticState, Algorithm):
         device: torch.device,
         sync: Sync | None = None,
         model: ModelSettings | None = None,  # the model group: encoder by observation space (cli/build.py)
-        rollout_len: int = 128,  # steps per env per update (CleanRL num_steps)
-        update_epochs: int = 4,  # passes over the batch per update
-        num_minibatches: int = 4,  # minibatches per epoch; must divide rollout_len * num_envs
-        lr: float = 2.5e-4,  # Adam learning rate
-        anneal_lr: bool = True,  # linear decay to 0 over total_env_steps
+        rollout_len: int | None = None,  # steps per env per update; None: a 2048-step batch (SB3 n_steps, paper T)
+        update_epochs: int = 10,  # SB3, paper  # passes over the batch per update
+        num_minibatches: int = 32,  # minibatches per epoch (2048 / 32 = 64, SB3's batch_size); must divide the batch
+        lr: float = 3e-4,  # Adam learning rate (SB3, paper)
+        anneal_lr: bool = False,  # linear decay to 0 over total_env_steps (SB3: constant)
         gamma: float = 0.99,  # discount
         gae_lambda: float = 0.95,  # GAE lambda
         clip_coef: float = 0.2,  # surrogate clipping epsilon
-        clip_vloss: bool = True,  # clip the value loss around the old values
-        ent_coef: float = 0.01,  # entropy bonus
+        clip_vloss: bool = False,  # clip the value loss around the old values (SB3: no)
+        ent_coef: float = 0.0,  # entropy bonus (SB3, paper on MuJoCo)
         vf_coef: float = 0.5,  # value loss weight
         max_grad_norm: float = 0.5,  # global gradient norm clip
         norm_adv: bool = True,  # normalise advantages per minibatch
@@ -71,6 +83,7 @@ class PPO(ActorCriticState, Algorithm):
         numpy_update: bool = True,  # on CPU: numpy forward/backward (same maths and checkpoints, ~4x faster)
     ):
         super().__init__(spec, num_envs=num_envs, device=device, sync=sync)
+        rollout_len = auto_rollout_len(num_envs, num_minibatches) if rollout_len is None else rollout_len
         for key, value in [("algo.rollout_len", rollout_len), ("algo.update_epochs", update_epochs),
                            ("algo.num_minibatches", num_minibatches), ("algo.lr", lr), ("env.num_envs", num_envs)]:
             positive(key, value)
@@ -239,7 +252,7 @@ class PPO(ActorCriticState, Algorithm):
         out, value, _ = self.policy.unroll(obs, start, mask, keep_states=False)  # fused kernels (models/cores.py)
         B = mask.numel()
         adv = adv.reshape(B)
-        if self.norm_adv:
+        if self.norm_adv and B > 1:  # one sample has no spread (SB3 skips it too)
             adv = (adv - adv.mean()) / (adv.std() + 1e-8)
         act = act.reshape(B, *act.shape[2:])
         return self._surrogate_step(out.reshape(B, -1), value.reshape(B), act, old_logp.reshape(B), -adv,
@@ -276,7 +289,7 @@ class PPO(ActorCriticState, Algorithm):
             return x[idx].reshape(*shape, *x.shape[1:])
 
         act, g_adv = gather(rollout.actions), gather(adv)
-        if self.norm_adv:
+        if self.norm_adv and g_adv.shape[1] > 1:  # a one-sample minibatch has no spread (SB3 skips it too)
             g_adv = (g_adv - g_adv.mean(1, keepdims=True)) / (g_adv.std(1, ddof=1, keepdims=True) + 1e-8)
         # the surrogate uses -A (a loss to minimise); negate once here rather than in every step
         arrays = [act, gather(rollout.log_probs), (-g_adv).astype(np.float32), gather(ret), gather(values)]

@@ -48,12 +48,12 @@ class SAC(Algorithm):
         gamma: float = 0.99,
         tau: float = 0.005,  # Polyak rate of the target critics
         policy_lr: float = 3e-4,
-        q_lr: float = 1e-3,
-        learning_starts: int = 5_000,  # env steps of uniform-random acting before the first update
+        q_lr: float = 3e-4,  # SB3, Haarnoja et al. 2018
+        learning_starts: int = 100,  # SB3; env steps of uniform-random acting before the first update
         train_frequency: int = 1,  # env steps between two rounds of updates
         gradient_steps: int = 1,  # gradient steps per round
         policy_frequency: int = 1,  # actor/alpha update every k critic steps (TD3-style delay; 1 = every)
-        alpha: float = 0.2,  # entropy coefficient (initial value when autotune)
+        alpha: float = 1.0,  # entropy coefficient (initial value when autotune: SB3's 1.0)
         autotune: bool = True,  # learn alpha so that E[-log pi] tracks target_entropy
         target_entropy_scale: float = 1.0,  # target_entropy = -scale * dim(A)
         action_noise: float = 0.0,  # sigma of Ornstein-Uhlenbeck noise on collected actions (0: none)

@@ -143,13 +143,13 @@ def _width_lists(config: dict) -> list[tuple[str, list[int]]]:
     return found
 
 
-def preflight(settings: RunSettings, trainer: Trainer) -> None:
-    """Every check above."""
+def preflight(settings: RunSettings, trainer: Trainer):
+    """Every check above; returns the algorithm built on the CPU for them (what the run's model looks like)."""
     check_envs(settings)
     spec = probe_env(settings)  # what the env is, and the algorithm fits it, before what the budget does with it
     check_network_size(settings, spec)
     try:
-        settings.algo(spec, num_envs=settings.env.num_envs, device=torch.device("cpu"))
+        algo = settings.algo(spec, num_envs=settings.env.num_envs, device=torch.device("cpu"))
     except (MemoryError, RuntimeError) as err:
         if not isinstance(err, MemoryError) and "alloc" not in str(err).lower():
             raise
@@ -157,3 +157,4 @@ def preflight(settings: RunSettings, trainer: Trainer) -> None:
                           "smaller algo.hidden_sizes / model.hidden_sizes") from None
     check_budget(settings, trainer)
     check_size(settings, trainer, spec)
+    return algo

@@ -1,7 +1,10 @@
-"""Which tuned ``experiment=`` preset fits an (algo, env) pair, for the start-up note.
+"""``experiment=auto`` (the default): the tuned preset made for a run's (algo, env), chosen BEFORE composition.
 
-A run without ``experiment=`` trains with the algo group's defaults, which are tuned for one env (PPO's for
-CartPole-v1): on anything else the user should hear it once, with the preset that fits best. The presets
+The algo groups hold generic defaults (the published values for a task nobody tuned); tuned settings live in
+``conf/experiment``. ``resolve_experiment`` rewrites a command line's overrides: with no ``experiment=`` (or
+``experiment=auto``) the preset made for this algo on this env id and wrappers is added and announced in one
+line; ``experiment=none`` opts out; with no match one line says the generic defaults run (and names the
+closest preset). ``rltrain`` and ``rltrain.train`` both call it, so they compose the same config. The presets
 are read from ``conf/experiment/*.yaml`` (their ``override /algo`` and ``override /env`` defaults and their
 ``env.id``), so a new preset file is picked up without a table to keep in step. Presets on the ``mujoco``,
 ``atari`` and ``minatar`` env groups are meant for every task of that family (``env.id=Ant-v5``). A preset
@@ -18,9 +21,7 @@ import yaml
 
 CONF = Path(__file__).resolve().parent.parent / "conf"
 FAMILY_GROUPS = {"mujoco", "atari", "minatar"}  # env groups whose presets fit any task of the family
-# what each algo group's own defaults were tuned for (see the comment at the top of conf/algo/<name>.yaml)
-DEFAULTS_TUNED_FOR = {"ppo": "CartPole-v1", "dqn": "CartPole-v1", "a2c": "CartPole-v1",
-                      "impala": "CartPole-v1", "sac": "MuJoCo (CleanRL's sac_continuous_action)"}
+OFF = ("none", "null", "None")  # experiment=none: the generic defaults, no preset
 
 
 @dataclass(frozen=True)
@@ -106,18 +107,14 @@ def closest(algo: str, env_id: str, available: list[Preset], wrappers: tuple[str
 
 
 def preset_note(algo: str, env_id: str, experiment: str | None, conf: Path = CONF, wrappers=()) -> str | None:
-    """One line for a run without ``experiment=`` whose task (env and ``env.wrappers``) is not what the algo's
-    defaults are tuned for."""
-    if experiment not in (None, "null", "None"):
+    """One line for a run that trains with the generic defaults (no preset, or ``experiment=none``): what runs,
+    and the preset that fits best, if any."""
+    if experiment not in (None, *OFF):
         return None
-    tuned_for = DEFAULTS_TUNED_FOR.get(algo)
     wrappers = wrapper_names(wrappers)
-    if (tuned_for == env_id and not wrappers) or (algo == "sac" and family(env_id) == "mujoco"):
-        return None
     best, exact = closest(algo, env_id, presets(conf), wrappers)
     task = env_id + (f" with wrappers {list(wrappers)}" if wrappers and (best is None or not best.generic) else "")
-    head = f"no experiment= preset chosen: algo={algo}'s defaults are used on {task}"
-    head += f" (tuned for {tuned_for})" if tuned_for else ""
+    head = f"algo={algo}'s generic defaults are used on {task} (published values: conf/algo/{algo}.yaml)"
     if best is None:
         return f"{head}; no preset is close (the README's preset tables list them)"
     cmd = f"experiment={best.name}" + (f" env.id={env_id}" if best.generic and best.env_id != env_id else "")
@@ -125,3 +122,56 @@ def preset_note(algo: str, env_id: str, experiment: str | None, conf: Path = CON
         return f"{head}; the tuned preset for it: rltrain {cmd}"
     made_for = f"any {best.family} task" if best.generic else best.env_id
     return f"{head}; the closest preset: rltrain {cmd} (algo={best.algo} on {made_for})"
+
+
+def auto_preset(algo: str, env_group: str, env_id: str, wrappers=(), conf: Path = CONF) -> Preset | None:
+    """The preset made for ``algo`` on this env id and wrappers (a family preset: any task of its family);
+    among several, the one named ``<algo>_<env group>`` (ppo_cartpole, not ppo_cleanrl)."""
+    exact = [p for p in presets(conf) if p.algo == algo and p.fits(env_id, wrapper_names(wrappers))]
+    named = [p for p in exact if p.name == f"{algo}_{env_group}"]
+    return (named or exact or [None])[0]
+
+
+def _group_default(conf: Path, group: str) -> str:
+    for item in (yaml.safe_load((conf / "train.yaml").read_text()) or {}).get("defaults") or []:
+        if isinstance(item, dict) and group in item:
+            return str(item[group])
+    raise KeyError(group)
+
+
+def resolve_experiment(overrides: list[str], conf: Path = CONF) -> tuple[list[str], str | None]:
+    """(overrides with ``experiment=auto`` resolved, the line to announce or None).
+
+    Reads ``algo=``, ``env=``, ``env.id=`` and ``env.wrappers=`` from the overrides (else the defaults in
+    train.yaml and the env group's file). A sweep over algo / env / env.id cannot be resolved before its jobs
+    are composed: it runs the generic defaults unless it names a preset, and the line says so."""
+    values: dict[str, str] = {}
+    for item in overrides:
+        key, eq, value = item.partition("=")
+        if eq and not key.startswith("-"):
+            values[key.lstrip("+~")] = value
+    rest = [o for o in overrides if o.partition("=")[0].lstrip("+~") != "experiment" or "=" not in o]
+    choice = values.get("experiment", "auto")
+    if choice not in ("auto", *OFF):
+        return overrides, None
+    algo = values.get("algo") or _group_default(conf, "algo")
+    env_group = values.get("env") or _group_default(conf, "env")
+    if any("," in values.get(k, "") for k in ("algo", "env", "env.id")):
+        return rest, (f"experiment={choice} in a sweep over algo/env: the generic defaults are used (name a "
+                      "preset with experiment=...)")
+    try:
+        env = yaml.safe_load((conf / "env" / f"{env_group}.yaml").read_text()) or {}
+    except FileNotFoundError:
+        return rest, None  # composition names the unknown env group
+    env_id = str(values.get("env.id") or env.get("id"))
+    wrappers = yaml.safe_load(values["env.wrappers"]) if "env.wrappers" in values else env.get("wrappers")
+    wrappers = wrappers if isinstance(wrappers, list) else []
+    if choice == "auto":
+        preset = auto_preset(algo, env_group, env_id, wrappers, conf)
+        if preset is not None:
+            return rest + [f"experiment={preset.name}"], (
+                f"preset experiment={preset.name} (tuned for algo={algo} on "
+                f"{'any ' + preset.family + ' task' if preset.generic else env_id}"
+                f"{' with wrappers ' + str(list(preset.wrappers)) if preset.wrappers else ''}); experiment=none for the "
+                f"generic defaults")
+    return rest, preset_note(algo, env_id, None, conf, wrappers)

@@ -30,23 +30,27 @@ def _sweep_value(summary: dict) -> float:
     return float(value)
 
 
-def prepare_job(cfg: DictConfig, choices, launch_dir: str, *, announce: bool) -> None:
+def prepare_job(cfg: DictConfig, launch_dir: str) -> None:
     """What a job does between composition and ``build.run``, from the command line and from ``rltrain.train``
-    alike: the preset note (``announce``: once per command line, not once per sweep job) and the launch
-    directory recorded as ``env.search_path``, so that every process of the run (and a SLURM job, which
-    starts elsewhere) finds an env module beside the user whatever its working directory (envs/make.py)."""
-    if announce:
-        from rltrain.cli.presets import preset_note
-
-        note = preset_note(str(choices.get("algo")), str(cfg.env.id), choices.get("experiment"),
-                           wrappers=cfg.env.get("wrappers"))
-        if note:
-            print(f"[rltrain] note: {note}", flush=True)  # stdout: stderr stays for errors (one line each)
+    alike: the launch directory recorded as ``env.search_path``, so that every process of the run (and a SLURM
+    job, which starts elsewhere) finds an env module beside the user whatever its working directory
+    (envs/make.py). (``experiment=auto`` is resolved before composition: ``announce_experiment``.)"""
     if not cfg.env.get("search_path"):
         from omegaconf import open_dict
 
         with open_dict(cfg):
             cfg.env.search_path = launch_dir
+
+
+def announce_experiment(overrides: list[str]) -> list[str]:
+    """``experiment=auto`` (the default) resolved to the preset made for this algo and env, or the generic
+    defaults, announced in one line on stdout (stderr stays for errors); returns the overrides to compose."""
+    from rltrain.cli.presets import resolve_experiment
+
+    resolved, line = resolve_experiment(overrides)
+    if line:
+        print(f"[rltrain] {line}", flush=True)
+    return resolved
 
 
 @hydra.main(config_path="../conf", config_name="train", version_base="1.3")
@@ -67,7 +71,7 @@ def task(cfg: DictConfig) -> float:
     hc = HydraConfig.get()
     run_dir = Path(hc.runtime.output_dir)
     multirun = hc.mode == RunMode.MULTIRUN
-    prepare_job(cfg, hc.runtime.choices, hc.runtime.cwd, announce=not multirun or hc.job.num == 0)
+    prepare_job(cfg, hc.runtime.cwd)
     try:
         summary = run(cfg, run_dir)
     except ConfigError as err:
@@ -132,6 +136,7 @@ def main() -> None:
 
         print(f"rltrain {__version__}")
         return
+    sys.argv[1:] = announce_experiment(sys.argv[1:])  # once per command line, before Hydra composes
     if os.environ.get("HYDRA_FULL_ERROR") == "1":
         task()
         return

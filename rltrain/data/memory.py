@@ -47,7 +47,11 @@ def ring_fits(capacity: int, per_row: dict[str, int], *, stack_hint: tuple[int, 
     if need > avail:
         parts = " + ".join(f"{b} B {name}" for name, b in per_row.items())
         stacked = stack_hint is not None and len(stack_hint) >= 3 and 2 <= stack_hint[0] <= 16
-        hint = f" or store each frame once with algo.frame_stack={stack_hint[0]}" if stacked else ""
+        hint = ""
+        if stacked:  # each frame stored once: 1/K of the observation bytes, two more int64 links per row
+            k = stack_hint[0]
+            once = capacity * (per_total - per_row["obs"] + per_row["obs"] // k + (16 if per_row["links"] == 8 else 0))
+            hint = f" or store each frame once with algo.frame_stack={k} ({once / _GIB:.1f} GiB)"
         raise ConfigError(f"algo.buffer_size={capacity} needs {need / _GIB:.1f} GiB ({capacity} x "
                           f"({parts}) = {capacity} x {per_total} B) but {avail / _GIB:.1f} GiB are "
                           f"available; lower algo.buffer_size{hint}")

@@ -39,6 +39,7 @@ class ObsSpace:
     parts: dict only: (key, ObsSpace) pairs in the space's key order
     nvec:  multi_discrete only: the number of values of each component (flattened; encoded one-hot each)
     name:  how gymnasium prints the space (the type's name where that is long), for error messages
+    high:  integer Box only: the largest value any element may take (tells index grids from pixels)
     """
 
     kind: ObsKind
@@ -49,6 +50,7 @@ class ObsSpace:
     parts: tuple[tuple[str, ObsSpace], ...] = ()
     name: str = ""
     nvec: tuple[int, ...] = ()
+    high: int | None = None
 
 
 def storage_dtype(dtype: str | np.dtype) -> np.dtype:
@@ -123,6 +125,8 @@ class EnvSpec:
     obs_space: ObsSpace | None = None
     nvec: tuple[int, ...] = ()  # multi_discrete only: values per component, flattened (C order)
     action_start: tuple[int, ...] = ()  # multi_discrete only: each component's smallest value
+    frame_stack: int | None = None  # K: the observation is a K-frame stack along its first axis (the env's own
+    #                                 FrameStackObservation, reset-padded), read from the env by envs/make.py
 
     @property
     def observation(self) -> ObsSpace:

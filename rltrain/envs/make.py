@@ -184,7 +184,8 @@ def _describe_obs(space: gym.Space) -> ObsSpace:
     """A picklable description of an observation space; spaces no model reads are kept as ``unsupported``
     so the model factory can name the key (or the user can drop it with ``model.ignore_keys``)."""
     if isinstance(space, gym.spaces.Box):
-        return ObsSpace("box", tuple(space.shape), space.dtype.name, name=str(space))
+        high = int(np.max(space.high)) if np.issubdtype(space.dtype, np.integer) and space.shape else None
+        return ObsSpace("box", tuple(space.shape), space.dtype.name, name=str(space), high=high)
     if isinstance(space, gym.spaces.Discrete):
         return ObsSpace("discrete", (), space.dtype.name, n=int(space.n), start=int(space.start),
                         name=str(space))
@@ -208,6 +209,19 @@ def _install_hint(message: str) -> str:
     return message.splitlines()[0] if message else "see the env's docs"
 
 
+def stacked_frames(env: gym.Env, obs: ObsSpace) -> int | None:
+    """K when the observation is a K-frame stack along its first axis: a reset-padded ``FrameStackObservation``
+    among the env's wrappers whose stack axis is still the first one (what the replay buffer rebuilds stacks
+    from, storing each frame once: data/frames.py), else None."""
+    while env is not None:
+        if isinstance(env, gym.wrappers.FrameStackObservation):
+            k = int(env.stack_size)
+            fits = obs.kind == "box" and len(obs.shape) >= 2 and obs.shape[0] == k >= 2
+            return k if fits and env.padding_type == "reset" else None
+        env = getattr(env, "env", None)
+    return None
+
+
 def env_spec(env: gym.Env, env_id: str) -> EnvSpec:
     obs_space, act_space = env.observation_space, env.action_space
     obs = _describe_obs(obs_space)
@@ -215,7 +229,7 @@ def env_spec(env: gym.Env, env_id: str) -> EnvSpec:
         raise ConfigError(f"env.id={env_id}: observation space {obs.name} is not supported (Box, Discrete, "
                           "MultiDiscrete, MultiBinary or a Dict / Tuple of them); wrap the env to return one of "
                           "those (e.g. env.wrappers=[FlattenObservation] for a space of fixed size)")
-    common = {"obs_dtype": obs.dtype, "obs_space": obs}
+    common = {"obs_dtype": obs.dtype, "obs_space": obs, "frame_stack": stacked_frames(env, obs)}
     if isinstance(act_space, gym.spaces.Discrete):
         return EnvSpec(env_id, obs.shape, "discrete", (), n_actions=int(act_space.n), **common)
     if isinstance(act_space, gym.spaces.MultiDiscrete):

@@ -28,7 +28,7 @@ from rltrain.data.structs import MASK_KEY, ActOutput, EnvSpec, ObsSpace, Policy,
 from rltrain.errors import ConfigError
 from rltrain.models.cores import CoreState, make_core
 from rltrain.models.distributions import ActionDistribution, make_action_distribution, mask_logits
-from rltrain.models.encoders import Encoder, Obs, image_layout, make_encoder
+from rltrain.models.encoders import Encoder, Obs, image_layout, make_encoder, shares_torso
 from rltrain.models.heads import POLICY_GAIN, ValueHead
 from rltrain.models.layers import NumpyActor, RunningNorm, TwinMLP
 from rltrain.models.settings import ModelSettings
@@ -79,11 +79,12 @@ class EncoderTorso(nn.Module):
 
     def __init__(self, obs: ObsSpace, param_dim: int, settings: ModelSettings):
         super().__init__()
+        shared = shares_torso(settings.shared, obs)
         self.actor_encoder: Encoder = make_encoder(obs, settings)
-        self.critic_encoder: Encoder | None = None if settings.shared else make_encoder(obs, settings, warn=False)
+        self.critic_encoder: Encoder | None = None if shared else make_encoder(obs, settings, warn=False)
         width = self.actor_encoder.out_dim
         self.actor_core = make_core(settings.core, width, settings.core_size)
-        self.critic_core = None if settings.shared else make_core(settings.core, width, settings.core_size)
+        self.critic_core = None if shared else make_core(settings.core, width, settings.core_size)
         self.recurrent = self.actor_core.recurrent
         self._actor_state_len = len(self.actor_core.initial_state(0))
         self.actor_out = nn.Linear(self.actor_core.out_dim, param_dim)

@@ -13,6 +13,7 @@ hidden layer, as CleanRL's Atari PPO (Engstrom et al. 2020 list it among the det
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import warnings
 from abc import ABC, abstractmethod
@@ -64,6 +65,19 @@ def image_layout(shape: Sequence[int]) -> Literal["chw", "hwc"] | None:
     if len(shape) != 3 or min(shape[0], shape[-1]) > MAX_CHANNELS:
         return None
     return "hwc" if shape[-1] <= shape[0] else "chw"
+
+
+def has_image(obs: ObsSpace) -> bool:
+    """An image observation (3-D, channels first or last), or a Dict / Tuple holding one at any depth."""
+    if obs.kind == "box":
+        return image_layout(obs.shape) is not None
+    return any(has_image(sub) for _, sub in obs.parts)
+
+
+def shares_torso(shared: bool | str, obs: ObsSpace) -> bool:
+    """``model.shared``: true / false as given; auto: one torso for image observations (top-level or a Dict key:
+    SB3's PPO / A2C share their features extractor, CleanRL's Atari PPO its CNN), two otherwise."""
+    return has_image(obs) if shared == "auto" else bool(shared)
 
 
 def describe_shape(obs: ObsSpace) -> str:
@@ -232,22 +246,24 @@ class RegisteredEncoder:
 
     factory: Callable[[ObsSpace, ModelSettings], Encoder]
     images_only: bool
+    auto_when: Callable[[ObsSpace], bool] | None = None  # model.encoder=auto picks it for the images this accepts
 
 
 REGISTERED: dict[str, RegisteredEncoder] = {}
 
 
 def register_encoder(name: str, factory: Callable[[ObsSpace, ModelSettings], Encoder], *,
-                     images_only: bool = True) -> None:
+                     images_only: bool = True, auto_when: Callable[[ObsSpace], bool] | None = None) -> None:
     """Make ``model.encoder=<name>`` build ``factory(obs_space, settings)``: an ``Encoder`` subclass (or a
     function returning one) whose ``out_dim`` is its feature width. With ``images_only`` (the default) it
     encodes each image (3-D, channels first or last) as the built-in CNNs do, Dict keys included, and
     everything else keeps its default encoder; otherwise it receives the whole observation space, Dict or
     not. Every algorithm and trainer then uses it; call it from a module listed in ``model.imports`` so
-    that worker processes register it too (README "Extending")."""
-    if name in ("auto", "mlp", *CNNS):
+    that worker processes register it too (README "Extending"). ``auto_when(obs_space) -> bool``: also pick it
+    under ``model.encoder=auto`` for the images it accepts (models/grid.py: integer index grids)."""
+    if name in ("auto", "mlp", *CNNS) or (name in REGISTERED and REGISTERED[name].auto_when is not None):
         raise ValueError(f"register_encoder: {name!r} is a built-in encoder name")
-    REGISTERED[name] = RegisteredEncoder(factory, images_only)
+    REGISTERED[name] = RegisteredEncoder(factory, images_only, auto_when)
 
 
 def encoder_names() -> tuple[str, ...]:
@@ -284,6 +300,8 @@ class MultiInputEncoder(Encoder):
 
 
 def _part_encoder(path: str, sub: ObsSpace, settings: ModelSettings, warn: bool) -> Encoder:
+    if settings.encoder_for(path):  # model.key_encoders={key: name}: this key's encoder, whatever the rule
+        settings = dataclasses.replace(settings, encoder=settings.encoder_for(path))
     if sub.kind == "unsupported":
         raise ConfigError(f"model: observation key {path!r} is {sub.name}, which no encoder reads; "
                           f"drop it with model.ignore_keys=[{path}], or wrap the env so that it becomes a Box "
@@ -299,6 +317,9 @@ def _part_encoder(path: str, sub: ObsSpace, settings: ModelSettings, warn: bool)
 
 def _image_encoder(obs: ObsSpace, settings: ModelSettings, *, warn: bool, where: str = "") -> Encoder | None:
     """The CNN ``settings.encoder`` names (``auto``: by frame size) for an image, or None for ``mlp``."""
+    if settings.encoder == "auto":  # a registered rule first (models/grid.py: index grids are not pixels)
+        rule = next((n for n, r in REGISTERED.items() if r.auto_when is not None and r.auto_when(obs)), None)
+        settings = dataclasses.replace(settings, encoder=rule) if rule else settings
     if settings.encoder in REGISTERED:
         return REGISTERED[settings.encoder].factory(obs, settings)  # type: ignore[return-value]
     h, w = (obs.shape[0], obs.shape[1]) if image_layout(obs.shape) == "hwc" else (obs.shape[1], obs.shape[2])
@@ -350,6 +371,10 @@ def make_encoder(obs: ObsSpace, settings: ModelSettings, *, warn: bool = True) -
     """
     if settings.ignore_keys:
         _check_ignore_keys(obs, settings.ignore_keys)
+    for key, _ in settings.key_encoders:
+        if obs.kind != "dict" or key not in _key_paths(obs):
+            raise ConfigError(f"model.key_encoders: {key!r} is not an observation key ({obs.name}); keys: "
+                              f"{', '.join(_key_paths(obs)) if obs.kind == 'dict' else 'none (not a Dict)'}")
     custom = REGISTERED.get(settings.encoder)
     if custom is not None and not custom.images_only:
         return custom.factory(obs, settings)

@@ -17,6 +17,7 @@ register_action_distribution`` for an action space (README "Extending").
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 
 from torch import nn
@@ -24,6 +25,7 @@ from torch import nn
 from rltrain.data.structs import EnvSpec
 from rltrain.errors import ConfigError
 from rltrain.models.actor_critic import ActorCritic, EncoderTorso, TwinMLPTorso, is_float_vector
+from rltrain.models.encoders import shares_torso
 from rltrain.models.q_networks import ContinuousQNetwork, QPolicy
 from rltrain.models.settings import DEFAULT_ACTIVATION, DEFAULT_MLP, ModelSettings
 from rltrain.models.squashed_actor import SquashedGaussianActor
@@ -43,6 +45,7 @@ def _actor_critic(spec: EnvSpec, settings: ModelSettings, *, norm_obs: bool = Fa
     """Float vectors with separate MLP torsos run as one ``TwinMLPTorso`` (the numpy backend's); anything
     else (images, Dicts, a shared torso, a recurrent core) as ``EncoderTorso``. Same maths either way."""
     settings = settings.with_mlp(DEFAULT_MLP, DEFAULT_ACTIVATION)
+    settings = dataclasses.replace(settings, shared=shares_torso(settings.shared, spec.observation))
     twin = _plain_vector(spec, settings) and not settings.shared and settings.core == "identity"
     return ActorCritic(spec, settings, norm_obs=norm_obs, init_log_std=init_log_std,
                        torso=TwinMLPTorso if twin else EncoderTorso)

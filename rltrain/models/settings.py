@@ -25,8 +25,11 @@ class ModelSettings:
     hidden_sizes: MLP widths for vector / Discrete / MultiBinary inputs and after a Dict's concatenation
     activation:   of the MLP layers (tanh, relu, elu, silu); CNNs use ReLU as their papers do
     cnn_features: width of a CNN's last Linear; None keeps the paper's (nature 512, impala 256, minatar 128)
-    shared:       one torso for actor and critic (as CleanRL's Atari PPO) instead of one each
+    shared:       one torso for actor and critic instead of one each; auto: shared for image observations
+                  (top-level or a Dict key: SB3's and CleanRL's Atari PPO share the CNN), separate otherwise
     ignore_keys:  Dict observation keys to drop (e.g. a Text key no encoder reads)
+    key_encoders: Dict observation key -> encoder name for that key alone (``{image: nature}`` reads an
+                  integer key as pixels, ``{board: grid}`` as an index grid), overriding ``encoder``
     core:         identity | lstm | gru: the memory between encoder and heads (models/cores.py)
     core_size:    the hidden width of an lstm / gru core
     imports:      modules imported (in every process) before a model is built: where your own
@@ -37,8 +40,9 @@ class ModelSettings:
     hidden_sizes: tuple[int, ...] | None = None  # None: the algorithm's algo.hidden_sizes
     activation: str | None = None  # None: the algorithm's algo.activation
     cnn_features: int | None = None
-    shared: bool = False
+    shared: bool | str = "auto"  # True | False | "auto" (resolved by the factory: ``resolve_shared``)
     ignore_keys: tuple[str, ...] = ()
+    key_encoders: dict[str, str] | tuple[tuple[str, str], ...] = ()  # stored as sorted (key, name) pairs
     core: str = "identity"
     core_size: int = 128
     imports: tuple[str, ...] = ()
@@ -48,9 +52,12 @@ class ModelSettings:
         if self.hidden_sizes is not None:
             object.__setattr__(self, "hidden_sizes", tuple(self.hidden_sizes))
         object.__setattr__(self, "ignore_keys", tuple(self.ignore_keys))
+        object.__setattr__(self, "key_encoders", tuple(sorted(dict(self.key_encoders).items())))
         object.__setattr__(self, "imports", tuple(self.imports))
         self.load_imports()
         one_of("model.encoder", self.encoder, encoder_names())
+        for key, name in dict(self.key_encoders).items():
+            one_of(f"model.key_encoders.{key}", name, encoder_names())
         if self.activation is not None:
             one_of("model.activation", self.activation, ACTIVATION_NAMES)
         if any(not isinstance(h, int) or isinstance(h, bool) or h <= 0 for h in self.hidden_sizes or ()):
@@ -58,9 +65,15 @@ class ModelSettings:
                               "integer (e.g. model.hidden_sizes=[64,64])")
         if self.cnn_features is not None and (isinstance(self.cnn_features, bool) or self.cnn_features <= 0):
             raise ConfigError(f"model.cnn_features={self.cnn_features}: must be a positive integer or null")
+        if self.shared not in (True, False, "auto"):
+            raise ConfigError(f"model.shared={self.shared!r}: true, false or auto")
         one_of("model.core", self.core, CORE_NAMES)
         if isinstance(self.core_size, bool) or not isinstance(self.core_size, int) or self.core_size <= 0:
             raise ConfigError(f"model.core_size={self.core_size}: must be a positive integer")
+
+    def encoder_for(self, key: str) -> str | None:
+        """``model.key_encoders``' choice for a Dict key (``outer.inner`` when nested), or None."""
+        return dict(self.key_encoders).get(key)  # type: ignore[arg-type]
 
     def load_imports(self) -> None:
         """Import ``model.imports`` (idempotent): their registrations must exist in every process that builds

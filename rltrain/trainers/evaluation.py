@@ -37,20 +37,31 @@ class Evaluation:
         columns."""
         ev, t0 = self.s.eval, time.perf_counter()
         video = self.run_dir / "videos" if final and ev.video else None
-        rets = evaluate(self.algo.policy, counted(self.s.env.make), episodes=ev.episodes,
-                        eval_seed=self.eval_seed, deterministic=ev.deterministic, device=self.device,
-                        video_dir=video, real_scores=self.s.env.real_scores)
-        mean, std = float(rets.mean()), float(rets.std())
-        counters = self.state.counters
-        # a NaN in evaluation only (the guard sees training rollouts) is a failure
-        if not math.isfinite(mean):
-            bad = int(np.flatnonzero(~np.isfinite(rets))[0])
-            raise NonFiniteError(non_finite_line(f"evaluation return={rets[bad]} (eval episode {bad})",
-                                                 counters["updates"], counters["env_steps"],
-                                                 self.state.last_checkpoint))
-        self.state.last_eval = (mean, std)
+        counters, row = self.state.counters, {}
+        # the headline mode first (the one best_eval and the sweepers follow), then the other with
+        # eval.both_modes: a greedy policy can score far below the stochastic one it was trained as
+        for deterministic in (ev.deterministic, not ev.deterministic)[: 2 if ev.both_modes else 1]:
+            rets = evaluate(self.algo.policy, counted(self.s.env.make), episodes=ev.episodes,
+                            eval_seed=self.eval_seed, deterministic=deterministic, device=self.device,
+                            video_dir=video if deterministic == ev.deterministic else None,
+                            real_scores=self.s.env.real_scores)
+            mean, std = float(rets.mean()), float(rets.std())
+            # a NaN in evaluation only (the guard sees training rollouts) is a failure
+            if not math.isfinite(mean):
+                bad = int(np.flatnonzero(~np.isfinite(rets))[0])
+                raise NonFiniteError(non_finite_line(f"evaluation return={rets[bad]} (eval episode {bad})",
+                                                     counters["updates"], counters["env_steps"],
+                                                     self.state.last_checkpoint))
+            row.setdefault("eval/return_mean", mean)
+            row.setdefault("eval/return_std", std)
+            if ev.both_modes:
+                row[f"eval/return_mean_{'deterministic' if deterministic else 'stochastic'}"] = mean
+        mean = row["eval/return_mean"]
+        self.state.last_eval = (mean, row["eval/return_std"])
+        self.state.last_eval_modes = {k.rpartition("_")[2]: v for k, v in row.items()
+                                      if k.startswith("eval/return_mean_")}
         self.state.eval_s += time.perf_counter() - t0
         if mean > self.state.best_eval:
             self.state.best_eval = mean
             self.save_best()
-        return {"eval/return_mean": mean, "eval/return_std": std}
+        return row

@@ -67,7 +67,8 @@ class TrainLoop:
                                    save_best=lambda: self.checkpoints.save(kind="best"))
         self.rows = MetricRows(settings, place, counters=self.counters, source=self.source, hooks=self.hooks)
         self.summary = LoopSummary(place, self.state, algo=self.algo, env_id=self.spec.env_id,
-                                   source=self.source, stop=stop, hooks=self.hooks, rows=self.rows)
+                                   source=self.source, stop=stop, hooks=self.hooks, rows=self.rows,
+                                   deterministic=settings.eval.deterministic)
         watch = getattr(getattr(self.source, "venv", None), "watch", None)
         if watch is not None:  # a stop signal abandons an env call that is stuck (trainers/../envs/vector.py)
             stop.on_stop(watch.abandon)

@@ -23,7 +23,8 @@ from rltrain.models.settings import ModelSettings
 class EvalSettings:
     every_env_steps: int = 25000  # periodic evaluation cadence (0 disables; the final evaluation always runs)
     episodes: int = 10
-    deterministic: bool = True  # greedy / mean actions; false samples
+    deterministic: bool = True  # the headline mode: greedy / mean actions; false samples
+    both_modes: bool = True  # also evaluate the other mode and record both (a policy can be good in one only)
     video: bool = False  # record the final evaluation's episodes to <run dir>/videos
 
 

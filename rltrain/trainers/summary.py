@@ -19,8 +19,9 @@ from rltrain.trainers.state import LoopState
 
 class LoopSummary:
     def __init__(self, place: Placement, state: LoopState, *, algo: Algorithm, env_id: str, source: Any,
-                 stop: StopFlag, hooks: LoopHooks, rows: MetricRows):
+                 stop: StopFlag, hooks: LoopHooks, rows: MetricRows, deterministic: bool = True):
         self.place, self.state, self.algo, self.env_id = place, state, algo, env_id
+        self.deterministic = deterministic  # the headline evaluation mode (eval.deterministic)
         self.source, self.stop, self.hooks, self.rows = source, stop, hooks, rows
 
     def build(self, status: str, *, sps: float, final: tuple[float, float] | None, start_steps: int,
@@ -34,6 +35,10 @@ class LoopSummary:
             "seed": self.place.seeds.root,
             "final_eval_return": final[0] if final else None,
             "final_eval_return_std": final[1] if final else None,
+            # which mode final_eval_return is (eval.deterministic), and both modes' means (eval.both_modes)
+            "final_eval_mode": "deterministic" if self.deterministic else "stochastic",
+            "final_eval_return_deterministic": state.last_eval_modes.get("deterministic") if final else None,
+            "final_eval_return_stochastic": state.last_eval_modes.get("stochastic") if final else None,
             "best_eval_return": state.best_eval if math.isfinite(state.best_eval) else None,
             # CleanRL's and rl-zoo3's published metric: the mean of the last 100 training episodes (this
             # worker's)
