@@ -108,7 +108,8 @@ def measure_train(overrides: list[str], *, warmup: int, measure: int) -> tuple[f
                            "eval.episodes=1", f"total_env_steps={warmup + measure}"])
         s = settings_from(prepare(cfg, Path(tmp)))
         torch.set_num_threads(s.torch_threads)
-        loop = TrainLoop(s, Placement(Path(tmp), derive(s.seed, s.env.num_envs), pick_device(s.device)), StopFlag())
+        place = Placement(Path(tmp), derive(s.seed, s.env.num_envs), pick_device(s.device))
+        loop = TrainLoop(s, place, StopFlag())
         marks: list[tuple[int, float, float]] = []
         collect = loop.source.collect
 

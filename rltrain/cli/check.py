@@ -69,7 +69,8 @@ def validate_job(cfg):
     job["seed"] = 0 if job["seed"] is None else job["seed"]
     if not job["env"].get("search_path"):  # as the rltrain CLI: an env module beside the user (envs/make.py)
         job["env"]["search_path"] = str(Path.cwd())
-    trainer = build.build_trainer(job, Path("."))  # settings, factories, trainer keys: every check a real start makes
+    # settings, factories, trainer keys: every check a real start makes
+    trainer = build.build_trainer(job, Path("."))
     build.pick_device(plain["device"])
     return plain, trainer
 
@@ -184,7 +185,8 @@ def check(overrides: list[str], console: Console, *, multirun: bool = False) -> 
         show(console, f"process layout (trainer={trainer}, start method: "
              f"{plain['trainer'].get('start_method', 'n/a')})", built.describe())
         show(console, "seeds", seed_rows(plain))
-        show(console, f"batch arithmetic (algo={cfg.hydra.runtime.choices.get('algo')})", batch_rows(plain, built))
+        algo = cfg.hydra.runtime.choices.get("algo")
+        show(console, f"batch arithmetic (algo={algo})", batch_rows(plain, built))
         where = output_dir(cfg, job, job_num=0 if multirun else None)
         launcher = str(cfg.hydra.launcher.get("_target_", "")).rsplit(".", 1)[-1]
         rows = [("run dir" if not multirun else "job 0 dir", where), ("jobs", f"{len(jobs)} ({launcher})")]

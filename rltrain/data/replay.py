@@ -80,8 +80,8 @@ class ReplayBuffer:
         obs_bytes = None
         if self.tree:
             obs_bytes = sum(int(np.prod(x.shape[1:])) * x.itemsize for x in obs_leaves(obs_buffer(obs_space, (0,))))
-        per_row = row_bytes(row_shape, self.obs_dtype, action_shape, np.dtype(action_dtype), frame_stack=frame_stack,
-                            obs_bytes=obs_bytes)
+        per_row = row_bytes(row_shape, self.obs_dtype, action_shape, np.dtype(action_dtype),
+                            frame_stack=frame_stack, obs_bytes=obs_bytes)
         self.nbytes = ring_fits(self.capacity, per_row,
                                 stack_hint=None if frame_stack is not None or self.tree else self.obs_shape)
         C = self.capacity

@@ -157,7 +157,8 @@ class DistributedHooks(LoopHooks):
         self.launch, self.sync, self.num_envs = launch, sync, num_envs
 
     def layout(self, algo: Algorithm) -> dict:
-        return {"world_size": self.sync.world_size, "num_envs": self.num_envs, "rollout_len": int(algo.rollout_len)}
+        return {"world_size": self.sync.world_size, "num_envs": self.num_envs,
+                "rollout_len": int(algo.rollout_len)}
 
     def check_resume(self, meta: dict, path: Path, *, algo: Algorithm) -> str | None:
         return layout_mismatch(meta, self.layout(algo), path)

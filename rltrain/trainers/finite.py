@@ -126,7 +126,8 @@ def tensors_problem(tensors: list[tuple[str, torch.Tensor]]) -> str | None:
 
 class FiniteGuard:
     """The loop's guard: rollouts before ``learn()``, metrics and weights after it, weights again before a
-    checkpoint is written. Workers agree first (one tiny all-reduce), so every rank stops at the same update."""
+    checkpoint is written. Workers agree first (one tiny all-reduce), so every rank stops at the same
+    update."""
 
     def __init__(self, algo: Algorithm, sync: Sync, state: LoopState):
         self.algo, self.sync, self.state = algo, sync, state
@@ -134,8 +135,8 @@ class FiniteGuard:
         self._checked_writes: int | None = None  # the algorithm's weight_writes when last found finite
 
     def check_rollout(self, rollout: Rollout, update: int, env_step: int) -> None:
-        # before learn(): a NaN observation or reward would reach the weights (and every rank must agree first,
-        # or the healthy ones wait in learn()'s all-reduce forever)
+        # before learn(): a NaN observation or reward would reach the weights (and every rank must agree
+        # first, or the healthy ones wait in learn()'s all-reduce forever)
         self._stop_if(rollout_problem(rollout), update, env_step)
 
     def check_update(self, metrics: Metrics, update: int, env_step: int) -> None:
@@ -152,10 +153,12 @@ class FiniteGuard:
         problem = tensors_problem(self.tensors)
         if problem:
             c = self.state.counters
-            raise NonFiniteError(non_finite_line(problem, c["updates"], c["env_steps"], self.state.last_checkpoint))
+            last = self.state.last_checkpoint
+            raise NonFiniteError(non_finite_line(problem, c["updates"], c["env_steps"], last))
 
     def _stop_if(self, problem: str | None, update: int, env_step: int) -> None:
-        """Stop the run (``NonFiniteError``: status failed, one line) when ``problem`` is set on any worker."""
+        """Stop the run (``NonFiniteError``: status failed, one line) when ``problem`` is set on any
+        worker."""
         if not self.sync.any(problem is not None):
             return
         # every rank raises the same line: the first rank's problem, rank 0's last checkpoint

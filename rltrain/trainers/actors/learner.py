@@ -357,8 +357,8 @@ class SubprocessActorsTrainer(Trainer):
             for k, gen in enumerate(batches.generations):
                 trees[f"actor_{k}_gen_{gen}"] = self.actor_seeds(k, gen)
             self.record_seeds(trees)
-            batches.start_actors(functools.partial(self._make_spec, rollout_len=rollout_len), on_restart=record,
-                                 algo=loop.algo, counters=loop.counters)
+            make_spec = functools.partial(self._make_spec, rollout_len=rollout_len)
+            batches.start_actors(make_spec, on_restart=record, algo=loop.algo, counters=loop.counters)
             summary = loop.run()
         finally:
             batches.shutdown()
