@@ -337,6 +337,9 @@ def test_parallel_agents_own_lines_are_prefixed_and_whole_without_a_tty(tmp_path
     assert sum(line.startswith("[agent_") for line in warned) > len(warned) // 2
     assert all(line in ("warned on stderr", "[agent_0] warned on stderr", "[agent_1] warned on stderr")
                for line in warned)
+    # the closing line's interval over 2 agents says it rests on fewer than 5 seeds, as rltrain-report does
+    (final,) = [line for line in res.stdout.splitlines() if line.startswith("[parallel] ")]
+    assert "(95% CI " in final and "; n=2 < 5 seeds: rough), median " in final, final
 
 
 def test_an_off_policy_run_shows_no_eta_until_learning_starts(tmp_path):
