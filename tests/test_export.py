@@ -282,3 +282,17 @@ def test_onnx_falls_back_to_the_torchscript_exporter_out_loud(trained, tmp_path,
     got = _standalone_actions({"onnx": model}, {"obs": obs[None]}, np.zeros((1, 64), bool), tmp_path)["onnx"]
     assert np.array_equal(got[0], policy.act(obs)[0])
 
+
+
+def test_a_directory_of_runs_names_the_runs_below_it(tmp_path):
+    """A trainer=parallel run (or a sweep dir) has no checkpoint of its own: the one line points one level down."""
+    from rltrain.cli.export import export
+    from rltrain.errors import ConfigError
+
+    for agent in ("agent_0", "agent_1"):
+        (tmp_path / "run" / agent / "checkpoints").mkdir(parents=True)
+    with pytest.raises(ConfigError) as err:
+        export(tmp_path / "run", out=tmp_path / "policy.pt2")
+    assert str(err.value) == (f"checkpoint={tmp_path / 'run'}: no checkpoint found in that directory (its runs "
+                              f"agent_0, agent_1 have theirs: pass one, e.g. {tmp_path / 'run' / 'agent_0'})")
+    assert not (tmp_path / "policy.pt2").exists()
