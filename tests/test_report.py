@@ -157,6 +157,14 @@ def test_intervals_from_fewer_than_5_seeds_are_labelled_and_warned(tmp_path, mon
     assert md.count("(n<5)") == 2 and "fewer than 5 seeds" in md
 
 
+def test_one_run_shows_no_interval():
+    from rltrain.cli.report import summarize, table_cells
+
+    one, two = summarize({"one": [{"summary": {"status": "completed", "final_eval_return": 52.5}}],
+                          "two": [{"summary": {"status": "completed", "final_eval_return": v}} for v in (1.0, 3.0)]})
+    assert table_cells(one)[5] == "-" and table_cells(two)[5] == "[1.0, 3.0] (n<5)"
+
+
 def test_five_seeds_give_no_warning(tmp_path):
     out = subprocess.run([sys.executable, "-m", "rltrain.cli.report", str(_two_envs(tmp_path, 5)), "--json"],
                          capture_output=True, text=True, timeout=120, cwd=tmp_path)
