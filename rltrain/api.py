@@ -187,7 +187,7 @@ class LoadedPolicy:
             else:
                 out = self.module.act(batch, deterministic=deterministic, generator=self._generator)
         action = out.action.cpu().numpy()
-        if self.spec.action_kind != "discrete":  # what rltrain-eval steps the env with
+        if self.spec.action_low:  # Box: what rltrain-eval steps the env with (other spaces have no bounds)
             action = np.clip(action, np.asarray(self.spec.action_low, np.float32),
                              np.asarray(self.spec.action_high, np.float32)).astype(np.float32)
         return (action[0] if single else action), (out.state if self.recurrent else None)

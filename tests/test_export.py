@@ -262,11 +262,12 @@ def test_bad_input_is_one_line_and_writes_nothing(trained, tmp_path):
 
 
 def test_onnx_falls_back_to_the_torchscript_exporter_out_loud(trained, tmp_path, monkeypatch, capsys):
-    """Where the dynamo exporter cannot convert a policy, one line says why and the dynamo=False exporter
-    writes a file that still acts like the policy."""
+    """Where torch.export cannot capture a policy, --format onnx says why in one line and the dynamo=False
+    exporter writes a file that still acts like the policy; --format export refuses in one line."""
     if "onnx" not in _formats():
         pytest.skip("needs rltrain[export]")
     from rltrain.cli import export as export_cli
+    from rltrain.errors import ConfigError
 
     def refuse(*args, **kwargs):
         raise RuntimeError("no ONNX translation for aten::made_up_op\nsecond line of detail")
@@ -277,6 +278,10 @@ def test_onnx_falls_back_to_the_torchscript_exporter_out_loud(trained, tmp_path,
     err = [line for line in capsys.readouterr().err.splitlines() if line.startswith("rltrain-export:")]
     assert err == ["rltrain-export: warning: the dynamo ONNX exporter failed (RuntimeError: no ONNX translation "
                    "for aten::made_up_op); falling back to torch.onnx.export(dynamo=False)"]
+    with pytest.raises(ConfigError, match=r"^--format=export: torch.export cannot capture this policy \(RuntimeError: "
+                                          r"no ONNX translation for aten::made_up_op\); --format onnx falls back"):
+        export_cli.export(run_dir, out=tmp_path / "policy.pt2")
+    assert not (tmp_path / "policy.pt2").exists()
     policy = rltrain.load_policy(run_dir)
     obs = _observations(policy)
     got = _standalone_actions({"onnx": model}, {"obs": obs[None]}, np.zeros((1, 64), bool), tmp_path)["onnx"]

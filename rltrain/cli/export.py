@@ -205,7 +205,13 @@ def exported_program(module, example: tuple, n_obs: int):
 def write_export(module, example: tuple, target: Path, names: list[str], n_obs: int, n_out: int) -> None:
     import torch
 
-    torch.export.save(exported_program(module, example, n_obs), str(target))
+    try:
+        program = exported_program(module, example, n_obs)
+    except Exception as err:  # noqa: BLE001 - e.g. a user's encoder with data-dependent control flow
+        reason = (str(err).strip().splitlines() or [type(err).__name__])[0][:200]
+        raise ConfigError(f"--format=export: torch.export cannot capture this policy ({type(err).__name__}: "
+                          f"{reason}); --format onnx falls back to torch's older exporter") from None
+    torch.export.save(program, str(target))
 
 
 def write_onnx(module, example: tuple, target: Path, names: list[str], n_obs: int, n_out: int) -> None:
