@@ -137,7 +137,8 @@ def describe(spec, *, fmt: str, target: Path, cfg: dict, checkpoint: Path, names
         try:
             old = json.loads(sidecar.read_text())
             if old.get("checkpoint") == str(checkpoint.resolve()):
-                files = {f: n for f, n in dict(old.get("files", {})).items() if (target.parent / n).exists()}
+                files = {f: n for f, n in dict(old.get("files", {})).items()
+                         if n != target.name and (target.parent / n).exists()}
         except (OSError, ValueError, TypeError, AttributeError):
             files = {}
     record = {"files": {**files, fmt: target.name}, "env_id": spec.env_id, "algo": cfg["algo"]["_target_"],
