@@ -262,11 +262,12 @@ def test_bad_input_is_one_line_and_writes_nothing(trained, tmp_path):
 
 
 def test_onnx_falls_back_to_the_torchscript_exporter_out_loud(trained, tmp_path, monkeypatch, capsys):
-    """Where the dynamo exporter cannot convert a policy, one line says why and the dynamo=False exporter
-    writes a file that still acts like the policy."""
+    """Where torch.export cannot capture a policy, --format onnx says why in one line and the dynamo=False
+    exporter writes a file that still acts like the policy; --format export refuses in one line."""
     if "onnx" not in _formats():
         pytest.skip("needs rltrain[export]")
     from rltrain.cli import export as export_cli
+    from rltrain.errors import ConfigError
 
     def refuse(*args, **kwargs):
         raise RuntimeError("no ONNX translation for aten::made_up_op\nsecond line of detail")
@@ -277,8 +278,26 @@ def test_onnx_falls_back_to_the_torchscript_exporter_out_loud(trained, tmp_path,
     err = [line for line in capsys.readouterr().err.splitlines() if line.startswith("rltrain-export:")]
     assert err == ["rltrain-export: warning: the dynamo ONNX exporter failed (RuntimeError: no ONNX translation "
                    "for aten::made_up_op); falling back to torch.onnx.export(dynamo=False)"]
+    with pytest.raises(ConfigError, match=r"^--format=export: torch.export cannot capture this policy \(RuntimeError: "
+                                          r"no ONNX translation for aten::made_up_op\); --format onnx falls back"):
+        export_cli.export(run_dir, out=tmp_path / "policy.pt2")
+    assert not (tmp_path / "policy.pt2").exists()
     policy = rltrain.load_policy(run_dir)
     obs = _observations(policy)
     got = _standalone_actions({"onnx": model}, {"obs": obs[None]}, np.zeros((1, 64), bool), tmp_path)["onnx"]
     assert np.array_equal(got[0], policy.act(obs)[0])
 
+
+
+def test_a_directory_of_runs_names_the_runs_below_it(tmp_path):
+    """A trainer=parallel run (or a sweep dir) has no checkpoint of its own: the one line points one level down."""
+    from rltrain.cli.export import export
+    from rltrain.errors import ConfigError
+
+    for agent in ("agent_0", "agent_1"):
+        (tmp_path / "run" / agent / "checkpoints").mkdir(parents=True)
+    with pytest.raises(ConfigError) as err:
+        export(tmp_path / "run", out=tmp_path / "policy.pt2")
+    assert str(err.value) == (f"checkpoint={tmp_path / 'run'}: no checkpoint found in that directory (its runs "
+                              f"agent_0, agent_1 have theirs: pass one, e.g. {tmp_path / 'run' / 'agent_0'})")
+    assert not (tmp_path / "policy.pt2").exists()

@@ -157,6 +157,14 @@ def test_intervals_from_fewer_than_5_seeds_are_labelled_and_warned(tmp_path, mon
     assert md.count("(n<5)") == 2 and "fewer than 5 seeds" in md
 
 
+def test_one_run_shows_no_interval():
+    from rltrain.cli.report import summarize, table_cells
+
+    one, two = summarize({"one": [{"summary": {"status": "completed", "final_eval_return": 52.5}}],
+                          "two": [{"summary": {"status": "completed", "final_eval_return": v}} for v in (1.0, 3.0)]})
+    assert table_cells(one)[5] == "-" and table_cells(two)[5] == "[1.0, 3.0] (n<5)"
+
+
 def test_five_seeds_give_no_warning(tmp_path):
     out = subprocess.run([sys.executable, "-m", "rltrain.cli.report", str(_two_envs(tmp_path, 5)), "--json"],
                          capture_output=True, text=True, timeout=120, cwd=tmp_path)
@@ -337,6 +345,9 @@ def test_parallel_agents_own_lines_are_prefixed_and_whole_without_a_tty(tmp_path
     assert sum(line.startswith("[agent_") for line in warned) > len(warned) // 2
     assert all(line in ("warned on stderr", "[agent_0] warned on stderr", "[agent_1] warned on stderr")
                for line in warned)
+    # the closing line's interval over 2 agents says it rests on fewer than 5 seeds, as rltrain-report does
+    (final,) = [line for line in res.stdout.splitlines() if line.startswith("[parallel] ")]
+    assert "(95% CI " in final and "; n=2 < 5 seeds: rough), median " in final, final
 
 
 def test_an_off_policy_run_shows_no_eta_until_learning_starts(tmp_path):

@@ -139,7 +139,8 @@ def describe(spec, *, fmt: str, target: Path, cfg: dict, checkpoint: Path, names
         try:
             old = json.loads(sidecar.read_text())
             if old.get("checkpoint") == str(checkpoint.resolve()):
-                files = {f: n for f, n in dict(old.get("files", {})).items() if (target.parent / n).exists()}
+                files = {f: n for f, n in dict(old.get("files", {})).items()
+                         if n != target.name and (target.parent / n).exists()}
         except (OSError, ValueError, TypeError, AttributeError):
             files = {}
     record = {"files": {**files, fmt: target.name}, "env_id": spec.env_id, "algo": cfg["algo"]["_target_"],
@@ -207,7 +208,13 @@ def exported_program(module, example: tuple, n_obs: int):
 def write_export(module, example: tuple, target: Path, names: list[str], n_obs: int, n_out: int) -> None:
     import torch
 
-    torch.export.save(exported_program(module, example, n_obs), str(target))
+    try:
+        program = exported_program(module, example, n_obs)
+    except Exception as err:  # noqa: BLE001 - e.g. a user's encoder with data-dependent control flow
+        reason = (str(err).strip().splitlines() or [type(err).__name__])[0][:200]
+        raise ConfigError(f"--format=export: torch.export cannot capture this policy ({type(err).__name__}: "
+                          f"{reason}); --format onnx falls back to torch's older exporter") from None
+    torch.export.save(program, str(target))
 
 
 def write_onnx(module, example: tuple, target: Path, names: list[str], n_obs: int, n_out: int) -> None:

@@ -163,7 +163,7 @@ HEADER = ["group", "n", "mean", "median", "IQM", "95% CI (mean)", "wall s", "fai
 
 
 def table_cells(row: dict) -> list[str]:
-    ci = row.get("ci95_mean")
+    ci = row.get("ci95_mean") if row["n"] > 1 else None  # one run has no interval ([x, x] would claim one)
     few = f" (n<{MIN_SEEDS_FOR_CI})" if row["n"] < MIN_SEEDS_FOR_CI else ""
     return [row["group"], f"{row['n']}/{row['runs']}", _f(row["mean"]), _f(row["median"]), _f(row["iqm"]),
             f"[{ci[0]:.1f}, {ci[1]:.1f}]{few}" if ci else "-", _f(row["wall_time_s"]), str(row["failed"])]

@@ -265,7 +265,11 @@ def load_checkpoint(path: Path, *, key: str = "resume", run_dir: Path | None = N
     if path.is_dir():
         found = CheckpointManager(path / "checkpoints" if (path / "checkpoints").is_dir() else path).latest()
         if found is None:
-            raise ConfigError(f"{key}={path}: no checkpoint found in that directory")
+            # a trainer=parallel run or a multirun sweep dir: its runs are one level down
+            runs = sorted(d.name for d in path.iterdir() if (d / "checkpoints").is_dir())
+            below = (f" (its runs {', '.join(runs[:3])}{', ...' if len(runs) > 3 else ''} have theirs: pass one, "
+                     f"e.g. {path / runs[0]})") if runs else ""
+            raise ConfigError(f"{key}={path}: no checkpoint found in that directory{below}")
         path = found
     if not path.exists():
         raise ConfigError(f"{key}={path}: no such file or directory")

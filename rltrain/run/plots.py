@@ -29,6 +29,11 @@ def band_label(band: str, n: int) -> str:
     return f"{text} (n={n} < {MIN_SEEDS_FOR_CI} seeds: rough)" if n < MIN_SEEDS_FOR_CI else text
 
 
+def few_seeds_note(n: int) -> str:
+    """What follows an interval over ``n`` runs in a printed line: '' or '; n=2 < 5 seeds: rough'."""
+    return f"; n={n} < {MIN_SEEDS_FOR_CI} seeds: rough" if n < MIN_SEEDS_FOR_CI else ""
+
+
 def read_curve(metrics_csv: Path, column: str) -> tuple[np.ndarray, np.ndarray]:
     """``(env_steps, values)`` of one metrics.csv column, rows where it is empty skipped."""
     if not Path(metrics_csv).exists():

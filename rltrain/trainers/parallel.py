@@ -25,6 +25,7 @@ import yaml
 from rltrain.errors import ConfigError
 from rltrain.run.agents_display import AgentsDisplay, prefix_agent_output
 from rltrain.run.device import pick_device
+from rltrain.run.plots import few_seeds_note
 from rltrain.run.seeding import SeedTree, derive, write_seeds
 from rltrain.run.signals import StopFlag
 from rltrain.run.stats import aggregate
@@ -174,8 +175,8 @@ class ParallelTrainer(Trainer):
         agg = summary["aggregate"]
         if self.settings.logger.progress != "off" and agg["n"]:
             print(f"[parallel] {summary['status']}: final eval return over {agg['n']} agents: mean {agg['mean']:.2f} "
-                  f"(95% CI {agg['ci95_mean'][0]:.2f}..{agg['ci95_mean'][1]:.2f}), median {agg['median']:.2f}, "
-                  f"IQM {agg['iqm']:.2f}; {self.run_dir / 'summary.json'}", flush=True)
+                  f"(95% CI {agg['ci95_mean'][0]:.2f}..{agg['ci95_mean'][1]:.2f}{few_seeds_note(agg['n'])}), "
+                  f"median {agg['median']:.2f}, IQM {agg['iqm']:.2f}; {self.run_dir / 'summary.json'}", flush=True)
         return summary
 
     def _on_event(self, ev, records: list[dict], display: AgentsDisplay, group: WorkerGroup) -> int | None:
