@@ -229,7 +229,7 @@ def test_every_env_preset_has_a_wrappers_list():
 
 @pytest.mark.slow  # two interpreters importing torch and MinAtar, a short run and an evaluation
 def test_cli_minatar_trains_with_a_wrapper_from_the_command_line(cli):
-    res = cli("env=minatar", "total_env_steps=512", "algo.rollout_len=64", "eval.episodes=1",
+    res = cli("env=minatar", "total_env_steps=512", "algo.rollout_len=64", "env.num_envs=8", "eval.episodes=1",
               "logger.progress=plain", "env.wrappers=[SignReward]", env={"OMP_NUM_THREADS": "1"})
     assert res.returncode == 0, res.stderr[-3000:]
     assert "[summary]" in res.stdout

@@ -67,7 +67,7 @@ def test_experiment_auto_adds_the_preset_made_for_the_algo_and_env(overrides, ad
 
 @pytest.mark.parametrize(("overrides", "says"), [
     (["experiment=none"], "algo=ppo's generic defaults are used on CartPole-v1 (published values: "
-                          "conf/algo/ppo.yaml); the tuned preset for it: rltrain experiment=ppo_cartpole"),
+                          "rltrain/conf/algo/ppo.yaml); the tuned preset for it: rltrain experiment=ppo_cartpole"),
     (["env.id=Taxi-v3"], "algo=ppo's generic defaults are used on Taxi-v3"),
     (["algo=ppo,dqn", "-m"], "in a sweep over algo/env: the generic defaults are used"),
 ])

@@ -72,3 +72,17 @@ def test_bench_offpolicy_prints_cpu_ratios_against_sb3():
     for cells in rows.values():
         ours, peer, ratio = (float(c) for c in cells[:3])
         assert ours > 0 and peer > 0 and abs(ratio - ours / peer) < 0.1  # a median of one pair: the ratio itself
+
+
+def test_bench_defaults_lists_its_rows_and_refuses_an_unknown_one():
+    """scripts/bench_defaults.py: the table's rows (rltrain's defaults vs SB3's; SB3 is needed only to run it)."""
+    listed = subprocess.run([sys.executable, "scripts/bench_defaults.py", "--list"], cwd=REPO, capture_output=True,
+                            text=True, timeout=120)
+    assert listed.returncode == 0, listed.stderr
+    names = [line.split()[0] for line in listed.stdout.splitlines()]
+    assert {"taxi", "frozenlake", "minigrid-empty", "doorkey", "doorkey-lstm", "dict-goal", "mountaincar-sac",
+            "acrobot-ppo", "acrobot-dqn"} == set(names), listed.stdout
+    assert "experiment=none" in next(ln for ln in listed.stdout.splitlines() if ln.startswith("acrobot-dqn"))
+    bad = subprocess.run([sys.executable, "scripts/bench_defaults.py", "--envs", "taxy"], cwd=REPO,
+                         capture_output=True, text=True, timeout=120)
+    assert bad.returncode != 0 and "unknown --envs ['taxy']" in bad.stderr, bad.stderr
