@@ -6,10 +6,10 @@ it); ``host:port`` is that cluster's head. Before anything else is made (no run 
 ``RayCluster.connect`` checks, each a ``ConfigError`` naming the fix, bounded in time:
 
 - the head answers at all (a socket connect with a timeout: ``ray.init`` to a dead address retries for minutes);
-- the token: Ray clusters started by ``ray start --head`` require token authentication, which rltrain never
-  turns off; when ``RAY_AUTH_MODE`` is unset and this user has a token (``RAY_AUTH_TOKEN``,
-  ``RAY_AUTH_TOKEN_PATH`` or ``~/.ray/auth_token``), rltrain turns token mode on for its connection, as
-  ``ray start`` itself does; a missing or wrong token is named;
+- the token: a cluster started by ``ray start --head`` requires token authentication (rltrain never turns it
+  off, nor on: a driver in token mode breaks its actors on a cluster without it); a joiner sets
+  ``RAY_AUTH_MODE=token`` and the cluster's token (``RAY_AUTH_TOKEN`` or ``~/.ray/auth_token``); a missing or
+  wrong one is named;
 - some alive node has every resource of ``trainer.ray.actor_resources`` (e.g. ``num_gpus: 1`` on a CPU cluster);
 - the env builds on a node that can host an actor (an env module the workers cannot import is named).
 
@@ -73,13 +73,6 @@ def actor_options(resources: dict) -> dict:
     return {**opts, **({"resources": custom} if custom else {}), "scheduling_strategy": "SPREAD"}
 
 
-def _token_available() -> bool:
-    if os.environ.get("RAY_AUTH_TOKEN"):
-        return True
-    path = os.environ.get("RAY_AUTH_TOKEN_PATH") or str(Path.home() / ".ray" / "auth_token")
-    return Path(path).is_file()
-
-
 class RayCluster:
     """The connection of one run; ``close()`` disconnects (and stops a private instance)."""
 
@@ -93,8 +86,6 @@ class RayCluster:
         import ray
 
         target = self._head_address()
-        if not self.private and "RAY_AUTH_MODE" not in os.environ and _token_available():
-            os.environ["RAY_AUTH_MODE"] = "token"  # as `ray start` does when a token exists; never the reverse
         common = {"runtime_env": self.runtime_env(), "log_to_driver": False, "logging_level": logging.ERROR,
                   "configure_logging": True}
         try:
