@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import signal
 import subprocess
 import sys
 import time
@@ -148,3 +150,52 @@ def test_env_module_the_nodes_cannot_import(cluster, tmp_path):
     env = {**_env(), "PYTHONPATH": str(tmp_path / "elsewhere")}
     line = _refused(tmp_path, f"trainer.ray.address={cluster.address}", ON_NODES, "env.id=hidden_envs:make", env=env)
     assert "cannot be built on the Ray worker nodes" in line and "hidden_envs" in line
+
+
+# -- a lost node, then SIGTERM (last: it removes a node of the module's cluster) ----------------------------------
+def _wait_for(pred, proc: subprocess.Popen, timeout: float = 150.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not pred():
+        assert proc.poll() is None, proc.communicate()[1][-3000:]
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.2)
+
+
+def test_node_lost_mid_run_then_sigterm(cluster, tmp_path):
+    run, out = tmp_path / "run", tmp_path / "stdout.txt"
+    proc = subprocess.Popen([sys.executable, "-m", "rltrain", *FAST, "hydra.run.dir=run", "total_env_steps=10000000",
+                             "trainer.backend=ray", f"trainer.ray.address={cluster.address}", ON_NODES,
+                             "trainer.actor_timeout_s=8"], cwd=tmp_path, stdout=out.open("w"),
+                            stderr=subprocess.PIPE, text=True, env=_env(), start_new_session=True)
+
+    def log() -> str:
+        return "".join(p.read_text() for p in run.glob("*.log"))
+
+    try:
+        _wait_for(lambda: "actor 0 on " in out.read_text() and "actor 1 on " in out.read_text(), proc)
+        node = re.search(r"actor 0 on .*?node (\w{8})\)", out.read_text()).group(1)  # the progress rows
+        victim = next(n for n in cluster.workers if n.node_id.startswith(node))
+        cluster.remove_node(victim, allow_graceful=False)
+        # its actor is lost, restarted as generation 1, which no node can take (each holds one actor_host)
+        _wait_for(lambda: "going on with 1 of 2 actors" in log(), proc)  # warnings: also in the run's log
+        steps = len(read_metrics(run / "metrics.csv"))
+        _wait_for(lambda: len(read_metrics(run / "metrics.csv")) > steps, proc)  # learning goes on
+        os.kill(proc.pid, signal.SIGTERM)
+        _, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 143, err[-3000:]
+    s = _summary(run)
+    assert s["status"] == "interrupted" and Path(s["checkpoint"]).exists() and s["restarts"] == 1
+    assert "actor 0 was lost" in log() and "restarting it" in log()
+    assert "actor_1_gen_0" in s["actor_nodes"] and "actor_0_gen_1" not in s["actor_nodes"]  # never placed
+    _no_actor_left()
+    alive = [n for n in ray_nodes(cluster) if n["Alive"]]
+    assert len(alive) == 2  # the user's cluster stays up: the head and the remaining worker node
+
+
+def ray_nodes(cluster) -> list[dict]:
+    code = f"import ray, json; ray.init(address={cluster.address!r}); print(json.dumps(ray.nodes()))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, env=_env())
+    return json.loads(out.stdout.strip().splitlines()[-1])

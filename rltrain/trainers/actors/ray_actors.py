@@ -36,6 +36,7 @@ from rltrain.trainers.messages import Done, Exited, Failed, Heartbeat, Started, 
 from rltrain.trainers.supervise import WorkerContext
 
 TAKE_WAIT_S = 0.5  # a take call returns after this long without messages (the learner re-issues it)
+START_TIMEOUT_S = 300.0  # placed, but torch, the algorithm and the envs not loaded yet (as WorkerGroup's start)
 
 
 @dataclass(frozen=True)
@@ -83,22 +84,20 @@ class ActorHost:
     """The Ray actor class (made remote by ``RayGroup``); lives in a Ray worker process on some node."""
 
     def __init__(self, index: int, heartbeat_s: float):
-        import torch
+        import ray
 
-        torch.set_num_threads(1)
         self.ctx = RayContext(index)
         self.heartbeat_s = heartbeat_s
+        # placed: said at once (torch and the envs load later, with the target; the heartbeat covers that)
+        node = ray.get_runtime_context().get_node_id()
+        self.ctx.send(Placed(index, os.getpid(), ray.util.get_node_ip_address(), socket.gethostname(), node))
 
     def run(self, target, payload, note: WeightsNote) -> tuple:
         """``target(ctx, payload)`` as ``supervise._bootstrap`` runs it; ('done', result) or ('failed', ...)."""
-        import ray
-
         ctx = self.ctx
         _MAILBOX.offer(note)
         threading.Thread(target=ctx._heartbeat, args=(self.heartbeat_s,), name="rltrain-heartbeat",
                          daemon=True).start()
-        node = ray.get_runtime_context().get_node_id()
-        ctx.send(Placed(ctx.index, os.getpid(), ray.util.get_node_ip_address(), socket.gethostname(), node))
         try:
             return ("done", target(ctx, payload))
         except BaseException as err:  # noqa: BLE001 - reported to the learner as Failed
@@ -139,6 +138,7 @@ class _Remote:
     created: float
     last_seen: float
     placed: Placed | None = None
+    running: bool = False  # its target sent something: from now on, silence is judged by the heartbeat timeout
     extra: dict = field(default_factory=dict)
 
 
@@ -231,6 +231,7 @@ class RayGroup:
                 w.placed = self.placed[w.index] = msg
                 yield Started(w.index, msg.pid)
             else:
+                w.running = True
                 yield msg
 
     def _ran(self, w: _Remote, ref) -> Iterator[Any]:
@@ -259,10 +260,24 @@ class RayGroup:
     def _check_silent(self, now: float) -> Iterator[Any]:
         for w in list(self.live.values()):
             if w.placed is None and now - w.created > self.heartbeat_timeout_s:
+                if self._has_worker(w):  # placed, its process still starting (a loaded node): keep waiting
+                    w.created = now
+                    continue
                 self.kill(w.index)
                 yield Unplaced(w.index, now - w.created)
-            elif w.placed is not None and now - w.last_seen > self.heartbeat_timeout_s:
+            elif w.placed is not None and now - w.last_seen > (self.heartbeat_timeout_s if w.running
+                                                                 else START_TIMEOUT_S):
                 yield Unresponsive(w.index, now - w.last_seen)
+
+    def _has_worker(self, w: _Remote) -> bool:
+        """Whether Ray leased a worker process to the actor (the GCS actor table has its pid): then it was
+        placed and is starting; an actor no node can take has none."""
+        try:
+            from ray._private import state
+
+            return bool(state.actors(w.handle._actor_id.hex()).get("Pid"))
+        except Exception:  # noqa: BLE001 - an internal table that moved in another Ray version: not placed
+            return False
 
     def shutdown(self, *, grace_s: float = 30.0, term_s: float = 5.0) -> None:
         """Stop message, wait up to ``grace_s`` for the run calls, then kill every actor of this group."""

@@ -21,11 +21,13 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
 import socket
 from pathlib import Path
 
 from rltrain.envs.make import EnvFactory
 from rltrain.errors import ConfigError
+from rltrain.run.signals import STOP_SIGNALS
 
 RESERVED = {"num_cpus": "CPU", "num_gpus": "GPU", "memory": "memory"}  # actor_resources key -> Ray resource
 PROBE_TIMEOUT_S = 30.0
@@ -86,6 +88,9 @@ class RayCluster:
         import ray
 
         target = self._head_address()
+        # Ray's driver installs its own fatal-signal handlers (SIGTERM aborts the process): the run's stop flag
+        # (checkpoint, then stop the actors) must keep them
+        handlers = {s: signal.getsignal(s) for s in STOP_SIGNALS}
         common = {"runtime_env": self.runtime_env(), "log_to_driver": False, "logging_level": logging.ERROR,
                   "configure_logging": True}
         try:
@@ -102,6 +107,10 @@ class RayCluster:
             raise ConfigError(f"the Ray cluster at {target} answered but refused the connection ({err}); a cluster "
                               "started with `ray start --head` needs its token: set RAY_AUTH_MODE=token and "
                               "RAY_AUTH_TOKEN to the head's `ray get-auth-token`") from None
+        finally:
+            for signum, handler in handlers.items():
+                if handler is not None:
+                    signal.signal(signum, handler)
         self.connected = True
         try:
             self._check_resources()

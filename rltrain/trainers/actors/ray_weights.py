@@ -20,9 +20,10 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
-import numpy as np
-import torch
+if TYPE_CHECKING:  # numpy and torch load with the actor's target, not with its host (placement is seen sooner)
+    import torch
 
 
 @dataclass(frozen=True)
@@ -88,7 +89,9 @@ class RayWeightsReader:
         note = self.mailbox.note
         if note is None or note.version == last_version:
             return None
+        import numpy as np
         import ray
+        import torch
 
         arrays = ray.get(note.refs[0])  # read-only views of this node's copy: load_state_dict copies them out
         return note.version, {k: torch.from_numpy(np.array(v)) for k, v in arrays.items()}
