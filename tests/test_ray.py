@@ -118,8 +118,8 @@ def test_impala_learns_cartpole_on_two_nodes(cluster, tmp_path):
                "trainer.backend=ray", f"trainer.ray.address={cluster.address}", ON_NODES, timeout=400)
     assert res.returncode == 0, res.stderr[-3000:]
     s = _summary(tmp_path / "run")
-    # a random policy scores ~20; the preset's IMPALA reaches 219-499 at 300k steps depending on the seed (README),
-    # so 475 is not asserted within this test's budget
+    # a random policy scores ~20; the preset's IMPALA under subprocess_actors ends at ~220-500 after 200-300k steps
+    # depending on the seed (README: 368-499 at 300k), so 475 is not asserted within this test's budget
     assert s["final_eval_return"] >= 150, s
     assert len({p["node_id"] for p in s["actor_nodes"].values()}) == 2
     _no_actor_left()
