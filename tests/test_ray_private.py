@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from rltrain.run.metrics import read_metrics
+from tests.conftest import REPO
 
 pytest.importorskip("ray", reason="the ray extra: pip install -e '.[ray]'")
 pytestmark = pytest.mark.ray
@@ -60,3 +61,40 @@ def test_ctrl_c_stops_the_private_instance_then_a_fresh_one_resumes(tmp_path, or
     assert second["total_env_steps"] >= steps + 512 and second["updates"] > updates
     seeds = json.loads((run / "seeds.json").read_text())["workers"]
     assert "actor_0_gen_1" in seeds and "actor_0_gen_1" in second["actor_nodes"]  # new generations, recorded
+
+
+# -- scripts/ray-slurm.sbatch, with srun / scontrol stand-ins that run each step on this host ------------------
+SRUN = """#!/usr/bin/env bash
+# srun stand-in: drop srun's options (and -w's host), run the step's command here
+while [ $# -gt 0 ]; do case "$1" in -w) shift 2;; -*) shift;; *) break;; esac; done
+exec "$@"
+"""
+SCONTROL = """#!/usr/bin/env bash
+[ "$1 $2" = "show hostnames" ] && { hostname; exit 0; }
+exit 1
+"""
+
+
+def test_ray_slurm_script_runs_a_token_cluster_and_leaves_nothing(tmp_path, orphan_watch):
+    import socket
+
+    shims = tmp_path / "bin"
+    shims.mkdir()
+    for name, text in (("srun", SRUN), ("scontrol", SCONTROL)):
+        (shims / name).write_text(text)
+        (shims / name).chmod(0o755)
+    with socket.socket() as s:
+        s.bind(("", 0))
+        port = s.getsockname()[1]
+    env = {**_env(), "PATH": f"{shims}:{Path(sys.executable).parent}:{os.environ['PATH']}", "RAY_PORT": str(port),
+           "SLURM_JOB_NODELIST": socket.gethostname(), "SLURM_JOB_ID": "4242", "SLURM_CPUS_PER_TASK": "2",
+           "RLTRAIN": f"{sys.executable} -m rltrain"}
+    for key in ("RAY_ADDRESS", "RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH"):
+        env.pop(key, None)
+    res = subprocess.run(["bash", str(REPO / "scripts" / "ray-slurm.sbatch"),
+                          *[a for a in FAST if a not in ("trainer=subprocess_actors", "trainer.backend=ray")],
+                          "total_env_steps=1024"], cwd=tmp_path, capture_output=True, text=True, timeout=400, env=env)
+    assert res.returncode == 0, (res.stdout + res.stderr)[-3000:]
+    s = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert s["status"] == "completed" and len(s["actor_nodes"]) == 2
+    assert not (tmp_path / ".ray-token-4242").exists()  # the job's token is removed with the job
