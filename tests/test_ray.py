@@ -206,9 +206,11 @@ def test_node_lost_mid_run_then_sigterm(cluster, tmp_path):
             proc.kill()
     assert proc.returncode == 143, err[-3000:]
     s = _summary(run)
-    assert s["status"] == "interrupted" and Path(s["checkpoint"]).exists() and s["restarts"] == 1
+    # a restart Ray placed on the dying node before it was declared dead is lost too: one or more restarts
+    assert s["status"] == "interrupted" and Path(s["checkpoint"]).exists() and s["restarts"] >= 1
     assert "actor 0 was lost" in log() and "restarting it" in log()
-    assert "actor_1_gen_0" in s["actor_nodes"] and "actor_0_gen_1" not in s["actor_nodes"]  # never placed
+    last = f"actor_0_gen_{s['restarts']}"  # actor 0's last generation: no node could take it
+    assert "actor_1_gen_0" in s["actor_nodes"] and last not in s["actor_nodes"]
     _no_actor_left()
     alive = [n for n in ray_nodes(cluster) if n["Alive"]]
     assert len(alive) == 2  # the user's cluster stays up: the head and the remaining worker node
