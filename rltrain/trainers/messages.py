@@ -75,3 +75,11 @@ class Unresponsive:
     silent_s: float
 
 
+
+
+@dataclass(frozen=True)
+class Unplaced:
+    """Synthesised by the parent (Ray backend): no node took the worker within ``waited_s`` seconds."""
+
+    index: int
+    waited_s: float

@@ -32,7 +32,7 @@ from rltrain.data.structs import Rollout
 from rltrain.envs.make import EnvFactory
 from rltrain.envs.vector import EnvCallAbandoned
 from rltrain.run.seeding import SeedTree, seed_process
-from rltrain.trainers.actors.shared_weights import SharedWeights, WeightsHandle
+from rltrain.trainers.actors.shared_weights import WeightsHandle
 from rltrain.trainers.supervise import WorkerContext
 
 
@@ -48,7 +48,7 @@ class ActorSpec:
     env: EnvFactory  # the run's env factory (settings.env)
     num_envs: int
     rollout_len: int
-    weights: WeightsHandle
+    weights: WeightsHandle  # or ray_weights.RayWeightsHandle: ``attach()`` gives the reader
     device: str = "cpu"
     sync: bool = False
     share: int = 1  # sync mode: rollouts to deliver per policy version
@@ -122,7 +122,7 @@ class _ActorLoop:
         espec = spec.env.spec()
         device = torch.device(spec.device)
         self.algo = spec.algo(espec, num_envs=spec.num_envs, device=device)
-        self.weights = SharedWeights.attach(spec.weights)
+        self.weights = spec.weights.attach()
         self.version = -1
         self._reload()
         venv = spec.env.vector(spec.seeds.env_seeds, num_envs=spec.num_envs)

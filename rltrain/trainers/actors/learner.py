@@ -28,6 +28,7 @@ import time
 from collections import deque
 from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -39,9 +40,9 @@ from rltrain.run.progress import ProgressDisplay
 from rltrain.run.seeding import SeedTree, derive
 from rltrain.run.signals import StopFlag
 from rltrain.trainers.actors.actor import ActorSpec, RolloutMsg
+from rltrain.trainers.actors.backends import make_backend
 from rltrain.trainers.actors.pool import ActorFailure, ActorPool
 from rltrain.trainers.actors.rollouts import EpisodeStats, merge_rollouts
-from rltrain.trainers.actors.shared_weights import SharedWeights
 from rltrain.trainers.base import Capabilities, Trainer, UpdateSize
 from rltrain.trainers.hooks import LoopHooks, Placement, TrainerParts
 from rltrain.trainers.loop import TrainLoop
@@ -84,7 +85,7 @@ class ActorBatches(LoopHooks):
         self.capacity = trainer.batch_rollouts * trainer.queue_out_of_sync_factor
         self.generations = [0] * trainer.num_actors
         self.failure: str | None = None
-        self.weights: SharedWeights | None = None
+        self.weights: Any = None  # the backend's weights transport (SharedWeights or RayWeights)
         self.pool: ActorPool | None = None
         self.stats: dict[str, float] = {"dropped_steps": 0.0, "dropped_rollouts": 0.0, "preempted_batches": 0.0}
         self._window: dict[str, list[float]] = {}  # per-batch figures since the last log row
@@ -155,6 +156,8 @@ class ActorBatches(LoopHooks):
         summary.update({"num_actors": self.t.num_actors, "policy_version": summary["updates"],
                         "restarts": self.pool.total_restarts if self.pool else 0,
                         "dropped_rollouts": int(self.stats["dropped_rollouts"])})
+        if self.pool and self.pool.placements:  # Ray backend: the node of every actor generation
+            summary["actor_nodes"] = dict(self.pool.placements)
         if self.failure:  # the actors failed (abort policy, or out of restarts): the run failed, whatever stopped it
             summary.update(status="failed", error=self.failure)
             summary.pop("resume_command", None)
@@ -162,12 +165,13 @@ class ActorBatches(LoopHooks):
 
     def start_actors(self, make_spec, on_restart, *, algo: Algorithm, counters: Mapping) -> None:
         self.version = counters["updates"]
-        self.weights = SharedWeights.create(algo.policy_state(), version=self.version,
-                                            env_steps=counters["env_steps"])
         t = self.t
+        self.weights = t.backend.weights(algo.policy_state(), version=self.version,
+                                         env_steps=counters["env_steps"])
         self.pool = ActorPool(functools.partial(make_spec, self.weights.handle), t.num_actors,
                               start_method=t.start_method, on_failure=t.on_actor_failure,
-                              max_restarts=t.max_restarts, actor_timeout_s=t.actor_timeout_s, on_restart=on_restart)
+                              max_restarts=t.max_restarts, actor_timeout_s=t.actor_timeout_s, on_restart=on_restart,
+                              group=t.backend.group(self.weights, actor_timeout_s=t.actor_timeout_s))
         self.pool.start(self.generations)
 
     def shutdown(self) -> None:
@@ -185,7 +189,9 @@ class ActorBatches(LoopHooks):
         assert pool is not None
         need = t.batch_rollouts
         if t.sync:
-            per_actor = [need // t.num_actors + (k < need % t.num_actors) for k in range(t.num_actors)]
+            per_actor = [0 if pool.slots[k].dropped else need // t.num_actors + (k < need % t.num_actors)
+                         for k in range(t.num_actors)]
+            need = sum(per_actor)  # an actor no node could take (Ray backend) delivers nothing
             enough_samples = math.ceil(t.preemption["fraction_samples"] * need)
             enough_workers = math.ceil(t.preemption["fraction_workers"] * t.num_actors)
             delivered = [0] * t.num_actors
@@ -227,6 +233,8 @@ class ActorBatches(LoopHooks):
             self._received_steps += sum(m.num_steps for m in msgs)
             self.queue.extend(msgs)
         self._window.setdefault("dequeue_wait_s", []).append(time.perf_counter() - t0)
+        if t.sync:  # in actor order, not arrival order: a seeded sync run learns the same batches every time
+            batch.sort(key=lambda m: m.actor_id)
         return batch
 
     # -- what the learner logs --------------------------------------------------------------------------------
@@ -268,7 +276,8 @@ class ActorBatches(LoopHooks):
         elapsed = time.perf_counter() - self._first_seen.get(slot.actor_id, math.inf)
         sps = slot.steps / elapsed if elapsed > 0 else 0.0
         version = f"v{slot.version}" if slot.version >= 0 else "no rollout yet"
-        return (f"actor {slot.actor_id}: {sps:,.0f} sps ({slot.sps:,.0f} while collecting)  "
+        where = f" on {slot.node}" if slot.node else ""
+        return (f"actor {slot.actor_id}{where}: {sps:,.0f} sps ({slot.sps:,.0f} while collecting)  "
                 f"steps {slot.steps:,}  episodes {slot.episodes}  {version}  restarts {slot.restarts}")
 
 
@@ -283,7 +292,8 @@ class SubprocessActorsTrainer(Trainer):
                  queue_out_of_sync_factor: int = 2, start_method: str = "forkserver", sync: bool = False,
                  max_policy_lag: int | None = None, preemption: dict | None = None, compress: str = "none",
                  actor_device: str = "cpu", learner_device: str | None = None, on_actor_failure: str = "restart",
-                 max_restarts: int = 3, actor_timeout_s: float = 60.0):
+                 max_restarts: int = 3, actor_timeout_s: float = 60.0, backend: str = "local",
+                 ray: dict | None = None):
         super().__init__(settings=settings, run_dir=run_dir)
         self.num_actors = num_actors
         self.envs_per_actor = envs_per_actor or settings.env.num_envs
@@ -295,6 +305,8 @@ class SubprocessActorsTrainer(Trainer):
         self.actor_device, self.learner_device = actor_device, learner_device or settings.device
         self.on_actor_failure, self.max_restarts, self.actor_timeout_s = on_actor_failure, max_restarts, actor_timeout_s
         self._validate()
+        self.backend = make_backend(backend, ray=ray, start_method=start_method, num_actors=num_actors,
+                                    env=settings.env)
 
     def _validate(self) -> None:
         for key in ("num_actors", "envs_per_actor", "batch_rollouts", "queue_out_of_sync_factor"):
@@ -341,6 +353,7 @@ class SubprocessActorsTrainer(Trainer):
         device = pick_device(self.learner_device)
         pick_device(self.actor_device)  # fail now, with the key's message, not inside an actor
         trees: dict[str, SeedTree] = {"learner": derive(s.seed, 1)}
+        self.backend.connect()  # Ray: refuses (one line) before the loop writes anything into the run dir
 
         def record(spec: ActorSpec) -> None:
             trees[f"actor_{spec.actor_id}_gen_{spec.generation}"] = spec.seeds
@@ -362,6 +375,7 @@ class SubprocessActorsTrainer(Trainer):
             summary = loop.run()
         finally:
             batches.shutdown()
+            self.backend.close()  # Ray: disconnect; a private instance is stopped
         if batches.failure:
             summary["exit_code"] = 1
         return summary

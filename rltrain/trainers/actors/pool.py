@@ -4,6 +4,10 @@
 ``Exited`` for a process that died without a word, e.g. SIGKILL, ``Unresponsive`` for a silent one); this
 pool maps worker indices to actor slots and applies ``on_actor_failure``: restart the slot as a new
 generation (fresh, recorded seed) up to ``max_restarts`` times, or raise ``ActorFailure``.
+
+The event source is the backend's (``backends.py``): a local ``WorkerGroup`` or Ray's ``RayGroup``, which also
+names each actor's node (``placements``, per generation) and reports an actor it could place on no node within
+``actor_timeout_s`` (``Unplaced``): the run goes on without that slot, and stops only when no actor is left.
 """
 
 from __future__ import annotations
@@ -12,8 +16,10 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 from rltrain.trainers.actors.actor import ActorSpec, Credit, RolloutMsg, actor_main
+from rltrain.trainers.messages import Unplaced
 from rltrain.trainers.supervise import Done, Exited, Failed, Heartbeat, Started, Unresponsive, WorkerGroup
 
 log = logging.getLogger("rltrain.actors")
@@ -36,15 +42,18 @@ class ActorSlot:
     episodes: int = 0
     sps: float = 0.0  # collection SPS of its last rollout
     version: int = -1
+    node: str = ""  # where it runs (Ray backend: node IP, host name, node id); '' locally
+    dropped: bool = False  # no node could take it (Ray): the run goes on without it
 
 
 class ActorPool:
     def __init__(self, make_spec: Callable[[int, int], ActorSpec], num_actors: int, *, start_method: str,
                  on_failure: str, max_restarts: int, actor_timeout_s: float,
-                 on_restart: Callable[[ActorSpec], None] | None = None):
+                 on_restart: Callable[[ActorSpec], None] | None = None, group: Any = None):
         # daemon=False: an actor may start env processes of its own (env.vectorization=async)
-        self.group = WorkerGroup(start_method=start_method, heartbeat_s=1.0, heartbeat_timeout_s=actor_timeout_s,
-                                 name="rltrain-actor", daemon=False)
+        self.group = group or WorkerGroup(start_method=start_method, heartbeat_s=1.0,
+                                          heartbeat_timeout_s=actor_timeout_s, name="rltrain-actor", daemon=False)
+        self.placements: dict[str, dict] = {}  # actor_<k>_gen_<g> -> its node (Ray backend)
         self.make_spec, self.on_restart = make_spec, on_restart
         self.on_failure, self.max_restarts = on_failure, max_restarts
         self.slots = [ActorSlot(k) for k in range(num_actors)]
@@ -101,7 +110,11 @@ class ActorPool:
                                    f"(trainer.actor_timeout_s={self.group.heartbeat_timeout_s:g}); killed")
             elif isinstance(ev, Done):
                 self._failed(slot, f"actor {slot.actor_id} returned before it was asked to stop")
-            elif isinstance(ev, (Started, Heartbeat)):
+            elif isinstance(ev, Unplaced):
+                self._unplaced(slot, ev.waited_s)
+            elif isinstance(ev, Started):
+                self._placed(slot)
+            elif isinstance(ev, Heartbeat):
                 pass
         return out
 
@@ -119,6 +132,29 @@ class ActorPool:
         why = "on_actor_failure=abort" if self.on_failure == "abort" else \
             f"trainer.max_restarts={self.max_restarts} reached"
         raise ActorFailure(f"{reason}; stopping ({why})")
+
+    def _placed(self, slot: ActorSlot) -> None:
+        node_of = getattr(self.group, "node_of", None)
+        if node_of is None:
+            return
+        slot.node = node_of(slot.index)
+        self.placements[f"actor_{slot.actor_id}_gen_{slot.generation}"] = self.group.placement(slot.index)
+        log.info("actor %d (generation %d) runs on %s", slot.actor_id, slot.generation, slot.node)
+
+    def _unplaced(self, slot: ActorSlot, waited_s: float) -> None:
+        if self.stopping:
+            return
+        slot.dropped = True
+        left = sum(not s.dropped for s in self.slots)
+        if not left:
+            raise ActorFailure(f"no node could take actor {slot.actor_id} within {waited_s:.0f}s "
+                               f"(trainer.actor_timeout_s) and no actor is left; stopping")
+        log.warning("no node could take actor %d within %.0fs (trainer.actor_timeout_s): going on with %d of %d "
+                    "actors", slot.actor_id, waited_s, left, len(self.slots))
+
+    @property
+    def active(self) -> list[ActorSlot]:
+        return [s for s in self.slots if not s.dropped]
 
     def grant(self, msg: RolloutMsg) -> None:
         """``msg`` left the learner's queue: its actor (if still that generation) may send one more."""

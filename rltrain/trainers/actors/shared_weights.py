@@ -37,6 +37,10 @@ class WeightsHandle:
     nbytes: int
     layout: tuple[tuple[str, tuple[int, ...], str, int], ...]  # (key, shape, numpy dtype, byte offset)
 
+    def attach(self) -> SharedWeights:
+        """The actor's reader (each weights transport's handle attaches its own kind)."""
+        return SharedWeights.attach(self)
+
 
 def _layout(state: dict[str, torch.Tensor]) -> tuple[tuple[tuple[str, tuple[int, ...], str, int], ...], int]:
     offset = _HEADER * 8

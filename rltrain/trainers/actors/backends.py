@@ -1,0 +1,80 @@
+"""Where the actors of ``trainer=subprocess_actors`` run: ``trainer.backend: local | ray``.
+
+A backend supplies the pool's two seams and nothing else: the event source (``supervise.WorkerGroup``'s
+interface: start, poll for rollouts / heartbeats / failed / exited / unresponsive, send, kill, shutdown) and
+the weights transport (``publish`` / ``read_if_newer``). The pool, the learner, the loop and the algorithms
+are the same code for both.
+
+- ``local``: actor processes on this machine, weights in one shared-memory block (``shared_weights.py``);
+  Ray is never imported.
+- ``ray``: Ray actors on the nodes of a Ray cluster (``ray_actors.py``), weights through the object store
+  (``ray_weights.py``), the connection and its checks in ``ray_cluster.py``.
+"""
+
+from __future__ import annotations
+
+from rltrain.envs.make import EnvFactory
+from rltrain.errors import ConfigError
+from rltrain.trainers.actors.shared_weights import SharedWeights
+from rltrain.trainers.supervise import WorkerGroup
+
+BACKENDS = ("local", "ray")
+
+
+class LocalBackend:
+    name = "local"
+
+    def __init__(self, *, start_method: str):
+        self.start_method = start_method
+
+    def connect(self) -> None:
+        pass
+
+    def weights(self, state, *, version: int, env_steps: int) -> SharedWeights:
+        return SharedWeights.create(state, version=version, env_steps=env_steps)
+
+    def group(self, weights, *, actor_timeout_s: float) -> WorkerGroup:
+        # daemon=False: an actor may start env processes of its own (env.vectorization=async)
+        return WorkerGroup(start_method=self.start_method, heartbeat_s=1.0, heartbeat_timeout_s=actor_timeout_s,
+                           name="rltrain-actor", daemon=False)
+
+    def close(self) -> None:
+        pass
+
+
+class RayBackend:
+    name = "ray"
+
+    def __init__(self, *, ray: dict, num_actors: int, env: EnvFactory):
+        from rltrain.trainers.actors.ray_cluster import RayCluster, check_ray_settings, ray_missing
+
+        missing = ray_missing()
+        if missing:
+            raise ConfigError(missing)
+        self.settings = check_ray_settings(ray)
+        self.cluster = RayCluster(address=self.settings["address"], actor_resources=self.settings["actor_resources"],
+                                  num_actors=num_actors, env=env)
+
+    def connect(self) -> None:
+        self.cluster.connect()
+
+    def weights(self, state, *, version: int, env_steps: int):
+        from rltrain.trainers.actors.ray_weights import RayWeights
+
+        return RayWeights(state, version=version, env_steps=env_steps)
+
+    def group(self, weights, *, actor_timeout_s: float):
+        from rltrain.trainers.actors.ray_actors import RayGroup
+
+        return RayGroup(options=self.cluster.options, heartbeat_timeout_s=actor_timeout_s, weights=weights)
+
+    def close(self) -> None:
+        self.cluster.close()
+
+
+def make_backend(name: str, *, ray: dict | None, start_method: str, num_actors: int, env: EnvFactory):
+    if name not in BACKENDS:
+        raise ConfigError(f"trainer.backend={name!r} is not one of: {', '.join(BACKENDS)}")
+    if name == "local":
+        return LocalBackend(start_method=start_method)
+    return RayBackend(ray=dict(ray or {}), num_actors=num_actors, env=env)
