@@ -123,7 +123,7 @@ def load_policy(path: str | Path, *, device: str = "cpu", allow_import: bool = F
     ``allow_import``: as ``--allow-import`` on the command lines (an ``env.id`` ``module:Attr`` stored in the
     checkpoint is imported only if you say so)."""
     from rltrain.cli.build import env_factory
-    from rltrain.cli.build import load_policy as load
+    from rltrain.cli.loading import load_policy as load
 
     module, cfg, checkpoint, _ = load(Path(path), device=device, allow_import=allow_import)
     return LoadedPolicy(module, spec=env_factory(cfg["env"], cfg.get("algo")).spec(), config=cfg, checkpoint=checkpoint)

@@ -18,7 +18,8 @@ import numpy as np
 import pytest
 import torch
 
-from rltrain.cli.build import algo_factory, env_factory, load_policy
+from rltrain.cli.build import algo_factory, env_factory
+from rltrain.cli.loading import load_policy
 from rltrain.run.checkpoint import load_checkpoint
 
 DATA = Path(__file__).parent / "data" / "legacy_checkpoints"

@@ -44,7 +44,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         import torch
 
-        from rltrain.cli.build import env_factory, load_policy
+        from rltrain.cli.build import env_factory
+        from rltrain.cli.loading import load_policy
         from rltrain.trainers.episodes import evaluate
 
         policy, cfg, ckpt_path, eval_seed = load_policy(Path(args.path), device=args.device,

@@ -21,7 +21,7 @@ zero an env's state when its episode ends, as the collector and ``rltrain-eval``
 Formats: ``export`` (default) a ``torch.export`` ExportedProgram (``.pt2``, ``torch.export.load``);
 ``onnx`` converted from that same program by torch's ``dynamo=True`` exporter (onnxruntime); ``torchscript``
 (``torch.jit.trace``, ``.pt``), which torch deprecates: kept for existing consumers, its warning shown.
-The checkpoint loads through ``rltrain.cli.build.load_policy``, as in ``rltrain-eval`` and
+The checkpoint loads through ``rltrain.cli.loading.load_policy``, as in ``rltrain-eval`` and
 ``rltrain.load_policy``: nothing named inside it is imported without ``--allow-import``.
 """
 
@@ -165,7 +165,8 @@ def export(path: Path, *, fmt: str = DEFAULT_FORMAT, out: Path | None = None, fo
             raise ConfigError(f"--format=onnx needs {' and '.join(missing)}: pip install 'rltrain[export]'")
     import torch
 
-    from rltrain.cli.build import env_factory, load_policy
+    from rltrain.cli.build import env_factory
+    from rltrain.cli.loading import load_policy
 
     policy, cfg, ckpt_path, _ = load_policy(Path(path), device="cpu", allow_import=allow_import)
     spec = env_factory(cfg["env"], cfg.get("algo")).spec()
