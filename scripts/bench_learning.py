@@ -115,7 +115,8 @@ def table(runs: dict[str, list[dict]]) -> str:
         met = "-" if np.isnan(thr) else ("yes" if q[1] >= thr else "no")
         metric = "last 100 train episodes" if key == "train_return_last100" else "final eval (10 ep)"
         lines.append(f"| {bench} | {rs[0]['summary']['total_env_steps']} | {len(rs)} | {metric} | {q[1]:.1f} "
-                     f"[{q[0]:.1f}, {q[2]:.1f}] | {np.mean(values):.0f} +- {np.std(values):.0f} | {per_seed} | >= {thr:g} | {met} | {ref} | "
+                     f"[{q[0]:.1f}, {q[2]:.1f}] | {np.mean(values):.0f} +- {np.std(values):.0f} | {per_seed} | "
+                     f">= {thr:g} | {met} | {ref} | "
                      f"{w[1]:.0f} [{w[0]:.0f}, {w[2]:.0f}] |")
     return "\n".join(lines) + "\n"
 

@@ -96,8 +96,8 @@ def bench_parallel(*, agents: int = 2, steps: int = 50_000, seed: int = 1, env: 
         seeds = json.loads((work / f"par_{methods[0]}" / "seeds.json").read_text())["workers"]
         t_seq = 0.0
         for k in range(agents):
-            t_seq += _run([*base[:2], f"seed={seeds[f'agent_{k}']['root']}", *extra, f"hydra.run.dir=seq{k}"], work, cpus,
-                          cpu["sequential"])
+            args = [*base[:2], f"seed={seeds[f'agent_{k}']['root']}", *extra, f"hydra.run.dir=seq{k}"]
+            t_seq += _run(args, work, cpus, cpu["sequential"])
         seq = [json.loads((work / f"seq{k}" / "summary.json").read_text()) for k in range(agents)]
         seq_finals = [s["final_eval_return"] for s in seq]
         par = {m: json.loads((work / f"par_{m}" / "summary.json").read_text()) for m in methods}

@@ -16,9 +16,9 @@ Every run uses its library's defaults (rltrain's conf/algo/ppo.yaml with 4 envs;
 env, n_steps 2048) and the same env-step budget. Each is a whole process timed by the CPU time it used (user +
 system, from this process's children rusage). Return: the mean over seeds of the mean of ``--episodes``
 deterministic evaluation episodes after training; train return: the mean over seeds of the last 100 training
-episodes' mean return (how much the learner paid while learning). ratio: CPU seconds / the row's first entry's. Runs of the
-same row alternate between the entries so they meet the same neighbours; timings are never asserted, and only
-ratios within one run of this script mean anything on a shared machine.
+episodes' mean return (how much the learner paid while learning). ratio: CPU seconds / the row's first entry's.
+Runs of the same row alternate between the entries so they meet the same neighbours; timings are never asserted,
+and only ratios within one run of this script mean anything on a shared machine.
 """
 
 from __future__ import annotations

@@ -192,7 +192,8 @@ def section_parallel(args) -> list[Row]:
     ceiling = bp.cpu_ceiling(agents=2, seconds=2.0 if args.quick else 5.0)
     # long enough that start-up (each spawned agent imports torch, ~2 s here) does not dominate: see README
     r = bp.bench_parallel(agents=2, steps=20_000 if args.quick else 500_000)
-    return [Row("parallel", f"2 agents x {r['steps_per_agent']} steps, trainer=parallel vs one after the other", ratio=f"{r['ratio']:.2f} (target <= 0.6)",
+    return [Row("parallel", f"2 agents x {r['steps_per_agent']} steps, trainer=parallel vs one after the other",
+                ratio=f"{r['ratio']:.2f} (target <= 0.6)",
                 notes=(f"{r['parallel_s']:.1f} s vs {r['one_after_another_s']:.1f} s wall; per-agent train SPS "
                        f"{r['train_sps_parallel_agents']} vs {r['train_sps_sequential']}; same results: "
                        f"{r['same_results']}; busy-loop ceiling of this machine now {ceiling:.2f}"))]
@@ -352,7 +353,8 @@ def print_table(rows: list[Row]) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--only", default=",".join(k for k in SECTIONS if k not in ("sb3", "pixels", "recurrent")), help=f"comma-separated sections: {', '.join(SECTIONS)}")
+    p.add_argument("--only", default=",".join(k for k in SECTIONS if k not in ("sb3", "pixels", "recurrent")),
+                   help=f"comma-separated sections: {', '.join(SECTIONS)}")
     p.add_argument("--quick", action="store_true", help="smaller budgets and one seed")
     p.add_argument("--solve-args", nargs="*", default=[], help="extra overrides for the solve runs")
     p.add_argument("--sb3-python", default=os.environ.get("RLTRAIN_SB3_PYTHON"),

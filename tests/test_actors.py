@@ -245,7 +245,8 @@ def test_sigkilled_actor(tmp_path, orphan_watch, policy):
     else:
         assert time.monotonic() - killed_at < 60  # detected via the sentinel, then a clean stop with checkpoint
         assert proc.returncode == 1, err[-3000:]
-        assert s["status"] == "failed" and "killed by signal SIGKILL" in s["error"] and "on_actor_failure=abort" in s["error"]
+        assert s["status"] == "failed"
+        assert "killed by signal SIGKILL" in s["error"] and "on_actor_failure=abort" in s["error"]
         assert Path(s["checkpoint"]).exists()
 
 

@@ -25,7 +25,8 @@ RECURRENT = ["algo=ppo", "env=cartpole_novel", "model.core=lstm", "model.core_si
 
 
 def test_import_rltrain_is_cheap_and_exports_the_api():
-    code = ("import sys, rltrain; heavy = [m for m in ('torch', 'hydra', 'omegaconf', 'gymnasium') if m in sys.modules]; "
+    code = ("import sys, rltrain; "
+            "heavy = [m for m in ('torch', 'hydra', 'omegaconf', 'gymnasium') if m in sys.modules]; "
             "assert not heavy, heavy; assert callable(rltrain.train) and callable(rltrain.load_policy); "
             "assert 'torch' in sys.modules")
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,

@@ -82,7 +82,8 @@ BAD_INPUTS = [
     (["max_wall_time=soon"], "max_wall_time='soon' is not a duration"),
     (["algo=sac"], "algo=sac needs a Box action space; env.id=CartPole-v1 is Discrete(2); try env=pendulum"),
     (["algo=dqn", "env=pendulum"], "algo=dqn needs a Discrete action space; env.id=Pendulum-v1 is Box"),
-    (["algo=dqn", "trainer=distributed_simulator"], "algo=dqn is off-policy and its replay updates are not all-reduced"),
+    (["algo=dqn", "trainer=distributed_simulator"],
+     "algo=dqn is off-policy and its replay updates are not all-reduced"),
 ]
 
 
@@ -132,7 +133,8 @@ def test_user_env_by_import_path_with_kwargs(cli, tmp_path):
 
 def test_help_and_cfg_job(cli):
     res = cli("--help")
-    assert res.returncode == 0 and "== Configuration groups ==" in res.stdout and "rltrain: train" in res.stdout and "algo: " in res.stdout
+    assert res.returncode == 0 and "== Configuration groups ==" in res.stdout
+    assert "rltrain: train" in res.stdout and "algo: " in res.stdout
     res = cli("--cfg", "job", "algo.lr=0.001")
     assert res.returncode == 0 and "lr: 0.001" in res.stdout
 
@@ -183,8 +185,8 @@ def test_rltrain_eval_on_run_dir_and_checkpoint(cli, tmp_path):
 def test_rltrain_eval_video_needs_extra_or_records(cli, tmp_path):
     assert cli(*SMOKE, "total_env_steps=512").returncode == 0
     run_dir = _run_dir(tmp_path)
-    res = subprocess.run([sys.executable, "-m", "rltrain.cli.evaluate", str(run_dir), "eval.episodes=1", "eval.video=true"],
-                         capture_output=True, text=True, timeout=180)
+    cmd = [sys.executable, "-m", "rltrain.cli.evaluate", str(run_dir), "eval.episodes=1", "eval.video=true"]
+    res = subprocess.run(cmd, capture_output=True, text=True, timeout=180)
     try:
         import moviepy  # noqa: F401
     except ImportError:

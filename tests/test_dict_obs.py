@@ -160,7 +160,8 @@ def test_a_text_key_is_refused_in_one_line_naming_it_or_dropped_with_ignore_keys
     base = ["algo=ppo", "algo.rollout_len=16", *TINY, "+env.kwargs.text=true"]
     with pytest.raises(ConfigError) as err:
         run(compose_cfg(base), tmp_path / "refused")
-    assert "\n" not in str(err.value) and "'mission'" in str(err.value) and "model.ignore_keys=[mission]" in str(err.value)
+    text = str(err.value)
+    assert "\n" not in text and "'mission'" in text and "model.ignore_keys=[mission]" in text
     summary = run(compose_cfg([*base, "model.ignore_keys=[mission]"]), tmp_path / "dropped")
     assert summary["status"] == "completed"
 

@@ -56,8 +56,8 @@ def test_two_ranks_equal_one_process_with_twice_the_envs(tmp_path, no_leaks):
 
     port = free_port()  # plain subprocesses, no multiprocessing: pytest must not own a resource tracker
     env = {**os.environ, **TEST_ENV}
-    procs = [subprocess.Popen([sys.executable, "-m", "tests.helpers.dist_equiv", str(r), str(port), str(tmp_path / f"r{r}.pt")],
-                              env=env, cwd=REPO) for r in range(2)]
+    procs = [subprocess.Popen([sys.executable, "-m", "tests.helpers.dist_equiv", str(r), str(port),
+                               str(tmp_path / f"r{r}.pt")], env=env, cwd=REPO) for r in range(2)]
     assert [p.wait(timeout=90) for p in procs] == [0, 0]
     single = make_ppo(2 * N_PER_RANK)
     m1 = single.learn(make_rollout(2 * N_PER_RANK), progress=0.0)

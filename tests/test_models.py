@@ -222,7 +222,8 @@ def test_mlp_on_large_frames_warns_once_with_the_parameter_count():
                            "impala, minatar, grid)"),
     ({"shared": "yes"}, "model.shared='yes': true, false or auto"),
     ({"core": "lstn"}, "model.core=lstn: unknown; did you mean 'lstm'? (valid: identity, lstm, gru)"),
-    ({"activation": "gelu"}, "model.activation=gelu: unknown; did you mean 'elu', 'relu'? (valid: tanh, relu, elu, silu)"),
+    ({"activation": "gelu"},
+     "model.activation=gelu: unknown; did you mean 'elu', 'relu'? (valid: tanh, relu, elu, silu)"),
     ({"hidden_sizes": [64, 0]}, "model.hidden_sizes=[64, 0]: every width must be a positive integer "
                                 "(e.g. model.hidden_sizes=[64,64])"),
 ])

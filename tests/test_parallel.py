@@ -53,7 +53,8 @@ def test_agent_equals_sequential_run_with_its_seed_and_overrides_apply(cli, tmp_
     out = cli("debug=smoke", "logger=quiet", f"seed={cfg1['seed']}", "env.num_envs=3", "algo.lr=3e-4",
               "algo.hidden_sizes=[32,32]", "hydra.run.dir=seq", timeout=600)
     assert out.returncode == 0, out.stderr
-    par_rows, seq_rows = non_wall_columns(par / "agent_1" / "metrics.csv"), non_wall_columns(tmp_path / "seq" / "metrics.csv")
+    par_rows = non_wall_columns(par / "agent_1" / "metrics.csv")
+    seq_rows = non_wall_columns(tmp_path / "seq" / "metrics.csv")
     assert len(par_rows) >= 4 and par_rows == seq_rows
     assert summary(tmp_path / "seq")["final_eval_return"] == s["agents"][1]["final_eval_return"]
 
@@ -72,7 +73,8 @@ def test_raising_and_killed_agents_are_reported_and_the_others_finish(cli, tmp_p
     assert s["agents"][2]["error"] == "killed by signal SIGKILL"
     # an env fault is one line naming the env and its step; the agent's traceback is in its error.txt
     assert "rltrain: agent 1 failed: env 0 failed in step() at its step 101: RuntimeError: faulty env" in out.stderr
-    assert "agent_1/error.txt" in out.stderr and "faulty_envs.py" in (tmp_path / "run" / "agent_1" / "error.txt").read_text()
+    assert "agent_1/error.txt" in out.stderr
+    assert "faulty_envs.py" in (tmp_path / "run" / "agent_1" / "error.txt").read_text()
     assert "rltrain: agent 2 failed: killed by signal SIGKILL" in out.stderr
 
 

@@ -153,7 +153,8 @@ def test_numpy_activation_derivatives_match_autograd(activation):
 def test_numpy_actor_matches_torch_given_the_same_noise(spec):
     algo = make(spec, norm_obs=True)
     pol = algo.policy
-    pol.obs_norm.update_from_moments(pol.obs_norm.moments(np.random.default_rng(0).normal(1, 2, (50, *spec.obs_shape)), 1))
+    sample = np.random.default_rng(0).normal(1, 2, (50, *spec.obs_shape))
+    pol.obs_norm.update_from_moments(pol.obs_norm.moments(sample, 1))
     actor = pol.numpy_actor()
     obs = np.random.default_rng(1).standard_normal((6, *spec.obs_shape)).astype(np.float32)
     rng = np.random.default_rng(2)
@@ -225,7 +226,8 @@ def test_values_reuse_obs_and_match_a_full_forward(numpy_update):
     for rollout in (real, synthetic_rollout(spec, T=64)):
         T, N = rollout.rewards.shape
         with torch.no_grad():
-            full = algo.policy.value(torch.from_numpy(np.concatenate([rollout.obs, rollout.next_obs]).reshape(2 * T * N, 4)))
+            both = np.concatenate([rollout.obs, rollout.next_obs]).reshape(2 * T * N, 4)
+            full = algo.policy.value(torch.from_numpy(both))
         full = full.numpy().reshape(2, T, N)
         values, next_values = algo._values(rollout)
         np.testing.assert_allclose(values, full[0], rtol=1e-5, atol=1e-6)

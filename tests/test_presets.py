@@ -19,7 +19,8 @@ needs_mujoco = pytest.mark.skipif(importlib.util.find_spec("mujoco") is None, re
 def test_every_experiment_file_is_read_with_its_algo_and_env():
     found = {p.name: p for p in presets()}
     assert set(found) == {f.stem for f in (CONF_DIR / "experiment").glob("*.yaml")}
-    assert (found["ppo_mujoco"].algo, found["ppo_mujoco"].family, found["ppo_mujoco"].generic) == ("ppo", "mujoco", True)
+    mujoco = found["ppo_mujoco"]
+    assert (mujoco.algo, mujoco.family, mujoco.generic) == ("ppo", "mujoco", True)
     assert found["sac_lunarlander_continuous"].env_id == "LunarLanderContinuous-v3"  # the preset's own env.id
     assert found["dqn_lunarlander"].env_id == "LunarLander-v3" and not found["dqn_lunarlander"].generic
 

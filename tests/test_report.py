@@ -39,7 +39,8 @@ def _sweep_of_groups(root: Path, n_groups: int) -> Path:
     for g in range(n_groups):
         for seed in (1, 2):
             lr = 10.0 ** -(2 + g % 4)
-            overrides = [f"algo.lr={lr:g}", f"algo.hidden_sizes=[{32 * (1 + g // 4)},{32 * (1 + g // 4)}]", f"seed={seed}"]
+            width = 32 * (1 + g // 4)
+            overrides = [f"algo.lr={lr:g}", f"algo.hidden_sizes=[{width},{width}]", f"seed={seed}"]
             cfg = {"seed": seed, "algo": {"lr": lr, "hidden_sizes": [32 * (1 + g // 4)] * 2, "gamma": 0.99},
                    "env": {"id": "CartPole-v1"}, "logger": {"progress": "plain"}}
             _fake_job(sweep, num, overrides, cfg, 100.0 + g)

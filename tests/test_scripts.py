@@ -17,7 +17,8 @@ def test_bench_throughput_quick_prints_the_table():
     out = subprocess.run([sys.executable, "scripts/bench_throughput.py", "--quick", "--only", "env,train,sb3"],
                          cwd=REPO, capture_output=True, text=True, timeout=300, env=env)
     assert out.returncode == 0, out.stderr[-3000:]
-    rows = {line.split("|")[1].strip(): line for line in out.stdout.splitlines() if line.startswith("| ") and "---" not in line}
+    rows = {line.split("|")[1].strip(): line for line in out.stdout.splitlines()
+            if line.startswith("| ") and "---" not in line}
     assert {"env", "train", "sb3"} <= set(rows), out.stdout
     env_sps = float(rows["env"].split("|")[3].replace(",", ""))
     train_sps = float(rows["train"].split("|")[3].replace(",", ""))

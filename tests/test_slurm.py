@@ -46,8 +46,8 @@ def test_slurm_array_of_two_returns_both_results(tmp_path):
 
 
 def test_slurm_failing_job_reports_failure(tmp_path):
-    res = run_cli(["-m", *SLURM, "env.id=tests.helpers.faulty_envs:crashing_cartpole", "+env.kwargs.crash_after=10", *TINY,
-                   "hydra.sweep.dir=sweep"], cwd=tmp_path, env=ENV, timeout=300)
+    res = run_cli(["-m", *SLURM, "env.id=tests.helpers.faulty_envs:crashing_cartpole", "+env.kwargs.crash_after=10",
+                   *TINY, "hydra.sweep.dir=sweep"], cwd=tmp_path, env=ENV, timeout=300)
     assert res.returncode == 1, res.stderr[-3000:]
     s = by_job_num(tmp_path / "sweep")[0]
     assert s["status"] == "failed" and "deliberate failure" in s["error"]  # SLURM itself says COMPLETED
@@ -76,7 +76,8 @@ def test_slurm_preempted_job_is_requeued_and_resumes(tmp_path):
     try:
         metrics = lambda: next((tmp_path / "sweep").glob("0_*/metrics.csv"), None)  # noqa: E731
         wait_for(lambda: metrics() is not None and csv_rows(metrics()) >= 1, timeout=240, what="training to start")
-        job = wait_for(lambda: next((p.name for p in (tmp_path / "sweep" / ".submitit").iterdir() if p.name[0].isdigit()), None),
+        submitit = tmp_path / "sweep" / ".submitit"
+        job = wait_for(lambda: next((p.name for p in submitit.iterdir() if p.name[0].isdigit()), None),
                        timeout=30, what="the job id")
         subprocess.run(["scancel", "--signal=USR2", job], check=True, timeout=30)
         _, err = proc.communicate(timeout=420)  # the requeued job waits for its slot again before restarting

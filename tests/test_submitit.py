@@ -17,8 +17,8 @@ pytestmark = pytest.mark.skipif(importlib.util.find_spec("submitit") is None, re
 
 
 def test_local_array_collects_results_and_reports_a_failing_job(tmp_path):
-    res = run_cli(["-m", "hydra/launcher=local", "env.id=tests.helpers.faulty_envs:crashing_cartpole", "+env.kwargs.crash_after=-1,10",
-                   *TINY, "hydra.sweep.dir=sweep"], cwd=tmp_path, env=ENV, timeout=300)
+    res = run_cli(["-m", "hydra/launcher=local", "env.id=tests.helpers.faulty_envs:crashing_cartpole",
+                   "+env.kwargs.crash_after=-1,10", *TINY, "hydra.sweep.dir=sweep"], cwd=tmp_path, env=ENV, timeout=300)
     assert res.returncode == 1, res.stderr[-3000:]
     jobs = by_job_num(tmp_path / "sweep")
     assert jobs[0]["status"] == "completed" and jobs[1]["status"] == "failed"

@@ -116,7 +116,8 @@ def test_optuna_seeds_are_replicates_not_a_parameter(cli, tmp_path):
     # each trial ran both seeds with the same hyper-parameters; Optuna was told their mean
     trials = [(0, 1), (2, 3)]
     for a, b in trials:
-        assert configs[a]["algo"]["lr"] == configs[b]["algo"]["lr"] and {configs[a]["seed"], configs[b]["seed"]} == {1, 2}
+        assert configs[a]["algo"]["lr"] == configs[b]["algo"]["lr"]
+        assert {configs[a]["seed"], configs[b]["seed"]} == {1, 2}
     means = [(jobs[a]["final_eval_return"] + jobs[b]["final_eval_return"]) / 2 for a, b in trials]
     assert result["best_value"] == pytest.approx(max(means))
 

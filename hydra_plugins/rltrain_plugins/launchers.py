@@ -1,4 +1,5 @@
-"""rltrain's submitit launchers (Hydra instantiates plugins only from ``hydra_plugins``; logic in rltrain.sweeps.requeue)."""
+"""rltrain's submitit launchers (Hydra instantiates plugins only from ``hydra_plugins``; the logic lives in
+rltrain.sweeps.requeue)."""
 
 try:  # the 'slurm' extra; without it Hydra's plugin scan must not fail
     from hydra_plugins.hydra_submitit_launcher import submitit_launcher as _plugin

@@ -1,4 +1,5 @@
-"""rltrain's Optuna sweeper (Hydra instantiates plugins only from ``hydra_plugins``; logic in rltrain.sweeps.replicates)."""
+"""rltrain's Optuna sweeper (Hydra instantiates plugins only from ``hydra_plugins``; the logic lives in
+rltrain.sweeps.replicates)."""
 
 try:  # the 'sweep' extra; without it Hydra's plugin scan must not fail
     from hydra_plugins.hydra_optuna_sweeper.optuna_sweeper import OptunaSweeper as _OptunaSweeper

@@ -175,8 +175,8 @@ def parse_duration(value: Any, key: str) -> float | None:
         return float(value)
     import re
 
-    parts = re.fullmatch(r"\s*(?:(\d+(?:\.\d+)?)d)?\s*(?:(\d+(?:\.\d+)?)h)?\s*(?:(\d+(?:\.\d+)?)m)?\s*(?:(\d+(?:\.\d+)?)s)?\s*",
-                         str(value))
+    number = r"(\d+(?:\.\d+)?)"
+    parts = re.fullmatch(rf"\s*(?:{number}d)?\s*(?:{number}h)?\s*(?:{number}m)?\s*(?:{number}s)?\s*", str(value))
     if not parts or not any(parts.groups()):
         raise ConfigError(f"{key}={value!r} is not a duration like 23h, 90m, 1d2h or 3600")
     d, h, m, s = (float(g or 0) for g in parts.groups())
@@ -203,6 +203,7 @@ TOP_LEVEL = ("seed", "device", "torch_threads", "total_env_steps", "target_retur
              "allow_nested_processes", "resume", "resume_trust_envs", "resume_allow_changes", "seed_drawn",
              "max_wall_time_s",
              "algo", "trainer", "env", "model", "logger", "eval", "log", "checkpoint")
+INTERNAL_KEYS = ("seed_drawn", "max_wall_time_s")  # written by prepare(), never set by the user
 
 
 def group_settings(cls: type, node: dict, group: str):
@@ -224,7 +225,7 @@ def settings_from(cfg: dict) -> RunSettings:
     unknown = [k for k in cfg if k not in TOP_LEVEL]
     if unknown:
         raise ConfigError(f"{unknown[0]}: unknown key{close_matches(unknown[0], TOP_LEVEL)} "
-                          f"(top-level keys: {', '.join(k for k in TOP_LEVEL if k not in ('seed_drawn', 'max_wall_time_s'))})")
+                          f"(top-level keys: {', '.join(k for k in TOP_LEVEL if k not in INTERNAL_KEYS)})")
     return RunSettings(
         seed=int(cfg["seed"]), seed_drawn=bool(cfg["seed_drawn"]), device=str(cfg["device"]),
         torch_threads=int(cfg["torch_threads"]), total_env_steps=int(cfg["total_env_steps"]),

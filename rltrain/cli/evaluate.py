@@ -54,7 +54,8 @@ def main(argv: list[str] | None = None) -> int:
             raise ConfigError(f"--episodes={args.episodes} must be > 0")
         video_dir = ckpt_path.parent.parent / "videos" if args.video else None
         env = env_factory(cfg["env"], cfg.get("algo"))
-        rets = evaluate(policy, env.make, episodes=args.episodes, eval_seed=eval_seed if args.seed is None else args.seed,
+        seed = eval_seed if args.seed is None else args.seed
+        rets = evaluate(policy, env.make, episodes=args.episodes, eval_seed=seed,
                         deterministic=not args.stochastic, device=torch.device(args.device), video_dir=video_dir,
                         real_scores=env.real_scores)
     except ConfigError as err:

@@ -172,6 +172,6 @@ def resolve_experiment(overrides: list[str], conf: Path = CONF) -> tuple[list[st
             return rest + [f"experiment={preset.name}"], (
                 f"preset experiment={preset.name} (tuned for algo={algo} on "
                 f"{'any ' + preset.family + ' task' if preset.generic else env_id}"
-                f"{' with wrappers ' + str(list(preset.wrappers)) if preset.wrappers else ''}); experiment=none for the "
-                f"generic defaults")
+                f"{' with wrappers ' + str(list(preset.wrappers)) if preset.wrappers else ''}); "
+                f"experiment=none for the generic defaults")
     return rest, preset_note(algo, env_id, None, conf, wrappers)

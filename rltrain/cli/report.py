@@ -243,7 +243,8 @@ def main(argv: list[str] | None = None) -> None:
     args = ap.parse_args(argv)
     runs = [run for run in map(load_run, find_runs(args.paths)) if run is not None]
     if not runs:
-        raise SystemExit(f"rltrain-report: error: no run dirs (with summary.json) under {' '.join(map(str, args.paths))}")
+        where = " ".join(map(str, args.paths))
+        raise SystemExit(f"rltrain-report: error: no run dirs (with summary.json) under {where}")
     groups = group_runs(runs)
     rows = summarize(groups)
     title = f"{len(runs)} runs in {len(groups)} configuration(s)"

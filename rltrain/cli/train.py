@@ -117,11 +117,13 @@ def one_line(err: BaseException) -> str:
             return f"unknown option {group}={option} (valid: {', '.join(options)})" if options else \
                 f"unknown option {group}={option}"
         return f"unknown config {missing.group(1)!r}"
-    key = re.search(r"Could not override '([^']+)'", text) or re.search(r"Could not append to config\. An item is already at '([^']+)'", text)
+    key = (re.search(r"Could not override '([^']+)'", text)
+           or re.search(r"Could not append to config\. An item is already at '([^']+)'", text))
     if key and cause is not None:
         detail = str(cause).splitlines()[0]
         if "not in struct" in detail:
-            return f"unknown key '{key.group(1)}' (add it with +{key.group(1)}=..., or check the spelling: rltrain --cfg job)"
+            return (f"unknown key '{key.group(1)}' (add it with +{key.group(1)}=..., or check the spelling: "
+                    "rltrain --cfg job)")
         return f"cannot set '{key.group(1)}': {detail}"
     lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
     if cause is not None:

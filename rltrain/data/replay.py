@@ -172,7 +172,8 @@ class ReplayBuffer:
             self._put(base, {k: obs_map(lambda x, f: np.concatenate([x, f])[order], v, finals[k])
                              for k, v in flat.items()}, top - C)
         self.ready += int(np.count_nonzero((nxt >= 0) & (gid >= top - C)))
-        for n in np.flatnonzero((prev0 >= 0) & (prev0 >= top - C)):  # the previous rollout's last rows meet their successors
+        # the previous rollout's last rows meet their successors
+        for n in np.flatnonzero((prev0 >= 0) & (prev0 >= top - C)):
             self.next_gid[prev0[n] % C] = gid[0, n]
             self.ready += 1
         self.written = top

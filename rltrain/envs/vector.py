@@ -177,7 +177,8 @@ class VecEnv:
         return obs_map(np.copy, self._obs)
 
     def step(self, actions: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-        """actions [N, ...] -> (obs to act on [N,...], reward [N], terminated [N], truncated [N], true next obs [N,...])."""
+        """actions [N, ...] -> (obs to act on [N,...], reward [N], terminated [N], truncated [N],
+        true next obs [N,...])."""
         obs, final, rew, term, trunc = self._obs, self._final, self._rew, self._term, self._trunc
         acts = actions.tolist() if self._discrete else actions
         real, put = self._real, obs_put if self._dict else None

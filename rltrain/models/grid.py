@@ -4,7 +4,8 @@ board games, gridworlds), embedded per cell instead of scaled as pixels.
 Dividing an index by 255 as if it were brightness makes neighbouring indices (a wall and a door) nearly equal
 inputs and squeezes every index into [0, 0.03]. Each channel's value instead selects a learned vector (an
 embedding: a one-hot times a matrix, as BabyAI's "bag of words" cell encoding, Chevalier-Boisvert et al. 2019),
-the cells' vectors form a feature map, and two 3x3 convolutions (16 and 32 channels, padded: any grid size) and a Linear follow.
+the cells' vectors form a feature map, and two 3x3 convolutions (16 and 32 channels, padded: any grid size) and
+a Linear follow.
 
 The rule ``model.encoder=auto`` applies (``is_index_grid``): an image-shaped Box (3-D, channels <= 16 first or
 last) of an integer dtype (not bool) whose largest value is at most ``MAX_INDEX`` (32), or whose sides are at

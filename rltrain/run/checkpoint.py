@@ -345,7 +345,8 @@ def config_changes(saved: dict, current: dict, allow: tuple[str, ...] | list[str
             field = key.split(".")[1]
             if old == new or key in placement or field not in saved[group]:  # or an older checkpoint's gap
                 continue
-            line = f"{key}: {'(unset)' if old is _ABSENT else repr(old)} -> {'(unset)' if new is _ABSENT else repr(new)}"
+            before, after = ("(unset)" if v is _ABSENT else repr(v) for v in (old, new))
+            line = f"{key}: {before} -> {after}"
             ok = any(key == a or key.startswith(f"{a}.") for a in allow)
             (allowed if ok else refused).append(line)
     return refused, allowed

@@ -1,4 +1,5 @@
-"""Metric sinks: CSV, TensorBoard (W&B and MLflow: trackers.py). Scalar names use slash namespaces (``rollout/episode_return``).
+"""Metric sinks: CSV, TensorBoard (W&B and MLflow: trackers.py). Scalar names use slash namespaces
+(``rollout/episode_return``).
 
 Columns under ``time/`` are wall-clock dependent; everything else is a function of the seed.
 """

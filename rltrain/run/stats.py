@@ -66,7 +66,8 @@ def aggregate(values: Sequence[float] | np.ndarray, *, confidence: float = 0.95,
     }
 
 
-def align_curves(curves: Sequence[tuple[np.ndarray, np.ndarray]], *, points: int = 100) -> tuple[np.ndarray, np.ndarray]:
+def align_curves(curves: Sequence[tuple[np.ndarray, np.ndarray]], *,
+                 points: int = 100) -> tuple[np.ndarray, np.ndarray]:
     """Put curves logged at different steps on one grid (linear interpolation inside each curve's range).
 
     Returns ``(grid [P], values [R, P])`` with NaN where a run has no data (before its first / after its last

@@ -164,7 +164,8 @@ def mlflow_error_line(err: Exception, tracking_uri: str) -> str:
         return (f"logger=mlflow: MLflow 3 opens the directory store {tracking_uri} only with "
                 f"MLFLOW_ALLOW_FILE_STORE=true; set it, or use a database store: "
                 f"MLFLOW_TRACKING_URI=sqlite:///{Path(store).resolve()}.db")
-    return f"logger=mlflow: MLflow could not open the tracking store {tracking_uri} ({type(err).__name__}: {text[:300]})"
+    return (f"logger=mlflow: MLflow could not open the tracking store {tracking_uri} "
+            f"({type(err).__name__}: {text[:300]})")
 
 
 class MLflowLogger:

@@ -51,7 +51,8 @@ class LoggerSettings:
     progress_interval_s: float = 10.0
     # trackers (logger=wandb / logger=mlflow; run/trackers.py)
     # None below: the tracker's own environment variables / settings files decide (run/trackers.py)
-    project: str | None = None  # W&B project / MLflow experiment (None: WANDB_PROJECT / MLFLOW_EXPERIMENT_NAME, else rltrain)
+    # W&B project / MLflow experiment (None: WANDB_PROJECT / MLFLOW_EXPERIMENT_NAME, else rltrain)
+    project: str | None = None
     entity: str | None = None  # W&B team or user (None: your default entity)
     group: str | None = None  # None: the sweep dir's name for a multirun's jobs, the run's for parallel agents
     name: str | None = None  # None: the run dir's name (agent_<k> for an agent of trainer=parallel)
