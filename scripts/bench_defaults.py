@@ -52,8 +52,8 @@ ROWS = [
         ("model.core=lstm",), note="SB3 column: feed-forward PPO"),
     Row("dict-goal", "ppo", "bench_envs:GoalDict", 150_000, note="40x40 image + position"),
     Row("mountaincar-sac", "sac", "MountainCarContinuous-v0", 50_000, note="rltrain: its preset applies"),
-    Row("acrobot-ppo", "ppo", "Acrobot-v1", 100_000, ("experiment=none",)),
-    Row("acrobot-dqn", "dqn", "Acrobot-v1", 100_000, ("experiment=none",)),
+    Row("acrobot-ppo", "ppo", "Acrobot-v1", 100_000, extra=("experiment=none",)),
+    Row("acrobot-dqn", "dqn", "Acrobot-v1", 100_000, extra=("experiment=none",)),
 ]
 
 

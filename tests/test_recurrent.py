@@ -224,7 +224,8 @@ def test_velocity_mask_zeroes_the_velocities():
     assert list(cfg.env.wrappers) == [{"VelocityMask": {"indices": [2]}}]
 
 
-RESUME = ["debug=smoke", "logger=quiet", "algo.anneal_lr=false", "env=cartpole_novel", "model.core=lstm",
+RESUME = ["debug=smoke", "logger=quiet", "algo.anneal_lr=false", "env=cartpole_novel", "env.num_envs=4",
+          "model.core=lstm",
           "model.core_size=16",
           "algo.rollout_len=16", "algo.num_minibatches=2", "algo.update_epochs=2", "algo.norm_obs=true",
           "eval.every_env_steps=512", "checkpoint.every_env_steps=512", "log.every_env_steps=256"]
