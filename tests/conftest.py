@@ -71,6 +71,21 @@ def child_pids(pid: int | None = None) -> set[int]:
     return out
 
 
+def _helper_servers() -> set[int]:
+    """multiprocessing's own servers in this test process (the forkserver, the resource tracker): a run made
+    in-process (``build.run``) starts them once and they serve every later one; they are not the run's
+    processes (its workers, the servers' children, still count)."""
+    from multiprocessing import forkserver, resource_tracker
+
+    pids = {getattr(forkserver._forkserver, "_forkserver_pid", None),
+            getattr(resource_tracker._resource_tracker, "_pid", None)}
+    return {p for p in pids if p}
+
+
+def leftover_children() -> set[int]:
+    return child_pids() - _helper_servers()
+
+
 @pytest.fixture
 def no_leaks():
     """Asserts that the test leaves no new /dev/shm entries and no child processes behind."""
@@ -79,10 +94,10 @@ def no_leaks():
     import time
 
     deadline = time.monotonic() + 10
-    while time.monotonic() < deadline and (child_pids() or shm_entries() - before_shm):
+    while time.monotonic() < deadline and (leftover_children() or shm_entries() - before_shm):
         _reap_zombies()  # exited processes re-parented to us (see orphan_watch) are gone, not orphans
         time.sleep(0.2)
-    assert not child_pids(), f"orphan child processes: {child_pids()}"
+    assert not leftover_children(), f"orphan child processes: {leftover_children()}"
     assert not (shm_entries() - before_shm), f"leaked /dev/shm entries: {shm_entries() - before_shm}"
 
 
@@ -101,7 +116,7 @@ def orphan_watch(no_leaks):
         deadline = time.monotonic() + 5
         while time.monotonic() < deadline:
             _reap_zombies()
-            if not child_pids():
+            if not leftover_children():
                 break
             time.sleep(0.1)
     finally:
