@@ -36,6 +36,25 @@ def test_generic_ppo_defaults_learn_cartpole_cut_down(tmp_path):
     assert summary["final_eval_return_deterministic"] >= 200, summary
 
 
+def test_ppo_minibatches_follow_the_core_and_rltrain_check_shows_the_resolved_batch(tmp_path):
+    """num_minibatches=null: 32 minibatches feed-forward; a recurrent core's minibatches are whole env sequences,
+    so the default divides env.num_envs (a generic recurrent run starts instead of refusing)."""
+    from rltrain.algos.ppo import PPO, auto_minibatches
+
+    assert auto_minibatches(4, recurrent=False) == 32
+    assert [auto_minibatches(n, recurrent=True) for n in (1, 2, 3, 6, 8, 7)] == [1, 2, 3, 3, 4, 1]
+    spec = env_spec(gym.make("CartPole-v1"), "CartPole-v1")
+    lstm = PPO(spec, num_envs=6, device=torch.device("cpu"), model=ModelSettings(core="lstm"))
+    assert (lstm.num_minibatches, lstm.rollout_len) == (3, 341)
+    import subprocess
+    import sys
+
+    res = subprocess.run([sys.executable, "-m", "rltrain.cli.check", "experiment=none", "model.core=gru"],
+                         capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert res.returncode == 0, res.stderr
+    assert "4 envs x 512 rollout_len = 2048" in res.stdout and "2048 / 4 minibatches" in res.stdout, res.stdout
+
+
 @pytest.mark.parametrize(("space", "grid"), [
     (spaces.Box(0, 255, (7, 7, 3), np.uint8), True),  # MiniGrid's view: uint8 bounds, but 7x7 cells
     (spaces.Box(0, 10, (3, 30, 30), np.int64), True),  # values <= 32: indices whatever the size

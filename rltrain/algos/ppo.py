@@ -50,6 +50,16 @@ def auto_rollout_len(num_envs: int, num_minibatches: int) -> int:
     return max(step, GENERIC_BATCH // num_envs // step * step)
 
 
+def auto_minibatches(num_envs: int, *, recurrent: bool) -> int:
+    """``algo.num_minibatches=null``: 32 (minibatches of 64 steps at the 2048-step batch: SB3's batch_size=64, the
+    paper's 64); with a recurrent core, whose minibatches are whole env sequences, the largest divisor of
+    ``num_envs`` up to 4 (CleanRL's ppo_atari_lstm: 4 minibatches of envs)."""
+    positive("env.num_envs", num_envs)
+    if not recurrent:
+        return 32
+    return max(d for d in range(1, min(4, num_envs) + 1) if num_envs % d == 0)
+
+
 class PPO(ActorCriticState, Algorithm):
     name = "ppo"
 
@@ -63,7 +73,7 @@ class PPO(ActorCriticState, Algorithm):
         model: ModelSettings | None = None,  # the model group: encoder by observation space (cli/build.py)
         rollout_len: int | None = None,  # steps per env per update; None: a 2048-step batch (SB3 n_steps, paper T)
         update_epochs: int = 10,  # SB3, paper  # passes over the batch per update
-        num_minibatches: int = 32,  # minibatches per epoch (2048 / 32 = 64, SB3's batch_size); must divide the batch
+        num_minibatches: int | None = None,  # minibatches per epoch; None: auto_minibatches; must divide the batch
         lr: float = 3e-4,  # Adam learning rate (SB3, paper)
         anneal_lr: bool = False,  # linear decay to 0 over total_env_steps (SB3: constant)
         gamma: float = 0.99,  # discount
@@ -83,6 +93,10 @@ class PPO(ActorCriticState, Algorithm):
         numpy_update: bool = True,  # on CPU: numpy forward/backward (same maths and checkpoints, ~4x faster)
     ):
         super().__init__(spec, num_envs=num_envs, device=device, sync=sync)
+        model = model or ModelSettings()
+        self.recurrent = model.core != "identity"
+        if num_minibatches is None:
+            num_minibatches = auto_minibatches(num_envs, recurrent=self.recurrent)
         rollout_len = auto_rollout_len(num_envs, num_minibatches) if rollout_len is None else rollout_len
         for key, value in [("algo.rollout_len", rollout_len), ("algo.update_epochs", update_epochs),
                            ("algo.num_minibatches", num_minibatches), ("algo.lr", lr), ("env.num_envs", num_envs)]:
@@ -106,8 +120,6 @@ class PPO(ActorCriticState, Algorithm):
         self.clip_coef, self.clip_vloss = clip_coef, clip_vloss
         self.ent_coef, self.vf_coef, self.max_grad_norm = ent_coef, vf_coef, max_grad_norm
         self.norm_adv, self.target_kl = norm_adv, target_kl
-        model = model or ModelSettings()
-        self.recurrent = model.core != "identity"
         if self.recurrent and num_envs % num_minibatches:
             raise ConfigError(f"algo.num_minibatches={num_minibatches}: a recurrent core splits minibatches by env, "
                               f"so it must divide env.num_envs={num_envs}; set algo.num_minibatches to a divisor")

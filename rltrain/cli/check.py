@@ -61,6 +61,7 @@ def validate_job(cfg):
     from omegaconf import OmegaConf
 
     from rltrain.cli import build
+    from rltrain.run.device import pick_device
 
     plain = OmegaConf.to_container(OmegaConf.masked_copy(cfg, [k for k in cfg if k != "hydra"]), resolve=True)
     build.validate(plain)
@@ -71,13 +72,21 @@ def validate_job(cfg):
         job["env"]["search_path"] = str(Path.cwd())
     # settings, factories, trainer keys: every check a real start makes
     trainer = build.build_trainer(job, Path("."))
-    build.pick_device(plain["device"])
+    pick_device(plain["device"])
     return plain, trainer
 
 
 def batch_rows(plain: dict, trainer) -> list[tuple[str, str]]:
     """The batch arithmetic of one update, as the trainer consumes it (``Trainer.update_size``)."""
-    algo, env = plain["algo"], plain["env"]
+    algo, env = dict(plain["algo"]), plain["env"]
+    if "num_minibatches" in algo and (algo["num_minibatches"] is None or algo.get("rollout_len") is None):
+        from rltrain.algos.ppo import auto_minibatches, auto_rollout_len  # PPO's null: what the run will use
+
+        envs, recurrent = int(env["num_envs"]), (plain.get("model") or {}).get("core", "identity") != "identity"
+        if algo["num_minibatches"] is None:
+            algo["num_minibatches"] = auto_minibatches(envs, recurrent=recurrent)
+        if algo.get("rollout_len") is None:
+            algo["rollout_len"] = auto_rollout_len(envs, int(algo["num_minibatches"]))
     workers = trainer.replicas()
     rows = [("env.num_envs", str(env["num_envs"]))]
     total = int(plain["total_env_steps"])
@@ -208,9 +217,13 @@ def main(argv: list[str] | None = None) -> None:
     from hydra.errors import HydraException
     from omegaconf.errors import OmegaConfBaseException
 
+    from rltrain.cli.presets import resolve_experiment
     from rltrain.cli.train import one_line
 
     try:
+        args, line = resolve_experiment(args)  # experiment=auto / none exactly as `rltrain` resolves them
+        if line:
+            print(f"[rltrain-check] {line}", flush=True)
         code = check(args, Console(), multirun=len(args) < len(argv))
     except (HydraException, OmegaConfBaseException) as err:
         print(f"rltrain-check: error: {one_line(err)}", file=sys.stderr)

@@ -179,7 +179,7 @@ class DistributedHooks(LoopHooks):
 def layout_mismatch(meta: dict, new: dict, path: Path) -> str | None:
     """Resume needs the same global batch (ranks x envs x steps); else the arithmetic and a fix."""
     old = meta.get("layout") or {"world_size": 1, "num_envs": meta["config"]["env"]["num_envs"],
-                                 "rollout_len": meta["config"]["algo"].get("rollout_len", new["rollout_len"])}
+                                 "rollout_len": meta["config"]["algo"].get("rollout_len") or new["rollout_len"]}
     g_old = old["world_size"] * old["num_envs"] * old["rollout_len"]
     g_new = new["world_size"] * new["num_envs"] * new["rollout_len"]
     if g_old == g_new:
