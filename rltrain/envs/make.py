@@ -327,10 +327,23 @@ class EnvFactory:
         if mode not in ("auto", "on", "off"):
             raise ConfigError(f"algo.action_mask={mode!r}: one of auto, on, off")
         probe = dataclasses.replace(self, action_mask="off")
-        env = probe.make()
+        # what the env offers, read before anything starts: an env that fails to build or reset here is the
+        # same one line as preflight's probe (cli/preflight.py), not a traceback
+        try:
+            env = probe.make()
+        except ConfigError:
+            raise
+        except Exception as err:
+            raise ConfigError(f"env.id={self.id}: building the env raised {type(err).__name__}: {err}; fix the env "
+                              "or its env.kwargs") from None
         try:
             source, size = mask_source(env), mask_size(env.action_space)
             action_space = env.action_space
+        except ConfigError:
+            raise
+        except Exception as err:
+            raise ConfigError(f"env.id={self.id}: reset() raised {type(err).__name__}: {err}; fix the env or its "
+                              "env.kwargs") from None
         finally:
             env.close()
         where = {"key": f"its observation key {MASK_KEY!r}", "info": f"info[{MASK_KEY!r}]",
