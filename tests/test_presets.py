@@ -71,6 +71,7 @@ def test_experiment_auto_adds_the_preset_made_for_the_algo_and_env(overrides, ad
                           "rltrain/conf/algo/ppo.yaml); the tuned preset for it: rltrain experiment=ppo_cartpole"),
     (["env.id=Taxi-v3"], "algo=ppo's generic defaults are used on Taxi-v3"),
     (["algo=ppo,dqn", "-m"], "in a sweep over algo/env: the generic defaults are used"),
+    (["-m", "+grid=ppo,sac", "+env.kwargs.size=3"], "with +grid=...: that group may choose the algo or the env"),
 ])
 def test_experiment_none_and_no_match_keep_the_generic_defaults_and_say_so(overrides, says):
     resolved, line = resolve_experiment(overrides)
@@ -85,7 +86,7 @@ def test_generic_defaults_are_the_published_ones_and_the_cartpole_preset_keeps_t
     """conf/algo holds SB3's / the papers' values; `rltrain` with no arguments still runs the CartPole tuning."""
     generic = compose_cfg(["experiment=none"]).algo
     assert (generic.rollout_len, generic.lr, generic.gamma, generic.gae_lambda, generic.num_minibatches,
-            generic.anneal_lr, generic.target_kl) == (None, 3e-4, 0.99, 0.95, 32, False, None)
+            generic.anneal_lr, generic.target_kl) == (None, 3e-4, 0.99, 0.95, None, False, None)  # null: 32 (or by env with a core)
     tuned = compose_cfg([]).algo
     assert (tuned.rollout_len, tuned.lr, tuned.gamma, tuned.gae_lambda, tuned.num_minibatches,
             tuned.target_kl) == (64, 2e-3, 0.98, 0.8, 1, 0.02)

@@ -159,6 +159,10 @@ def resolve_experiment(overrides: list[str], conf: Path = CONF) -> tuple[list[st
     if any("," in values.get(k, "") for k in ("algo", "env", "env.id")):
         return rest, (f"experiment={choice} in a sweep over algo/env: the generic defaults are used (name a "
                       "preset with experiment=...)")
+    added = [o.partition("=")[0] for o in overrides if o.startswith("+") and "." not in o.partition("=")[0]]
+    if added and choice == "auto":  # a config group of the user's (+grid=...) may itself choose the algo or env
+        return rest, (f"experiment=auto with {added[0]}=...: that group may choose the algo or the env, so no "
+                      "preset is applied and the generic defaults are used (name a preset with experiment=...)")
     try:
         env = yaml.safe_load((conf / "env" / f"{env_group}.yaml").read_text()) or {}
     except FileNotFoundError:
