@@ -84,9 +84,9 @@ def test_a_named_preset_is_left_alone():
 
 def test_generic_defaults_are_the_published_ones_and_the_cartpole_preset_keeps_the_tuning():
     """conf/algo holds SB3's / the papers' values; `rltrain` with no arguments still runs the CartPole tuning."""
-    generic = compose_cfg(["experiment=none"]).algo
+    generic = compose_cfg(["experiment=none"]).algo  # num_minibatches null: 32, or by env with a core
     assert (generic.rollout_len, generic.lr, generic.gamma, generic.gae_lambda, generic.num_minibatches,
-            generic.anneal_lr, generic.target_kl) == (None, 3e-4, 0.99, 0.95, None, False, None)  # null: 32 (or by env with a core)
+            generic.anneal_lr, generic.target_kl) == (None, 3e-4, 0.99, 0.95, None, False, None)
     tuned = compose_cfg([]).algo
     assert (tuned.rollout_len, tuned.lr, tuned.gamma, tuned.gae_lambda, tuned.num_minibatches,
             tuned.target_kl) == (64, 2e-3, 0.98, 0.8, 1, 0.02)
