@@ -17,7 +17,9 @@ CPU = torch.device("cpu")
 
 def make(spec: EnvSpec, seed: int = 0, **kw) -> PPO:
     torch.manual_seed(seed)
-    return PPO(spec, num_envs=4, device=CPU, rollout_len=16, num_minibatches=4, **{"hidden_sizes": (16, 16), **kw})
+    # an annealed learning rate, so that the schedule is exercised (the generic default is constant)
+    kw = {"hidden_sizes": (16, 16), "lr": 2.5e-4, "anneal_lr": True, "update_epochs": 4, **kw}
+    return PPO(spec, num_envs=4, device=CPU, rollout_len=16, num_minibatches=4, **kw)
 
 
 def synthetic_rollout(spec: EnvSpec, T: int = 16, N: int = 4, seed: int = 0) -> Rollout:
