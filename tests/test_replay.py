@@ -225,7 +225,8 @@ def test_frame_stack_refusals_name_the_fix():
 def test_memory_preflight_refuses_with_the_arithmetic():
     pattern = (r"^algo.buffer_size=1000000000000 needs [0-9.]+ GiB \(1000000000000 x \(28224 B obs \+ 8 B action "
                r"\+ 4 B reward \+ 2 B flags \+ 8 B links\) = 1000000000000 x 28246 B\) but [0-9.]+ GiB are "
-               r"available; lower algo.buffer_size or store each frame once with algo.frame_stack=4$")
+               r"available; lower algo.buffer_size or store each frame once with algo.frame_stack=4 "
+               r"\(6606802.3 GiB\)$")  # 1e12 x (28246 - 28224 + 28224 / 4 + 16 more link bytes)
     with pytest.raises(ConfigError, match=pattern):
         ReplayBuffer(10**12, (4, 84, 84), (), np.dtype(np.int64), device=CPU, obs_dtype=np.dtype(np.uint8))
     spec = EnvSpec("Tiny", (4, 84, 84), "discrete", (), n_actions=3)
