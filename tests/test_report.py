@@ -272,9 +272,11 @@ def test_first_output_is_printed_before_the_heavy_imports(tmp_path):
     proc = subprocess.Popen([sys.executable, "-m", "rltrain", *SMOKE, "logger.progress=plain",
                              f"hydra.run.dir={tmp_path / 'run'}"], stdout=subprocess.PIPE, text=True, env=env,
                             cwd=tmp_path)
-    first = proc.stdout.readline()
+    # the experiment=auto line (resolved from the overrides before composition), then the start line
+    first, second = proc.stdout.readline(), proc.stdout.readline()
     proc.communicate(timeout=300)
-    assert first.strip() == "[rltrain] starting ..."
+    assert first.startswith("[rltrain] preset experiment=ppo_cartpole"), first
+    assert second.strip() == "[rltrain] starting ..."
     assert proc.returncode == 0
 
 
