@@ -53,6 +53,7 @@ def test_ppo_minibatches_follow_the_core_and_rltrain_check_shows_the_resolved_ba
                          capture_output=True, text=True, timeout=120, cwd=tmp_path)
     assert res.returncode == 0, res.stderr
     assert "4 envs x 512 rollout_len = 2048" in res.stdout and "2048 / 4 minibatches" in res.stdout, res.stdout
+    assert not (tmp_path / "model.txt").exists()  # a check shows the model and writes nothing
 
 
 @pytest.mark.parametrize(("space", "grid"), [

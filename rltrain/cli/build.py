@@ -261,7 +261,7 @@ def env_factory(node: dict, algo: dict | None = None) -> EnvFactory:
     return factory.with_action_mask(str((algo or {}).get("action_mask", "auto")))[0]
 
 
-def build_trainer(cfg: dict, run_dir: Path):
+def build_trainer(cfg: dict, run_dir: Path, *, write_model: bool = True):
     """The trainer object for a prepared plain config; nothing starts until its ``fit()``."""
     _MASK_LINES.clear()
     trainer_cls = resolve_target(cfg["trainer"], "trainer")
@@ -280,18 +280,20 @@ def build_trainer(cfg: dict, run_dir: Path):
     settings = settings_from(cfg)
     trainer = trainer_cls(settings=settings, run_dir=Path(run_dir), **params, **extra)
     algo = preflight(settings, trainer)  # budget arithmetic, sizes against this machine, one env built and reset
-    show_model(algo, run_dir, echo=cfg["logger"].get("progress") not in ("off", False))
+    show_model(algo, run_dir if write_model else None, echo=cfg["logger"].get("progress") not in ("off", False))
     return trainer
 
 
-def show_model(algo: Any, run_dir: Path, *, echo: bool) -> None:
-    """The built model in words (models/describe.py) in ``<run dir>/model.txt``, and on stdout with progress on."""
+def show_model(algo: Any, run_dir: Path | None, *, echo: bool) -> None:
+    """The built model in words (models/describe.py) in ``<run dir>/model.txt`` (None: not written, e.g.
+    ``rltrain-check``), and on stdout with progress on."""
     from rltrain.models.describe import describe_model, networks_of
 
     notes = [f"frame stack: {algo.frame_stack} frames (read from the env's FrameStackObservation; stored once "
              "per frame in the replay)"] if getattr(algo, "frame_stack", None) else []
     text = f"algo={algo.name}\n" + describe_model(networks_of(algo), notes)
-    Path(run_dir, "model.txt").write_text(text + "\n")
+    if run_dir is not None:
+        Path(run_dir, "model.txt").write_text(text + "\n")
     if echo:
         print("[rltrain] model:\n" + "\n".join("  " + line for line in text.splitlines()), flush=True)
 

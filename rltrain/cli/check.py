@@ -71,7 +71,7 @@ def validate_job(cfg):
     if not job["env"].get("search_path"):  # as the rltrain CLI: an env module beside the user (envs/make.py)
         job["env"]["search_path"] = str(Path.cwd())
     # settings, factories, trainer keys: every check a real start makes
-    trainer = build.build_trainer(job, Path("."))
+    trainer = build.build_trainer(job, Path("."), write_model=False)  # a check writes nothing
     pick_device(plain["device"])
     return plain, trainer
 
