@@ -22,7 +22,7 @@ import torch
 
 from rltrain.data.memory import available_memory
 from rltrain.data.structs import EnvSpec, ObsSpace, storage_dtype
-from rltrain.envs.make import env_spec
+from rltrain.envs.make import env_spec, probed_env
 from rltrain.errors import ConfigError
 from rltrain.trainers.base import Trainer
 from rltrain.trainers.settings import RunSettings
@@ -93,24 +93,9 @@ def check_size(settings: RunSettings, trainer: Trainer, spec: EnvSpec) -> None:
 
 def probe_env(settings: RunSettings) -> EnvSpec:
     """Build and reset one env: a factory or ``reset`` that raises is one line naming the env, not a traceback."""
-    env_id = settings.env.id
-    try:
-        env = settings.env.make()
-    except ConfigError:
-        raise
-    except Exception as err:
-        raise ConfigError(f"env.id={env_id}: building the env raised {type(err).__name__}: {err}; fix the env or "
-                          "its env.kwargs") from None
-    try:
-        spec = env_spec(env, env_id)
+    with probed_env(settings.env) as env:
+        spec = env_spec(env, settings.env.id)
         env.reset(seed=0)
-    except ConfigError:
-        raise
-    except Exception as err:
-        raise ConfigError(f"env.id={env_id}: reset() raised {type(err).__name__}: {err}; fix the env or its "
-                          "env.kwargs") from None
-    finally:
-        env.close()
     return spec
 
 

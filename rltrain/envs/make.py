@@ -21,6 +21,7 @@ fake transition per episode boundary that has to be masked.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import importlib
@@ -268,6 +269,7 @@ def make_vector_env(env_id: str, num_envs: int, seeds: list[int] | tuple[int, ..
 
 
 @dataclass(frozen=True, kw_only=True)
+
 class EnvFactory:
     """How this run builds its environments (the ``env`` config group, typed). Picklable: it travels to
     parallel agents, distributed ranks and actor processes, each of which builds its own envs from it."""
@@ -327,25 +329,9 @@ class EnvFactory:
         if mode not in ("auto", "on", "off"):
             raise ConfigError(f"algo.action_mask={mode!r}: one of auto, on, off")
         probe = dataclasses.replace(self, action_mask="off")
-        # what the env offers, read before anything starts: an env that fails to build or reset here is the
-        # same one line as preflight's probe (cli/preflight.py), not a traceback
-        try:
-            env = probe.make()
-        except ConfigError:
-            raise
-        except Exception as err:
-            raise ConfigError(f"env.id={self.id}: building the env raised {type(err).__name__}: {err}; fix the env "
-                              "or its env.kwargs") from None
-        try:
+        with probed_env(probe) as env:  # what the env offers, read before anything starts
             source, size = mask_source(env), mask_size(env.action_space)
             action_space = env.action_space
-        except ConfigError:
-            raise
-        except Exception as err:
-            raise ConfigError(f"env.id={self.id}: reset() raised {type(err).__name__}: {err}; fix the env or its "
-                              "env.kwargs") from None
-        finally:
-            env.close()
         where = {"key": f"its observation key {MASK_KEY!r}", "info": f"info[{MASK_KEY!r}]",
                  "method": "its action_masks() method"}.get(source or "", "")
         if source is None:
@@ -368,3 +354,25 @@ class EnvFactory:
     def record(self) -> dict:
         """The plain dict this factory was built from (config.yaml, checkpoints)."""
         return {f.name: getattr(self, f.name) for f in fields(self)}
+
+
+@contextlib.contextmanager
+def probed_env(factory: EnvFactory):
+    """One env of ``factory`` for a look before the run starts, closed after: a factory that raises, or a call in
+    the block (``reset``) that raises, is one line naming the env, not a traceback."""
+    try:
+        env = factory.make()
+    except ConfigError:
+        raise
+    except Exception as err:
+        raise ConfigError(f"env.id={factory.id}: building the env raised {type(err).__name__}: {err}; fix the env "
+                          "or its env.kwargs") from None
+    try:
+        yield env
+    except ConfigError:
+        raise
+    except Exception as err:
+        raise ConfigError(f"env.id={factory.id}: reset() raised {type(err).__name__}: {err}; fix the env or its "
+                          "env.kwargs") from None
+    finally:
+        env.close()
