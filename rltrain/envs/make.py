@@ -269,7 +269,6 @@ def make_vector_env(env_id: str, num_envs: int, seeds: list[int] | tuple[int, ..
 
 
 @dataclass(frozen=True, kw_only=True)
-
 class EnvFactory:
     """How this run builds its environments (the ``env`` config group, typed). Picklable: it travels to
     parallel agents, distributed ranks and actor processes, each of which builds its own envs from it."""
