@@ -217,6 +217,10 @@ def test_node_lost_mid_run_then_sigterm(cluster, tmp_path):
 
 
 def ray_nodes(cluster) -> list[dict]:
-    code = f"import ray, json; ray.init(address={cluster.address!r}); print(json.dumps(ray.nodes()))"
+    # Ray prints its own warnings (e.g. "raylet has lagging heartbeats") to stdout too: find our line by its tag
+    code = (f"import ray, json; ray.init(address={cluster.address!r}, log_to_driver=False); "
+            "print('NODES=' + json.dumps(ray.nodes()))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, env=_env())
-    return json.loads(out.stdout.strip().splitlines()[-1])
+    line = next((x for x in out.stdout.splitlines() if x.startswith("NODES=")), None)
+    assert line is not None, out.stdout[-2000:] + out.stderr[-2000:]
+    return json.loads(line.removeprefix("NODES="))
