@@ -36,6 +36,7 @@ REFUSED = [
     (["algo.hidden_sizes=[0]"], "algo.hidden_sizes=[0]: every width must be a positive integer"),
     (["algo.target_kl=-1"], "algo.target_kl=-1 must be > 0"),
     (["target_return=nan"], "target_return=nan must be a finite number or null"),
+    (["eval.target_return=inf"], "eval.target_return=inf must be a finite number or null"),
     (["env.max_episode_steps=-5"], "env.max_episode_steps=-5 must be a positive integer"),
     (["env.max_episode_steps=0"], "env.max_episode_steps=0 must be a positive integer"),
     (["max_wall_time=0s"], "max_wall_time=0s must be > 0"),

@@ -25,6 +25,20 @@ def test_target_return_stops_early_and_records_when(tmp_path):
     assert summary["final_eval_return"] is not None  # the final evaluation still runs
 
 
+@pytest.mark.learning
+def test_eval_target_return_stops_at_the_first_evaluation_that_reaches_it(tmp_path):
+    from rltrain.run.metrics import read_metrics
+
+    summary = run(compose_cfg(["logger=quiet", "seed=2", "eval.target_return=200", "eval.every_env_steps=4096",
+                               "log.every_env_steps=4096", "eval.episodes=5", "eval.both_modes=false"]), tmp_path)
+    evals = [(int(r["env_steps"]), float(r["eval/return_mean"])) for r in read_metrics(tmp_path / "metrics.csv")]
+    *before, (steps, reached) = evals  # every row has an evaluation here; the last is the one that reached it
+    assert before and all(ret < 200 for _, ret in before) and reached >= 200, evals
+    assert summary["solved_at_env_steps"] == summary["total_env_steps"] == steps < 100_000
+    # the final evaluation repeats it: the same weights on the same eval seeds
+    assert summary["final_eval_return"] == reached
+
+
 # Each algorithm on its easiest preset, cut short: the mean of the last 20 training episodes must reach a
 # level a random policy never does (CartPole: ~22 random, 200 here; Pendulum: ~-1200 random, -600 here),
 # within a budget well under the preset's. Seeded, so the outcome is the same on every run of this machine.

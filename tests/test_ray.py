@@ -114,13 +114,17 @@ BESIDE = "import gymnasium as gym\n\n\ndef make():\n    return gym.make('CartPol
 def test_impala_learns_cartpole_on_two_nodes(cluster, tmp_path):
     (tmp_path / "beside_envs.py").write_text(BESIDE)  # in the launch directory only
     res = _run(tmp_path, "experiment=impala_cartpole", "trainer=subprocess_actors", "env.id=beside_envs:make",
-               "hydra.run.dir=run", "logger.progress=off", "total_env_steps=200000", "target_return=475",
-               "trainer.backend=ray", f"trainer.ray.address={cluster.address}", ON_NODES, timeout=400)
+               "hydra.run.dir=run", "logger.progress=off", "total_env_steps=200000", "eval.target_return=475",
+               "eval.every_env_steps=10000", "log.every_env_steps=10000", "eval.both_modes=false",
+               "checkpoint.every_env_steps=0", "trainer.backend=ray", f"trainer.ray.address={cluster.address}",
+               ON_NODES, timeout=400)
     assert res.returncode == 0, res.stderr[-3000:]
     s = _summary(tmp_path / "run")
-    # a random policy scores ~20; the preset's IMPALA under subprocess_actors ends at ~220-500 after 200-300k steps
-    # depending on the seed (README: 368-499 at 300k), so 475 is not asserted within this test's budget
-    assert s["final_eval_return"] >= 150, s
+    # a random policy scores ~20. The preset's IMPALA under subprocess_actors (local or Ray alike) reaches a greedy
+    # evaluation of 475 within 200k steps on some seeds only (the run then stops there: eval.target_return), and
+    # others plateau at 400-475 or fall back: what holds on every seed is a best evaluation well above random
+    assert s["best_eval_return"] >= 300, s
+    assert s["solved_at_env_steps"] is None or s["final_eval_return"] >= 475, s
     assert len({p["node_id"] for p in s["actor_nodes"].values()}) == 2
     _no_actor_left()
 

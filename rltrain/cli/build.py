@@ -148,9 +148,11 @@ def validate(cfg: dict) -> None:
             raise ConfigError(f"{group}.every_env_steps={value!r} must be an integer >= 0 (0 disables)")
     if cfg["seed"] is not None and (not isinstance(cfg["seed"], int) or cfg["seed"] < 0):
         raise ConfigError(f"seed={cfg['seed']!r} must be a non-negative integer or null")
-    target = cfg.get("target_return")
-    if target is not None and (not isinstance(target, (int, float)) or not math.isfinite(target)):
-        raise ConfigError(f"target_return={target!r} must be a finite number or null")
+    for key, target in (("target_return", cfg.get("target_return")),
+                        ("eval.target_return", cfg["eval"].get("target_return"))):
+        if target is not None and (isinstance(target, bool) or not isinstance(target, (int, float))
+                                   or not math.isfinite(target)):
+            raise ConfigError(f"{key}={target!r} must be a finite number or null")
     steps = cfg["env"].get("max_episode_steps")
     if steps is not None and (not isinstance(steps, int) or isinstance(steps, bool) or steps <= 0):
         raise ConfigError(f"env.max_episode_steps={steps!r} must be a positive integer, or null for the env's own "

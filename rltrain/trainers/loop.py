@@ -130,6 +130,7 @@ class TrainLoop:
                     if cadence.due("eval", steps):
                         row.update(self.evaluate())
                         cadence.done("eval", steps)
+                        self._eval_reached_target(row, steps)
                     self.rows.log(steps, row)
                     cadence.done("log", steps)
                 if self.is_main:
@@ -185,6 +186,13 @@ class TrainLoop:
         self.counters["episodes"] = self.source.episodes
         self.hooks.after_learn(rollout, learn_s, algo=self.algo, counters=self.counters)
         return learn_metrics
+
+    def _eval_reached_target(self, row: Metrics, steps: int) -> None:
+        """``eval.target_return``: the first evaluation that reaches it ends the run (as ``target_return``
+        does for the training return); the final evaluation repeats it (same weights, same eval seeds)."""
+        target = self.s.eval.target_return
+        if target is not None and self.state.solved is None and row["eval/return_mean"] >= target:
+            self.state.solved = {"env_steps": steps, "seconds": self.counters["wall_time"]}
 
     def _recent_return(self) -> float | None:
         """Mean of the recent episode returns, pooled over workers (so ranks agree on ``target_return``)."""

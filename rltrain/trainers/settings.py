@@ -26,6 +26,7 @@ class EvalSettings:
     deterministic: bool = True  # the headline mode: greedy / mean actions; false samples
     both_modes: bool = True  # also evaluate the other mode and record both (a policy can be good in one only)
     video: bool = False  # record the final evaluation's episodes to <run dir>/videos
+    target_return: float | None = None  # stop at the first periodic evaluation whose mean return reaches it
 
 
 @dataclass(frozen=True, kw_only=True)
