@@ -184,6 +184,32 @@ def _wait_for(pred, proc: subprocess.Popen, timeout: float = 150.0) -> None:
         time.sleep(0.2)
 
 
+def test_no_actor_left_stops_the_run_in_one_line(cluster, tmp_path):
+    # both actors need `lonely`, which one extra node offers; once it is removed no node can take their restarts
+    lonely = cluster.add_node(num_cpus=2, resources={"lonely": 2}, object_store_memory=100 * MB)
+    cluster.wait_for_nodes()
+    run, out = tmp_path / "run", tmp_path / "stdout.txt"
+    proc = subprocess.Popen([sys.executable, "-m", "rltrain", *FAST, "hydra.run.dir=run", "total_env_steps=10000000",
+                             "trainer.backend=ray", f"trainer.ray.address={cluster.address}",
+                             "trainer.ray.actor_resources={num_cpus:1,lonely:1}", "trainer.actor_timeout_s=8"],
+                            cwd=tmp_path, stdout=out.open("w"), stderr=subprocess.PIPE, text=True, env=_env(),
+                            start_new_session=True)
+    try:
+        _wait_for(lambda: (run / "metrics.csv").exists() and len(read_metrics(run / "metrics.csv")) >= 1, proc)
+        cluster.remove_node(lonely, allow_graceful=False)
+        _, err = proc.communicate(timeout=150)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    errors = [ln for ln in err.splitlines() if ln.startswith("rltrain: error:")]
+    assert proc.returncode == 1 and len(errors) == 1, err[-3000:]
+    assert "and no actor is left; stopping" in errors[0] and "trainer.actor_timeout_s" in errors[0], errors
+    s = _summary(run)
+    assert s["status"] == "failed" and "no actor is left" in s["error"]
+    assert {"actor_0_gen_0", "actor_1_gen_0"} <= set(s["actor_nodes"])
+    _no_actor_left()
+
+
 def test_node_lost_mid_run_then_sigterm(cluster, tmp_path):
     run, out = tmp_path / "run", tmp_path / "stdout.txt"
     proc = subprocess.Popen([sys.executable, "-m", "rltrain", *FAST, "hydra.run.dir=run", "total_env_steps=10000000",

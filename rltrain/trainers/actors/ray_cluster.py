@@ -104,6 +104,11 @@ class RayCluster:
                               "copy it from the head (`ray get-auth-token`) into RAY_AUTH_TOKEN or "
                               "~/.ray/auth_token, with RAY_AUTH_MODE=token") from None
         except ConnectionError as err:
+            given = _token_given()
+            if given:  # Ray says why only in its own log lines (InvalidAuthToken): the token is the likely cause
+                raise ConfigError(f"the Ray cluster at {target} refused the connection ({err}): the authentication "
+                                  f"token from {given} is not this cluster's; copy the head's (`ray get-auth-token` "
+                                  "on the head) into RAY_AUTH_TOKEN") from None
             raise ConfigError(f"the Ray cluster at {target} answered but refused the connection ({err}); a cluster "
                               "started with `ray start --head` needs its token: set RAY_AUTH_MODE=token and "
                               "RAY_AUTH_TOKEN to the head's `ray get-auth-token`") from None
@@ -198,6 +203,19 @@ class RayCluster:
 
             ray.shutdown()
             self.connected = False
+
+
+def _token_given() -> str | None:
+    """Where this driver's token comes from (Ray's order: RAY_AUTH_TOKEN, RAY_AUTH_TOKEN_PATH, ~/.ray/auth_token),
+    or None when it has none or is not in token mode."""
+    if os.environ.get("RAY_AUTH_MODE", "").lower() != "token":
+        return None
+    if os.environ.get("RAY_AUTH_TOKEN"):
+        return "RAY_AUTH_TOKEN"
+    path = os.environ.get("RAY_AUTH_TOKEN_PATH")
+    if path:
+        return f"RAY_AUTH_TOKEN_PATH ({path})" if Path(path).is_file() else None
+    return "~/.ray/auth_token" if (Path.home() / ".ray" / "auth_token").is_file() else None
 
 
 def _recorded_cluster() -> str | None:
