@@ -44,7 +44,9 @@ def token_head(tmp_path_factory):
     token.write_text(secrets.token_hex(32))
     token.chmod(0o600)
     port = _free_port()
-    env = _env(RAY_AUTH_MODE="token", RAY_AUTH_TOKEN_PATH=str(token), HOME=str(home))
+    # a short drain on SIGTERM (30 s by default, for Ray Serve): nothing runs on it when the module ends
+    env = _env(RAY_AUTH_MODE="token", RAY_AUTH_TOKEN_PATH=str(token), HOME=str(home),
+               RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S="2")
     cmd = [RAY, "start", "--head", f"--port={port}", "--num-cpus=1", "--include-dashboard=false",
            "--disable-usage-stats", f"--ray-client-server-port={_free_port()}",
            f"--dashboard-agent-listen-port={_free_port()}", "--block"]
@@ -62,7 +64,7 @@ def token_head(tmp_path_factory):
                 time.sleep(0.5)
         yield f"127.0.0.1:{port}"
     finally:
-        head.send_signal(signal.SIGTERM)  # `ray start --block` stops what it started (it drains up to 30 s)
+        head.send_signal(signal.SIGTERM)  # `ray start --block` stops what it started
         try:
             head.wait(timeout=90)
         except subprocess.TimeoutExpired:
