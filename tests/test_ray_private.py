@@ -63,14 +63,15 @@ def test_ctrl_c_stops_the_private_instance_then_a_fresh_one_resumes(tmp_path, or
     assert "actor_0_gen_1" in seeds and "actor_0_gen_1" in second["actor_nodes"]  # new generations, recorded
 
 
-# -- scripts/ray-slurm.sbatch, with srun / scontrol stand-ins that run each step on this host ------------------
+# -- scripts/ray-slurm.sbatch, with srun / scontrol stand-ins that run each step on this host (two nodes) ------
 SRUN = """#!/usr/bin/env bash
 # srun stand-in: drop srun's options (and -w's host), run the step's command here
 while [ $# -gt 0 ]; do case "$1" in -w) shift 2;; -*) shift;; *) break;; esac; done
 exec "$@"
 """
 SCONTROL = """#!/usr/bin/env bash
-[ "$1 $2" = "show hostnames" ] && { hostname; exit 0; }
+# two "nodes" of the job, both this host: the head's and one worker's
+[ "$1 $2" = "show hostnames" ] && { hostname; hostname; exit 0; }
 exit 1
 """
 
@@ -97,4 +98,6 @@ def test_ray_slurm_script_runs_a_token_cluster_and_leaves_nothing(tmp_path, orph
     assert res.returncode == 0, (res.stdout + res.stderr)[-3000:]
     s = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert s["status"] == "completed" and len(s["actor_nodes"]) == 2
+    # both on the worker node (it offers actor_host; the head, 1 CPU and no actor_host, would take one of them)
+    assert len({p["node_id"] for p in s["actor_nodes"].values()}) == 1, s["actor_nodes"]
     assert not (tmp_path / ".ray-token-4242").exists()  # the job's token is removed with the job

@@ -2,7 +2,8 @@
 as a user would: a Ray head (token authentication on, a token made for the job) in a job step, the run with
 ``trainer.backend=ray trainer.ray.address=auto``, then every Ray process of the job stopped. Marked ``slurm`` and
 ``ray``: CI runs it in its SLURM step (the test cluster has one node, so the job has no worker node; the
-multi-node path runs with ``srun`` / ``scontrol`` stand-ins in ``tests/test_ray_private.py``).
+head-and-worker path runs with ``srun`` / ``scontrol`` stand-ins in ``tests/test_ray_private.py``, two
+"nodes" on this host).
 """
 
 from __future__ import annotations
