@@ -106,6 +106,18 @@ def test_sync_ray_writes_the_local_metric_rows(cluster, tmp_path):
     assert "actor 0 on " in remote.stdout and "actor 1 on " in remote.stdout  # the display names the nodes
 
 
+def test_private_instance_even_beside_a_running_cluster(cluster, tmp_path):
+    # trainer.ray.address=null is a private instance although this machine runs a cluster (its record in
+    # /tmp/ray/ray_current_cluster, RAY_ADDRESS naming it): Ray's own default would join that cluster
+    res = _run(tmp_path, *FAST, "total_env_steps=512", "hydra.run.dir=run", "trainer.backend=ray",
+               env={**_env(), "RAY_ADDRESS": cluster.address})
+    assert res.returncode == 0, res.stderr[-3000:]
+    theirs = {n.node_id for n in [cluster.head_node, *cluster.workers]}
+    ours = {p["node_id"] for p in _summary(tmp_path / "run")["actor_nodes"].values()}
+    assert ours and not ours & theirs, (ours, theirs)
+    _no_actor_left()
+
+
 # -- IMPALA learns CartPole with actors on two nodes; the env module beside the user is shipped to them --------
 # (the nodes' workers do not see the launch directory: test_env_module_the_nodes_cannot_import)
 BESIDE = "import gymnasium as gym\n\n\ndef make():\n    return gym.make('CartPole-v1')\n"

@@ -94,8 +94,8 @@ class RayCluster:
         common = {"runtime_env": self.runtime_env(), "log_to_driver": False, "logging_level": logging.ERROR,
                   "configure_logging": True}
         try:
-            if self.private:
-                ray.init(include_dashboard=False, object_store_memory=PRIVATE_OBJECT_STORE_BYTES,
+            if self.private:  # "local": a new instance, even where RAY_ADDRESS or a `ray start` names a cluster
+                ray.init(address="local", include_dashboard=False, object_store_memory=PRIVATE_OBJECT_STORE_BYTES,
                          **self._private_resources(), **common)
             else:
                 ray.init(address=target, **common)
