@@ -78,8 +78,9 @@ while time.perf_counter() - t0 < budget_s and (ret is None or ret < 475):
     ret = result["env_runners"].get("episode_return_mean")
     steps = result.get("num_env_steps_sampled_lifetime") or \
         result["env_runners"].get("num_env_steps_sampled_lifetime") or steps
+ret = None if ret is None else float(ret)  # numpy scalars: json takes Python numbers only
 print("RLLIB=" + json.dumps({"steps": int(steps), "seconds": time.perf_counter() - t0, "return": ret,
-                             "reached": ret is not None and ret >= 475}))
+                             "reached": ret is not None and ret >= 475}), flush=True)
 algo.stop()
 ray.shutdown()
 """
@@ -139,6 +140,8 @@ def main() -> None:
     p.add_argument("--skip-sps", action="store_true", help="skip the steps/s table")
     p.add_argument("--to-475", action="store_true", help="time and steps to 475 (rltrain local and on Ray)")
     p.add_argument("--seeds", nargs="+", type=int, default=[1, 2, 3], help="rltrain seeds for --to-475")
+    p.add_argument("--backends", nargs="+", default=["local", "ray"], choices=["local", "ray"],
+                   help="rltrain backends for --to-475")
     p.add_argument("--rllib-python", help="a python with ray[rllib] installed: adds RLlib's APPO to --to-475")
     p.add_argument("--rllib-budget-s", type=float, default=600.0, help="RLlib's training time limit")
     args = p.parse_args()
@@ -148,7 +151,7 @@ def main() -> None:
     if args.to_475:
         print(HEADER_475, flush=True)
         rows = []
-        for backend, seed in [(b, s) for b in ("local", "ray") for s in args.seeds]:
+        for backend, seed in [(b, s) for b in args.backends for s in args.seeds]:
             rows.append(to_475(backend, seed))
             print_row_475(rows[-1])
         if args.rllib_python:
