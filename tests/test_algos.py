@@ -40,9 +40,9 @@ CASES = [
 IDS = [c[0] for c in CASES]
 
 
-def make(cls, spec, kw, seed=0, **extra):
+def make(cls, spec, kw, seed=0, sync=None, **settings):
     torch.manual_seed(seed)
-    return cls(spec, num_envs=N, device=CPU, **kw, **extra)
+    return cls(spec, cls.settings_class(**kw, **settings), num_envs=N, device=CPU, sync=sync)
 
 
 def synthetic_rollout(algo, spec: EnvSpec, seed: int = 0) -> Rollout:

@@ -14,7 +14,7 @@ later with a traceback, and says so in one line with the arithmetic:
 
 from __future__ import annotations
 
-import inspect
+import dataclasses
 import os
 
 import numpy as np
@@ -34,11 +34,12 @@ PROCESSES_PER_CORE = 8  # async env processes beyond this per core only time-sli
 
 
 def algo_default(cls: type, node: dict, key: str):
-    """``node[key]``, else the default of ``cls.__init__``'s keyword ``key`` (None when it has none)."""
+    """``node[key]``, else the default of the field ``key`` of ``cls.settings_class`` (None when it has none)."""
     if key in node:
         return node[key]
-    param = inspect.signature(cls.__init__).parameters.get(key)
-    return None if param is None or param.default is param.empty else param.default
+    fields = {f.name: f for f in dataclasses.fields(cls.settings_class)}
+    field = fields.get(key)
+    return None if field is None or field.default is dataclasses.MISSING else field.default
 
 
 def check_envs(settings: RunSettings) -> None:
