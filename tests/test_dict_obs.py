@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 import torch
 
-from rltrain.algos.sac import SAC
+from rltrain.algos.sac import SAC, SACSettings
 from rltrain.cli.build import run
 from rltrain.data.replay import ReplayBuffer
 from rltrain.data.structs import EnvSpec, Rollout, obs_leaves, obs_map
@@ -190,7 +190,7 @@ def test_dict_obs_runs_resume_bitwise(tmp_path, algo):
 
 def test_sac_reads_float_vectors_through_cleanrls_mlps():
     spec = env_spec(make_env("Pendulum-v1"), "Pendulum-v1")
-    sac = SAC(spec, num_envs=1, device=CPU, hidden_sizes=(8, 8), model=ModelSettings())
+    sac = SAC(spec, SACSettings(hidden_sizes=(8, 8)), num_envs=1, device=CPU, model=ModelSettings())
     assert type(sac.policy) is SquashedGaussianActor and type(sac.qf1) is ContinuousQNetwork
     # the actor's MLP (two hidden layers, then mean and log-std), the critic's MLP over obs ++ action
     assert sorted(sac.policy.state_dict()) == ["encoder.mlp.0.bias", "encoder.mlp.0.weight", "encoder.mlp.2.bias",
@@ -207,8 +207,8 @@ def test_sac_reads_float_vectors_through_cleanrls_mlps():
 def test_sac_on_images_and_dicts_encoder_actor_and_twin_critics_with_their_own_encoders(env_id, kwargs):
     env = make_env(env_id, {**kwargs, "continuous": True})
     spec = env_spec(env, env_id)
-    sac = SAC(spec, num_envs=1, device=CPU, hidden_sizes=(16,), model=ModelSettings(cnn_features=16),
-              learning_starts=0, batch_size=8, buffer_size=100)
+    sac = SAC(spec, SACSettings(hidden_sizes=(16,), learning_starts=0, batch_size=8, buffer_size=100), num_envs=1,
+              device=CPU, model=ModelSettings(cnn_features=16))
     encoders = [sac.policy.encoder, sac.qf1.encoder, sac.qf2.encoder]
     assert len({id(p) for e in encoders for p in e.parameters()}) == sum(len(list(e.parameters())) for e in encoders)
     obs = [env.reset(seed=0)[0]] + [env.step(env.action_space.sample())[0] for _ in range(3)]

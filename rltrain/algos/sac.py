@@ -13,7 +13,7 @@ float vectors through CleanRL's MLPs, images and Dicts through their encoder fir
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -29,61 +29,68 @@ from rltrain.models.factory import ModelSettings, build
 from rltrain.models.heads import OrnsteinUhlenbeckNoise
 
 
+@dataclass(frozen=True, kw_only=True)
+class SACSettings:
+    """SAC's hyper-parameters (``algo=sac``; conf/algo/sac.yaml: SB3's SAC, which follows Haarnoja et al. 2018).
+    Step counts are env steps over all envs and workers."""
+
+    rollout_len: int = 1  # steps per env between two learn() calls
+    buffer_size: int = 1_000_000  # replay capacity in observations (one per transition + one per episode end)
+    batch_size: int = 256
+    gamma: float = 0.99
+    tau: float = 0.005  # Polyak rate of the target critics
+    policy_lr: float = 3e-4
+    q_lr: float = 3e-4  # SB3, Haarnoja et al. 2018
+    learning_starts: int = 100  # SB3; env steps of uniform-random acting before the first update
+    train_frequency: int = 1  # env steps between two rounds of updates
+    gradient_steps: int = 1  # gradient steps per round
+    policy_frequency: int = 1  # actor/alpha update every k critic steps (TD3-style delay; 1 = every)
+    alpha: float = 1.0  # entropy coefficient (initial value when autotune: SB3's 1.0)
+    autotune: bool = True  # learn alpha so that E[-log pi] tracks target_entropy
+    target_entropy_scale: float = 1.0  # target_entropy = -scale * dim(A)
+    action_noise: float = 0.0  # sigma of Ornstein-Uhlenbeck noise on collected actions (0: none)
+    noise_theta: float = 0.15  # its mean reversion per unit time ...
+    noise_dt: float = 1e-2  # ... and time step (SB3's OrnsteinUhlenbeckActionNoise parameters)
+    hidden_sizes: tuple[int, ...] = (256, 256)
+    activation: str = "relu"
+    checkpoint_buffer: bool = False  # put the replay buffer into state_dict (checkpoint.replay_buffer)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "hidden_sizes", tuple(self.hidden_sizes))
+        for key in ("rollout_len", "batch_size", "tau", "policy_lr", "q_lr", "alpha", "train_frequency",
+                    "gradient_steps", "policy_frequency", "buffer_size"):
+            positive(f"algo.{key}", getattr(self, key))
+        positive("algo.learning_starts", self.learning_starts, allow_zero=True)
+        if self.tau > 1 or not self.hidden_sizes:
+            raise ConfigError(f"algo.tau={self.tau} must lie in (0, 1] and algo.hidden_sizes must not be empty")
+        positive("algo.action_noise", self.action_noise, allow_zero=True)
+
+
 class SAC(Algorithm):
     name = "sac"
     on_policy = False
     action_kinds = ("box",)
+    settings_class = SACSettings
 
-    def __init__(
-        self,
-        spec: EnvSpec,
-        *,
-        num_envs: int,
-        device: torch.device,
-        sync: Sync | None = None,
-        model: ModelSettings | None = None,  # the model group: encoders for images / Dict (cli/build.py)
-        rollout_len: int = 1,  # steps per env between two learn() calls
-        buffer_size: int = 1_000_000,  # replay capacity in observations (one per transition + one per episode end)
-        batch_size: int = 256,
-        gamma: float = 0.99,
-        tau: float = 0.005,  # Polyak rate of the target critics
-        policy_lr: float = 3e-4,
-        q_lr: float = 3e-4,  # SB3, Haarnoja et al. 2018
-        learning_starts: int = 100,  # SB3; env steps of uniform-random acting before the first update
-        train_frequency: int = 1,  # env steps between two rounds of updates
-        gradient_steps: int = 1,  # gradient steps per round
-        policy_frequency: int = 1,  # actor/alpha update every k critic steps (TD3-style delay; 1 = every)
-        alpha: float = 1.0,  # entropy coefficient (initial value when autotune: SB3's 1.0)
-        autotune: bool = True,  # learn alpha so that E[-log pi] tracks target_entropy
-        target_entropy_scale: float = 1.0,  # target_entropy = -scale * dim(A)
-        action_noise: float = 0.0,  # sigma of Ornstein-Uhlenbeck noise on collected actions (0: none)
-        noise_theta: float = 0.15,  # its mean reversion per unit time ...
-        noise_dt: float = 1e-2,  # ... and time step (SB3's OrnsteinUhlenbeckActionNoise parameters)
-        hidden_sizes: Sequence[int] = (256, 256),
-        activation: str = "relu",
-        checkpoint_buffer: bool = False,  # put the replay buffer into state_dict (checkpoint.replay_buffer)
-    ):
+    def __init__(self, spec: EnvSpec, settings: SACSettings = SACSettings(), *, num_envs: int,
+                 device: torch.device, sync: Sync | None = None, model: ModelSettings | None = None):
+        """``model``: the model group (encoders for images / Dict, cli/build.py); None: its defaults."""
         super().__init__(spec, num_envs=num_envs, device=device, sync=sync)
         refuse_recurrent("algo=sac (off-policy)", (model or ModelSettings()).core)
-        for key, value in [("algo.rollout_len", rollout_len), ("algo.batch_size", batch_size), ("algo.tau", tau),
-                           ("algo.policy_lr", policy_lr), ("algo.q_lr", q_lr), ("algo.alpha", alpha),
-                           ("algo.train_frequency", train_frequency), ("algo.gradient_steps", gradient_steps),
-                           ("algo.policy_frequency", policy_frequency)]:
-            positive(key, value)
-        positive("algo.buffer_size", buffer_size)
-        positive("algo.learning_starts", learning_starts, allow_zero=True)
-        if tau > 1 or not hidden_sizes:
-            raise ConfigError(f"algo.tau={tau} must lie in (0, 1] and algo.hidden_sizes must not be empty")
-        self.rollout_len, self.batch_size, self.gamma, self.tau = rollout_len, batch_size, gamma, tau
-        self.learning_starts, self.train_frequency = learning_starts, train_frequency
-        self.gradient_steps, self.policy_frequency = gradient_steps, policy_frequency
-        self.checkpoint_buffer = checkpoint_buffer
+        s = self.settings = settings
+        self.rollout_len, self.learning_starts = s.rollout_len, s.learning_starts  # read by the loop
+        self.batch_size, self.gamma, self.tau = s.batch_size, s.gamma, s.tau
+        self.train_frequency, self.gradient_steps, self.policy_frequency = (s.train_frequency, s.gradient_steps,
+                                                                            s.policy_frequency)
+        self.checkpoint_buffer = s.checkpoint_buffer
+        hidden_sizes, activation, action_noise = s.hidden_sizes, s.activation, s.action_noise
+        noise_theta, noise_dt, q_lr, policy_lr, alpha = s.noise_theta, s.noise_dt, s.q_lr, s.policy_lr, s.alpha
+        autotune, target_entropy_scale, buffer_size = s.autotune, s.target_entropy_scale, s.buffer_size
 
         model = (model or ModelSettings()).with_mlp(hidden_sizes, activation)
         # the model family: encoder -> squashed Gaussian, and encoder(obs) ++ action -> MLP per critic
         self.policy = build(spec, model, "squashed_actor").to(device)
         critic = lambda: build(spec, model, "continuous_q").to(device)  # noqa: E731
-        positive("algo.action_noise", action_noise, allow_zero=True)
         if action_noise > 0:  # the collector adds it while acting (evaluation stays noise-free)
             self.policy.action_noise = OrnsteinUhlenbeckNoise(sigma=action_noise, theta=noise_theta, dt=noise_dt)
         self.qf1, self.qf2 = critic(), critic()
