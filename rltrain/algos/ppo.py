@@ -156,7 +156,8 @@ class PPO(ActorCriticState, Algorithm):
         # 2. The learning rate: constant, or annealed linearly to 0 over the budget.
         lr = set_lr(self.optimizer, s.lr, anneal=s.anneal_lr, progress=progress)
 
-        # 3. K epochs over shuffled minibatches, one optimiser step on ``ppo_loss`` each.
+        # 3. K epochs over shuffled minibatches, one optimiser step each on ``ppo_loss`` (below: the ratio, the
+        #    clipped surrogate L^CLIP, the value loss, the entropy bonus, their sum).
         batches = self._minibatches(rollout, inputs, adv, ret, values)
         stats: list = []
         for epoch in range(s.update_epochs):
@@ -164,8 +165,10 @@ class PPO(ActorCriticState, Algorithm):
                 stats.append(self.update.step(minibatch))
             # the KL of the epoch's last minibatch, averaged over workers: every rank must take the same
             # decision, or the ranks still in the epoch loop would wait forever in the gradient all-reduce
-            if s.target_kl is not None and float(self.sync.mean(np.asarray([float(stats[-1][3])]))[0]) > s.target_kl:
-                break
+            if s.target_kl is not None:
+                approx_kl = float(self.sync.mean(np.asarray([float(stats[-1][3])]))[0])
+                if approx_kl > s.target_kl:
+                    break
 
         # 4. Metrics out; observation statistics move after the update, so this update's ratios start at 1.
         if self.policy.obs_norm.enabled:
