@@ -167,13 +167,16 @@ def test_a_text_key_is_refused_in_one_line_naming_it_or_dropped_with_ignore_keys
     assert summary["status"] == "completed"
 
 
-@pytest.mark.parametrize("algo", ["ppo", "dqn"])
+@pytest.mark.parametrize("algo", ["ppo", "dqn", "sac"])
 def test_dict_obs_runs_resume_bitwise(tmp_path, algo):
-    """2N steps at once == N steps, then resume to 2N (DQN with its replay buffer in the checkpoint)."""
+    """2N steps at once == N steps, then resume to 2N (DQN and SAC with their replay buffer in the checkpoint;
+    SAC's critic encoder shared with its actor)."""
     # schedules over the budget (lr annealing, epsilon) would differ between a 2N and an N run: fixed here
-    extra = (["algo.rollout_len=16", "algo.num_minibatches=2", "algo.anneal_lr=false"] if algo == "ppo" else
-             ["algo.rollout_len=8", "algo.learning_starts=64", "algo.buffer_size=1000", "algo.batch_size=16",
-              "algo.train_frequency=16", "algo.start_e=0.3", "algo.end_e=0.3", "checkpoint.replay_buffer=true"])
+    replay = ["algo.rollout_len=8", "algo.learning_starts=64", "algo.buffer_size=1000", "algo.batch_size=16",
+              "algo.train_frequency=16", "checkpoint.replay_buffer=true"]
+    extra = {"ppo": ["algo.rollout_len=16", "algo.num_minibatches=2", "algo.anneal_lr=false"],
+             "dqn": [*replay, "algo.start_e=0.3", "algo.end_e=0.3"],
+             "sac": [*replay, "+env.kwargs.continuous=true"]}[algo]
     base = [f"algo={algo}", *TINY, *extra]
     run(compose_cfg([*base, "total_env_steps=512"]), tmp_path / "once")
     run(compose_cfg([*base, "total_env_steps=256"]), tmp_path / "twice")
@@ -181,8 +184,9 @@ def test_dict_obs_runs_resume_bitwise(tmp_path, algo):
     once, _ = load_checkpoint(tmp_path / "once" / "checkpoints" / "final.pt")
     twice, _ = load_checkpoint(tmp_path / "twice" / "checkpoints" / "final.pt")
     assert once["collector"]["obs"].keys() == STORED.keys()  # the collector's current observations, per key
-    p1, p2 = once["algo"]["policy"], twice["algo"]["policy"]
-    assert p1.keys() == p2.keys() and all(torch.equal(p1[k], p2[k]) for k in p1)
+    for net in ("policy", "critic", "critic_target") if algo == "sac" else ("policy",):
+        p1, p2 = once["algo"][net], twice["algo"][net]
+        assert p1.keys() == p2.keys() and all(torch.equal(p1[k], p2[k]) for k in p1), net
     drop_wall = lambda c: {k: v for k, v in c.items() if k != "wall_time"}  # noqa: E731
     assert drop_wall(once["counters"]) == drop_wall(twice["counters"])
 

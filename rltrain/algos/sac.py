@@ -6,8 +6,10 @@ correction), and automatic entropy tuning towards ``target_entropy = -dim(A)``. 
 DQN's: ``gradient_steps`` updates every ``train_frequency`` env steps after ``learning_starts`` steps of
 uniform-random warm-up (all counts in env steps over all envs and workers).
 
-Any observation the model family encodes (``models.factory.build``: ``squashed_actor``, ``continuous_q``):
-float vectors through CleanRL's MLPs, images and Dicts through their encoder first.
+Any observation the model family encodes (``models.factory.build``: ``sac``, ``twin_q``): float vectors through
+CleanRL's MLPs (actor and each critic their own); observations holding an image through ONE critic encoder that
+both Q heads read from one forward per batch and the actor reads detached, plus its Polyak-averaged copy in the
+target critic (SAC-AE, Yarats et al. 2019; DrQ, Kostrikov et al. 2020; models/sac_networks.py).
 """
 
 from __future__ import annotations
