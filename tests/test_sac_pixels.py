@@ -2,8 +2,8 @@
 
 SAC on an image, or a Dict holding one, builds two CNNs: the critic's (read by both Q heads and, detached, by
 the actor) and the target critic's copy; the actor's loss never reaches the encoder; each batch goes through
-each encoder once. DQN's Q and target networks hold one encoder each. Float-vector SAC keeps its layout (its
-bitwise equality with the layout before is checked in tests/test_legacy_checkpoints.py and the MuJoCo tests).
+each encoder once. DQN's Q and target networks hold one encoder each. Float-vector SAC keeps its layout, networks
+and checkpoint names (tests/test_dict_obs.py) and its older checkpoints load (tests/test_legacy_checkpoints.py).
 """
 
 from __future__ import annotations
