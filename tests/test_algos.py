@@ -40,9 +40,9 @@ CASES = [
 IDS = [c[0] for c in CASES]
 
 
-def make(cls, spec, kw, seed=0, **extra):
+def make(cls, spec, kw, seed=0, sync=None, **settings):
     torch.manual_seed(seed)
-    return cls(spec, num_envs=N, device=CPU, **kw, **extra)
+    return cls(spec, cls.settings_class(**kw, **settings), num_envs=N, device=CPU, sync=sync)
 
 
 def synthetic_rollout(algo, spec: EnvSpec, seed: int = 0) -> Rollout:
@@ -266,3 +266,35 @@ def test_feedforward_successor_values_forward_only_the_rows_they_need(cls, consi
     got = successor_values(algo.policy, ro, values, None, CPU)
     np.testing.assert_allclose(got, every, rtol=1e-5, atol=1e-6)
     assert rows == ([N + 1] if consistent else [T * N - 1])  # last step of each env + one truncation
+
+
+@pytest.mark.parametrize("cls", [PPO, A2C, IMPALA, DQN, SAC], ids=lambda c: c.name)
+def test_settings_are_one_frozen_typed_object_whose_defaults_are_the_algo_group(cls):
+    """Each algorithm's hyper-parameters are one frozen keyword-only dataclass: its fields are the keys of
+    conf/algo/<name>.yaml, with the same defaults (the YAML says each one's source), and the CLI
+    builds it from the group in one place (cli/build.py algo_settings); a bad value is one line naming it."""
+    import dataclasses
+    from pathlib import Path
+
+    import yaml
+
+    from rltrain.cli.build import algo_settings
+
+    settings_cls = cls.settings_class
+    assert dataclasses.is_dataclass(settings_cls) and settings_cls.__dataclass_params__.frozen
+    with pytest.raises(TypeError):
+        settings_cls(1)  # keyword-only
+    node = yaml.safe_load((Path(__file__).parents[1] / "rltrain" / "conf" / "algo" / f"{cls.name}.yaml").read_text())
+    keys = [k for k in node if not k.startswith("_")]
+    fields = {f.name: f.default for f in dataclasses.fields(settings_cls)}
+    assert set(keys) <= set(fields) and set(fields) - set(keys) <= {"action_noise", "noise_theta", "noise_dt"}
+    for key in keys:
+        if not (isinstance(node[key], str) and node[key].startswith("${")):  # checkpoint.replay_buffer's
+            expected = tuple(node[key]) if isinstance(node[key], list) else node[key]
+            assert fields[key] == expected, key
+    resolved = {k: False if k == "checkpoint_buffer" else v for k, v in node.items()}  # the interpolation's default
+    assert algo_settings({"algo": {**resolved, "action_mask": "auto"}}) == settings_cls()
+    with pytest.raises(ConfigError, match=r"^algo\.rollout_len=0 must be > 0$"):
+        settings_cls(rollout_len=0)
+    with pytest.raises(ConfigError, match=r"^algo\.rollout_lenn: unknown key"):
+        algo_settings({"algo": {"_target_": node["_target_"], "rollout_lenn": 3}})

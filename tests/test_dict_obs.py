@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 import torch
 
-from rltrain.algos.sac import SAC
+from rltrain.algos.sac import SAC, SACSettings
 from rltrain.cli.build import run
 from rltrain.data.replay import ReplayBuffer
 from rltrain.data.structs import EnvSpec, Rollout, obs_leaves, obs_map
@@ -22,6 +22,7 @@ from rltrain.envs.make import env_spec, make_env, make_vector_env
 from rltrain.errors import ConfigError
 from rltrain.models.factory import ModelSettings, build
 from rltrain.models.q_networks import ContinuousQNetwork
+from rltrain.models.sac_networks import SeparateTwinQ
 from rltrain.models.squashed_actor import SquashedGaussianActor
 from rltrain.run.checkpoint import load_checkpoint
 from rltrain.trainers.actors.rollouts import merge_rollouts
@@ -166,13 +167,16 @@ def test_a_text_key_is_refused_in_one_line_naming_it_or_dropped_with_ignore_keys
     assert summary["status"] == "completed"
 
 
-@pytest.mark.parametrize("algo", ["ppo", "dqn"])
+@pytest.mark.parametrize("algo", ["ppo", "dqn", "sac"])
 def test_dict_obs_runs_resume_bitwise(tmp_path, algo):
-    """2N steps at once == N steps, then resume to 2N (DQN with its replay buffer in the checkpoint)."""
+    """2N steps at once == N steps, then resume to 2N (DQN and SAC with their replay buffer in the checkpoint;
+    SAC's critic encoder shared with its actor)."""
     # schedules over the budget (lr annealing, epsilon) would differ between a 2N and an N run: fixed here
-    extra = (["algo.rollout_len=16", "algo.num_minibatches=2", "algo.anneal_lr=false"] if algo == "ppo" else
-             ["algo.rollout_len=8", "algo.learning_starts=64", "algo.buffer_size=1000", "algo.batch_size=16",
-              "algo.train_frequency=16", "algo.start_e=0.3", "algo.end_e=0.3", "checkpoint.replay_buffer=true"])
+    replay = ["algo.rollout_len=8", "algo.learning_starts=64", "algo.buffer_size=1000", "algo.batch_size=16",
+              "algo.train_frequency=16", "checkpoint.replay_buffer=true"]
+    extra = {"ppo": ["algo.rollout_len=16", "algo.num_minibatches=2", "algo.anneal_lr=false"],
+             "dqn": [*replay, "algo.start_e=0.3", "algo.end_e=0.3"],
+             "sac": [*replay, "+env.kwargs.continuous=true"]}[algo]
     base = [f"algo={algo}", *TINY, *extra]
     run(compose_cfg([*base, "total_env_steps=512"]), tmp_path / "once")
     run(compose_cfg([*base, "total_env_steps=256"]), tmp_path / "twice")
@@ -180,8 +184,9 @@ def test_dict_obs_runs_resume_bitwise(tmp_path, algo):
     once, _ = load_checkpoint(tmp_path / "once" / "checkpoints" / "final.pt")
     twice, _ = load_checkpoint(tmp_path / "twice" / "checkpoints" / "final.pt")
     assert once["collector"]["obs"].keys() == STORED.keys()  # the collector's current observations, per key
-    p1, p2 = once["algo"]["policy"], twice["algo"]["policy"]
-    assert p1.keys() == p2.keys() and all(torch.equal(p1[k], p2[k]) for k in p1)
+    for net in ("policy", "critic", "critic_target") if algo == "sac" else ("policy",):
+        p1, p2 = once["algo"][net], twice["algo"][net]
+        assert p1.keys() == p2.keys() and all(torch.equal(p1[k], p2[k]) for k in p1), net
     drop_wall = lambda c: {k: v for k, v in c.items() if k != "wall_time"}  # noqa: E731
     assert drop_wall(once["counters"]) == drop_wall(twice["counters"])
 
@@ -190,41 +195,42 @@ def test_dict_obs_runs_resume_bitwise(tmp_path, algo):
 
 def test_sac_reads_float_vectors_through_cleanrls_mlps():
     spec = env_spec(make_env("Pendulum-v1"), "Pendulum-v1")
-    sac = SAC(spec, num_envs=1, device=CPU, hidden_sizes=(8, 8), model=ModelSettings())
-    assert type(sac.policy) is SquashedGaussianActor and type(sac.qf1) is ContinuousQNetwork
+    sac = SAC(spec, SACSettings(hidden_sizes=(8, 8)), num_envs=1, device=CPU, model=ModelSettings())
+    assert type(sac.policy) is SquashedGaussianActor and type(sac.critic) is SeparateTwinQ
+    assert type(sac.critic.qf1) is ContinuousQNetwork
     # the actor's MLP (two hidden layers, then mean and log-std), the critic's MLP over obs ++ action
     assert sorted(sac.policy.state_dict()) == ["encoder.mlp.0.bias", "encoder.mlp.0.weight", "encoder.mlp.2.bias",
                                                "encoder.mlp.2.weight", "head.bias", "head.log_std.bias",
                                                "head.log_std.weight", "head.mean.bias", "head.mean.weight",
                                                "head.scale"]
-    assert sorted(sac.qf1.state_dict()) == [f"q.{i}.{p}" for i in (0, 2, 4) for p in ("bias", "weight")]
-    assert sorted(sac.qf1.state_dict()) == ["q.0.bias", "q.0.weight", "q.2.bias", "q.2.weight", "q.4.bias",
-                                            "q.4.weight"]
+    assert sorted(sac.critic.qf1.state_dict()) == ["q.0.bias", "q.0.weight", "q.2.bias", "q.2.weight", "q.4.bias",
+                                                   "q.4.weight"]
+    # the checkpoint keeps the names it had before the layouts (qf1, qf2 and their targets)
+    assert [k for k in sac.state_dict() if k.startswith("qf")] == ["qf1", "qf2", "qf1_target", "qf2_target"]
 
 
 @pytest.mark.parametrize("env_id,kwargs", [("tests.helpers.obs_envs:ImageEnv", {"shape": (10, 10, 3)}),
                                            (DICT_ENV, KW)], ids=["image", "dict"])
-def test_sac_on_images_and_dicts_encoder_actor_and_twin_critics_with_their_own_encoders(env_id, kwargs):
+def test_sac_on_images_and_dicts_actor_reads_the_twin_critics_one_encoder(env_id, kwargs):
     env = make_env(env_id, {**kwargs, "continuous": True})
     spec = env_spec(env, env_id)
-    sac = SAC(spec, num_envs=1, device=CPU, hidden_sizes=(16,), model=ModelSettings(cnn_features=16),
-              learning_starts=0, batch_size=8, buffer_size=100)
-    encoders = [sac.policy.encoder, sac.qf1.encoder, sac.qf2.encoder]
-    assert len({id(p) for e in encoders for p in e.parameters()}) == sum(len(list(e.parameters())) for e in encoders)
+    sac = SAC(spec, SACSettings(hidden_sizes=(16,), learning_starts=0, batch_size=8, buffer_size=100), num_envs=1,
+              device=CPU, model=ModelSettings(cnn_features=16))
+    assert sac.policy.encoder is sac.critic.encoder and sac.critic_target.encoder is not sac.critic.encoder
     obs = [env.reset(seed=0)[0]] + [env.step(env.action_space.sample())[0] for _ in range(3)]
     stacked = obs_map(lambda *xs: np.stack(xs), *obs)
     batch = obs_map(torch.from_numpy, stacked)
     action, logp = sac.policy.sample(batch)
     low, high = torch.tensor(spec.action_low), torch.tensor(spec.action_high)
     assert action.shape == (4, 2) and logp.shape == (4,) and ((action >= low) & (action <= high)).all()
-    q = sac.qf1(batch, action)
-    q.sum().backward()
-    assert q.shape == (4,) and all(p.grad is not None for p in sac.qf1.encoder.parameters())
+    q1, q2 = sac.critic(batch, action)
+    q1.sum().backward()
+    assert q1.shape == q2.shape == (4,) and all(p.grad is not None for p in sac.critic.encoder.parameters())
     r = Rollout(obs=obs_map(lambda x: x[:, None], stacked), actions=action.detach().numpy()[:, None],
                 log_probs=np.zeros((4, 1), np.float32), rewards=np.ones((4, 1), np.float32),
                 terminated=np.zeros((4, 1), bool), truncated=np.zeros((4, 1), bool),
                 next_obs=obs_map(lambda x: np.roll(x, -1, 0)[:, None], stacked), policy_version=np.zeros(4, np.int64))
-    before = [p.detach().clone() for p in sac.qf2.parameters()]
+    before = [p.detach().clone() for p in sac.critic.q2.parameters()]
     for _ in range(3):
         sac.learn(r, progress=0.0)
-    assert any(not torch.equal(a, b) for a, b in zip(before, sac.qf2.parameters(), strict=True))
+    assert any(not torch.equal(a, b) for a, b in zip(before, sac.critic.q2.parameters(), strict=True))

@@ -66,12 +66,12 @@ def test_each_algorithm_learns_its_easiest_preset(tmp_path, preset, budget, leve
 def test_ppo_torch_update_path_learns_cartpole(tmp_path, monkeypatch):
     """The autograd + torch Adam update (what CUDA runs; algo.numpy_update=false on CPU) learns on its own,
     not only matches the numpy update step for step: CartPole's training return reaches 200 (random: ~22)."""
-    from rltrain.algos.ppo import PPO
+    from rltrain.algos.surrogate_numpy import NumpyUpdate
 
     def numpy_step(*args):
         raise AssertionError("algo.numpy_update=false took the numpy update")
 
-    monkeypatch.setattr(PPO, "_numpy_step_and_update", numpy_step)
+    monkeypatch.setattr(NumpyUpdate, "step", numpy_step)
     summary = run(compose_cfg(["logger=quiet", "seed=1", "algo.numpy_update=false", "total_env_steps=40000",
                                "target_return=200", "eval.every_env_steps=0", "checkpoint.every_env_steps=0"]),
                   tmp_path)

@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 import torch
 
-from rltrain.algos.ppo import PPO
+from rltrain.algos.minibatches import RowMinibatches
+from rltrain.algos.ppo import PPO, PPOSettings
 from rltrain.data.structs import EnvSpec, Rollout
 from rltrain.models.layers import categorical_sample, gaussian_sample
 
@@ -19,7 +20,7 @@ def make(spec: EnvSpec, seed: int = 0, **kw) -> PPO:
     torch.manual_seed(seed)
     # an annealed learning rate, so that the schedule is exercised (the generic default is constant)
     kw = {"hidden_sizes": (16, 16), "lr": 2.5e-4, "anneal_lr": True, "update_epochs": 4, **kw}
-    return PPO(spec, num_envs=4, device=CPU, rollout_len=16, num_minibatches=4, **kw)
+    return PPO(spec, PPOSettings(rollout_len=16, num_minibatches=4, **kw), num_envs=4, device=CPU)
 
 
 def synthetic_rollout(spec: EnvSpec, T: int = 16, N: int = 4, seed: int = 0) -> Rollout:
@@ -83,12 +84,22 @@ def _assert_same_optimizer_state(fast: dict, ref: dict, *, exact: bool) -> None:
                 np.testing.assert_allclose(f[key].numpy(), r[key].numpy(), rtol=2e-3, atol=1e-9, err_msg=f"{i} {key}")
 
 
+def _minibatches(algo: PPO, rollout: Rollout, adv: np.ndarray, ret: np.ndarray, values: np.ndarray
+                 ) -> RowMinibatches:
+    """What learn() builds for ``algo``'s backend (the rows it reads, arrays or tensors), from seed 5."""
+    torch.manual_seed(5)
+    return RowMinibatches(algo.update.rows(rollout.obs), rollout, adv, ret, values, epochs=4, minibatches=4,
+                          norm_adv=True, device=algo.update.device)
+
+
 def _check_numpy_step_matches_autograd(spec: EnvSpec, **kw) -> None:
-    """The hand-written backward, clipping and Adam equal autograd + clip_grad_norm_ + torch Adam for a few
-    minibatch steps: losses, gradients, parameters and the optimiser state (torch Adam's format)."""
+    """The numpy backend (hand-written backward, clipping and Adam) equals the torch one (autograd on
+    ``ppo_loss``, clip_grad_norm_, torch Adam) for a few steps on the same minibatches: losses, gradients,
+    parameters and the optimiser state (torch Adam's format)."""
     kw = dict(ent_coef=0.05, vf_coef=0.7, max_grad_norm=0.05, **kw)
     fast, ref = make(spec, numpy_update=True, **kw), make(spec, numpy_update=False, **kw)
     assert fast.numpy_update and not ref.numpy_update
+    assert type(fast.update).__name__ == "NumpyUpdate" and type(ref.update).__name__ == "TorchUpdate"
     rollout = synthetic_rollout(spec)
     if kw.get("norm_obs"):  # statistics far from (0, 1), so normalisation and its clip matter
         moments = fast.policy.obs_norm.moments(np.random.default_rng(4).normal(0.5, 0.3, (64, *spec.obs_shape)), 1)
@@ -99,13 +110,12 @@ def _check_numpy_step_matches_autograd(spec: EnvSpec, **kw) -> None:
     with torch.no_grad():
         values = ref.policy.value(torch.from_numpy(rollout.obs.reshape(64, -1))).numpy().reshape(16, 4)
     values = values + np.random.default_rng(3).normal(0, 0.3, values.shape).astype(np.float32)  # clip some
-    torch.manual_seed(5)
-    np_batches = fast._minibatches(fast._normalised_obs(rollout.obs), rollout, adv, ret, values)
-    torch.manual_seed(5)
-    t_batches = ref._minibatches(torch.from_numpy(rollout.obs.reshape(64, -1)), rollout, adv, ret, values)
+    np_batches, t_batches = _minibatches(fast, rollout, adv, ret, values), _minibatches(ref, rollout, adv, ret, values)
     for k in range(4):  # a few steps: Adam moments and a moved policy (ratios != 1, clipping active)
-        s_np = fast._numpy_step_and_update(*(b[k] for b in np_batches))
-        s_t = ref._minibatch_step(*(b[k] for b in t_batches)).numpy()
+        np_mb, t_mb = np_batches[k], t_batches[k]
+        np.testing.assert_array_equal(np_mb.adv, t_mb.adv.numpy())  # the same minibatch on both backends
+        s_np = fast.update.step(np_mb)
+        s_t = ref.update.step(t_mb).numpy()
         np.testing.assert_allclose(s_np, s_t, rtol=1e-4, atol=1e-6)
         for p_np, p_t in zip(fast.params, ref.params, strict=True):
             np.testing.assert_allclose(p_np.grad.numpy(), p_t.grad.numpy(), rtol=1e-3, atol=1e-7)
@@ -127,6 +137,34 @@ def test_numpy_step_matches_autograd(spec, activation, depth):
 @pytest.mark.parametrize("spec", [DISCRETE, BOX], ids=["discrete", "box"])
 def test_numpy_step_matches_autograd_loss_options(spec, clip_vloss, norm_obs):
     _check_numpy_step_matches_autograd(spec, clip_vloss=clip_vloss, norm_obs=norm_obs)
+
+
+@pytest.mark.parametrize("numpy_update", [True, False], ids=["numpy", "torch"])
+def test_a_step_makes_actions_with_positive_advantage_likelier(numpy_update):
+    """The surrogate takes the advantage as the paper writes it: one step on a minibatch whose ratios are 1
+    (old log-probs from the current weights) raises log pi(a|s) where A > 0 and lowers it where A < 0, and
+    reports the policy loss -mean(r A) = -mean(A) (no clipping and no KL at r = 1)."""
+    from rltrain.algos.minibatches import Minibatch
+
+    algo = make(DISCRETE, numpy_update=numpy_update, ent_coef=0.0, max_grad_norm=100.0, lr=1e-2)
+    rng = np.random.default_rng(0)
+    obs = np.repeat(rng.standard_normal((1, 4)).astype(np.float32), 16, 0)  # one state, each action 8 times
+    actions = np.array([0, 1] * 8)
+    adv = np.where(actions == 0, 2.0, -1.0).astype(np.float32)
+    with torch.no_grad():
+        logp = algo.policy.evaluate(torch.from_numpy(obs), torch.from_numpy(actions))[0].numpy()
+    values, zeros = np.zeros(16, np.float32), np.zeros(16, np.float32)
+    arrays = [actions, logp, adv, zeros, values]
+    if numpy_update:
+        mb = Minibatch(algo.update.rows(obs[None]), *arrays)
+    else:
+        mb = Minibatch(torch.from_numpy(obs), *(torch.from_numpy(a) for a in arrays))
+    stats = np.asarray(algo.update.step(mb))
+    assert stats[0] == pytest.approx(-adv.mean(), abs=1e-5) and stats[3] == pytest.approx(0, abs=1e-6)
+    assert stats[4] == 0.0
+    with torch.no_grad():
+        after = algo.policy.evaluate(torch.from_numpy(obs), torch.from_numpy(actions))[0].numpy()
+    assert (after[actions == 0] > logp[actions == 0]).all() and (after[actions == 1] < logp[actions == 1]).all()
 
 
 @pytest.mark.parametrize("activation", ["tanh", "relu", "elu", "silu"])
@@ -217,8 +255,8 @@ def test_values_reuse_obs_and_match_a_full_forward(numpy_update):
 
     spec = env_spec(make_env("CartPole-v1"), "CartPole-v1")
     torch.manual_seed(0)
-    algo = PPO(spec, num_envs=4, device=CPU, rollout_len=64, num_minibatches=4, hidden_sizes=(16, 16),
-               norm_obs=True, numpy_update=numpy_update)
+    algo = PPO(spec, PPOSettings(rollout_len=64, num_minibatches=4, hidden_sizes=(16, 16), norm_obs=True,
+                                 numpy_update=numpy_update), num_envs=4, device=CPU)
     algo.policy.obs_norm.update_from_moments(algo.policy.obs_norm.moments(
         np.random.default_rng(0).normal(0, 0.5, (50, 4)), 1))
     venv = make_vector_env("CartPole-v1", 4, [1, 2, 3, 4], max_episode_steps=20)  # truncations every 20 steps
@@ -231,7 +269,7 @@ def test_values_reuse_obs_and_match_a_full_forward(numpy_update):
             both = np.concatenate([rollout.obs, rollout.next_obs]).reshape(2 * T * N, 4)
             full = algo.policy.value(torch.from_numpy(both))
         full = full.numpy().reshape(2, T, N)
-        values, next_values = algo._values(rollout)
+        values, next_values = algo._values(rollout, None)
         np.testing.assert_allclose(values, full[0], rtol=1e-5, atol=1e-6)
         np.testing.assert_allclose(next_values, np.where(rollout.terminated, 0.0, full[1]), rtol=1e-5, atol=1e-6)
 
@@ -254,11 +292,11 @@ def test_target_kl_decision_is_taken_on_the_workers_mean():
     for kl, epochs in ((1.0, 1), (0.0, 3)):
         torch.manual_seed(0)
         sync = FixedKL(kl)
-        algo = PPO(DISCRETE, num_envs=4, device=CPU, rollout_len=16, num_minibatches=2, update_epochs=3,
-                   hidden_sizes=(16, 16), target_kl=0.01, sync=sync)
+        algo = PPO(DISCRETE, PPOSettings(rollout_len=16, num_minibatches=2, update_epochs=3, hidden_sizes=(16, 16),
+                                         target_kl=0.01), num_envs=4, device=CPU, sync=sync)
         steps = []
-        inner = algo._numpy_step_and_update
-        algo._numpy_step_and_update = lambda *b, inner=inner, steps=steps: steps.append(1) or inner(*b)
+        inner = algo.update.step
+        algo.update.step = lambda mb, inner=inner, steps=steps: steps.append(1) or inner(mb)
         algo.learn(synthetic_rollout(DISCRETE), progress=0.0)
         assert len(steps) == 2 * epochs and sync.asked == epochs
 
@@ -379,7 +417,7 @@ def test_rollout_values_from_acting_are_the_learners(shared):
     kwargs = {"shape": (12, 12, 2)}
     spec = env_spec(make_env(env_id, kwargs=kwargs), env_id)
     torch.manual_seed(0)
-    algo = PPO(spec, num_envs=3, device=CPU, rollout_len=20, num_minibatches=2, hidden_sizes=(8,),
+    algo = PPO(spec, PPOSettings(rollout_len=20, num_minibatches=2, hidden_sizes=(8,)), num_envs=3, device=CPU,
                model=ModelSettings(encoder="minatar", cnn_features=16, shared=shared))
     venv = make_vector_env(env_id, 3, [1, 2, 3], kwargs=kwargs)  # 8-step episodes: truncations inside
     rollout = RolloutCollector(venv, algo.policy, spec, device=CPU, record_values=True).collect(20)
@@ -394,7 +432,7 @@ def test_rollout_values_from_acting_are_the_learners(shared):
     with torch.no_grad():
         full = algo.policy.value(torch.from_numpy(np.concatenate([rollout.obs, rollout.next_obs]).reshape(
             2 * T * N, *spec.obs_shape))).numpy().reshape(2, T, N)
-    values, next_values = algo._values(rollout)
+    values, next_values = algo._values(rollout, None)
     assert values is rollout.values
     np.testing.assert_allclose(values, full[0], rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(next_values, np.where(rollout.terminated, 0.0, full[1]), rtol=1e-5, atol=1e-6)
@@ -405,22 +443,24 @@ def test_pixel_minibatches_are_gathered_on_demand_and_channels_last():
     gathers each minibatch only when a step asks for it (not all epochs' pixels up front): minibatch k holds
     the rollout rows of the seeded permutation, in order, still uint8 and channels-last, so the encoder's
     layout step is a no-op."""
-    from rltrain.algos.ppo import MinibatchRows
-    from rltrain.models.encoders import batch_layout
+    from rltrain.algos.minibatches import MinibatchRows
 
     T, N, E, M = 8, 4, 3, 2
     rng = np.random.default_rng(0)
     obs = rng.integers(0, 256, (T, N, 4, 12, 12), dtype=np.uint8)
     algo = PPO(EnvSpec("Synthetic-pixels", (4, 12, 12), "discrete", (), n_actions=3, obs_dtype="uint8"),
-               num_envs=N, device=CPU, rollout_len=T, num_minibatches=M, update_epochs=E, numpy_update=False)
+               PPOSettings(rollout_len=T, num_minibatches=M, update_epochs=E, numpy_update=False), num_envs=N,
+               device=CPU)
     rollout = Rollout(obs=obs, actions=rng.integers(0, 3, (T, N)), log_probs=np.zeros((T, N), np.float32),
                       rewards=np.zeros((T, N), np.float32), terminated=np.zeros((T, N), bool),
                       truncated=np.zeros((T, N), bool), next_obs=obs, policy_version=np.zeros(T, np.int64))
-    flat = batch_layout(torch.from_numpy(obs.reshape(T * N, 4, 12, 12)))
+    flat = algo.update.rows(rollout.obs)  # what learn() gathers the torch backend's minibatches from
+    assert flat.shape == (T * N, 4, 12, 12) and flat.dtype == torch.uint8
     assert flat.is_contiguous(memory_format=torch.channels_last)
     zeros = np.zeros((T, N), np.float32)
     torch.manual_seed(3)
-    batches = algo._minibatches(flat, rollout, zeros, zeros, zeros)
+    batches = RowMinibatches(flat, rollout, zeros, zeros, zeros, epochs=E, minibatches=M, norm_adv=True,
+                             device=algo.update.device).columns
     torch.manual_seed(3)
     order = torch.argsort(torch.rand(E, T * N), dim=1).reshape(E * M, -1).numpy()
     assert isinstance(batches[0], MinibatchRows) and len(batches[0]) == E * M

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 
-from rltrain.algos.ppo import PPO
+from rltrain.algos.ppo import PPO, PPOSettings
 from rltrain.cli.build import run
 from rltrain.envs.make import env_spec, make_env
 from rltrain.envs.vector import VecEnv
@@ -52,8 +52,8 @@ def _recurrent_ppo(core: str = "lstm", *, num_envs: int = 4, num_minibatches: in
                    **kw) -> PPO:
     torch.manual_seed(0)
     spec = env_spec(Counting(TERM_LEN), "counting")
-    return PPO(spec, num_envs=num_envs, device=CPU, rollout_len=12, num_minibatches=num_minibatches,
-               hidden_sizes=(8,), model=ModelSettings(core=core, core_size=6, shared=shared), **kw)
+    return PPO(spec, PPOSettings(rollout_len=12, num_minibatches=num_minibatches, hidden_sizes=(8,), **kw),
+               num_envs=num_envs, device=CPU, model=ModelSettings(core=core, core_size=6, shared=shared))
 
 
 def _recording(policy, given: list | None = None) -> list:
@@ -283,7 +283,8 @@ def test_single_step_learners_recompute_the_sequence_from_the_stored_state(algo)
     cls = {"a2c": A2C, "impala": IMPALA}[algo]
     venv = VecEnv([functools.partial(make_env, "CartPole-v1") for _ in range(3)], [0, 1, 2])
     spec = env_spec(make_env("CartPole-v1"), "CartPole-v1")
-    learner = cls(spec, num_envs=3, device=CPU, model=ModelSettings(core="lstm", core_size=8), rollout_len=12)
+    learner = cls(spec, cls.settings_class(rollout_len=12), num_envs=3, device=CPU,
+                  model=ModelSettings(core="lstm", core_size=8))
     collector = RolloutCollector(venv, learner.policy, spec, device=CPU)
     collector.collect(7)  # a rollout that does not start from the zero state
     ro = collector.collect(12)

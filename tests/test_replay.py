@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 import torch
 
-from rltrain.algos.dqn import DQN
+from rltrain.algos.dqn import DQN, DQNSettings
 from rltrain.data.memory import row_bytes
 from rltrain.data.replay import ReplayBuffer
 from rltrain.data.structs import EnvSpec, Rollout
@@ -234,7 +234,7 @@ def test_memory_preflight_refuses_with_the_arithmetic():
     # names no obs dtype
     with pytest.raises(ConfigError, match=r"^algo.buffer_size=1000000000000 needs .*\(28224 B obs \+ 8 B action \+ "
                                           r"4 B reward \+ 2 B flags \+ 24 B links\).*; lower algo.buffer_size$"):
-        DQN(spec, num_envs=1, device=CPU, buffer_size=10**12, frame_stack=4)
+        DQN(spec, DQNSettings(buffer_size=10**12, frame_stack=4), num_envs=1, device=CPU)
 
 
 def _roundtrip(state: dict) -> dict:
@@ -291,8 +291,8 @@ def test_dqn_learns_from_stacked_uint8_frames():
     streams = Streams(2, dtype="uint8", stack=3, seed=4)
     spec = EnvSpec("Tiny", (3, *FRAME), "discrete", (), n_actions=3)
     torch.manual_seed(0)
-    dqn = DQN(spec, num_envs=2, device=CPU, frame_stack=3, learning_starts=0, batch_size=8, train_frequency=1,
-              buffer_size=64, hidden_sizes=[16], checkpoint_buffer=True)
+    dqn = DQN(spec, DQNSettings(frame_stack=3, learning_starts=0, batch_size=8, train_frequency=1, buffer_size=64,
+                                hidden_sizes=[16], checkpoint_buffer=True), num_envs=2, device=CPU)
     assert dqn.buffer.obs.shape == (64, *FRAME)
     before = [p.detach().clone() for p in dqn.policy.parameters()]
     metrics = {}
@@ -302,7 +302,7 @@ def test_dqn_learns_from_stacked_uint8_frames():
     assert any(not torch.equal(p, q) for p, q in zip(before, dqn.policy.parameters(), strict=True))
     assert _roundtrip(dqn.state_dict())["replay_buffer"]["frame_stack"] == 3
     with pytest.raises(ConfigError, match=r"^algo.frame_stack=4: observations of shape \(3, 3, 4\) are not"):
-        DQN(spec, num_envs=2, device=CPU, frame_stack=4)
+        DQN(spec, DQNSettings(frame_stack=4), num_envs=2, device=CPU)
 
 
 @pytest.mark.parametrize(("dtype", "stack"), [("uint8", None), ("uint8", 3)])

@@ -1,8 +1,10 @@
 """Algorithm and Policy interfaces, and the synchronisation hook that distributed training plugs in.
 
 An ``Algorithm`` owns its networks, optimisers and (off-policy) its replay buffer, and knows nothing of
-processes: trainers move rollouts to it and weights out of it. Hyper-parameters are keyword-only and
-typed: the constructor signature is the config schema (``cli/build.py`` checks keys and types against it).
+processes: trainers move rollouts to it and weights out of it. Its hyper-parameters are one frozen, typed,
+keyword-only settings dataclass (``settings_class``, defined beside the algorithm: ``PPOSettings`` in ppo.py),
+which validates its values; its fields are the ``algo`` group's schema (``cli/build.py`` checks keys and types
+against them and builds the settings in ``algo_settings``).
 """
 
 from __future__ import annotations
@@ -52,9 +54,11 @@ class Sync:
 
 
 class Algorithm(ABC):
-    """Base of every algorithm. Subclasses define ``__init__(self, spec, *, num_envs, device, sync, **hparams)``."""
+    """Base of every algorithm. Subclasses define ``__init__(self, spec, settings, *, num_envs, device, sync,
+    model)``: ``settings`` an instance of their ``settings_class``, ``model`` the model group's settings."""
 
     name: ClassVar[str]
+    settings_class: ClassVar[type]  # the frozen dataclass of its hyper-parameters (the ``algo`` group's schema)
     on_policy: ClassVar[bool] = True
     action_kinds: ClassVar[tuple[str, ...]] = ("discrete", "box", "multi_discrete", "multi_binary")
     suggested_env: ClassVar[dict[str, str]] = {"discrete": "cartpole", "box": "pendulum"}
@@ -113,6 +117,18 @@ def refuse_recurrent(where: str, core: str) -> None:
     if core != "identity":
         raise ConfigError(f"model.core={core}: {where} does not support a recurrent core (replay of sequences "
                           "is not implemented: use algo=ppo, a2c or impala); set model.core=identity")
+
+
+def set_lr(optimizer, lr: float, *, anneal: bool, progress: float) -> float:
+    """The learning rate for this update, set on every param group (or a ``FlatAdam``'s ``lr``): ``lr`` decayed
+    linearly to 0 over the budget with ``anneal`` (``progress`` in [0, 1]), else constant. Returns it."""
+    lr = lr * max(1.0 - progress, 0.0) if anneal else lr
+    if hasattr(optimizer, "param_groups"):
+        for group in optimizer.param_groups:
+            group["lr"] = lr
+    else:
+        optimizer.lr = lr
+    return lr
 
 
 def make_adam(params, lr: float, eps: float = 1e-5) -> torch.optim.Adam:

@@ -10,7 +10,7 @@ means the same whatever ``env.num_envs`` is.
 from __future__ import annotations
 
 import copy
-from collections.abc import Sequence
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -25,75 +25,75 @@ from rltrain.errors import ConfigError
 from rltrain.models.factory import ModelSettings, build
 
 
+@dataclass(frozen=True, kw_only=True)
+class DQNSettings:
+    """DQN's hyper-parameters (``algo=dqn``; conf/algo/dqn.yaml: SB3's DQN unless said). Step counts are env
+    steps over all envs and workers."""
+
+    rollout_len: int = 1  # steps per env between two learn() calls
+    lr: float = 1e-4  # Adam learning rate (SB3)
+    buffer_size: int = 1_000_000  # SB3; replay capacity in observations (one per transition + one per episode end)
+    batch_size: int = 32  # SB3, Mnih et al. 2015
+    gamma: float = 0.99
+    tau: float = 1.0  # target update rate: 1.0 = hard copy, < 1 = Polyak averaging
+    target_network_frequency: int = 10_000  # env steps between target updates (SB3)
+    start_e: float = 1.0  # epsilon at the start ...
+    end_e: float = 0.05  # ... and after exploration_fraction of the budget
+    exploration_fraction: float = 0.1  # SB3
+    learning_starts: int = 100  # SB3; env steps of uniform-random acting before the first update
+    train_frequency: int = 4  # SB3, Mnih et al. 2015; env steps between two rounds of updates
+    gradient_steps: int = 1  # gradient steps per round
+    double_dqn: bool = False  # select the next action with the online net, value it with the target
+    max_grad_norm: float | None = 10.0  # clip the global gradient norm (None: no clipping; SB3: 10)
+    loss: str = "huber"  # TD loss: mse (CleanRL) | huber (smooth L1: Mnih et al. 2015's error clipping, SB3)
+    hidden_sizes: tuple[int, ...] = (64, 64)  # SB3 MlpPolicy
+    activation: str = "relu"
+    checkpoint_buffer: bool = False  # put the replay buffer into state_dict (checkpoint.replay_buffer)
+    frame_stack: int | None = None  # K: observations are K-frame stacks, stored once per frame; None: the
+    #                                 env's (EnvSpec.frame_stack, from its FrameStackObservation); 0: off
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "hidden_sizes", tuple(self.hidden_sizes))
+        for key in ("rollout_len", "lr", "batch_size", "tau", "target_network_frequency", "train_frequency",
+                    "gradient_steps", "exploration_fraction", "buffer_size"):
+            positive(f"algo.{key}", getattr(self, key))
+        positive("algo.learning_starts", self.learning_starts, allow_zero=True)
+        if not 0 <= self.end_e <= 1 or not 0 <= self.start_e <= 1 or self.tau > 1:
+            raise ConfigError(f"algo.start_e={self.start_e}, algo.end_e={self.end_e} must lie in [0, 1] and "
+                              f"algo.tau={self.tau} in (0, 1]")
+        if self.frame_stack is not None and self.frame_stack < 0:
+            raise ConfigError(f"algo.frame_stack={self.frame_stack}: K >= 2, 0 (whole stacks stored) or null "
+                              "(inferred)")
+        if self.loss not in ("mse", "huber"):
+            raise ConfigError(f"algo.loss={self.loss!r}: choose mse or huber")
+
+
 class DQN(Algorithm):
     name = "dqn"
     on_policy = False
     action_kinds = ("discrete",)
+    settings_class = DQNSettings
 
-    def __init__(
-        self,
-        spec: EnvSpec,
-        *,
-        num_envs: int,
-        device: torch.device,
-        sync: Sync | None = None,
-        model: ModelSettings | None = None,  # the model group: encoder by observation space (cli/build.py)
-        rollout_len: int = 1,  # steps per env between two learn() calls
-        lr: float = 1e-4,  # Adam learning rate (SB3)
-        buffer_size: int = 1_000_000,  # SB3; replay capacity in observations (one per transition + one per episode end)
-        batch_size: int = 32,  # SB3, Mnih et al. 2015
-        gamma: float = 0.99,
-        tau: float = 1.0,  # target update rate: 1.0 = hard copy, < 1 = Polyak averaging
-        target_network_frequency: int = 10_000,  # env steps between target updates (SB3)
-        start_e: float = 1.0,  # epsilon at the start ...
-        end_e: float = 0.05,  # ... and after exploration_fraction of the budget
-        exploration_fraction: float = 0.1,  # SB3
-        learning_starts: int = 100,  # SB3; env steps of uniform-random acting before the first update
-        train_frequency: int = 4,  # SB3, Mnih et al. 2015; env steps between two rounds of updates
-        gradient_steps: int = 1,  # gradient steps per round
-        double_dqn: bool = False,  # select the next action with the online net, value it with the target
-        max_grad_norm: float | None = 10.0,  # clip the global gradient norm (None: no clipping; SB3: 10)
-        loss: str = "huber",  # TD loss: mse (CleanRL) | huber (smooth L1: Mnih et al. 2015's error clipping, SB3)
-        hidden_sizes: Sequence[int] = (64, 64),  # SB3 MlpPolicy
-        activation: str = "relu",
-        checkpoint_buffer: bool = False,  # put the replay buffer into state_dict (checkpoint.replay_buffer)
-        frame_stack: int | None = None,  # K: observations are K-frame stacks, stored once per frame; None: the
-        #                                   env's (EnvSpec.frame_stack, from its FrameStackObservation); 0: off
-    ):
+    def __init__(self, spec: EnvSpec, settings: DQNSettings = DQNSettings(), *, num_envs: int,
+                 device: torch.device, sync: Sync | None = None, model: ModelSettings | None = None):
+        """``model``: the model group (encoder by observation space, cli/build.py); None: its defaults."""
         super().__init__(spec, num_envs=num_envs, device=device, sync=sync)
-        refuse_recurrent("algo=dqn (off-policy)", (model or ModelSettings()).core)
-        for key, value in [("algo.rollout_len", rollout_len), ("algo.lr", lr), ("algo.batch_size", batch_size),
-                           ("algo.tau", tau), ("algo.target_network_frequency", target_network_frequency),
-                           ("algo.train_frequency", train_frequency), ("algo.gradient_steps", gradient_steps),
-                           ("algo.exploration_fraction", exploration_fraction)]:
-            positive(key, value)
-        positive("algo.buffer_size", buffer_size)
-        positive("algo.learning_starts", learning_starts, allow_zero=True)
-        if not 0 <= end_e <= 1 or not 0 <= start_e <= 1 or tau > 1:
-            raise ConfigError(f"algo.start_e={start_e}, algo.end_e={end_e} must lie in [0, 1] and "
-                              f"algo.tau={tau} in (0, 1]")
-        self.rollout_len = rollout_len
-        if frame_stack is not None and frame_stack < 0:
-            raise ConfigError(f"algo.frame_stack={frame_stack}: K >= 2, 0 (whole stacks stored) or null (inferred)")
-        self.frame_stack = getattr(spec, "frame_stack", None) if frame_stack is None else (frame_stack or None)
-        self.lr, self.batch_size, self.gamma, self.tau = lr, batch_size, gamma, tau
-        self.target_network_frequency, self.train_frequency = target_network_frequency, train_frequency
-        self.start_e, self.end_e, self.exploration_fraction = start_e, end_e, exploration_fraction
-        self.learning_starts, self.gradient_steps = learning_starts, gradient_steps
-        self.double_dqn, self.max_grad_norm, self.checkpoint_buffer = double_dqn, max_grad_norm, checkpoint_buffer
-        if loss not in ("mse", "huber"):
-            raise ConfigError(f"algo.loss={loss!r}: choose mse or huber")
-        self.loss = loss
+        model = model or ModelSettings()
+        refuse_recurrent("algo=dqn (off-policy)", model.core)
+        s = self.settings = settings
+        self.rollout_len = s.rollout_len
+        self.learning_starts = s.learning_starts  # read by the loop (uniform-random warm-up)
+        self.frame_stack = getattr(spec, "frame_stack", None) if s.frame_stack is None else (s.frame_stack or None)
 
         # Q(s, .) from the model family: encoder by observation space + one output per action
-        self.policy = build(spec, (model or ModelSettings()).with_mlp(hidden_sizes, activation), "q").to(device)
+        self.policy = build(spec, model.with_mlp(s.hidden_sizes, s.activation), "q").to(device)
         self.target = copy.deepcopy(self.policy).requires_grad_(False)
         self.params = list(self.policy.parameters())
-        self.optimizer = make_adam(self.params, lr, eps=1e-8)
+        self.optimizer = make_adam(self.params, s.lr, eps=1e-8)
         # observations keep their dtype in the buffer (EnvSpec.obs_dtype where the spec has one; float32 is
         # what the collector writes otherwise); frame stacks are stored one frame per step
-        self.buffer = ReplayBuffer(buffer_size, spec.obs_shape, spec.action_shape, spec.action_dtype, device=device,
-                                   obs_dtype=getattr(spec, "obs_dtype", np.dtype(np.float32)),
+        self.buffer = ReplayBuffer(s.buffer_size, spec.obs_shape, spec.action_shape, spec.action_dtype,
+                                   device=device, obs_dtype=getattr(spec, "obs_dtype", np.dtype(np.float32)),
                                    frame_stack=self.frame_stack, obs_space=spec.observation)
         # counters in env steps over all workers; checkpointed so resume keeps the schedules
         self.env_steps = 0
@@ -105,19 +105,20 @@ class DQN(Algorithm):
     def learn(self, rollout: Rollout, *, progress: float) -> Metrics:
         """Stores the rollout, advances the schedules and runs the updates now due (none on most env steps:
         then this returns at once, and the rollout waits to be written with the next ones)."""
+        s = self.settings
         steps = rollout.num_steps * self.sync.world_size
         self.env_steps += steps
         # linear epsilon schedule over the first exploration_fraction of the budget (CleanRL)
-        frac = min(progress / self.exploration_fraction, 1.0)
-        self.policy.epsilon.fill_(self.start_e + frac * (self.end_e - self.start_e))
+        frac = min(progress / s.exploration_fraction, 1.0)
+        self.policy.epsilon.fill_(s.start_e + frac * (s.end_e - s.start_e))
         metrics: Metrics = {"train/epsilon": float(self.policy.epsilon)}
         self.unwritten.add(rollout)
         if self.env_steps < self.learning_starts:
             return metrics
-        owed = steps / self.train_frequency
+        owed = steps / s.train_frequency
         due = int(self.pending_updates + owed) >= 1 or \
-            self.env_steps - self.last_target_sync >= self.target_network_frequency
-        if due or self.buffer.ready < self.batch_size:
+            self.env_steps - self.last_target_sync >= s.target_network_frequency
+        if due or self.buffer.ready < s.batch_size:
             self.unwritten.write()  # the buffer now holds every transition so far, as if written one by one
             return {**metrics, **self._learn(steps)}
         # nothing due and the buffer holds a batch already (more once the unwritten steps are in): what
@@ -130,51 +131,53 @@ class DQN(Algorithm):
 
     def _learn(self, steps: int) -> Metrics:
         """The buffer holds every rollout so far: owe ``steps`` env steps' worth of updates and run them."""
+        s = self.settings
         metrics: Metrics = {}
-        if self.env_steps < self.learning_starts or self.buffer.ready < self.batch_size:
+        if self.env_steps < self.learning_starts or self.buffer.ready < s.batch_size:
             return metrics
-        self.pending_updates += steps / self.train_frequency
+        self.pending_updates += steps / s.train_frequency
         rounds = int(self.pending_updates)
         self.pending_updates -= rounds
         stats: list[Tensor] = []
-        for _ in range(rounds * self.gradient_steps):
+        for _ in range(rounds * s.gradient_steps):
             stats.append(self._update())
 
         # target network: hard copy (tau = 1) or Polyak average, every target_network_frequency env steps
-        if self.env_steps - self.last_target_sync >= self.target_network_frequency:
+        if self.env_steps - self.last_target_sync >= s.target_network_frequency:
             self.last_target_sync = self.env_steps
             self.weight_writes += 1
             with torch.no_grad():
                 for p_t, p in zip(self.target.parameters(), self.policy.parameters(), strict=True):
-                    p_t.copy_(p) if self.tau == 1.0 else p_t.lerp_(p, self.tau)
+                    p_t.copy_(p) if s.tau == 1.0 else p_t.lerp_(p, s.tau)
         if stats:
-            s = self.sync.mean(torch.stack(stats).mean(0).cpu().numpy())
-            metrics.update({"loss/q": float(s[0]), "train/q_mean": float(s[1]), "train/updates_per_learn":
+            m = self.sync.mean(torch.stack(stats).mean(0).cpu().numpy())
+            metrics.update({"loss/q": float(m[0]), "train/q_mean": float(m[1]), "train/updates_per_learn":
                             float(len(stats))})
         return metrics
 
     def _update(self) -> Tensor:
         """One TD step on a uniform minibatch; returns detached [td_loss, mean Q(s, a)]."""
-        b = self.buffer.sample(self.batch_size)
+        s = self.settings
+        b = self.buffer.sample(s.batch_size)
         # the buffer hands observations out in their stored dtype (a dict of them for Dict spaces); the
         # Q-network converts them (the MLP casts to float, an encoder also scales uint8 pixels)
         obs, next_obs = b.obs, b.next_obs
         with torch.no_grad():
             next_q_target = self.target(next_obs)
-            if self.double_dqn:
+            if s.double_dqn:
                 # Double DQN: the online net picks a', the target net values it (reduces overestimation)
                 next_a = self.policy(next_obs).argmax(-1, keepdim=True)
                 next_q = next_q_target.gather(-1, next_a).squeeze(-1)
             else:
                 next_q = next_q_target.max(-1).values
-            td_target = b.rewards + self.gamma * next_q * (1.0 - b.terminated)
+            td_target = b.rewards + s.gamma * next_q * (1.0 - b.terminated)
         q = self.policy(obs).gather(-1, b.actions.long().unsqueeze(-1)).squeeze(-1)
-        loss = F.mse_loss(q, td_target) if self.loss == "mse" else F.smooth_l1_loss(q, td_target)
+        loss = F.mse_loss(q, td_target) if s.loss == "mse" else F.smooth_l1_loss(q, td_target)
         self.optimizer.zero_grad(set_to_none=True)
         loss.backward()
         self.sync.grads(self.params)
-        if self.max_grad_norm is not None:
-            clip_grad_norm(self.params, self.max_grad_norm)
+        if s.max_grad_norm is not None:
+            clip_grad_norm(self.params, s.max_grad_norm)
         self.optimizer.step()
         self.weight_writes += 1
         return torch.stack([loss.detach(), q.detach().mean()])
@@ -185,7 +188,7 @@ class DQN(Algorithm):
                  "optimizer": self.optimizer.state_dict(),
                  "counters": {"env_steps": self.env_steps, "pending_updates": self.pending_updates,
                               "last_target_sync": self.last_target_sync}}
-        if self.checkpoint_buffer:
+        if self.settings.checkpoint_buffer:
             state["replay_buffer"] = self.buffer.state_dict()
         return state
 

@@ -15,14 +15,14 @@ The network comes from the model family (``models.factory.build(..., "actor_crit
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from dataclasses import dataclass
 
 import numpy as np
 import torch
 from torch import nn
 
-from rltrain.algos.a2c import make_optimizer
-from rltrain.algos.base import ActorCriticState, Algorithm, RewardScaler, Sync, positive
+from rltrain.algos.a2c import check_optimizer, make_optimizer
+from rltrain.algos.base import ActorCriticState, Algorithm, RewardScaler, Sync, positive, set_lr
 from rltrain.algos.sequences import evaluate_rollout
 from rltrain.data.returns import vtrace
 from rltrain.data.structs import EnvSpec, Metrics, Rollout
@@ -31,96 +31,100 @@ from rltrain.models.factory import ModelSettings, build
 from rltrain.models.layers import RunningNorm
 
 
+@dataclass(frozen=True, kw_only=True)
+class IMPALASettings:
+    """IMPALA's hyper-parameters (``algo=impala``; conf/algo/impala.yaml: Espeholt et al. 2018 and torchbeast)."""
+
+    rollout_len: int = 20  # unroll length per env
+    lr: float = 6e-4
+    optimizer: str = "rmsprop"  # rmsprop (paper) | adam
+    optimizer_eps: float = 0.01  # paper, torchbeast
+    anneal_lr: bool = True  # linear decay to 0 over total_env_steps (paper)
+    gamma: float = 0.99
+    rho_bar: float = 1.0  # clip of the importance weights in the value targets
+    c_bar: float = 1.0  # clip of the trace-cutting coefficients
+    pg_rho_bar: float = 1.0  # clip of the importance weights in the policy gradient
+    ent_coef: float = 0.01  # the paper's entropy cost
+    vf_coef: float = 0.5  # "baseline cost"
+    max_grad_norm: float = 40.0  # the paper's (torchbeast's) clip
+    norm_adv: bool = False  # normalise the V-trace policy-gradient advantages over the batch
+    hidden_sizes: tuple[int, ...] = (64, 64)
+    activation: str = "tanh"
+    norm_obs: bool = False
+    norm_reward: bool = False
+    init_log_std: float = 0.0
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "hidden_sizes", tuple(self.hidden_sizes))
+        for key in ("rollout_len", "lr", "max_grad_norm", "rho_bar", "c_bar", "pg_rho_bar", "optimizer_eps"):
+            positive(f"algo.{key}", getattr(self, key))
+        if not 0 <= self.gamma <= 1:
+            raise ConfigError(f"algo.gamma={self.gamma} must lie in [0, 1]")
+        if self.c_bar > self.rho_bar:
+            # the paper assumes c_bar <= rho_bar (its fixed point analysis)
+            raise ConfigError(f"algo.c_bar={self.c_bar} must not exceed algo.rho_bar={self.rho_bar}")
+        check_optimizer(self.optimizer)
+
+
 class IMPALA(ActorCriticState, Algorithm):
     name = "impala"
     on_policy = True  # learns from (nearly) current-policy data; V-trace absorbs bounded lag
+    settings_class = IMPALASettings
 
-    def __init__(
-        self,
-        spec: EnvSpec,
-        *,
-        num_envs: int,
-        device: torch.device,
-        sync: Sync | None = None,
-        model: ModelSettings | None = None,  # the model group: encoder by observation space (cli/build.py)
-        rollout_len: int = 20,  # unroll length per env
-        lr: float = 6e-4,
-        optimizer: str = "rmsprop",  # rmsprop (paper) | adam
-        optimizer_eps: float = 0.01,  # paper, torchbeast
-        anneal_lr: bool = True,  # linear decay to 0 over total_env_steps (paper)
-        gamma: float = 0.99,
-        rho_bar: float = 1.0,  # clip of the importance weights in the value targets
-        c_bar: float = 1.0,  # clip of the trace-cutting coefficients
-        pg_rho_bar: float = 1.0,  # clip of the importance weights in the policy gradient
-        ent_coef: float = 0.01,  # the paper's entropy cost
-        vf_coef: float = 0.5,  # "baseline cost"
-        max_grad_norm: float = 40.0,  # the paper's (torchbeast's) clip
-        norm_adv: bool = False,  # normalise the V-trace policy-gradient advantages over the batch
-        hidden_sizes: Sequence[int] = (64, 64),
-        activation: str = "tanh",
-        norm_obs: bool = False,
-        norm_reward: bool = False,
-        init_log_std: float = 0.0,
-    ):
+    def __init__(self, spec: EnvSpec, settings: IMPALASettings = IMPALASettings(), *, num_envs: int,
+                 device: torch.device, sync: Sync | None = None, model: ModelSettings | None = None):
+        """``model``: the model group (encoder by observation space, cli/build.py); None: its defaults."""
         super().__init__(spec, num_envs=num_envs, device=device, sync=sync)
-        for key, value in [("algo.rollout_len", rollout_len), ("algo.lr", lr), ("algo.max_grad_norm", max_grad_norm),
-                           ("algo.rho_bar", rho_bar), ("algo.c_bar", c_bar), ("algo.pg_rho_bar", pg_rho_bar),
-                           ("algo.optimizer_eps", optimizer_eps)]:
-            positive(key, value)
-        if not 0 <= gamma <= 1:
-            raise ConfigError(f"algo.gamma={gamma} must lie in [0, 1]")
-        if c_bar > rho_bar:
-            # the paper assumes c_bar <= rho_bar (its fixed point analysis)
-            raise ConfigError(f"algo.c_bar={c_bar} must not exceed algo.rho_bar={rho_bar}")
-        self.rollout_len, self.lr, self.anneal_lr, self.gamma = rollout_len, lr, anneal_lr, gamma
-        self.rho_bar, self.c_bar, self.pg_rho_bar = rho_bar, c_bar, pg_rho_bar
-        self.ent_coef, self.vf_coef, self.max_grad_norm, self.norm_adv = ent_coef, vf_coef, max_grad_norm, norm_adv
-        self.policy = build(spec, (model or ModelSettings()).with_mlp(hidden_sizes, activation), "actor_critic",
-                            norm_obs=norm_obs, init_log_std=init_log_std).to(device)
-        self.recurrent = (model or ModelSettings()).core != "identity"  # model.core=lstm|gru: learn on sequences
+        s = self.settings = settings
+        self.rollout_len = s.rollout_len
+        model = model or ModelSettings()
+        self.policy = build(spec, model.with_mlp(s.hidden_sizes, s.activation), "actor_critic",
+                            norm_obs=s.norm_obs, init_log_std=s.init_log_std).to(device)
+        self.recurrent = model.core != "identity"  # model.core=lstm|gru: learn on sequences
         self.params = self.policy.param_list()  # the shared optimiser-state order
-        self.optimizer = make_optimizer(optimizer, self.params, lr, optimizer_eps)
-        self.reward_scaler = RewardScaler(gamma, num_envs) if norm_reward else None
+        self.optimizer = make_optimizer(s.optimizer, self.params, s.lr, s.optimizer_eps)
+        self.reward_scaler = RewardScaler(s.gamma, num_envs) if s.norm_reward else None
 
     def learn(self, rollout: Rollout, *, progress: float) -> Metrics:
+        s, dev, pol = self.settings, self.device, self.policy
         T, N = rollout.shape
-        dev, pol, shape = self.device, self.policy, self.spec.obs_shape
-        actions = torch.from_numpy(rollout.actions.reshape(T * N, *self.spec.action_shape)).to(dev)
+        # 1. Data in: rewards, the learner's log pi(a|x), entropy and V(x) (with grad), V(next_obs) (without),
+        #    and the log importance ratios log rho = log pi - log mu against the behaviour policy mu.
         rewards = self.reward_scaler(rollout, self.sync) if self.reward_scaler else rollout.rewards
-
-        # 1. The learner's log pi(a|x), entropy and V(x) (with grad), and V(next_obs) (without).
+        actions = torch.from_numpy(rollout.actions.reshape(T * N, *self.spec.action_shape)).to(dev)
         logp, entropy, value, values, next_values = evaluate_rollout(pol, rollout, actions, dev,
                                                                      recurrent=self.recurrent)
         log_rhos = logp.detach().cpu().numpy().reshape(T, N) - rollout.log_probs
 
-        # 2. V-trace targets v_s and policy-gradient advantages rho_pg (r + gamma v_{s+1} - V).
+        # 2. V-trace targets v_s and policy-gradient advantages rho_pg (r + gamma v_{s+1} - V) (paper, eq. 1).
         vs, pg_adv = vtrace(log_rhos, rewards, values, next_values, rollout.terminated, rollout.truncated,
-                            gamma=self.gamma, rho_bar=self.rho_bar, c_bar=self.c_bar, pg_rho_bar=self.pg_rho_bar)
+                            gamma=s.gamma, rho_bar=s.rho_bar, c_bar=s.c_bar, pg_rho_bar=s.pg_rho_bar)
         b_vs = torch.from_numpy(vs.reshape(-1)).to(dev)
         b_adv = torch.from_numpy(pg_adv.reshape(-1)).to(dev)
-        if self.norm_adv:
+        if s.norm_adv:
             b_adv = (b_adv - b_adv.mean()) / (b_adv.std() + 1e-8)
 
-        # 3. One gradient step.
+        # 3. The loss (section 4.2): -rho_pg A log pi + baseline cost * 0.5 (v_s - V)^2 - entropy cost * H.
         pg_loss = -(b_adv * logp).mean()
         v_loss = 0.5 * ((b_vs - value) ** 2).mean()
         ent = entropy.mean()
-        loss = pg_loss + self.vf_coef * v_loss - self.ent_coef * ent
-        lr = self.lr * max(1.0 - progress, 0.0) if self.anneal_lr else self.lr
-        for group in self.optimizer.param_groups:
-            group["lr"] = lr
+        loss = pg_loss + s.vf_coef * v_loss - s.ent_coef * ent
+
+        # 4. One optimiser step (learning rate linearly annealed, as the paper).
+        lr = set_lr(self.optimizer, s.lr, anneal=s.anneal_lr, progress=progress)
         self.optimizer.zero_grad(set_to_none=True)
         loss.backward()
         self.sync.grads(self.params)
-        nn.utils.clip_grad_norm_(self.params, self.max_grad_norm, foreach=True)
+        nn.utils.clip_grad_norm_(self.params, s.max_grad_norm, foreach=True)
         self.optimizer.step()
 
+        # 5. Metrics out; observation statistics move after the update.
         if pol.obs_norm.enabled:
-            pol.obs_norm.update_from_moments(self.sync.sum(RunningNorm.moments(rollout.obs, len(shape))))
+            pol.obs_norm.update_from_moments(self.sync.sum(RunningNorm.moments(rollout.obs, len(self.spec.obs_shape))))
         rhos = np.exp(log_rhos)
         lag = rollout.policy_version.max() - rollout.policy_version.min()
-        s = self.sync.mean(np.array([pg_loss.item(), v_loss.item(), ent.item(), rhos.mean(),
-                                     float(np.mean(log_rhos > np.log(self.rho_bar) + 1e-6)), float(lag)]))
-        return {"loss/policy": float(s[0]), "loss/value": float(s[1]), "loss/entropy": float(s[2]),
-                "train/rho_mean": float(s[3]), "train/rho_clip_frac": float(s[4]),
-                "train/policy_version_spread": float(s[5]), "train/lr": lr}
+        m = self.sync.mean(np.array([pg_loss.item(), v_loss.item(), ent.item(), rhos.mean(),
+                                     float(np.mean(log_rhos > np.log(s.rho_bar) + 1e-6)), float(lag)]))
+        return {"loss/policy": float(m[0]), "loss/value": float(m[1]), "loss/entropy": float(m[2]),
+                "train/rho_mean": float(m[3]), "train/rho_clip_frac": float(m[4]),
+                "train/policy_version_spread": float(m[5]), "train/lr": lr}

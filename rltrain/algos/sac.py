@@ -6,14 +6,16 @@ correction), and automatic entropy tuning towards ``target_entropy = -dim(A)``. 
 DQN's: ``gradient_steps`` updates every ``train_frequency`` env steps after ``learning_starts`` steps of
 uniform-random warm-up (all counts in env steps over all envs and workers).
 
-Any observation the model family encodes (``models.factory.build``: ``squashed_actor``, ``continuous_q``):
-float vectors through CleanRL's MLPs, images and Dicts through their encoder first.
+Any observation the model family encodes (``models.factory.build``: ``sac``, ``twin_q``): float vectors through
+CleanRL's MLPs (actor and each critic their own); observations holding an image through ONE critic encoder that
+both Q heads read from one forward per batch and the actor reads detached, plus its Polyak-averaged copy in the
+target critic (SAC-AE, Yarats et al. 2019; DrQ, Kostrikov et al. 2020; models/sac_networks.py).
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -29,71 +31,78 @@ from rltrain.models.factory import ModelSettings, build
 from rltrain.models.heads import OrnsteinUhlenbeckNoise
 
 
+@dataclass(frozen=True, kw_only=True)
+class SACSettings:
+    """SAC's hyper-parameters (``algo=sac``; conf/algo/sac.yaml: SB3's SAC, which follows Haarnoja et al. 2018).
+    Step counts are env steps over all envs and workers."""
+
+    rollout_len: int = 1  # steps per env between two learn() calls
+    buffer_size: int = 1_000_000  # replay capacity in observations (one per transition + one per episode end)
+    batch_size: int = 256
+    gamma: float = 0.99
+    tau: float = 0.005  # Polyak rate of the target critics
+    policy_lr: float = 3e-4
+    q_lr: float = 3e-4  # SB3, Haarnoja et al. 2018
+    learning_starts: int = 100  # SB3; env steps of uniform-random acting before the first update
+    train_frequency: int = 1  # env steps between two rounds of updates
+    gradient_steps: int = 1  # gradient steps per round
+    policy_frequency: int = 1  # actor/alpha update every k critic steps (TD3-style delay; 1 = every)
+    alpha: float = 1.0  # entropy coefficient (initial value when autotune: SB3's 1.0)
+    autotune: bool = True  # learn alpha so that E[-log pi] tracks target_entropy
+    target_entropy_scale: float = 1.0  # target_entropy = -scale * dim(A)
+    action_noise: float = 0.0  # sigma of Ornstein-Uhlenbeck noise on collected actions (0: none)
+    noise_theta: float = 0.15  # its mean reversion per unit time ...
+    noise_dt: float = 1e-2  # ... and time step (SB3's OrnsteinUhlenbeckActionNoise parameters)
+    hidden_sizes: tuple[int, ...] = (256, 256)
+    activation: str = "relu"
+    checkpoint_buffer: bool = False  # put the replay buffer into state_dict (checkpoint.replay_buffer)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "hidden_sizes", tuple(self.hidden_sizes))
+        for key in ("rollout_len", "batch_size", "tau", "policy_lr", "q_lr", "alpha", "train_frequency",
+                    "gradient_steps", "policy_frequency", "buffer_size"):
+            positive(f"algo.{key}", getattr(self, key))
+        positive("algo.learning_starts", self.learning_starts, allow_zero=True)
+        if self.tau > 1 or not self.hidden_sizes:
+            raise ConfigError(f"algo.tau={self.tau} must lie in (0, 1] and algo.hidden_sizes must not be empty")
+        positive("algo.action_noise", self.action_noise, allow_zero=True)
+
+
 class SAC(Algorithm):
     name = "sac"
     on_policy = False
     action_kinds = ("box",)
+    settings_class = SACSettings
 
-    def __init__(
-        self,
-        spec: EnvSpec,
-        *,
-        num_envs: int,
-        device: torch.device,
-        sync: Sync | None = None,
-        model: ModelSettings | None = None,  # the model group: encoders for images / Dict (cli/build.py)
-        rollout_len: int = 1,  # steps per env between two learn() calls
-        buffer_size: int = 1_000_000,  # replay capacity in observations (one per transition + one per episode end)
-        batch_size: int = 256,
-        gamma: float = 0.99,
-        tau: float = 0.005,  # Polyak rate of the target critics
-        policy_lr: float = 3e-4,
-        q_lr: float = 3e-4,  # SB3, Haarnoja et al. 2018
-        learning_starts: int = 100,  # SB3; env steps of uniform-random acting before the first update
-        train_frequency: int = 1,  # env steps between two rounds of updates
-        gradient_steps: int = 1,  # gradient steps per round
-        policy_frequency: int = 1,  # actor/alpha update every k critic steps (TD3-style delay; 1 = every)
-        alpha: float = 1.0,  # entropy coefficient (initial value when autotune: SB3's 1.0)
-        autotune: bool = True,  # learn alpha so that E[-log pi] tracks target_entropy
-        target_entropy_scale: float = 1.0,  # target_entropy = -scale * dim(A)
-        action_noise: float = 0.0,  # sigma of Ornstein-Uhlenbeck noise on collected actions (0: none)
-        noise_theta: float = 0.15,  # its mean reversion per unit time ...
-        noise_dt: float = 1e-2,  # ... and time step (SB3's OrnsteinUhlenbeckActionNoise parameters)
-        hidden_sizes: Sequence[int] = (256, 256),
-        activation: str = "relu",
-        checkpoint_buffer: bool = False,  # put the replay buffer into state_dict (checkpoint.replay_buffer)
-    ):
+    def __init__(self, spec: EnvSpec, settings: SACSettings = SACSettings(), *, num_envs: int,
+                 device: torch.device, sync: Sync | None = None, model: ModelSettings | None = None):
+        """``model``: the model group (encoders for images / Dict, cli/build.py); None: its defaults."""
         super().__init__(spec, num_envs=num_envs, device=device, sync=sync)
         refuse_recurrent("algo=sac (off-policy)", (model or ModelSettings()).core)
-        for key, value in [("algo.rollout_len", rollout_len), ("algo.batch_size", batch_size), ("algo.tau", tau),
-                           ("algo.policy_lr", policy_lr), ("algo.q_lr", q_lr), ("algo.alpha", alpha),
-                           ("algo.train_frequency", train_frequency), ("algo.gradient_steps", gradient_steps),
-                           ("algo.policy_frequency", policy_frequency)]:
-            positive(key, value)
-        positive("algo.buffer_size", buffer_size)
-        positive("algo.learning_starts", learning_starts, allow_zero=True)
-        if tau > 1 or not hidden_sizes:
-            raise ConfigError(f"algo.tau={tau} must lie in (0, 1] and algo.hidden_sizes must not be empty")
-        self.rollout_len, self.batch_size, self.gamma, self.tau = rollout_len, batch_size, gamma, tau
-        self.learning_starts, self.train_frequency = learning_starts, train_frequency
-        self.gradient_steps, self.policy_frequency = gradient_steps, policy_frequency
-        self.checkpoint_buffer = checkpoint_buffer
+        s = self.settings = settings
+        self.rollout_len, self.learning_starts = s.rollout_len, s.learning_starts  # read by the loop
+        self.batch_size, self.gamma, self.tau = s.batch_size, s.gamma, s.tau
+        self.train_frequency, self.gradient_steps, self.policy_frequency = (s.train_frequency, s.gradient_steps,
+                                                                            s.policy_frequency)
+        self.checkpoint_buffer = s.checkpoint_buffer
+        hidden_sizes, activation, action_noise = s.hidden_sizes, s.activation, s.action_noise
+        noise_theta, noise_dt, q_lr, policy_lr, alpha = s.noise_theta, s.noise_dt, s.q_lr, s.policy_lr, s.alpha
+        autotune, target_entropy_scale, buffer_size = s.autotune, s.target_entropy_scale, s.buffer_size
 
         model = (model or ModelSettings()).with_mlp(hidden_sizes, activation)
-        # the model family: encoder -> squashed Gaussian, and encoder(obs) ++ action -> MLP per critic
-        self.policy = build(spec, model, "squashed_actor").to(device)
-        critic = lambda: build(spec, model, "continuous_q").to(device)  # noqa: E731
-        positive("algo.action_noise", action_noise, allow_zero=True)
+        # the model family: actor + twin critic (models/sac_networks.py). On images one critic encoder, read by
+        # both Q heads and, detached, by the actor (SAC-AE, DrQ); on float vectors CleanRL's separate MLPs.
+        networks = build(spec, model, "sac").to(device)
+        self.policy, self.critic = networks.actor, networks.critic
         if action_noise > 0:  # the collector adds it while acting (evaluation stays noise-free)
             self.policy.action_noise = OrnsteinUhlenbeckNoise(sigma=action_noise, theta=noise_theta, dt=noise_dt)
-        self.qf1, self.qf2 = critic(), critic()
-        self.qf1_target, self.qf2_target = critic(), critic()
-        self.qf1_target.load_state_dict(self.qf1.state_dict())
-        self.qf2_target.load_state_dict(self.qf2.state_dict())
-        self.qf1_target.requires_grad_(False)
-        self.qf2_target.requires_grad_(False)
-        self.q_params = [*self.qf1.parameters(), *self.qf2.parameters()]
-        self.actor_params = list(self.policy.parameters())
+        # the target critic, its encoder included, is Polyak-averaged at one rate, algo.tau, as DrQ's (its
+        # critic_tau 0.01 covers the encoder); SAC-AE moves the target encoder faster (0.05 vs 0.01)
+        self.critic_target = build(spec, model, "twin_q").to(device)
+        self.critic_target.load_state_dict(self.critic.state_dict())
+        self.critic_target.requires_grad_(False)
+        self.q_params = list(self.critic.parameters())
+        self.actor_params = list(self.policy.actor_parameters())
         self.q_optimizer = make_adam(self.q_params, q_lr, eps=1e-8)
         self.actor_optimizer = make_adam(self.actor_params, policy_lr, eps=1e-8)
         self.autotune = autotune
@@ -148,12 +157,15 @@ class SAC(Algorithm):
         obs, next_obs = b.obs, b.next_obs  # stored dtype (a dict of them for Dict spaces): encoders convert
         alpha = self.log_alpha.detach().exp()
 
-        # 1. Critics: soft Bellman target from the clipped double-Q of the target nets.
+        # 1. Critics: soft Bellman target from the clipped double-Q of the target nets. With a shared encoder
+        #    each batch goes through it once for both Q heads: next_obs through the online encoder (the actor's
+        #    input) and the target's, obs through the online one.
         with torch.no_grad():
-            next_a, next_logp = self.policy.sample(next_obs)
-            min_next_q = torch.min(self.qf1_target(next_obs, next_a), self.qf2_target(next_obs, next_a))
+            next_a, next_logp = self.policy.sample_from(self.critic.features(next_obs))
+            min_next_q = torch.min(*self.critic_target(next_obs, next_a))
             target = b.rewards + self.gamma * (1.0 - b.terminated) * (min_next_q - alpha * next_logp)
-        q1, q2 = self.qf1(obs, b.actions), self.qf2(obs, b.actions)
+        features = self.critic.features(obs)
+        q1, q2 = self.critic.heads(features, b.actions)
         q_loss = F.mse_loss(q1, target) + F.mse_loss(q2, target)
         self.q_optimizer.zero_grad(set_to_none=True)
         q_loss.backward()
@@ -161,14 +173,19 @@ class SAC(Algorithm):
         self.q_optimizer.step()
         self.critic_steps += 1
         self.weight_writes += 1
+        # the actor reads the features this critic step computed, detached, as DrQ-v2 (Yarats et al. 2021)
+        # does: no actor gradient reaches the encoder, and no second encoder forward. With separate encoders
+        # they are the observation itself (no graph).
+        if isinstance(features, Tensor) and features.requires_grad:
+            features = features.detach()
 
         # 2. Actor (and alpha), possibly delayed: maximise E[min Q(s, a~pi) - alpha log pi(a|s)].
         actor_loss = alpha_loss = torch.zeros((), device=self.device)
         entropy = torch.zeros((), device=self.device)
         if self.critic_steps % self.policy_frequency == 0:
             for _ in range(self.policy_frequency):  # compensate the delay (CleanRL)
-                a, logp = self.policy.sample(obs)
-                min_q = torch.min(self.qf1(obs, a), self.qf2(obs, a))
+                a, logp = self.policy.sample_from(features)
+                min_q = torch.min(*self.critic.heads(features, a))
                 actor_loss = (alpha * logp - min_q).mean()
                 self.actor_optimizer.zero_grad(set_to_none=True)
                 actor_loss.backward()
@@ -184,34 +201,39 @@ class SAC(Algorithm):
                     self.alpha_optimizer.step()
                     alpha = self.log_alpha.detach().exp()
 
-        # 3. Polyak-average the target critics.
+        # 3. Polyak-average the target critic (its encoder too).
         with torch.no_grad():
-            for net, tgt in ((self.qf1, self.qf1_target), (self.qf2, self.qf2_target)):
-                for p, p_t in zip(net.parameters(), tgt.parameters(), strict=True):
-                    p_t.lerp_(p, self.tau)
+            for p, p_t in zip(self.critic.parameters(), self.critic_target.parameters(), strict=True):
+                p_t.lerp_(p, self.tau)
         return torch.stack([q_loss.detach(), actor_loss.detach(), alpha_loss.detach(), alpha, entropy,
                             q1.detach().mean()])
 
     def state_dict(self) -> dict:
         self.unwritten.write()
-        state = {
-            "policy": self.policy.state_dict(),
-            "qf1": self.qf1.state_dict(), "qf2": self.qf2.state_dict(),
-            "qf1_target": self.qf1_target.state_dict(), "qf2_target": self.qf2_target.state_dict(),
+        state = {"policy": self.policy.state_dict()}
+        # separate encoders: qf1, qf2, qf1_target, qf2_target (the names from before the layouts); shared: critic
+        targets = self.critic_target.checkpoint_parts()
+        for name, part in self.critic.checkpoint_parts().items():
+            state[name] = part.state_dict()
+        for name, part in targets.items():
+            state[f"{name}_target"] = part.state_dict()
+        state.update({
             "log_alpha": self.log_alpha.detach().clone(),
             "q_optimizer": self.q_optimizer.state_dict(), "actor_optimizer": self.actor_optimizer.state_dict(),
             "alpha_optimizer": self.alpha_optimizer.state_dict(),
             "counters": {"env_steps": self.env_steps, "pending_updates": self.pending_updates,
                          "critic_steps": self.critic_steps},
-        }
+        })
         if self.checkpoint_buffer:
             state["replay_buffer"] = self.buffer.state_dict()
         return state
 
     def load_state_dict(self, state: dict) -> None:
-        self.policy.load_state_dict(state["policy"])
-        for name in ("qf1", "qf2", "qf1_target", "qf2_target"):
-            getattr(self, name).load_state_dict(state[name])
+        self.policy.load_state_dict(state["policy"])  # refuses, in one line, a policy of the other layout
+        for name, part in self.critic.checkpoint_parts().items():
+            part.load_state_dict(state[name])
+        for name, part in self.critic_target.checkpoint_parts().items():
+            part.load_state_dict(state[f"{name}_target"])
         with torch.no_grad():
             self.log_alpha.copy_(state["log_alpha"])
         for name in ("q_optimizer", "actor_optimizer", "alpha_optimizer"):

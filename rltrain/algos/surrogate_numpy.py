@@ -1,9 +1,9 @@
-"""PPO's minibatch loss and its hand-written gradient in numpy, for ``TwinMLP`` actor-critics on CPU.
+"""PPO's update on the numpy backend, for ``TwinMLP`` actor-critics on CPU: ``NumpyUpdate``.
 
-The maths is exactly ``PPO._minibatch_step``'s (CleanRL's PPO step): clipped surrogate (Schulman et al.
-2017, eq. 7), clipped value loss, entropy bonus. The gradient is written into a ``FlatParams`` gradient
-buffer; clipping and Adam are ``models/numpy_mlp.py``'s. ``tests/test_ppo.py`` checks every activation,
-depth and loss option against autograd.
+The maths is exactly ``ppo.ppo_loss``'s (CleanRL's PPO step): clipped surrogate (Schulman et al. 2017,
+eq. 7), clipped value loss, entropy bonus; ``NumpyPPOStep`` writes its hand-written gradient into a
+``FlatParams`` gradient buffer; clipping and Adam are ``models/numpy_mlp.py``'s. ``tests/test_ppo.py`` checks
+every activation, depth and loss option against autograd (``ppo.TorchUpdate``) on the same minibatches.
 """
 
 from __future__ import annotations
@@ -12,7 +12,61 @@ import math
 
 import numpy as np
 
-from rltrain.models.numpy_mlp import ACTIVATION_BACKWARD, ACTIVATION_FORWARD, NEEDS_PRE_ACTIVATION, FlatParams
+from rltrain.algos.base import Sync
+from rltrain.algos.minibatches import Minibatch
+from rltrain.models.numpy_mlp import (
+    ACTIVATION_BACKWARD,
+    ACTIVATION_FORWARD,
+    NEEDS_PRE_ACTIVATION,
+    FlatAdam,
+    FlatParams,
+    adam_group,
+    clip_grad_norm,
+    single_thread_blas,
+)
+
+
+class NumpyUpdate:
+    """PPO's update with numpy forward and backward, the interface of ``ppo.TorchUpdate``: the fused twin-MLP
+    actor-critic's parameters as one flat buffer (their tensors are views of it), the loss and its gradient by
+    hand (``NumpyPPOStep``), global grad-norm clipping and Adam (``FlatAdam``: torch Adam's state format, so a
+    checkpoint resumes on either backend). ``device`` None: its minibatches are numpy arrays."""
+
+    device = None
+
+    def __init__(self, policy, *, lr: float, clip_coef: float, clip_vloss: bool, ent_coef: float, vf_coef: float,
+                 max_grad_norm: float, sync: Sync):
+        single_thread_blas()
+        nets, dist = policy.fused_mlp, policy.dist
+        self.policy, self.sync, self.max_grad_norm = policy, sync, max_grad_norm
+        # TwinMLP weights, biases, then log_std (box): NumpyPPOStep relies on this order, and both backends'
+        # optimiser state (torch Adam's format) is indexed by it
+        self.params = policy.param_list()
+        self.flat = FlatParams(self.params)
+        policy.flat_params = self.flat.flat
+        self.optimizer = FlatAdam(self.flat, group=adam_group(lr, 1e-5))  # make_adam's eps
+        self.loss = NumpyPPOStep(self.flat, len(nets.weights), activation=nets.activation,
+                                 discrete=dist.numpy_kind == "categorical", act_dim=dist.param_dim,
+                                 clip_coef=clip_coef, clip_vloss=clip_vloss, ent_coef=ent_coef, vf_coef=vf_coef)
+
+    def rows(self, obs: np.ndarray) -> np.ndarray:
+        """[T, N, *obs_shape] -> [T * N, obs_dim] as the nets see it (the normaliser is fixed during an update)."""
+        return self.policy.obs_norm.normalise_numpy(obs.reshape(obs.shape[0] * obs.shape[1], -1))
+
+    def values(self, x: np.ndarray) -> np.ndarray:
+        """x [B, *obs_shape] raw observations -> V [B] float32, the critic in numpy."""
+        return self.loss.value(self.rows(x[None])).astype(np.float32, copy=False)
+
+    def step(self, mb: Minibatch) -> np.ndarray:
+        """One optimiser step on ``mb``; returns [policy loss, value loss, entropy, approx KL, clip fraction]."""
+        stats = self.loss(mb.obs, mb.actions, mb.old_logp, mb.adv, mb.ret, mb.old_values)
+        self.sync.grads(self.params)  # p.grad are views of the flat gradient: reduced in place
+        clip_grad_norm(self.flat, self.max_grad_norm)
+        self.optimizer.step()
+        return stats
+
+    def mean(self, stats: list[np.ndarray]) -> np.ndarray:
+        return np.stack(stats).mean(0)
 
 
 class NumpyPPOStep:
@@ -65,10 +119,10 @@ class NumpyPPOStep:
                 h = self.act_fn(h)
         return h[:, 0]
 
-    def __call__(self, x: np.ndarray, act: np.ndarray, old_logp: np.ndarray, neg_adv: np.ndarray,
+    def __call__(self, x: np.ndarray, act: np.ndarray, old_logp: np.ndarray, adv: np.ndarray,
                  ret: np.ndarray, old_val: np.ndarray) -> np.ndarray:
-        """x [B, in] normalised obs, act [B] int64 or [B, A], the rest [B] float32 (``neg_adv`` = -A,
-        normalised). Writes the gradients of pg_loss + vf*v_loss - ent*entropy into the flat gradient
+        """x [B, in] normalised obs, act [B] int64 or [B, A], the rest [B] float32 (``adv``: A, normalised).
+        Writes the gradients of pg_loss + vf*v_loss - ent*entropy into the flat gradient
         buffer; returns [pg_loss, v_loss, entropy, approx_kl, clip_frac] as float32."""
         B = x.shape[0]
         inv_b = np.float32(1.0 / B)  # means as sum * (1/B): np.mean's Python wrapper costs more than the sum
@@ -84,7 +138,7 @@ class NumpyPPOStep:
                 acts.append(h)
         g_out = self._g_out(h.shape)
         logp, entropy, ratio, log_ratio, pg_loss, inside = self._policy_loss_grad(h, g_out, act, old_logp,
-                                                                                   neg_adv, inv_b)
+                                                                                   adv, inv_b)
         v_loss = self._value_loss_grad(h[1, :, 0], g_out, ret, old_val, inv_b)
 
         # backward through both MLPs, gradients written straight into the flat buffer
@@ -102,9 +156,9 @@ class NumpyPPOStep:
         return np.array([pg_loss, v_loss, ent, approx_kl, clip_frac], np.float32)
 
     def _policy_loss_grad(self, h: np.ndarray, g_out: np.ndarray, act: np.ndarray, old_logp: np.ndarray,
-                          neg_adv: np.ndarray, inv_b: np.float32) -> tuple:
+                          adv: np.ndarray, inv_b: np.float32) -> tuple:
         """Clipped surrogate and entropy from the actor outputs h[0, :, :A]; writes their gradient into
-        g_out[0] (and log_std's). Returns (logp, entropy, ratio, log_ratio, pg_loss, inside the clip)."""
+        g_out[0] (and log_std's). Returns (logp, entropy, ratio, log_ratio, pg_loss = -L^CLIP, inside the clip)."""
         out, A, c = h[0, :, :self.A], self.A, self.c
         B = out.shape[0]
         if self.discrete:
@@ -125,13 +179,13 @@ class NumpyPPOStep:
             entropy = np.full(B, (np.float32(0.5 + 0.5 * math.log(2 * math.pi)) + log_std).sum(), np.float32)
         log_ratio = logp - old_logp
         ratio = np.exp(log_ratio)
-        l1 = neg_adv * ratio
-        l2 = neg_adv * np.minimum(np.maximum(ratio, 1 - c), 1 + c)  # np.clip's wrapper costs ~5x this
-        pg_loss = np.maximum(l1, l2).sum() * inv_b
-        # torch.maximum splits the gradient evenly on ties; clamp passes it on [lo, hi] inclusive
-        w1 = _tie_weights(l1, l2)
+        surr1 = ratio * adv
+        surr2 = np.minimum(np.maximum(ratio, 1 - c), 1 + c) * adv  # np.clip's wrapper costs ~5x this
+        pg_loss = -(np.minimum(surr1, surr2).sum() * inv_b)  # -L^CLIP (eq. 7), a loss to minimise
+        # torch.minimum splits the gradient evenly on ties; clamp passes it on [lo, hi] inclusive
+        w1 = _tie_weights(surr2, surr1)  # d min(surr1, surr2) / d surr1
         inside = (ratio >= 1 - c) & (ratio <= 1 + c)
-        g_ratio = neg_adv * (w1 + (1 - w1) * inside) * inv_b
+        g_ratio = -(adv * (w1 + (1 - w1) * inside) * inv_b)
         g_logp = g_ratio * ratio
         if self.discrete:
             g_logits = -g_logp[:, None] * p

@@ -1,8 +1,9 @@
 """``run(cfg, run_dir)``: validate the composed config, seed, pick the device, build the trainer, fit.
 
 Objects are wired here in Python; the YAML groups only name a ``_target_`` under ``rltrain.`` and its
-keyword arguments. The constructor signatures are the schema: unknown keys and wrong types fail here,
-before anything starts, with the key's full name.
+keyword arguments. An algorithm's settings dataclass (``settings_class``) and the other classes' keyword-only
+constructor signatures are the schema: unknown keys and wrong types fail here, before anything starts, with
+the key's full name.
 """
 
 from __future__ import annotations
@@ -64,12 +65,21 @@ def hparams(node: dict) -> dict:
     return {k: v for k, v in node.items() if not k.startswith("_") and k not in NOT_HPARAMS}
 
 
-def check_kwargs(cls: type, params: dict, group: str) -> None:
-    """Unknown keys and wrong types, checked against ``cls.__init__``'s keyword-only signature."""
+def schema(cls: type, group: str) -> tuple[list[str], dict]:
+    """(valid keys in order, their type hints) of a group's class: the fields of an algorithm's settings
+    dataclass (``cls.settings_class``), else ``cls.__init__``'s keyword-only arguments."""
+    settings = getattr(cls, "settings_class", None)
+    if settings is not None:
+        return [f.name for f in dataclasses.fields(settings) if f.init], typing.get_type_hints(settings)
     sig = inspect.signature(cls.__init__)
-    hints = typing.get_type_hints(cls.__init__)
     reserved = RESERVED if group == "algo" else {"self", "settings", "run_dir", "agents"}  # a trainer may have `sync`
     valid = [n for n, p in sig.parameters.items() if n not in reserved and p.kind == p.KEYWORD_ONLY]
+    return valid, typing.get_type_hints(cls.__init__)
+
+
+def check_kwargs(cls: type, params: dict, group: str) -> None:
+    """Unknown keys and wrong types, checked against the group's schema (``schema``)."""
+    valid, hints = schema(cls, group)
     for key, value in params.items():
         if key not in valid:
             raise ConfigError(f"{group}.{key}: unknown key{close_matches(key, valid)} (valid: {', '.join(valid)})")
@@ -121,12 +131,24 @@ def model_settings(cfg: dict) -> ModelSettings:
     return cls(**hparams(node))
 
 
-def algo_factory(cfg: dict):
-    """A ``functools.partial`` of the algorithm class with its validated hyper-parameters (and the model
-    settings, for an algorithm that builds its networks from the model family)."""
+def algo_settings(cfg: dict):
+    """The ``algo`` group as the algorithm's typed settings (``cls.settings_class``, e.g. ``PPOSettings``): keys
+    and types checked here, values by the dataclass itself. The one place the group becomes settings."""
     cls = resolve_target(cfg["algo"], "algo")
+    if getattr(cls, "settings_class", None) is None:
+        raise ConfigError(f"algo._target_={cfg['algo'].get('_target_')!r} is not an rltrain algorithm (a class "
+                          "with a settings_class, as rltrain.algos.ppo.PPO)")
     params = hparams(cfg["algo"])
     check_kwargs(cls, params, "algo")
+    return cls.settings_class(**params)
+
+
+def algo_factory(cfg: dict):
+    """A ``functools.partial`` of the algorithm class with its settings (``algo_settings``) and, for an algorithm
+    that builds its networks from the model family, the model settings: called with ``(spec, *, num_envs,
+    device[, sync])`` wherever the run needs the algorithm."""
+    cls = resolve_target(cfg["algo"], "algo")
+    params: dict[str, Any] = {"settings": algo_settings(cfg)}
     if "model" in inspect.signature(cls.__init__).parameters:
         params["model"] = model_settings(cfg)
     return functools.partial(cls, **params)

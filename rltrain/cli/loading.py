@@ -63,6 +63,7 @@ def _drop_recorders(wrappers: list, path: Path) -> list:
 
 def _policy_from(state: dict, path: Path, *, device: str, allow_import: bool):
     from rltrain.algos.base import Algorithm
+    from rltrain.models.sac_networks import holds_separate_encoders
 
     cfg = state["meta"]["config"]
     env = cfg["env"]
@@ -83,6 +84,9 @@ def _policy_from(state: dict, path: Path, *, device: str, allow_import: bool):
     if not (isinstance(cls, type) and issubclass(cls, Algorithm)):
         raise ConfigError(f"checkpoint={path}: algo._target_={cfg['algo']['_target_']} inside it is not an "
                           "rltrain algorithm")
+    if holds_separate_encoders(state["algo"]) and (cfg.get("model") or {}).get("shared", "auto") == "auto":
+        # SAC on images written up to the shared critic encoder: build the layout the file holds
+        cfg["model"] = {**(cfg.get("model") or {}), "shared": False}
     spec = env_factory(env, cfg["algo"]).spec()
     dev = pick_device(device)
     algo = algo_factory(cfg)(spec, num_envs=env["num_envs"], device=dev)

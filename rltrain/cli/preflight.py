@@ -14,7 +14,6 @@ later with a traceback, and says so in one line with the arithmetic:
 
 from __future__ import annotations
 
-import inspect
 import os
 
 import numpy as np
@@ -33,14 +32,6 @@ MAX_ENVS_PER_WORKER = 65_536
 PROCESSES_PER_CORE = 8  # async env processes beyond this per core only time-slice
 
 
-def algo_default(cls: type, node: dict, key: str):
-    """``node[key]``, else the default of ``cls.__init__``'s keyword ``key`` (None when it has none)."""
-    if key in node:
-        return node[key]
-    param = inspect.signature(cls.__init__).parameters.get(key)
-    return None if param is None or param.default is param.empty else param.default
-
-
 def check_envs(settings: RunSettings) -> None:
     """Refuse absurd env counts before anything is built or multiplied."""
     env = settings.env
@@ -52,13 +43,13 @@ def check_envs(settings: RunSettings) -> None:
 
 def check_budget(settings: RunSettings, trainer: Trainer) -> None:
     """``total_env_steps`` against one update and against an off-policy ``learning_starts``."""
-    cls, node, total = settings.algo_class, settings.config["algo"], settings.total_env_steps
-    size = trainer.update_size(int(algo_default(cls, node, "rollout_len") or 1))
+    cls, hp, total = settings.algo_class, settings.algo_settings, settings.total_env_steps
+    size = trainer.update_size(int(hp.rollout_len or 1))  # PPO's null (a 2048-step batch) counts as 1 here
     batch, text = size.env_steps, size.text
     if total < batch:
         raise ConfigError(f"total_env_steps={total} is less than one update: {text} = {batch} env steps; set "
                           f"total_env_steps >= {batch} or make the rollout smaller")
-    starts = algo_default(cls, node, "learning_starts")
+    starts = getattr(hp, "learning_starts", None)
     if not getattr(cls, "on_policy", True) and starts is not None and total <= starts:
         raise ConfigError(f"total_env_steps={total} <= algo.learning_starts={starts}: no gradient step would ever be "
                           f"taken; set total_env_steps above {starts} or lower algo.learning_starts")
@@ -74,7 +65,7 @@ def obs_bytes(space: ObsSpace) -> int:
 def check_size(settings: RunSettings, trainer: Trainer, spec: EnvSpec) -> None:
     """Env processes, and one update's rollout in memory, each against this machine."""
     env = settings.env
-    rollout_len = int(algo_default(settings.algo_class, settings.config["algo"], "rollout_len") or 1)
+    rollout_len = int(settings.algo_settings.rollout_len or 1)
     size = trainer.update_size(rollout_len)
     batch, text, processes = size.env_steps, size.text, size.env_processes
     cap = PROCESSES_PER_CORE * (os.cpu_count() or 1)

@@ -43,11 +43,18 @@ def _encoder(enc: Encoder, indent: str) -> list[str]:
     return lines
 
 
-def _walk(module: nn.Module, indent: str, depth: int) -> list[str]:
+def _walk(module: nn.Module, indent: str, depth: int, path: str, seen: dict[int, str]) -> list[str]:
+    """``seen``: id -> where it was shown, for modules two networks share (SAC's critic encoder)."""
     lines: list[str] = []
     for name, child in module.named_children():
+        if id(child) in seen and count(child):
+            lines.append(f"{indent}{name}: {seen[id(child)]}'s (shared: one set of weights, counted once in the total)")
+            continue
+        seen[id(child)] = f"{path}.{name}"
         if isinstance(child, Encoder):
             sub = _encoder(child, indent)
+            if getattr(module, "detached_encoder", False):  # models/sac_networks.py CriticEncoderActor
+                sub[0] += "; the critic's, read detached: its loss trains it, the actor's does not"
             lines += [f"{indent}{name}: {sub[0]}", *sub[1:]]
         elif isinstance(child, Core):
             kind = getattr(child, "kind", type(child).__name__) if child.recurrent else "identity"
@@ -65,7 +72,7 @@ def _walk(module: nn.Module, indent: str, depth: int) -> list[str]:
         elif count(child):
             lines.append(f"{indent}{name}: {type(child).__name__} ({count(child):,} parameters)")
             if depth < 3:
-                lines += _walk(child, indent + "  ", depth + 1)
+                lines += _walk(child, indent + "  ", depth + 1, f"{path}.{name}", seen)
     if getattr(module, "critic_encoder", 0) is None:
         lines.append(f"{indent}critic: shares the actor's encoder and core (model.shared)")
     return lines
@@ -73,13 +80,16 @@ def _walk(module: nn.Module, indent: str, depth: int) -> list[str]:
 
 def describe_model(networks: dict[str, nn.Module], notes: list[str] | tuple[str, ...] = ()) -> str:
     """One block of text: each named network (targets, copies of their online networks, left out), then
-    ``notes`` (settings inferred from the env), then the total parameter count."""
-    lines = []
+    ``notes`` (settings inferred from the env), then the total parameter count (a module two networks share,
+    shown in full once, counted once)."""
+    lines: list[str] = []
+    seen: dict[int, str] = {}
     for name, net in networks.items():
         lines.append(f"{name}: {type(net).__name__} ({count(net):,} parameters)")
-        lines += _walk(net, "  ", 1)
+        lines += _walk(net, "  ", 1, name, seen)
     lines += list(notes)
-    lines.append(f"total: {sum(count(n) for n in networks.values()):,} parameters")
+    unique = {id(p): p.numel() for net in networks.values() for p in net.parameters()}
+    lines.append(f"total: {sum(unique.values()):,} parameters")
     return "\n".join(lines)
 
 

@@ -6,8 +6,11 @@
 Roles:
     actor_critic    PPO, A2C, IMPALA: ``ActorCritic`` (policy distribution by action space + value head)
     q               DQN: ``QPolicy`` (Q-values per discrete action, epsilon-greedy acting)
-    squashed_actor  SAC's actor: ``SquashedGaussianActor``
-    continuous_q    one SAC critic: ``ContinuousQNetwork`` (build two, and their targets)
+    sac             SAC's actor and twin critic together: ``SACNetworks`` (``.actor``, ``.critic``); on
+                    observations holding an image one critic encoder read by both Q heads and, detached, by
+                    the actor (SAC-AE / DrQ: models/sac_networks.py), else one encoder each
+    twin_q          a twin critic alone in the layout ``sac`` picks (SAC's target critic)
+    squashed_actor  SAC's actor with its own encoder: ``SquashedGaussianActor``
 
 Every policy it builds is a ``data.structs.Policy``: ``act``, ``initial_state``, ``export_module``, so
 evaluation, export and the Python API never ask which class they hold. New parts are registered, not
@@ -26,7 +29,8 @@ from rltrain.data.structs import EnvSpec
 from rltrain.errors import ConfigError
 from rltrain.models.actor_critic import ActorCritic, EncoderTorso, TwinMLPTorso, is_float_vector
 from rltrain.models.encoders import shares_torso
-from rltrain.models.q_networks import ContinuousQNetwork, QPolicy
+from rltrain.models.q_networks import QPolicy
+from rltrain.models.sac_networks import CriticEncoderActor, SACNetworks, SeparateTwinQ, SharedEncoderTwinQ
 from rltrain.models.settings import DEFAULT_ACTIVATION, DEFAULT_MLP, ModelSettings
 from rltrain.models.squashed_actor import SquashedGaussianActor
 
@@ -60,13 +64,26 @@ def _squashed_actor(spec: EnvSpec, settings: ModelSettings) -> SquashedGaussianA
     return SquashedGaussianActor(spec, settings, flat_input=_plain_vector(spec, settings))
 
 
-def _continuous_q(spec: EnvSpec, settings: ModelSettings) -> ContinuousQNetwork:
+def _twin_q(spec: EnvSpec, settings: ModelSettings) -> SeparateTwinQ | SharedEncoderTwinQ:
+    """``model.shared`` as for an actor-critic (auto: shared for observations holding an image)."""
     settings = settings.with_mlp(SAC_MLP, SAC_ACTIVATION)
-    return ContinuousQNetwork(spec, settings, flat_input=_plain_vector(spec, settings))
+    if shares_torso(settings.shared, spec.observation):
+        return SharedEncoderTwinQ(spec, settings)
+    return SeparateTwinQ(spec, settings, flat_input=_plain_vector(spec, settings))
+
+
+def _sac(spec: EnvSpec, settings: ModelSettings) -> SACNetworks:
+    settings = settings.with_mlp(SAC_MLP, SAC_ACTIVATION)
+    if shares_torso(settings.shared, spec.observation):
+        critic = _twin_q(spec, settings)
+        return SACNetworks(CriticEncoderActor(spec, settings, encoder=critic.encoder), critic)
+    # actor first, then the critics: the construction (and RNG) order of the float-vector SAC before the layouts
+    actor = _squashed_actor(spec, settings)
+    return SACNetworks(actor, _twin_q(spec, settings))
 
 
 ROLES: dict[str, Callable[..., nn.Module]] = {
-    "actor_critic": _actor_critic, "q": _q, "squashed_actor": _squashed_actor, "continuous_q": _continuous_q,
+    "actor_critic": _actor_critic, "q": _q, "sac": _sac, "twin_q": _twin_q, "squashed_actor": _squashed_actor,
 }
 
 

@@ -26,7 +26,8 @@ class ModelSettings:
     activation:   of the MLP layers (tanh, relu, elu, silu); CNNs use ReLU as their papers do
     cnn_features: width of a CNN's last Linear; None keeps the paper's (nature 512, impala 256, minatar 128)
     shared:       one torso for actor and critic instead of one each; auto: shared for image observations
-                  (top-level or a Dict key: SB3's and CleanRL's Atari PPO share the CNN), separate otherwise
+                  (top-level or a Dict key: SB3's and CleanRL's Atari PPO share the CNN), separate otherwise;
+                  for SAC: one critic encoder read by both Q heads and, detached, by the actor (sac_networks.py)
     ignore_keys:  Dict observation keys to drop (e.g. a Text key no encoder reads)
     key_encoders: Dict observation key -> encoder name for that key alone (``{image: nature}`` reads an
                   integer key as pixels, ``{board: grid}`` as an index grid), overriding ``encoder``

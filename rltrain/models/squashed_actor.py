@@ -6,6 +6,8 @@ Checkpoints written before the model family built it (a float-vector ``torso.<i>
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import torch
 from torch import Tensor, nn
 
@@ -22,12 +24,11 @@ class SquashedGaussianActor(Policy):
     ``flat_input``: float vectors through an MLP whose last hidden layer has gain 1 (the init of CleanRL's
     and our first SAC actor); otherwise the encoder the observation space calls for."""
 
+    detached_encoder = False  # its encoder is its own (models/sac_networks.py: one that reads the critic's)
+
     def __init__(self, spec: EnvSpec, settings: ModelSettings, *, flat_input: bool):
         super().__init__()
-        if spec.action_kind != "box":
-            raise ConfigError(f"a squashed Gaussian actor needs Box actions; env.id={spec.env_id} has "
-                              f"{spec.describe()}: algo=ppo, a2c or impala take any action space, algo=dqn "
-                              "Discrete ones")
+        check_box_actions(spec)
         self.spec = spec
         self.encoder = MLPEncoder(spec.observation, hidden_sizes=settings.hidden_sizes,
                                   activation=settings.activation, last_gain=1.0) if flat_input else \
@@ -42,6 +43,15 @@ class SquashedGaussianActor(Policy):
         differentiable (reparameterised)."""
         return self.head(self.encoder(obs), deterministic=deterministic, generator=generator)
 
+    def sample_from(self, features: Obs, *, deterministic: bool = False,
+                    generator: torch.Generator | None = None) -> tuple[Tensor, Tensor]:
+        """``sample`` on what the critic's ``features`` returned: with separate encoders, the observation."""
+        return self.sample(features, deterministic=deterministic, generator=generator)
+
+    def actor_parameters(self) -> Iterator[nn.Parameter]:
+        """What the actor's loss trains: all of this network."""
+        return self.parameters()
+
     def act(self, obs: Obs, state=None, *, deterministic: bool = False,
             generator: torch.Generator | None = None) -> ActOutput:
         return ActOutput(*self.sample(obs, deterministic=deterministic, generator=generator))
@@ -51,6 +61,13 @@ class SquashedGaussianActor(Policy):
 
     def load_state_dict(self, state_dict, strict: bool = True, assign: bool = False):
         return super().load_state_dict(upgrade_flat_actor_keys(state_dict), strict=strict, assign=assign)
+
+
+def check_box_actions(spec: EnvSpec) -> None:
+    if spec.action_kind != "box":
+        raise ConfigError(f"a squashed Gaussian actor needs Box actions; env.id={spec.env_id} has "
+                          f"{spec.describe()}: algo=ppo, a2c or impala take any action space, algo=dqn "
+                          "Discrete ones")
 
 
 class SquashedMeanActor(nn.Module):

@@ -100,7 +100,7 @@ class RunSettings:
     resume_trust_envs: bool = False  # unpickle an env sidecar this run dir did not write (only files you trust)
     resume_allow_changes: tuple[str, ...] = ()  # settings a resume may change (e.g. env.kwargs); others refuse
     env: EnvFactory
-    algo: Callable[..., Any] = field(repr=False)  # functools.partial(AlgorithmClass, **hparams)
+    algo: Callable[..., Any] = field(repr=False)  # functools.partial(AlgorithmClass, settings=..., model=...)
     eval: EvalSettings = EvalSettings()
     log: LogSettings = LogSettings()
     checkpoint: CheckpointSettings = CheckpointSettings()
@@ -111,6 +111,11 @@ class RunSettings:
     @property
     def algo_class(self) -> type:
         return getattr(self.algo, "func", self.algo)
+
+    @property
+    def algo_settings(self) -> Any:
+        """The algorithm's typed settings (e.g. ``PPOSettings``) inside ``algo``."""
+        return self.algo.keywords["settings"]
 
     def replace(self, **changes) -> RunSettings:
         """A copy with ``changes``; ``config`` (the record) follows the top-level ones it mirrors."""

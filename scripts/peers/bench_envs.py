@@ -1,5 +1,6 @@
-"""Envs for scripts/bench_defaults.py that Gymnasium does not register: a Dict image + vector task, and MiniGrid
-with only its image (both rltrain, as ``env.id=bench_envs:<name>``, and SB3 build them from here)."""
+"""Envs for scripts/bench_defaults.py and scripts/bench_sac_pixels.py that Gymnasium does not register: a Dict
+image + vector task, MiniGrid with only its image, and a point mass steered from pixels (rltrain, as
+``env.id=bench_envs:<name>``, and SB3 build them from here)."""
 
 from __future__ import annotations
 
@@ -52,3 +53,44 @@ def minigrid_image(name: str = "MiniGrid-Empty-8x8-v0", **kwargs) -> gym.Env:
     from minigrid.wrappers import ImgObsWrapper
 
     return ImgObsWrapper(gym.make(name, **kwargs))
+
+
+class PointMassPixels(gym.Env):
+    """Continuous control from pixels: a point mass in the unit square steered by a 2-D velocity command in
+    [-1, 1]^2 towards a goal that moves every episode, seen only as an 84x84 RGB uint8 frame (the agent a red
+    square, the goal a green one: the frame size of Atari and of the DeepMind Control Suite runs in SAC-AE and
+    DrQ). Reward: minus the distance to the goal each step; reaching it (within 0.1) ends the episode; 50 steps
+    at most. For SAC from pixels, which needs Box actions (scripts/bench_sac_pixels.py)."""
+
+    metadata = {"render_modes": ["rgb_array"], "render_fps": 20}
+
+    def __init__(self, size: int = 84, max_steps: int = 50, speed: float = 0.1):
+        self.size, self.max_steps, self.speed = size, max_steps, speed
+        self.observation_space = gym.spaces.Box(0, 255, (size, size, 3), np.uint8)
+        self.action_space = gym.spaces.Box(-1.0, 1.0, (2,), np.float32)
+        self.render_mode = "rgb_array"
+
+    def _square(self, img: np.ndarray, where: np.ndarray, channel: int) -> None:
+        r, c = (where * (self.size - 1)).round().astype(int)
+        half = max(1, self.size // 28)
+        img[max(r - half, 0):r + half + 1, max(c - half, 0):c + half + 1, channel] = 255
+
+    def render(self) -> np.ndarray:
+        img = np.zeros(self.observation_space.shape, np.uint8)
+        self._square(img, self.goal, 1)
+        self._square(img, self.pos, 0)
+        return img
+
+    def reset(self, *, seed: int | None = None, options: dict | None = None):
+        super().reset(seed=seed)
+        self.pos, self.goal = self.np_random.uniform(0.0, 1.0, (2, 2))
+        self.t = 0
+        return self.render(), {}
+
+    def step(self, action):
+        move = np.clip(np.asarray(action, np.float64).reshape(2), -1.0, 1.0) * self.speed
+        self.pos = np.clip(self.pos + move, 0.0, 1.0)
+        self.t += 1
+        dist = float(np.linalg.norm(self.pos - self.goal))
+        done = dist < 0.1
+        return self.render(), -dist, done, self.t >= self.max_steps and not done, {}

@@ -28,12 +28,12 @@ def make_rollout(n_envs: int):
 
 
 def make_ppo(num_envs: int, sync=None):
-    from rltrain.algos.ppo import PPO
+    from rltrain.algos.ppo import PPO, PPOSettings
     from rltrain.envs.make import env_spec, make_env
 
     torch.manual_seed(0)  # same initial weights everywhere (the trainer broadcasts; here the seed does it)
-    return PPO(env_spec(make_env("CartPole-v1"), "CartPole-v1"), num_envs=num_envs, device=torch.device("cpu"),
-               sync=sync, **PPO_KW)
+    return PPO(env_spec(make_env("CartPole-v1"), "CartPole-v1"), PPOSettings(**PPO_KW), num_envs=num_envs,
+               device=torch.device("cpu"), sync=sync)
 
 
 def rank_slice(ro, r: int):

@@ -65,3 +65,30 @@ class TextEnv(_RandomObsEnv):
 
     def __init__(self):
         super().__init__(spaces.Text(8))
+
+
+class PixelSign(gym.Env):
+    """A one-step task solved only by reading pixels: a bool frame ``side x side x 1`` lit on its left or right
+    half (drawn at random); the action in [-1, 1] scores ``+a`` for left and ``-a`` for right. Random acting
+    averages 0, the best policy 1 (SAC from pixels learns it in a few hundred updates)."""
+
+    def __init__(self, side: int = 6):
+        self.side = side
+        self.observation_space = spaces.Box(0, 1, (side, side, 1), np.bool_)
+        self.action_space = spaces.Box(-1.0, 1.0, (1,), np.float32)
+
+    def _draw(self):
+        self.sign = 1.0 if self.np_random.random() < 0.5 else -1.0
+        frame = np.zeros(self.observation_space.shape, np.bool_)
+        half = self.side // 2
+        frame[:, :half] = self.sign > 0
+        frame[:, half:] = self.sign < 0
+        return frame
+
+    def reset(self, *, seed: int | None = None, options: dict | None = None):
+        super().reset(seed=seed)
+        return self._draw(), {}
+
+    def step(self, action):
+        reward = self.sign * float(np.clip(np.asarray(action).reshape(-1)[0], -1.0, 1.0))
+        return self._draw(), reward, True, False, {}
