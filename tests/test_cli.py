@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import shlex
+import shutil
 import signal
 import subprocess
 import sys
@@ -14,7 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.conftest import REPO
+from tests.conftest import REPO, run_cli
 
 SMOKE = ["debug=smoke", "logger.progress=plain"]
 
@@ -25,10 +26,18 @@ def _run_dir(root: Path) -> Path:
     return dirs[0]
 
 
-def test_smoke_run_writes_every_artefact(cli, tmp_path):
-    res = cli(*SMOKE, "seed=3")
+@pytest.fixture(scope="module")
+def smoke_run(tmp_path_factory) -> tuple[subprocess.CompletedProcess, Path]:
+    """One smoke run from the CLI (its default run dir) shared by the tests that check its files, its output and
+    ``rltrain-eval`` on it; a test that writes into the run dir works on a copy."""
+    root = tmp_path_factory.mktemp("smoke")
+    res = run_cli([*SMOKE, "seed=3"], cwd=root)
     assert res.returncode == 0, res.stderr
-    run_dir = _run_dir(tmp_path)
+    return res, _run_dir(root)
+
+
+def test_smoke_run_writes_every_artefact(smoke_run):
+    res, run_dir = smoke_run
     for name in (".hydra/config.yaml", ".hydra/overrides.yaml", "config.yaml", "seeds.json", "metrics.csv",
                  "summary.json", "checkpoints/final.pt", "checkpoints/best.pt"):
         assert (run_dir / name).exists(), name
@@ -169,9 +178,8 @@ def test_sigint_checkpoints_and_prints_resume_command(tmp_path, no_leaks):
     assert resumed["status"] == "completed" and resumed["total_env_steps"] >= steps + 64
 
 
-def test_rltrain_eval_on_run_dir_and_checkpoint(cli, tmp_path):
-    assert cli(*SMOKE).returncode == 0
-    run_dir = _run_dir(tmp_path)
+def test_rltrain_eval_on_run_dir_and_checkpoint(smoke_run, tmp_path):
+    _, run_dir = smoke_run
     for target in (run_dir, run_dir / "checkpoints" / "best.pt"):
         res = subprocess.run([sys.executable, "-m", "rltrain.cli.evaluate", str(target), "--episodes", "3"],
                              capture_output=True, text=True, timeout=120)
@@ -182,9 +190,8 @@ def test_rltrain_eval_on_run_dir_and_checkpoint(cli, tmp_path):
     assert res.returncode == 2 and res.stderr.startswith("rltrain-eval: error:")
 
 
-def test_rltrain_eval_video_needs_extra_or_records(cli, tmp_path):
-    assert cli(*SMOKE, "total_env_steps=512").returncode == 0
-    run_dir = _run_dir(tmp_path)
+def test_rltrain_eval_video_needs_extra_or_records(smoke_run, tmp_path):
+    run_dir = shutil.copytree(smoke_run[1], tmp_path / "run")  # the videos go into the run dir
     cmd = [sys.executable, "-m", "rltrain.cli.evaluate", str(run_dir), "eval.episodes=1", "eval.video=true"]
     res = subprocess.run(cmd, capture_output=True, text=True, timeout=180)
     try:

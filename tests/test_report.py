@@ -6,6 +6,7 @@ import io
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -228,7 +229,7 @@ def test_eta_follows_the_last_minute():
 def test_summary_steps_per_second_leaves_out_evaluation(tmp_path):
     """Many long evaluations: the summary's sps counts training time only, the evaluations' time apart."""
     run_dir = tmp_path / "run"
-    res = run_cli([*SMOKE, "total_env_steps=4096", "log.every_env_steps=512", "eval.every_env_steps=512",
+    res = run_cli([*SMOKE, "total_env_steps=2048", "log.every_env_steps=512", "eval.every_env_steps=512",
                    "eval.episodes=30", "eval.deterministic=false", "logger.progress=off",
                    f"hydra.run.dir={run_dir}"], cwd=tmp_path, timeout=300)
     assert res.returncode == 0, res.stderr
@@ -267,17 +268,25 @@ def test_rich_progress_shows_rows_under_an_uncut_bar():
     assert all(f"actor {k}: 2,400 sps  episodes {10 + k}  v41" in text for k in range(4))
 
 
-def test_first_output_is_printed_before_the_heavy_imports(tmp_path):
+@pytest.fixture(scope="module")
+def smoke_run(tmp_path_factory) -> tuple[str, str, int, Path]:
+    """One smoke run from the CLI: its first two stdout lines, its exit status and its run dir, shared by the
+    test of the first output and the evaluation-video test (which works on a copy of the run dir)."""
+    root = tmp_path_factory.mktemp("smoke")
     env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[1]))
     proc = subprocess.Popen([sys.executable, "-m", "rltrain", *SMOKE, "logger.progress=plain",
-                             f"hydra.run.dir={tmp_path / 'run'}"], stdout=subprocess.PIPE, text=True, env=env,
-                            cwd=tmp_path)
-    # the experiment=auto line (resolved from the overrides before composition), then the start line
+                             f"hydra.run.dir={root / 'run'}"], stdout=subprocess.PIPE, text=True, env=env, cwd=root)
     first, second = proc.stdout.readline(), proc.stdout.readline()
     proc.communicate(timeout=300)
+    return first, second, proc.returncode, root / "run"
+
+
+def test_first_output_is_printed_before_the_heavy_imports(smoke_run):
+    first, second, returncode, _ = smoke_run
+    # the experiment=auto line (resolved from the overrides before composition), then the start line
     assert first.startswith("[rltrain] preset experiment=ppo_cartpole"), first
     assert second.strip() == "[rltrain] starting ..."
-    assert proc.returncode == 0
+    assert returncode == 0
 
 
 def test_mujoco_warns_once_and_writes_no_log_in_cwd(tmp_path):
@@ -294,10 +303,10 @@ def test_mujoco_warns_once_and_writes_no_log_in_cwd(tmp_path):
     assert not (tmp_path / "MUJOCO_LOG.TXT").exists()
 
 
-def test_eval_video_prints_no_runtime_dir_noise(tmp_path):
+def test_eval_video_prints_no_runtime_dir_noise(smoke_run, tmp_path):
     pytest.importorskip("moviepy")
-    res = run_cli([*SMOKE, f"hydra.run.dir={tmp_path / 'run'}"], cwd=tmp_path, timeout=300)
-    assert res.returncode == 0, res.stderr
+    assert smoke_run[2] == 0
+    shutil.copytree(smoke_run[3], tmp_path / "run")  # the videos go into the run dir
     env = {k: v for k, v in os.environ.items() if k != "XDG_RUNTIME_DIR"}
     env["PYTHONPATH"] = str(Path(__file__).resolve().parents[1])
     res = subprocess.run([sys.executable, "-m", "rltrain.cli.evaluate", str(tmp_path / "run"), "--episodes", "1",
