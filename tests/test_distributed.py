@@ -98,6 +98,16 @@ def test_local_spawn_trains_identical_replicas_and_resumes(cli, tmp_path, no_lea
     assert "global batch" in r.stderr and "1 x 2 x 64 = 128" in r.stderr and "env.num_envs=4" in r.stderr
 
 
+def test_eval_target_return_stops_every_rank_at_the_same_update(cli, tmp_path, no_leaks):
+    """Only rank 0 evaluates: the stop on ``eval.target_return`` must be agreed, or rank 1 would wait in the
+    next gradient all-reduce until trainer.timeout_s. CartPole's return is >= 1 on every episode."""
+    r = cli(*FAST, "trainer.world_size=2", "eval.every_env_steps=512", "eval.target_return=1", timeout=180,
+            env=TEST_ENV)
+    assert r.returncode == 0, r.stderr[-3000:]
+    s = summary(tmp_path / "run")
+    assert s["status"] == "completed" and s["solved_at_env_steps"] == s["total_env_steps"] == 512, s
+
+
 def _torchrun(args: list[str], cwd: Path, *, nnodes: int = 1, node_rank: int = 0, port: int) -> subprocess.Popen:
     cmd = [sys.executable, "-m", "torch.distributed.run", f"--nnodes={nnodes}", f"--node_rank={node_rank}",
            f"--nproc_per_node={2 if nnodes == 1 else 1}", "--master_addr=127.0.0.1", f"--master_port={port}",

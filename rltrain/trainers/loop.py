@@ -139,7 +139,10 @@ class TrainLoop:
                 if cadence.due("checkpoint", steps):
                     self.save()
                     cadence.done("checkpoint", steps)
-                if state.solved:
+                solved = state.solved is not None
+                if s.eval.target_return is not None:  # only the main rank evaluates: all stop at the same update
+                    solved = self.sync.any(solved)
+                if solved:
                     break
         except EnvCallAbandoned as err:
             # a stop came while an env call was stuck: the envs are unusable, the last checkpoint is the way
