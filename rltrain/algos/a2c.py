@@ -48,6 +48,23 @@ def make_optimizer(name: str, params: list, lr: float, eps: float) -> torch.opti
     return make_adam(params, lr, eps=eps)
 
 
+class ActorCriticLearner(ActorCriticState):
+    """What A2C and IMPALA build alike: the actor-critic from the model family, its optimiser (``optimizer``:
+    rmsprop or adam) and the reward scaler. ``settings`` carries rollout_len, hidden_sizes, activation, norm_obs,
+    init_log_std, optimizer, lr, optimizer_eps, gamma and norm_reward."""
+
+    def _build_learner(self, spec: EnvSpec, settings, *, num_envs: int, model: ModelSettings | None) -> None:
+        s = self.settings = settings
+        self.rollout_len = s.rollout_len
+        model = model or ModelSettings()
+        self.policy = build(spec, model.with_mlp(s.hidden_sizes, s.activation), "actor_critic",
+                            norm_obs=s.norm_obs, init_log_std=s.init_log_std).to(self.device)
+        self.recurrent = model.core != "identity"  # model.core=lstm|gru: learn on sequences
+        self.params = self.policy.param_list()  # the shared optimiser-state order
+        self.optimizer = make_optimizer(s.optimizer, self.params, s.lr, s.optimizer_eps)
+        self.reward_scaler = RewardScaler(s.gamma, num_envs) if s.norm_reward else None
+
+
 @dataclass(frozen=True, kw_only=True)
 class A2CSettings:
     """A2C's hyper-parameters (``algo=a2c``; conf/algo/a2c.yaml sets each one, SB3's A2C for every key)."""
@@ -78,7 +95,7 @@ class A2CSettings:
         check_optimizer(self.optimizer)
 
 
-class A2C(ActorCriticState, Algorithm):
+class A2C(ActorCriticLearner, Algorithm):
     name = "a2c"
     on_policy = True
     settings_class = A2CSettings
@@ -87,15 +104,7 @@ class A2C(ActorCriticState, Algorithm):
                  device: torch.device, sync: Sync | None = None, model: ModelSettings | None = None):
         """``model``: the model group (encoder by observation space, cli/build.py); None: its defaults."""
         super().__init__(spec, num_envs=num_envs, device=device, sync=sync)
-        s = self.settings = settings
-        self.rollout_len = s.rollout_len
-        model = model or ModelSettings()
-        self.policy = build(spec, model.with_mlp(s.hidden_sizes, s.activation), "actor_critic",
-                            norm_obs=s.norm_obs, init_log_std=s.init_log_std).to(device)
-        self.recurrent = model.core != "identity"  # model.core=lstm|gru: learn on sequences
-        self.params = self.policy.param_list()  # the shared optimiser-state order
-        self.optimizer = make_optimizer(s.optimizer, self.params, s.lr, s.optimizer_eps)
-        self.reward_scaler = RewardScaler(s.gamma, num_envs) if s.norm_reward else None
+        self._build_learner(spec, settings, num_envs=num_envs, model=model)
 
     def learn(self, rollout: Rollout, *, progress: float) -> Metrics:
         s, dev, pol = self.settings, self.device, self.policy

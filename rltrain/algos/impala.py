@@ -21,13 +21,13 @@ import numpy as np
 import torch
 from torch import nn
 
-from rltrain.algos.a2c import check_optimizer, make_optimizer
-from rltrain.algos.base import ActorCriticState, Algorithm, RewardScaler, Sync, positive, set_lr
+from rltrain.algos.a2c import ActorCriticLearner, check_optimizer
+from rltrain.algos.base import Algorithm, Sync, positive, set_lr
 from rltrain.algos.sequences import evaluate_rollout
 from rltrain.data.returns import vtrace
 from rltrain.data.structs import EnvSpec, Metrics, Rollout
 from rltrain.errors import ConfigError
-from rltrain.models.factory import ModelSettings, build
+from rltrain.models.factory import ModelSettings
 from rltrain.models.layers import RunningNorm
 
 
@@ -66,7 +66,7 @@ class IMPALASettings:
         check_optimizer(self.optimizer)
 
 
-class IMPALA(ActorCriticState, Algorithm):
+class IMPALA(ActorCriticLearner, Algorithm):
     name = "impala"
     on_policy = True  # learns from (nearly) current-policy data; V-trace absorbs bounded lag
     settings_class = IMPALASettings
@@ -75,15 +75,7 @@ class IMPALA(ActorCriticState, Algorithm):
                  device: torch.device, sync: Sync | None = None, model: ModelSettings | None = None):
         """``model``: the model group (encoder by observation space, cli/build.py); None: its defaults."""
         super().__init__(spec, num_envs=num_envs, device=device, sync=sync)
-        s = self.settings = settings
-        self.rollout_len = s.rollout_len
-        model = model or ModelSettings()
-        self.policy = build(spec, model.with_mlp(s.hidden_sizes, s.activation), "actor_critic",
-                            norm_obs=s.norm_obs, init_log_std=s.init_log_std).to(device)
-        self.recurrent = model.core != "identity"  # model.core=lstm|gru: learn on sequences
-        self.params = self.policy.param_list()  # the shared optimiser-state order
-        self.optimizer = make_optimizer(s.optimizer, self.params, s.lr, s.optimizer_eps)
-        self.reward_scaler = RewardScaler(s.gamma, num_envs) if s.norm_reward else None
+        self._build_learner(spec, settings, num_envs=num_envs, model=model)
 
     def learn(self, rollout: Rollout, *, progress: float) -> Metrics:
         s, dev, pol = self.settings, self.device, self.policy
