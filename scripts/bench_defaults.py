@@ -44,14 +44,14 @@ class Row:
 
 
 ROWS = [
-    Row("taxi", "ppo", "Taxi-v4", 200_000),
-    Row("frozenlake", "ppo", "FrozenLake-v1", 100_000, note="slippery"),
-    Row("minigrid-empty", "ppo", "bench_envs:minigrid_image", 100_000, {"name": "MiniGrid-Empty-8x8-v0"}),
-    Row("doorkey", "ppo", "bench_envs:minigrid_image", 150_000, {"name": "MiniGrid-DoorKey-5x5-v0"}),
-    Row("doorkey-lstm", "ppo", "bench_envs:minigrid_image", 150_000, {"name": "MiniGrid-DoorKey-5x5-v0"},
+    Row("taxi", "ppo", "Taxi-v4", 100_000),
+    Row("frozenlake", "ppo", "FrozenLake-v1", 50_000, note="slippery"),
+    Row("minigrid-empty", "ppo", "bench_envs:minigrid_image", 50_000, {"name": "MiniGrid-Empty-8x8-v0"}),
+    Row("doorkey", "ppo", "bench_envs:minigrid_image", 75_000, {"name": "MiniGrid-DoorKey-5x5-v0"}),
+    Row("doorkey-lstm", "ppo", "bench_envs:minigrid_image", 75_000, {"name": "MiniGrid-DoorKey-5x5-v0"},
         ("model.core=lstm",), note="SB3 column: feed-forward PPO"),
-    Row("dict-goal", "ppo", "bench_envs:GoalDict", 150_000, note="40x40 image + position"),
-    Row("mountaincar-sac", "sac", "MountainCarContinuous-v0", 50_000, note="rltrain: its preset applies"),
+    Row("dict-goal", "ppo", "bench_envs:GoalDict", 50_000, note="40x40 image + position"),
+    Row("mountaincar-sac", "sac", "MountainCarContinuous-v0", 20_000, note="rltrain: its preset applies"),
     Row("acrobot-ppo", "ppo", "Acrobot-v1", 100_000, extra=("experiment=none",)),
     Row("acrobot-dqn", "dqn", "Acrobot-v1", 100_000, extra=("experiment=none",)),
 ]
@@ -99,6 +99,7 @@ def main() -> None:
     ap.add_argument("--seeds", default="1,2,3")
     ap.add_argument("--budget-scale", type=float, default=1.0, help="multiply every row's env-step budget")
     ap.add_argument("--list", action="store_true", help="print the rows and exit")
+    ap.add_argument("--log", type=Path, help="append one JSON line per finished run (kept if the script is cut off)")
     args = ap.parse_args()
     if args.list:
         for r in ROWS:
@@ -119,6 +120,11 @@ def main() -> None:
             for seed in seeds:  # alternate: both meet the same neighbours
                 ours.append(run_rltrain(row, steps, seed, Path(tmp)))
                 theirs.append(run_sb3(row, steps, seed))
+                if args.log:
+                    with args.log.open("a") as log:
+                        for who, res in (("rltrain", ours[-1]), ("sb3", theirs[-1])):
+                            log.write(json.dumps({"row": row.name, "steps": steps, "seed": seed, "who": who,
+                                                  **res}) + "\n")
             cpu = (sum(o["cpu"] for o in ours), sum(t["cpu"] for t in theirs))
             totals = [totals[0] + cpu[0], totals[1] + cpu[1]]
             print(f"{row.name:16} {row.algo:4} {steps:8,}  {spread([o['deterministic'] for o in ours]):>15} "
