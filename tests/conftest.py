@@ -6,6 +6,9 @@ import os
 import subprocess
 import sys
 import tempfile
+import threading
+import time
+from collections.abc import Iterable
 from pathlib import Path
 
 import pytest
@@ -86,19 +89,69 @@ def leftover_children() -> set[int]:
     return child_pids() - _helper_servers()
 
 
+def held_shm_entries(pids: Iterable[int] | None = None) -> set[str]:
+    """The /dev/shm entries that live processes (``pids``, default: all) have open or mapped."""
+    held: set[str] = set()
+    if pids is None:
+        pids = [int(e.name) for e in os.scandir("/proc") if e.name.isdigit()]
+    for pid in pids:
+        try:
+            for fd in os.scandir(f"/proc/{pid}/fd"):
+                target = os.readlink(fd.path)
+                if target.startswith("/dev/shm/"):
+                    held.add(target[len("/dev/shm/"):].removesuffix(" (deleted)"))
+            with open(f"/proc/{pid}/maps") as maps:
+                for line in maps:
+                    at = line.find("/dev/shm/")
+                    if at >= 0:
+                        held.add(line[at + len("/dev/shm/"):].strip().removesuffix(" (deleted)"))
+        except (FileNotFoundError, PermissionError, ProcessLookupError, NotADirectoryError):
+            continue  # the process ended while being read
+    return held
+
+
+class ShmWatch:
+    """Which /dev/shm entries this test's own processes (this one and its descendants) held while it ran,
+    sampled by a thread. A leak is an entry one of them held that is left behind with no live holder; entries
+    of other test runs on this machine (pytest-xdist's other worker) are theirs, not this test's."""
+
+    def __init__(self, period: float = 0.1) -> None:
+        self.before, self.ours, self.period = shm_entries(), set(), period
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True, name="shm-watch")
+        self._thread.start()
+
+    def sample(self) -> None:
+        self.ours |= held_shm_entries({os.getpid(), *child_pids()})
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.period):
+            self.sample()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join()
+        self.sample()
+
+    def leaked(self) -> set[str]:
+        suspects = (shm_entries() - self.before) & self.ours
+        return suspects - held_shm_entries() if suspects else suspects
+
+
 @pytest.fixture
 def no_leaks():
-    """Asserts that the test leaves no new /dev/shm entries and no child processes behind."""
-    before_shm = shm_entries()
-    yield
-    import time
-
+    """Asserts that the test leaves no ownerless /dev/shm entry of its own and no child processes behind."""
+    watch = ShmWatch()
+    try:
+        yield watch
+    finally:
+        watch.stop()
     deadline = time.monotonic() + 10
-    while time.monotonic() < deadline and (leftover_children() or shm_entries() - before_shm):
+    while time.monotonic() < deadline and (leftover_children() or watch.leaked()):
         _reap_zombies()  # exited processes re-parented to us (see orphan_watch) are gone, not orphans
         time.sleep(0.2)
     assert not leftover_children(), f"orphan child processes: {leftover_children()}"
-    assert not (shm_entries() - before_shm), f"leaked /dev/shm entries: {shm_entries() - before_shm}"
+    assert not watch.leaked(), f"leaked /dev/shm entries: {watch.leaked()}"
 
 
 @pytest.fixture

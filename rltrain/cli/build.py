@@ -134,21 +134,25 @@ def model_settings(cfg: dict) -> ModelSettings:
 def algo_settings(cfg: dict):
     """The ``algo`` group as the algorithm's typed settings (``cls.settings_class``, e.g. ``PPOSettings``): keys
     and types checked here, values by the dataclass itself. The one place the group becomes settings."""
+    return _algo_class_and_settings(cfg)[1]
+
+
+def _algo_class_and_settings(cfg: dict) -> tuple[type, Any]:
     cls = resolve_target(cfg["algo"], "algo")
     if getattr(cls, "settings_class", None) is None:
         raise ConfigError(f"algo._target_={cfg['algo'].get('_target_')!r} is not an rltrain algorithm (a class "
                           "with a settings_class, as rltrain.algos.ppo.PPO)")
     params = hparams(cfg["algo"])
     check_kwargs(cls, params, "algo")
-    return cls.settings_class(**params)
+    return cls, cls.settings_class(**params)
 
 
 def algo_factory(cfg: dict):
     """A ``functools.partial`` of the algorithm class with its settings (``algo_settings``) and, for an algorithm
     that builds its networks from the model family, the model settings: called with ``(spec, *, num_envs,
     device[, sync])`` wherever the run needs the algorithm."""
-    cls = resolve_target(cfg["algo"], "algo")
-    params: dict[str, Any] = {"settings": algo_settings(cfg)}
+    cls, settings = _algo_class_and_settings(cfg)
+    params: dict[str, Any] = {"settings": settings}
     if "model" in inspect.signature(cls.__init__).parameters:
         params["model"] = model_settings(cfg)
     return functools.partial(cls, **params)
