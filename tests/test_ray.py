@@ -132,11 +132,12 @@ def test_impala_learns_cartpole_on_two_nodes(cluster, tmp_path):
                ON_NODES, timeout=400)
     assert res.returncode == 0, res.stderr[-3000:]
     s = _summary(tmp_path / "run")
-    # a random policy scores ~20. The preset's IMPALA under subprocess_actors (local or Ray alike) reaches a greedy
-    # evaluation of 475 within 200k steps on some seeds only (the run then stops there: eval.target_return), and
-    # others plateau at 400-475 or fall back: what holds on every seed is a best evaluation well above random
-    assert s["best_eval_return"] >= 300, s
-    assert s["solved_at_env_steps"] is None or s["final_eval_return"] >= 475, s
+    # a random policy scores ~20. The preset reaches a greedy evaluation of 475 within 200k steps on every seed
+    # measured under subprocess_actors (local seeds 1-16, also with ~4 versions of lag; Ray seeds in README), at
+    # 100k steps at the latest: the run stops at the first evaluation that reaches it (eval.target_return) and the
+    # final evaluation repeats it (same weights, same eval seeds)
+    assert s["solved_at_env_steps"] is not None and s["solved_at_env_steps"] == s["total_env_steps"], s
+    assert s["best_eval_return"] >= 475 and s["final_eval_return"] >= 475, s
     assert len({p["node_id"] for p in s["actor_nodes"].values()}) == 2
     _no_actor_left()
 
