@@ -30,7 +30,9 @@ from rltrain.errors import ConfigError
 from rltrain.run.signals import STOP_SIGNALS
 
 RESERVED = {"num_cpus": "CPU", "num_gpus": "GPU", "memory": "memory"}  # actor_resources key -> Ray resource
-PROBE_TIMEOUT_S = 30.0
+# a node that has the resources (``_check_resources`` refuses the others at once) must start a worker process for
+# the probe: tens of seconds on a loaded small machine (30 s proved too short beside other jobs on 2 cores)
+PROBE_TIMEOUT_S = 120.0
 PRIVATE_OBJECT_STORE_BYTES = 1 << 30  # a private instance's object store (Ray's default takes 30% of RAM)
 
 
@@ -179,7 +181,8 @@ class RayCluster:
         except ray.exceptions.GetTimeoutError:
             ray.cancel(ref, force=True)
             raise ConfigError(f"no Ray node with {self.resources or 'one CPU'} free took a probe task within "
-                              f"{PROBE_TIMEOUT_S:g}s: the cluster is busy or its nodes lack the resources") from None
+                              f"{PROBE_TIMEOUT_S:g}s: the nodes that have them are busy with other work; free "
+                              "them or add a node") from None
         except ray.exceptions.RayError as err:
             cause = getattr(err, "cause", None) or err
             raise ConfigError(f"the env cannot be built on the Ray worker nodes: {cause}; install what it needs on "
