@@ -122,7 +122,7 @@ class ShmWatch:
         self._thread.start()
 
     def sample(self) -> None:
-        self.ours |= held_shm_entries({os.getpid(), *child_pids()})
+        self.ours.update(held_shm_entries({os.getpid(), *child_pids()}))  # in place: the thread and a test both sample
 
     def _run(self) -> None:
         while not self._stop.wait(self.period):
