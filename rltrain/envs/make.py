@@ -44,7 +44,7 @@ from rltrain.envs.spaces import (
 )
 from rltrain.envs.vector import AsyncVecEnv, VecEnv
 from rltrain.envs.wrappers import apply_wrappers
-from rltrain.errors import ConfigError, close_matches
+from rltrain.errors import ConfigError, UserCodeError, close_matches, described
 
 # id namespace -> (module that registers it, pip extra of rltrain that installs it)
 NAMESPACES: dict[str, tuple[str, str]] = {"ALE": ("ale_py", "atari"), "MinAtar": ("minatar.gym", "minatar")}
@@ -73,6 +73,12 @@ def make_env(env_id: str, kwargs: dict[str, Any] | None = None, *, wrappers: lis
     except gym.error.DependencyNotInstalled as err:  # from gymnasium, a wrapper or a user factory
         raise ConfigError(f"env.id={env_id} needs a package that is not installed: "
                           f"{_install_hint(str(err))}") from None
+    except ImportError as err:  # an optional simulator imported (by us, Gymnasium or a factory) but not installed
+        extra = _EXTRAS.get((getattr(err, "name", None) or "").split(".")[0])
+        if extra is None:
+            raise
+        raise ConfigError(f"env.id={env_id} needs {err.name.split('.')[0]}, which is not installed: "
+                          f"pip install 'rltrain[{extra}]'") from None
 
 
 def add_search_path(path: str) -> None:
@@ -364,14 +370,14 @@ def probed_env(factory: EnvFactory):
     except ConfigError:
         raise
     except Exception as err:
-        raise ConfigError(f"env.id={factory.id}: building the env raised {type(err).__name__}: {err}; fix the env "
-                          "or its env.kwargs") from None
+        raise UserCodeError(f"env.id={factory.id}: building the env raised {described(err)}; fix the env or its "
+                            "env.kwargs") from err
     try:
         yield env
     except ConfigError:
         raise
     except Exception as err:
-        raise ConfigError(f"env.id={factory.id}: reset() raised {type(err).__name__}: {err}; fix the env or its "
-                          "env.kwargs") from None
+        raise UserCodeError(f"env.id={factory.id}: reset() raised {described(err)}; fix the env or its "
+                            "env.kwargs") from err
     finally:
         env.close()

@@ -173,13 +173,27 @@ def sweep_temp_files(run_dir: Path) -> list[Path]:
     """
     run_dir = Path(run_dir)
     ckdir = run_dir / "checkpoints"
-    found = [p for p in run_dir.glob(".*.tmp*") if p.is_file()]  # summary.json's, the key's
+    # only the temp names rltrain itself makes (``_tmp_name``, summary.json's, metrics.csv's rewrite): a user's
+    # own ``notes.tmp`` in a reused dir is not ours to delete
+    found = [p for p in run_dir.iterdir() if _OWN_TEMP.match(p.name) and _regular(p)] if run_dir.is_dir() else []
     if ckdir.is_dir():
-        found += [p for p in ckdir.glob(".*.tmp*") if p.is_file()]
-        found += [p for p in ckdir.glob("*.envs.pkl") if not p.with_name(p.name[: -len(".envs.pkl")] + ".pt").exists()]
+        found += [p for p in ckdir.iterdir() if _OWN_CHECKPOINT_TEMP.match(p.name) and _regular(p)]
+        found += [p for p in ckdir.glob("*.envs.pkl")
+                  if _CHECKPOINT.match(p.name[: -len(".envs.pkl")] + ".pt") and _regular(p)
+                  and not p.with_name(p.name[: -len(".envs.pkl")] + ".pt").exists()]
     for p in found:
         p.unlink(missing_ok=True)
     return found
+
+
+_CHECKPOINT = re.compile(r"^(step_\d{12}|best|final)\.pt$")
+# (``..rltrain-key.tmp<pid>``: the key's temp file of versions that kept the key in the run dir)
+_OWN_TEMP = re.compile(r"^(\.summary\.json\.tmp\d+|metrics\.csv\.tmp|\.\.rltrain-key\.tmp\d+)$")
+_OWN_CHECKPOINT_TEMP = re.compile(r"^\.(step_\d{12}|best|final)\.(pt|envs\.pkl)\.tmp\d+$")
+
+
+def _regular(path: Path) -> bool:
+    return path.is_file() and not path.is_symlink()
 
 
 class CheckpointManager:

@@ -20,7 +20,7 @@ from typing import Any
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig
 
-from rltrain.errors import ConfigError
+from rltrain.errors import ConfigError, described
 
 # Trainers that start processes of their own; running several of them at once under a local parallel launcher
 # multiplies the process count (jobs x workers) on the same cores.
@@ -32,8 +32,9 @@ def in_submitit_job() -> bool:
     return bool(os.environ.get("SUBMITIT_EXECUTOR"))
 
 
-def record_failure(run_dir: Path, err: BaseException) -> None:
-    """Mark the job ``failed`` in its ``summary.json`` (keeping what the train loop wrote) + ``error.txt``.
+def record_failure(run_dir: Path, err: BaseException) -> bool:
+    """Mark the job ``failed`` in its ``summary.json`` (keeping what the train loop wrote) + ``error.txt``;
+    True when written.
 
     Only under the run-dir lock: a job refused because another run owns its dir (a live run, e.g. a requeued
     copy of the job) must not write that run's summary; its failure is the line already printed."""
@@ -44,9 +45,12 @@ def record_failure(run_dir: Path, err: BaseException) -> None:
         lock.acquire()
     except (ConfigError, OSError):
         SweepCallback.refused_jobs.append(f"{run_dir.name}: {err}")  # counted at the end (same process only)
-        return
+        return False
     try:
         _write_failure(run_dir, err)
+        return True
+    except OSError:
+        return False
     finally:
         lock.release()
 
@@ -60,20 +64,40 @@ def _write_failure(run_dir: Path, err: BaseException) -> None:
     except ValueError:
         summary = {}
     summary["status"] = "failed"
-    summary.setdefault("error", f"{type(err).__name__}: {err}")
+    summary.setdefault("error", str(err) if isinstance(err, ConfigError) else described(err))
     summary.setdefault("final_eval_return", None)
     (run_dir / "error.txt").write_text("".join(traceback.format_exception(err)))
     write_summary(run_dir, summary)
 
 
-def discard_fresh_run_dir(run_dir: Path) -> None:
+def discard_fresh_run_dir(run_dir: Path | None) -> bool:
     """A refused command leaves no files: remove the run dir if this very command created it (Hydra's
-    ``.hydra/`` and log, our config and lock). A dir that existed before is another run's: left alone."""
+    ``.hydra/`` and log, our config and lock) and no run wrote its summary there (``None``: the single run's
+    dir, whichever it is). A dir that existed before is another run's: left alone. True when removed."""
     import shutil
 
     fresh = SweepCallback.fresh_run_dir
-    if fresh is not None and Path(run_dir).resolve() == fresh:
-        shutil.rmtree(fresh, ignore_errors=True)
+    if fresh is None or (run_dir is not None and Path(run_dir).resolve() != fresh):
+        return False
+    if (fresh / "summary.json").exists():
+        return False
+    shutil.rmtree(fresh, ignore_errors=True)
+    SweepCallback.fresh_run_dir = None
+    return not fresh.exists()
+
+
+def stopped_before_training(err: BaseException, *, removed: bool) -> str:
+    """The one line of a command stopped before its run had begun (``StopRequested`` out of start-up);
+    ``removed``: the run dir this command had created is gone again."""
+    from rltrain.run.signals import during
+
+    reason = getattr(err, "reason", type(err).__name__)
+    run_dir = SweepCallback.run_dir
+    if removed or run_dir is None or not run_dir.exists():
+        note = "nothing was trained and no run dir was left"
+    else:
+        note = f"nothing was trained; {run_dir} holds what it held before (its summary.json is unchanged)"
+    return f"stopped ({reason}{during(err)}) before training began; {note}"
 
 
 def hand_over_signal(summary: dict) -> None:
@@ -91,7 +115,7 @@ def hand_over_signal(summary: dict) -> None:
         signal.raise_signal(signal.SIGUSR2)
         return  # only a non-zero rank gets here (submitit requeues from rank 0)
     if summary.get("resume_command"):
-        print(f"rltrain: stopped ({reason}); {checkpoint_note(summary)}. Resume with:\n  {summary['resume_command']}",
+        print(f"rltrain: stopped ({reason}); {checkpoint_note(summary)}; resume with: {summary['resume_command']}",
               file=sys.stderr)
     sys.exit(summary["exit_code"])
 
@@ -158,6 +182,7 @@ class SweepCallback(Callback):
     failed_jobs: int = 0  # read by cli.main to set the exit code of the submitting process
     refused_jobs: list[str] = []  # jobs whose dir another run held: no summary of theirs to count
     fresh_run_dir: Path | None = None  # the single run's dir, when this command created it
+    run_dir: Path | None = None  # the single run's dir
 
     def on_run_start(self, config: DictConfig, **kwargs: Any) -> None:
         # Hydra creates the run dir itself, before the task starts: an unwritable one (hydra.run.dir=/proc/x)
@@ -166,6 +191,7 @@ class SweepCallback(Callback):
         try:
             # a dir this command creates is removed again if the command is refused (discard_fresh_run_dir)
             SweepCallback.fresh_run_dir = None if run_dir.exists() else run_dir.resolve()
+            SweepCallback.run_dir = run_dir.resolve()
             run_dir.mkdir(parents=True, exist_ok=True)
         except OSError as err:
             print(f"rltrain: error: hydra.run.dir={run_dir}: cannot create it ({err.strerror or err}); pick a "

@@ -24,6 +24,7 @@ import csv
 import json
 import os
 import socket
+import stat
 import sys
 import time
 from abc import ABC, abstractmethod
@@ -33,8 +34,8 @@ from typing import ClassVar
 
 from rltrain.errors import ConfigError
 from rltrain.run.seeding import SeedTree, write_seeds
-from rltrain.run.signals import StopFlag
-from rltrain.run.summary import write_summary
+from rltrain.run.signals import StopFlag, StopRequested, during
+from rltrain.run.summary import resume_command, write_summary
 from rltrain.trainers.settings import RunSettings
 
 
@@ -69,13 +70,17 @@ class Trainer(ABC):
 
     def fit(self) -> dict:
         """Train; returns the run summary (also written to ``summary.json`` by the process that owns the run)."""
-        crashed = self.mark_running() if self.writes_summary() else None
         stop = StopFlag().install()
+        crashed = None
         try:
-            trees = self.seed_trees()
-            if trees:
-                self.record_seeds(trees)
+            with stop.raising("start-up"):
+                crashed = self.mark_running() if self.writes_summary() else None
+                trees = self.seed_trees()
+                if trees:
+                    self.record_seeds(trees)
             summary = self.train(stop)
+        except StopRequested as err:  # where the run had no safe point to stop at (or a second Ctrl-C)
+            summary = self.stopped_at_once(err)
         except BaseException as err:
             if self.writes_summary():
                 self.never_left_running(err)
@@ -89,6 +94,16 @@ class Trainer(ABC):
             summary["crashed_before"] = crashed
         if self.writes_summary():
             write_summary(self.run_dir, summary)
+        return summary
+
+    def stopped_at_once(self, err: StopRequested) -> dict:
+        """The summary of a run stopped where it could not wait for a safe point (building its envs, loading a
+        checkpoint, connecting, the rendezvous) or by a second Ctrl-C: ``interrupted``, with the checkpoint
+        that exists already (none is written now: nothing is in a state worth saving)."""
+        ckpt = newest_checkpoint(self.run_dir)
+        summary = {"status": "interrupted", "stop_reason": f"{err.reason}{during(err)}", "checkpoint":
+                   str(ckpt) if ckpt else None, "resume_command": resume_command(self.run_dir),
+                   "exit_code": err.exit_code}
         return summary
 
     def never_left_running(self, err: BaseException) -> None:
@@ -188,3 +203,17 @@ def last_logged_step(run_dir: Path) -> int | None:
         except (OSError, ValueError, KeyError, TypeError):
             continue
     return max(steps) if steps else None
+
+
+def newest_checkpoint(run_dir: Path) -> Path | None:
+    """The most recently written checkpoint file of the run dir, by name and time only (nothing is opened: a
+    stop must not wait on a file)."""
+    found = []
+    for p in Path(run_dir, "checkpoints").glob("*.pt"):
+        try:
+            st = p.lstat()
+        except OSError:
+            continue
+        if stat.S_ISREG(st.st_mode):
+            found.append((st.st_mtime, p))
+    return max(found)[1] if found else None

@@ -18,6 +18,7 @@ The loop only loops. What it calls:
 
 from __future__ import annotations
 
+import math
 import time
 import traceback
 from pathlib import Path
@@ -29,7 +30,7 @@ from rltrain.data.structs import Metrics
 from rltrain.envs.vector import EnvCallAbandoned, EnvFault
 from rltrain.errors import ConfigError
 from rltrain.run.seeding import seed_process
-from rltrain.run.signals import StopFlag
+from rltrain.run.signals import StopFlag, StopRequested, during
 from rltrain.trainers.cadence import Cadence
 from rltrain.trainers.checkpointing import Checkpointing
 from rltrain.trainers.collector import RolloutCollector
@@ -52,10 +53,11 @@ class TrainLoop:
         self.sync, self.is_main = place.sync, place.is_main
         self.progress_factory, self.hooks = parts.progress_factory, parts.hooks
         seed_process(place.seeds.torch_seed)
-        self.spec = settings.env.spec()
-        self.algo: Algorithm = settings.algo(self.spec, num_envs=parts.num_envs or settings.env.num_envs,
-                                             device=place.device, sync=self.sync)
-        self.source = (parts.source_factory or self._collector)(self.algo)
+        with stop.raising("env construction"):  # an env constructor that never returns must not hold a stop
+            self.spec = settings.env.spec()
+            self.algo: Algorithm = settings.algo(self.spec, num_envs=parts.num_envs or settings.env.num_envs,
+                                                 device=place.device, sync=self.sync)
+            self.source = (parts.source_factory or self._collector)(self.algo)
         self.state = LoopState()
         self.counters = self.state.counters
         self.last_learn: Metrics = {}
@@ -64,7 +66,7 @@ class TrainLoop:
                                          env_id=self.spec.env_id, hooks=self.hooks, guard=self.guard)
         self.evaluate = Evaluation(settings, self.state, algo=self.algo, eval_seed=place.seeds.eval_seed,
                                    device=place.device, run_dir=place.run_dir,
-                                   save_best=lambda: self.checkpoints.save(kind="best"))
+                                   save_best=lambda: self.checkpoints.save(kind="best"), stop=stop)
         self.rows = MetricRows(settings, place, counters=self.counters, source=self.source, hooks=self.hooks)
         self.summary = LoopSummary(place, self.state, algo=self.algo, env_id=self.spec.env_id,
                                    source=self.source, stop=stop, hooks=self.hooks, rows=self.rows,
@@ -87,7 +89,12 @@ class TrainLoop:
     # -- the loop -----------------------------------------------------------------------------------------
     def run(self) -> dict:
         s, state = self.s, self.state
-        resumed_from = self.resume()
+        try:
+            with self.stop.raising("checkpoint loading"):
+                resumed_from = self.resume()
+        except StopRequested:
+            self.source.close()
+            raise
         start_steps = self.counters["env_steps"]
         if self.is_main:
             self.rows.open(resumed=resumed_from is not None)
@@ -150,6 +157,10 @@ class TrainLoop:
             progress.close()
             self.stop.reason = f"{self.stop.reason or 'stop'}: {err}"
             return self._finish("interrupted", start_steps=start_steps, t0=t0, checkpoint=False)
+        except StopRequested as err:  # a second Ctrl-C: now, mid-update (no checkpoint of a half-done state)
+            progress.close()
+            self.stop.reason = f"{err.reason}{during(err)}"
+            return self._finish("interrupted", start_steps=start_steps, t0=t0, checkpoint=False)
         except BaseException as err:
             progress.close()
             error = _one_line(err)
@@ -194,7 +205,7 @@ class TrainLoop:
         """``eval.target_return``: the first evaluation that reaches it ends the run (as ``target_return``
         does for the training return); the final evaluation repeats it (same weights, same eval seeds)."""
         target = self.s.eval.target_return
-        if target is not None and self.state.solved is None and row["eval/return_mean"] >= target:
+        if target is not None and self.state.solved is None and row.get("eval/return_mean", -math.inf) >= target:
             self.state.solved = {"env_steps": steps, "seconds": self.counters["wall_time"]}
 
     def _recent_return(self) -> float | None:
