@@ -125,13 +125,17 @@ def checkpoint_note(summary: dict) -> str:
     trainer=parallel) that wrote none."""
     agents = summary.get("agents")
     if isinstance(agents, list):
-        wrote = [str(a.get("index")) for a in agents if isinstance(a, dict) and a.get("checkpoint")]
-        missing = [str(a.get("index")) for a in agents if isinstance(a, dict) and not a.get("checkpoint")]
-        if not missing:
-            return "every agent wrote a checkpoint"
+        agents = [a for a in agents if isinstance(a, dict)]
+        wrote = [f"agent {a.get('index')}: {Path(str(a['checkpoint'])).name}" for a in agents if a.get("checkpoint")]
+        missing = [str(a.get("index")) for a in agents if not a.get("checkpoint")]
+        killed = [f"agent {a.get('index')} {a['error']}" for a in agents
+                  if str(a.get("error", "")).startswith("killed")]
+        why = f" ({'; '.join(killed)})" if killed else ""
         if not wrote:
-            return "no agent had a checkpoint yet (a resume starts them from step 0)"
-        return f"checkpoints of agents {', '.join(wrote)}; agents {', '.join(missing)} had none (they restart)"
+            return f"no agent had a checkpoint yet (a resume starts them from step 0){why}"
+        had = f"checkpoints: {', '.join(wrote)}"
+        return had + (f"; agent{'s' if len(missing) > 1 else ''} {', '.join(missing)} had none (a resume restarts "
+                      f"{'them' if len(missing) > 1 else 'it'} from step 0)" if missing else "") + why
     if summary.get("checkpoint"):
         return f"checkpoint {summary['checkpoint']}"
     return "no checkpoint had been written yet (a resume starts from step 0)"

@@ -3,7 +3,8 @@
 ``NeverEnds``: no episode ever ends and it registers no time limit (some of Gymnasium's own envs register
 none); it writes its pid to ``marker`` when an episode is reset with ``marker_seed`` (the run's eval seed:
 the final evaluation has begun). ``BuildHangs``: its constructor never returns once the run is live
-(``summary.json`` in ``run_dir`` says running: the trainer's own env construction, not the pre-flight look).
+(``summary.json`` in ``run_dir`` says running: the trainer's own env construction, not the pre-flight look),
+or ``always``; it writes its pid to ``marker`` first.
 ``OutOfBox``: an integer Box env whose observation leaves the declared range (or its dtype) after ``after``
 steps.
 """
@@ -39,13 +40,13 @@ class NeverEnds(gym.Env):
 
 
 class BuildHangs(NeverEnds):
-    def __init__(self, run_dir: str = "", marker: str = ""):
+    def __init__(self, run_dir: str = "", marker: str = "", always: bool = False):
         super().__init__()
         try:
             live = json.loads(Path(run_dir, "summary.json").read_text()).get("status") == "running"
         except (OSError, ValueError):
             live = False
-        if live:
+        if live or always:
             if marker:
                 Path(marker).write_text(str(os.getpid()))
             while True:
