@@ -122,6 +122,7 @@ def run_task(cfg: DictConfig) -> float:
 # Hydra plugins behind optional extras: a missing one names the extra instead of listing the valid options.
 PLUGIN_EXTRAS = {"hydra/launcher/joblib": "joblib", "hydra/launcher/submitit_slurm": "slurm",
                  "hydra/launcher/submitit_local": "slurm", "hydra/sweeper/optuna": "sweep"}
+OUR_LAUNCHERS = {"JoblibLauncher": "joblib", "SlurmLauncher": "submitit_slurm", "LocalLauncher": "submitit_local"}
 
 
 def one_line(err: BaseException) -> str:
@@ -133,6 +134,10 @@ def one_line(err: BaseException) -> str:
     if plugin and plugin.group(1) in PLUGIN_EXTRAS:
         extra = PLUGIN_EXTRAS[plugin.group(1)]
         return f"{plugin.group(1).rpartition('/')[2]} needs the '{extra}' extra: pip install 'rltrain[{extra}]'"
+    ours = re.search(r"Unknown plugin class : 'hydra_plugins\.rltrain_plugins\.launchers\.(\w+)'", text)
+    if ours and f"hydra/launcher/{OUR_LAUNCHERS.get(ours.group(1))}" in PLUGIN_EXTRAS:  # defined with its extra only
+        extra = PLUGIN_EXTRAS[f"hydra/launcher/{OUR_LAUNCHERS[ours.group(1)]}"]
+        return f"{OUR_LAUNCHERS[ours.group(1)]} needs the '{extra}' extra: pip install 'rltrain[{extra}]'"
     if missing:
         group, _, option = missing.group(1).rpartition("/")
         options = re.findall(r"^\t(\S+)$", text, re.M)
@@ -220,7 +225,7 @@ def _main() -> None:
         from hydra.errors import HydraException
         from omegaconf.errors import OmegaConfBaseException
 
-        if isinstance(err, (HydraException, OmegaConfBaseException)):
+        if isinstance(err, (HydraException, OmegaConfBaseException)) or "Unknown plugin class" in str(err):
             print(f"rltrain: error: {one_line(err)}", file=sys.stderr)
             sys.exit(2)
         if isinstance(err, OSError) and err.errno in WRITE_ERRNOS:  # e.g. Hydra writing .hydra/ into a read-only dir

@@ -92,6 +92,9 @@ def stopped_before_training(err: BaseException, *, removed: bool) -> str:
     from rltrain.run.signals import during
 
     reason = getattr(err, "reason", type(err).__name__)
+    if SweepCallback.sweep_dir is not None:
+        return (f"stopped ({reason}) during the sweep {SweepCallback.sweep_dir}: its running jobs were stopped "
+                "(each checkpoints); each job's summary.json says how it ended")
     run_dir = SweepCallback.run_dir
     if removed or run_dir is None or not run_dir.exists():
         note = "nothing was trained and no run dir was left"
@@ -187,6 +190,7 @@ class SweepCallback(Callback):
     refused_jobs: list[str] = []  # jobs whose dir another run held: no summary of theirs to count
     fresh_run_dir: Path | None = None  # the single run's dir, when this command created it
     run_dir: Path | None = None  # the single run's dir
+    sweep_dir: Path | None = None  # a multirun's
 
     def on_run_start(self, config: DictConfig, **kwargs: Any) -> None:
         # Hydra creates the run dir itself, before the task starts: an unwritable one (hydra.run.dir=/proc/x)
@@ -203,6 +207,7 @@ class SweepCallback(Callback):
             sys.exit(2)
 
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
+        SweepCallback.sweep_dir = Path(str(config.hydra.sweep.dir))
         launcher = str(config.hydra.launcher.get("_target_", ""))
         task_overrides = list(config.hydra.overrides.task)
         choices = [str(config.hydra.runtime.choices.get("trainer"))] + _sweep_values(task_overrides, "trainer")
@@ -213,8 +218,12 @@ class SweepCallback(Callback):
             sys.exit(2)
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
+        from rltrain.sweeps.jobs import lost_if_dead
+
         sweep_dir = Path(str(config.hydra.sweep.dir))
         rows = collect_summaries(sweep_dir)
+        if any(lost_if_dead(d, s) for d, s in rows):  # a job killed without a word still says running
+            rows = collect_summaries(sweep_dir)
         for line in SweepCallback.refused_jobs:
             print(f"  refused: {line}", file=sys.stderr)
         SweepCallback.failed_jobs = len(SweepCallback.refused_jobs)

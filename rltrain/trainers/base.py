@@ -20,11 +20,9 @@ with the last env step it logged, warns in one line, and keeps that record in it
 
 from __future__ import annotations
 
-import csv
 import json
 import os
 import socket
-import stat
 import sys
 import time
 from abc import ABC, abstractmethod
@@ -35,7 +33,7 @@ from typing import ClassVar
 from rltrain.errors import ConfigError
 from rltrain.run.seeding import SeedTree, write_seeds
 from rltrain.run.signals import StopFlag, StopRequested, during
-from rltrain.run.summary import resume_command, write_summary
+from rltrain.run.summary import last_logged_step, newest_checkpoint, resume_command, write_summary
 from rltrain.trainers.settings import RunSettings
 
 
@@ -189,31 +187,3 @@ def crashed_record(run_dir: Path) -> dict | None:
         return None
     return {"status": "crashed", "pid": old.get("pid"), "host": old.get("host"), "started_at": old.get("started_at"),
             "last_env_steps": last_logged_step(Path(run_dir))}
-
-
-def last_logged_step(run_dir: Path) -> int | None:
-    """The last ``env_steps`` in the run's ``metrics.csv`` (for trainer=parallel: the most any agent logged)."""
-    steps = []
-    for path in [run_dir / "metrics.csv", *sorted(run_dir.glob("agent_*/metrics.csv"))]:
-        try:
-            with open(path, newline="") as f:
-                rows = list(csv.DictReader(f))
-            if rows:
-                steps.append(int(float(rows[-1]["env_steps"])))
-        except (OSError, ValueError, KeyError, TypeError):
-            continue
-    return max(steps) if steps else None
-
-
-def newest_checkpoint(run_dir: Path) -> Path | None:
-    """The most recently written checkpoint file of the run dir, by name and time only (nothing is opened: a
-    stop must not wait on a file)."""
-    found = []
-    for p in Path(run_dir, "checkpoints").glob("*.pt"):
-        try:
-            st = p.lstat()
-        except OSError:
-            continue
-        if stat.S_ISREG(st.st_mode):
-            found.append((st.st_mtime, p))
-    return max(found)[1] if found else None

@@ -33,7 +33,8 @@ from rltrain.run.checkpoint import CheckpointManager, load_checkpoint
 from rltrain.run.device import pick_device
 from rltrain.run.seeding import SeedTree, derive, write_seeds
 from rltrain.run.signals import StopFlag, StopRequested
-from rltrain.trainers.base import Capabilities, Trainer, last_logged_step, newest_checkpoint
+from rltrain.run.summary import last_logged_step, newest_checkpoint
+from rltrain.trainers.base import Capabilities, Trainer
 from rltrain.trainers.hooks import LoopHooks, Placement, TrainerParts
 from rltrain.trainers.loop import TrainLoop
 from rltrain.trainers.ranks import (

@@ -29,8 +29,8 @@ from rltrain.run.plots import few_seeds_note
 from rltrain.run.seeding import SeedTree, derive, write_seeds
 from rltrain.run.signals import StopFlag
 from rltrain.run.stats import aggregate
-from rltrain.run.summary import resume_command
-from rltrain.trainers.base import Capabilities, Trainer, newest_checkpoint
+from rltrain.run.summary import newest_checkpoint, resume_command
+from rltrain.trainers.base import Capabilities, Trainer
 from rltrain.trainers.hooks import Placement, TrainerParts
 from rltrain.trainers.loop import TrainLoop
 from rltrain.trainers.settings import RunSettings
