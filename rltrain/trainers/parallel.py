@@ -198,6 +198,8 @@ class ParallelTrainer(Trainer):
             if isinstance(ev, Exited) and rec.get("killed_because"):  # we killed it: say why, not just the signal
                 error = f"killed by rltrain: {rec['killed_because']}"
             rec.update(status="failed", error=error)
+            if isinstance(ev, Failed):
+                rec["traceback"] = ev.traceback
             display.set_status(ev.index, "failed")
             # one line; the traceback goes to agent_<k>/error.txt (an env fault's loop wrote it already)
             where = self._keep_traceback(ev.index, ev.traceback) if isinstance(ev, Failed) else ""
