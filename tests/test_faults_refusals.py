@@ -151,3 +151,28 @@ def test_the_stop_line_names_each_agents_checkpoint_and_why_one_was_killed():
         {"index": 2, "checkpoint": None}]})
     assert note == ("checkpoints: agent 0: step_000000004096.pt, agent 1: step_000000000512.pt; agent 2 had none "
                     "(a resume restarts it from step 0) (agent 1 killed by rltrain: no heartbeat for 3 s)")
+
+
+# -- resume: where the work runs may change ---------------------------------------------------------------------
+def test_placement_only_keys_may_change_on_resume():
+    from rltrain.run.checkpoint import config_changes
+
+    actors = "rltrain.trainers.actors.learner.SubprocessActorsTrainer"
+    saved = {"trainer": {"_target_": actors, "num_actors": 2, "backend": "ray", "sync": False,
+                         "ray": {"address": "10.0.0.1:6379", "actor_resources": {"num_cpus": 1, "node_a": 1}}}}
+    moved = {"trainer": {"_target_": actors, "num_actors": 4, "backend": "local", "sync": False,
+                         "ray": {"address": "10.0.0.9:6379", "actor_resources": {"num_cpus": 2}}}}
+    assert config_changes(saved, moved) == ([], [])  # a fresh cluster, more actors: the same learner goes on
+    changed = {"trainer": {**moved["trainer"], "sync": True}}
+    assert config_changes(saved, changed)[0] == ["trainer.sync: False -> True"]  # what trains is still compared
+
+
+def test_a_resume_on_more_actors_continues(tmp_path, no_leaks):
+    run_dir = tmp_path / "run"
+    common = ["trainer=subprocess_actors", "eval.every_env_steps=0", "eval.episodes=1"]
+    first = _train(run_dir, *common, "trainer.num_actors=2", "total_env_steps=1024")
+    assert first.returncode == 0, first.stderr[-3000:]
+    res = _train(run_dir, *common, "trainer.num_actors=3", "total_env_steps=2048", "resume=auto")
+    assert res.returncode == 0, res.stderr[-3000:]
+    s = _summary(run_dir)
+    assert s["status"] == "completed" and s["resumed_from_env_steps"] >= 1024 and s["total_env_steps"] >= 2048

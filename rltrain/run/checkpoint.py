@@ -328,7 +328,11 @@ PLACEMENT_KEYS = ("trainer._partial_", "trainer.start_method", "trainer.heartbea
                   "model._target_", "env.search_path")
 # a trainer that checks its own layout on resume: distributed ranks may change while the global batch stays
 TRAINER_PLACEMENT = {"rltrain.trainers.distributed.DistributedSimulatorTrainer": ("env.num_envs",
-                                                                                  "trainer.world_size")}
+                                                                                  "trainer.world_size"),
+                     # where the actors run and how many: a fresh cluster (another Ray head address, other node
+                     # resources) or another actor count continues the same learner
+                     "rltrain.trainers.actors.learner.SubprocessActorsTrainer": ("trainer.ray", "trainer.backend",
+                                                                                 "trainer.num_actors")}
 ALLOW_KEY = "resume_allow_changes"
 _ABSENT = object()
 
@@ -357,7 +361,8 @@ def config_changes(saved: dict, current: dict, allow: tuple[str, ...] | list[str
         for key in sorted(set(was) | set(now)):
             old, new = was.get(key, _ABSENT), now.get(key, _ABSENT)
             field = key.split(".")[1]
-            if old == new or key in placement or field not in saved[group]:  # or an older checkpoint's gap
+            placed = any(key == p or key.startswith(f"{p}.") for p in placement)  # a key or a group of them
+            if old == new or placed or field not in saved[group]:  # or an older checkpoint's gap
                 continue
             before, after = ("(unset)" if v is _ABSENT else repr(v) for v in (old, new))
             line = f"{key}: {before} -> {after}"
