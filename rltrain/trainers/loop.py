@@ -233,21 +233,27 @@ class TrainLoop:
         # it
         elapsed = (time.perf_counter() - t0 - state.eval_s) if t0 is not None else float("nan")
         sps = (steps - start_steps) / elapsed if elapsed and elapsed > 0 else float("nan")
-        final = state.last_eval
-        if status == "completed" and self.is_main:
-            # the final evaluation always runs (also after an early stop at target_return); its row is the
-            # last
-            row = self.evaluate(final=True)
-            final = (row["eval/return_mean"], row["eval/return_std"])
-            self.rows.log(steps, {**self.rows.row(self.last_learn, sps), **row})
-        elif self.is_main and status == "interrupted" and self.last_learn:
-            self.rows.log(steps, self.rows.row(self.last_learn, sps))
         ckpt = None
         if self.is_main and status in ("completed", "interrupted") and checkpoint:
+            # before the final evaluation: a stop (or an env that never ends) there must not cost the training
             ckpt = self.save(kind="final" if status == "completed" else "step")
         elif self.is_main and status == "interrupted":
             # what a resume continues from (none written now: the envs were stuck)
             ckpt = state.last_checkpoint
+        final = state.last_eval
+        if status == "completed" and self.is_main:
+            # the final evaluation always runs (also after an early stop at target_return); its row is the
+            # last
+            try:
+                row = self.evaluate(final=True)
+            except StopRequested as err:  # trained and checkpointed: a resume=auto evaluates it again
+                status, final = "interrupted", None
+                self.stop.reason = f"{err.reason}{during(err)}"
+            else:
+                final = (row["eval/return_mean"], row["eval/return_std"])
+                self.rows.log(steps, {**self.rows.row(self.last_learn, sps), **row})
+        elif self.is_main and status == "interrupted" and self.last_learn:
+            self.rows.log(steps, self.rows.row(self.last_learn, sps))
         summary = self.summary.build(status, sps=sps, final=final, start_steps=start_steps, checkpoint=ckpt,
                                      error=error)
         self.summary.write(summary)
