@@ -93,3 +93,63 @@ def test_an_observation_that_does_not_fit_its_space_ends_the_run_in_one_line(tmp
     assert what in lines[0], lines[0]
     summary = _summary(run_dir)
     assert summary["status"] == "failed" and what in summary["error"]
+
+
+# -- checkpoints: what the tools read, and what they may write over -------------------------------------------
+def _tool(module: str, *args: str, cwd: Path):
+    import subprocess
+    import sys
+
+    return subprocess.run([sys.executable, "-m", module, *args], cwd=cwd, capture_output=True, text=True,
+                          timeout=120)
+
+
+@pytest.fixture(scope="module")
+def nan_checkpoint(trained, tmp_path_factory) -> Path:
+    """The trained run's final checkpoint with one weight made NaN (as an altered file would hold it)."""
+    import torch
+
+    state = torch.load(trained / "checkpoints" / "final.pt", weights_only=True)
+    name = next(k for k, v in state["algo"]["policy"].items() if v.is_floating_point() and v.numel() > 1
+                and "norm" not in k)
+    state["algo"]["policy"][name].view(-1)[0] = float("nan")
+    path = tmp_path_factory.mktemp("altered") / "final.pt"
+    torch.save(state, path)
+    return path
+
+
+@pytest.mark.parametrize("tool", ["rltrain.cli.evaluate", "rltrain.cli.export", "rltrain"])
+def test_non_finite_weights_are_refused_naming_the_tensor(nan_checkpoint, tmp_path, tool):
+    args = {"rltrain.cli.evaluate": [str(nan_checkpoint), "--episodes", "1"],
+            "rltrain.cli.export": [str(nan_checkpoint), "--out", str(tmp_path / "p.pt2")],
+            "rltrain": ["debug=smoke", "logger=quiet", f"resume={nan_checkpoint}", f"hydra.run.dir={tmp_path / 'r'}",
+                        "total_env_steps=4096"]}[tool]
+    res = _tool(tool, *args, cwd=tmp_path)
+    assert res.returncode == 2, res.stderr[-3000:]
+    lines = _errors(res)
+    assert len(lines) == 1 and "its weights are not finite: algo.policy." in lines[0], res.stderr[-3000:]
+    assert "holds nan (1 of " in lines[0], lines[0]
+    assert not (tmp_path / "p.pt2").exists() and not (tmp_path / "r").exists()
+
+
+@pytest.mark.parametrize("tool", ["rltrain.cli.evaluate", "rltrain.cli.export", "rltrain"])
+def test_a_fifo_given_as_a_checkpoint_is_refused_not_read(tmp_path, tool):
+    fifo = tmp_path / "final.pt"
+    os.mkfifo(fifo)
+    args = {"rltrain.cli.evaluate": [str(fifo)], "rltrain.cli.export": [str(fifo), "--out", str(tmp_path / "p.pt2")],
+            "rltrain": ["debug=smoke", "logger=quiet", f"resume={fifo}", f"hydra.run.dir={tmp_path / 'r'}"]}[tool]
+    res = _tool(tool, *args, cwd=tmp_path)  # a read would block forever: the 120 s bound fails it
+    assert res.returncode == 2, res.stderr[-3000:]
+    lines = _errors(res)
+    assert len(lines) == 1 and f"{fifo}: a FIFO, not a regular file" in lines[0], res.stderr[-3000:]
+
+
+def test_export_never_writes_over_a_runs_files(trained, tmp_path):
+    run_dir = shutil.copytree(trained, tmp_path / "run", ignore=shutil.ignore_patterns(".rltrain.lock"))
+    final = run_dir / "checkpoints" / "final.pt"
+    before = final.read_bytes()
+    for out in (final, run_dir / "summary.pt"):  # the checkpoint itself; a description over summary.json
+        res = _tool("rltrain.cli.export", str(run_dir), "--out", str(out), "--force", cwd=tmp_path)
+        assert res.returncode == 2 and len(_errors(res)) == 1, res.stderr[-3000:]
+        assert "no tool writes over a run's files" in res.stderr
+    assert final.read_bytes() == before and _summary(run_dir)["status"] == "completed"

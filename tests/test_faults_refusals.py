@@ -15,6 +15,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from rltrain.sweeps.callbacks import checkpoint_note
 from rltrain.trainers.rendezvous import free_port
 from tests.conftest import REPO
@@ -176,3 +178,45 @@ def test_a_resume_on_more_actors_continues(tmp_path, no_leaks):
     assert res.returncode == 0, res.stderr[-3000:]
     s = _summary(run_dir)
     assert s["status"] == "completed" and s["resumed_from_env_steps"] >= 1024 and s["total_env_steps"] >= 2048
+
+
+# -- the tools' arguments -----------------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def smoke_run(tmp_path_factory) -> Path:
+    run_dir = tmp_path_factory.mktemp("tools") / "run"
+    res = _train(run_dir)
+    assert res.returncode == 0, res.stderr[-3000:]
+    return run_dir
+
+
+@pytest.mark.parametrize(("args", "says"), [
+    (["--seed", "-1"], "--seed=-1 must be between 0 and 2**63"),
+    (["--seed", str(10**30)], f"--seed={10**30} must be between 0 and 2**63"),
+    (["--episodes", "10000000000000"], "--episodes=10000000000000 must be between 1 and 10,000,000"),
+    (["--episodes", "0"], "--episodes=0 must be between 1"),
+    (["--bogus"], "unrecognized arguments: --bogus"),
+    (["--checkpoint", "middle"], "argument --checkpoint: invalid choice: 'middle'"),
+], ids=["negative-seed", "huge-seed", "huge-episodes", "no-episodes", "unknown-flag", "bad-choice"])
+def test_rltrain_eval_bad_arguments_are_one_line_exit_2(smoke_run, tmp_path, args, says):
+    res = _run([str(smoke_run), *args], tmp_path, module="rltrain.cli.evaluate")
+    assert res.returncode == 2, res.stderr[-3000:]
+    lines = res.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("rltrain-eval: error: ") and says in lines[0], res.stderr
+
+
+def test_rltrain_eval_loads_the_checkpoint_it_is_asked_for(smoke_run, tmp_path):
+    for which in ("final", "best", "latest"):
+        res = _run([str(smoke_run), "--checkpoint", which, "--episodes", "1"], tmp_path,
+                   module="rltrain.cli.evaluate")
+        assert res.returncode == 0, res.stderr[-3000:]
+        loaded = res.stdout.splitlines()[0].removeprefix("checkpoint: ")
+        expect = {"final": ["final.pt"], "best": ["best.pt"],
+                  "latest": ["final.pt", "step_000000002048.pt"]}[which]  # the most env steps: 2048
+        assert loaded in [str(smoke_run / "checkpoints" / e) for e in expect], res.stdout
+
+
+def test_rltrain_export_into_an_unwritable_place_is_one_line(smoke_run, tmp_path):
+    res = _run([str(smoke_run), "--out", "/proc/rltrain-nowhere/policy.pt2"], tmp_path, module="rltrain.cli.export")
+    assert res.returncode == 2, res.stderr[-3000:]
+    lines = res.stderr.strip().splitlines()
+    assert len(lines) == 1 and "cannot write /proc/rltrain-nowhere" in lines[0], res.stderr

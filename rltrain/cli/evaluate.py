@@ -2,17 +2,20 @@
 
 from __future__ import annotations
 
-import argparse
 import sys
 from pathlib import Path
 
+from rltrain.cli.args import CHECKPOINT_CHOICES, OneLineParser, check_episodes_and_seed, pick_checkpoint
 from rltrain.errors import ConfigError
 
 
 def main(argv: list[str] | None = None) -> int:
     """``rltrain-eval <checkpoint or run dir> [--episodes N] [--stochastic] [--video] [--seed S] [--allow-import]``."""
-    p = argparse.ArgumentParser(prog="rltrain-eval", description="Evaluate a trained rltrain policy.")
-    p.add_argument("path", help="a checkpoint file (.pt) or a run directory (its best, final or latest checkpoint)")
+    p = OneLineParser(prog="rltrain-eval", description="Evaluate a trained rltrain policy.")
+    p.add_argument("path", help="a checkpoint file (.pt) or a run directory (its checkpoint chosen by --checkpoint)")
+    p.add_argument("--checkpoint", choices=CHECKPOINT_CHOICES, default="final",
+                   help="for a run directory: final (default; the latest while it has none), best (the best "
+                        "periodic evaluation) or latest (the most env steps)")
     p.add_argument("--episodes", type=int, default=10)
     p.add_argument("--stochastic", action="store_true", help="sample actions instead of taking the mode")
     p.add_argument("--video", action="store_true", help="record every episode to <run dir>/videos (needs moviepy)")
@@ -48,10 +51,9 @@ def main(argv: list[str] | None = None) -> int:
         from rltrain.cli.loading import load_policy
         from rltrain.trainers.episodes import evaluate
 
-        policy, cfg, ckpt_path, eval_seed = load_policy(Path(args.path), device=args.device,
-                                                          allow_import=args.allow_import)
-        if args.episodes <= 0:
-            raise ConfigError(f"--episodes={args.episodes} must be > 0")
+        check_episodes_and_seed(args.episodes, args.seed)
+        policy, cfg, ckpt_path, eval_seed = load_policy(pick_checkpoint(Path(args.path), args.checkpoint),
+                                                          device=args.device, allow_import=args.allow_import)
         video_dir = ckpt_path.parent.parent / "videos" if args.video else None
         env = env_factory(cfg["env"], cfg.get("algo"))
         seed = eval_seed if args.seed is None else args.seed

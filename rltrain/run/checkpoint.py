@@ -33,6 +33,7 @@ from pathlib import Path
 import torch
 
 from rltrain.errors import ConfigError
+from rltrain.run.trust import first_non_finite, not_regular
 
 _STEP_RE = re.compile(r"^step_(\d+)\.pt$")
 KEY_BYTES = 32
@@ -249,6 +250,10 @@ class CheckpointManager:
         best_path, best_steps = None, -1
         corrupt: list[str] = []
         for p in sorted(self.dir.glob("*.pt")):
+            kind = not_regular(p)
+            if kind:  # never opened: a FIFO would block the read
+                corrupt.append(f"{p.name} ({kind})")
+                continue
             try:
                 steps = int(torch.load(p, weights_only=True, map_location="cpu", mmap=True)["counters"]["env_steps"])
             except Exception:
@@ -287,12 +292,19 @@ def load_checkpoint(path: Path, *, key: str = "resume", run_dir: Path | None = N
         path = found
     if not path.exists():
         raise ConfigError(f"{key}={path}: no such file or directory")
+    kind = not_regular(path)
+    if kind:  # a FIFO would block the read forever, a device read without end
+        raise ConfigError(f"{key}={path}: {kind}, not a regular file: not a checkpoint")
     try:
         state = torch.load(path, weights_only=True, map_location="cpu")
     except Exception as err:
         raise ConfigError(f"{key}={path}: not an rltrain checkpoint ({type(err).__name__})") from None
     if not isinstance(state, dict) or "algo" not in state or "counters" not in state:
         raise ConfigError(f"{key}={path}: not an rltrain checkpoint (missing 'algo'/'counters')")
+    bad = first_non_finite(state["algo"], "algo")
+    if bad:  # rltrain never writes one (the non-finite guard checks before every save): an altered file
+        raise ConfigError(f"{key}={path}: its weights are not finite: {bad}; a checkpoint rltrain writes never "
+                          "holds one (this file was altered or written by other code): use another checkpoint")
     sidecar = path.with_suffix(".envs.pkl")
     if (run_dir is None and not trust_envs) or not sidecar.exists():
         return state, None

@@ -23,6 +23,7 @@ import stat
 from pathlib import Path
 
 from rltrain.errors import ConfigError
+from rltrain.run.trust import kind_of
 
 LOCK_FILE = ".rltrain.lock"
 # what rltrain writes in a run dir (each parallel agent's agent_<k>/ the same), and its directories of files
@@ -123,7 +124,7 @@ def run_dir_offenders(run_dir: Path) -> list[str]:
                 elif own_dir and (name in OWN_FILES or name in OWN_DIRS or in_checkpoints):
                     found.append(f"{rel} -> {target} (a link where rltrain writes its own file)")
             elif own_dir and (name in OWN_FILES or in_checkpoints) and not stat.S_ISREG(st.st_mode):
-                found.append(f"{rel} ({_kind(st.st_mode)}, not a regular file)")
+                found.append(f"{rel} ({kind_of(st.st_mode)}, not a regular file)")
     return sorted(found)
 
 
@@ -133,11 +134,3 @@ def _inside(link: Path, root: Path) -> bool:
     except (OSError, RuntimeError):  # a loop
         return False
     return target == root or root in target.parents
-
-
-def _kind(mode: int) -> str:
-    for test, name in ((stat.S_ISFIFO, "a FIFO"), (stat.S_ISDIR, "a directory"), (stat.S_ISSOCK, "a socket"),
-                       (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device")):
-        if test(mode):
-            return name
-    return "not a regular file"
