@@ -7,6 +7,7 @@ from pathlib import Path
 
 from rltrain.cli.args import CHECKPOINT_CHOICES, OneLineParser, check_episodes_and_seed, pick_checkpoint
 from rltrain.errors import ConfigError
+from rltrain.run.signals import StopFlag, StopRequested
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -44,6 +45,7 @@ def main(argv: list[str] | None = None) -> int:
                     "eval.seed=N)")
     if args.video:
         _private_runtime_dir()
+    stop = StopFlag().install()  # a stop signal ends the evaluation at once, in one line
     try:
         import torch
 
@@ -57,12 +59,18 @@ def main(argv: list[str] | None = None) -> int:
         video_dir = ckpt_path.parent.parent / "videos" if args.video else None
         env = env_factory(cfg["env"], cfg.get("algo"))
         seed = eval_seed if args.seed is None else args.seed
-        rets = evaluate(policy, env.make, episodes=args.episodes, eval_seed=seed,
-                        deterministic=not args.stochastic, device=torch.device(args.device), video_dir=video_dir,
-                        real_scores=env.real_scores)
+        with stop.raising("the evaluation"):
+            rets = evaluate(policy, env.make, episodes=args.episodes, eval_seed=seed,
+                            deterministic=not args.stochastic, device=torch.device(args.device), video_dir=video_dir,
+                            real_scores=env.real_scores)
     except ConfigError as err:
         print(f"rltrain-eval: error: {err}", file=sys.stderr)
         return 2
+    except StopRequested as err:
+        print(f"rltrain-eval: stopped ({err.reason}) before the evaluation ended", file=sys.stderr)
+        return err.exit_code
+    finally:
+        stop.uninstall()
     print(f"checkpoint: {ckpt_path}")
     print(f"episodes: {args.episodes}  mean return: {rets.mean():.2f}  std: {rets.std():.2f}  "
           f"min: {rets.min():.2f}  max: {rets.max():.2f}")
