@@ -160,3 +160,24 @@ def test_a_mask_with_no_legal_action_stops_the_run_naming_env_and_step(tmp_path)
     errors = [line for line in res.stderr.splitlines() if "error" in line]
     assert len(errors) == 1 and "env 0 failed in step() at its step 5" in errors[0], res.stderr
     assert "action mask has no legal action" in errors[0]
+
+
+def test_acting_without_the_mask_key_is_one_error_naming_it_and_how_to_pass_it():
+    from pathlib import Path
+
+    from rltrain.api import LoadedPolicy
+
+    probed = probe_env(EnvFactory(id=MASKED), "auto")
+    module = build(probed.spec, ModelSettings(), "actor_critic")
+    policy = LoadedPolicy(module, spec=probed.spec, config={}, checkpoint=Path("final.pt"))
+    env = probed.factory.make()
+    obs, _ = env.reset(seed=0)
+    assert int(policy.act(obs)[0]) in np.flatnonzero(obs[MASK_KEY])  # the whole observation acts, legally
+    for partial, found in (({"obs": obs["obs"]}, "its keys are ['obs']"), (obs["obs"], "it is a ndarray")):
+        with pytest.raises(ValueError) as err:
+            policy.act(partial)
+        text = str(err.value)
+        assert "needs the key 'action_mask'" in text and found in text and "\n" not in text
+        assert "pass a dict with the keys ['action_mask', 'obs']" in text
+    with pytest.raises(ValueError, match="needs the key 'action_mask'.*its keys are \\['obs'\\]"):
+        module.act({"obs": torch.as_tensor(obs["obs"])[None]})  # the torch policy says the same
