@@ -171,7 +171,8 @@ class LoadedPolicy:
         them -> (action, state). The action is what to step the env with: an int64 (Discrete; [N] for a batch)
         or a float32 array clipped to the Box bounds ([N, *shape] for a batch), the mode when
         ``deterministic`` else a sample. ``state``: a recurrent policy's state returned by the previous call
-        (None: start of an episode); feed-forward policies return None."""
+        (None: start of an episode); feed-forward policies return None. A policy trained with action masking
+        reads the env's mask in the observation, under ``"action_mask"``; without it, one ValueError says so."""
         from rltrain.data.structs import MASK_KEY, action_mask_of, obs_leaves, obs_map
 
         if self.spec.masked and not (isinstance(obs, dict) and MASK_KEY in obs):

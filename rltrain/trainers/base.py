@@ -9,8 +9,10 @@ interrupted for another reason). A trainer fills in two public hooks:
 - ``train(stop)``: run the components where they belong (one process, K agents, W ranks, a learner and
   actors) and return the summary.
 
-and declares what it is (``name``, ``capabilities``), what one update consumes (``update_size``) and the
-processes it starts (``describe``): the CLI asks the trainer these, never its name or attributes.
+and declares what it is (``name``, ``capabilities``), what one update consumes (``update_size``, from the
+algorithm's own ``update_sizes``) and the processes it starts (``describe``): the CLI asks the trainer these,
+never its name or attributes. A trainer whose loop runs in the CLI's process builds that loop's algorithm when
+the pre-flight checks ask for it (``loop_algorithm``), so a run builds it once.
 
 While the run is live, ``summary.json`` says ``running`` (PID, host, start time): a reader never mistakes a
 live run, or one killed without a word (SIGKILL, OOM, power), for an earlier segment's ``completed``. The next

@@ -2,7 +2,8 @@
 
 A checkpoint holds the algorithm (weights, optimisers, an off-policy buffer), the loop's counters, best
 evaluation and target-return record, the rollout source's state (episode statistics, envs in a sidecar),
-every RNG, and the config it was written with; a trainer adds its own entries (``LoopHooks``). Only the main
+every RNG, the config it was written with and the spaces its policy acts on (``PolicySpaces``: the tools build
+the network from them, with no env); a trainer adds its own entries (``LoopHooks``). Only the main
 worker reads and writes them: on resume it loads, then every other worker starts from its weights, optimiser
 and counters through one broadcast, so all replicas are identical (also on a fresh start: rank 0's initial
 weights are everyone's).
