@@ -36,5 +36,6 @@ class SequentialTrainer(Trainer):
         return self._algo
 
     def train(self, stop: StopFlag) -> dict:
-        loop = TrainLoop(self.settings, self.placement(), stop, algo=self._algo)
+        algo, self._algo = self._algo, None  # handed over once: a second fit() builds (and seeds) its own
+        loop = TrainLoop(self.settings, self.placement(), stop, algo=algo)
         return loop.run()
