@@ -223,6 +223,10 @@ class WorkerGroup:
         except (BrokenPipeError, ConnectionResetError, OSError):
             return False
 
+    def placement(self, index: int) -> None:
+        """Where worker ``index`` runs: on this machine, nothing to name (a Ray group names the node)."""
+        return None
+
     def stop_all(self, reason: str) -> None:
         for w in self.workers:
             self.send(w.index, Stop(reason))

@@ -1,4 +1,5 @@
-"""Policy weights broadcast through one shared-memory block with a version counter.
+"""The local weights transport (``seams.WeightsTransport`` / ``WeightsReader``): policy weights broadcast
+through one shared-memory block with a version counter.
 
 The learner owns the block: it creates it, ``publish``es a flattened ``policy_state()`` after every
 update, and closes and unlinks it at shutdown. Actors ``attach`` by name and copy the weights out only
@@ -127,6 +128,9 @@ class SharedWeights:
             return None
         version, state = self.read()
         return None if version == last_version else (version, state)
+
+    def receive(self, msg: object) -> None:
+        """Nothing of this transport rides the actor's messages: the block is its channel."""
 
     # -- teardown ---------------------------------------------------------------------------------------
     def close(self) -> None:
