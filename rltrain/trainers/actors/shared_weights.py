@@ -57,9 +57,13 @@ def _layout(state: dict[str, torch.Tensor]) -> tuple[tuple[tuple[str, tuple[int,
 class SharedWeights:
     """One writer (the learner, ``create``) and any number of readers (actors, ``attach``)."""
 
+    handle: WeightsHandle  # what an actor attaches to: the block's name and layout
+
     def __init__(self, shm: shared_memory.SharedMemory, handle: WeightsHandle, *, owner: bool):
         self._shm, self.handle, self.owner = shm, handle, owner
         self._header = np.ndarray((_HEADER,), np.int64, buffer=shm.buf)
+        if owner:  # a new block: sequence even, not closing
+            self._header[:] = 0
         self._views = {key: np.ndarray(shape, np.dtype(dt), buffer=shm.buf, offset=off)
                        for key, shape, dt, off in handle.layout}
         self._closed = False
@@ -71,7 +75,6 @@ class SharedWeights:
         layout, nbytes = _layout(state)
         shm = shared_memory.SharedMemory(create=True, size=nbytes)
         weights = cls(shm, WeightsHandle(shm.name, nbytes, layout), owner=True)
-        weights._header[:] = 0
         weights.publish(state, version=version, env_steps=env_steps)
         return weights
 
