@@ -19,7 +19,6 @@ run continues it.
 from __future__ import annotations
 
 import functools
-import logging
 from pathlib import Path
 
 from rltrain.errors import ConfigError
@@ -39,7 +38,6 @@ from rltrain.trainers.hooks import Placement, TrainerParts
 from rltrain.trainers.loop import TrainLoop
 from rltrain.trainers.settings import RunSettings
 
-log = logging.getLogger("rltrain.actors")
 _ACTOR_BRANCH = 7  # actor seeds hang below spawn key (7, actor, generation): disjoint from the learner's
 
 
@@ -127,9 +125,9 @@ class SubprocessActorsTrainer(Trainer):
                          actor_timeout_s=self.actor_timeout_s, on_restart=record)
         stats = ActorStats()
         queue = BatchQueue(plan, pool, stats)
-        rows = functools.partial(stats.progress_rows, pool.slots, capacity=plan.capacity)
         parts = TrainerParts(hooks=ActorHooks(pool, stats), source_factory=lambda algo: ActorSource(queue, stats, stop),
-                             progress_factory=functools.partial(ActorsProgress, rows=lambda: rows(queued=len(queue))),
+                             progress_factory=functools.partial(ActorsProgress, rows=lambda: stats.progress_rows(
+                                 pool.slots, queued=len(queue), capacity=plan.capacity)),
                              num_envs=self.batch_rollouts * self.envs_per_actor)
         try:
             loop = TrainLoop(s, Placement(self.run_dir, trees["learner"], device, title="learner"), stop, parts)
