@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import argparse
 import sys
 from pathlib import Path
 
 from rltrain.cli.args import CHECKPOINT_CHOICES, OneLineParser, check_episodes_and_seed, pick_checkpoint
 from rltrain.errors import ConfigError
 from rltrain.run.signals import StopFlag, StopRequested
+
+DEFAULT_EPISODES = 10
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -17,14 +20,16 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--checkpoint", choices=CHECKPOINT_CHOICES, default="final",
                    help="for a run directory: final (default; the latest while it has none), best (the best "
                         "periodic evaluation) or latest (the most env steps)")
-    p.add_argument("--episodes", type=int, default=10)
+    p.add_argument("--episodes", type=int, default=None,
+                   help=f"episodes to run (default {DEFAULT_EPISODES}; a checkpoint whose env is stepped by importing "
+                        "its module runs none unless --allow-import: the policy is then shown, not evaluated)")
     p.add_argument("--stochastic", action="store_true", help="sample actions instead of taking the mode")
     p.add_argument("--video", action="store_true", help="record every episode to <run dir>/videos (needs moviepy)")
     p.add_argument("--seed", type=int, default=None, help="eval seed base (default: the run's eval seed)")
     p.add_argument("--device", default="cpu")
     p.add_argument("--allow-import", action="store_true",
-                   help="let an env.id import path (module:Attr) stored in the checkpoint import its module: "
-                        "that runs code from the checkpoint's author, so only for checkpoints you trust")
+                   help="let a module named in the checkpoint (env.id module:Attr, to step the env; model.imports) "
+                        "be imported: that runs code from the checkpoint's author, so only for checkpoints you trust")
     p.add_argument("overrides", nargs="*", metavar="eval.KEY=VALUE",
                    help="the training config's spelling also works: eval.episodes=5 eval.video=true "
                         "eval.deterministic=false")
@@ -47,22 +52,7 @@ def main(argv: list[str] | None = None) -> int:
         _private_runtime_dir()
     stop = StopFlag().install()  # a stop signal ends the evaluation at once, in one line
     try:
-        import torch
-
-        from rltrain.cli.build import env_factory
-        from rltrain.cli.loading import load_policy
-        from rltrain.trainers.episodes import evaluate
-
-        check_episodes_and_seed(args.episodes, args.seed)
-        policy, cfg, ckpt_path, eval_seed = load_policy(pick_checkpoint(Path(args.path), args.checkpoint),
-                                                          device=args.device, allow_import=args.allow_import)
-        video_dir = ckpt_path.parent.parent / "videos" if args.video else None
-        env = env_factory(cfg["env"], cfg.get("algo"))
-        seed = eval_seed if args.seed is None else args.seed
-        with stop.raising("the evaluation"):
-            rets = evaluate(policy, env.make, episodes=args.episodes, eval_seed=seed,
-                            deterministic=not args.stochastic, device=torch.device(args.device), video_dir=video_dir,
-                            real_scores=env.real_scores)
+        return _evaluate(args, stop)
     except ConfigError as err:
         print(f"rltrain-eval: error: {err}", file=sys.stderr)
         return 2
@@ -71,8 +61,37 @@ def main(argv: list[str] | None = None) -> int:
         return err.exit_code
     finally:
         stop.uninstall()
-    print(f"checkpoint: {ckpt_path}")
-    print(f"episodes: {args.episodes}  mean return: {rets.mean():.2f}  std: {rets.std():.2f}  "
+
+
+def _evaluate(args: argparse.Namespace, stop: StopFlag) -> int:
+    import torch
+
+    from rltrain.cli.loading import load_policy, refuse_stepping
+    from rltrain.trainers.episodes import evaluate
+
+    check_episodes_and_seed(DEFAULT_EPISODES if args.episodes is None else args.episodes, args.seed)
+    loaded = load_policy(pick_checkpoint(Path(args.path), args.checkpoint), device=args.device,
+                         allow_import=args.allow_import)
+    if loaded.step_imports and args.episodes is None and not args.video:
+        # nothing asked that steps the env: show the policy that loaded, and how to evaluate it
+        spec = loaded.spec
+        print(f"checkpoint: {loaded.checkpoint}")
+        params = sum(p.numel() for p in loaded.policy.parameters())
+        print(f"policy: algo={loaded.config['algo']['_target_'].rpartition('.')[2]}  env.id={spec.env_id}  "
+              f"observation {spec.observation.name}  action {spec.describe()}  {params:,} parameters")
+        print(f"episodes: none run: stepping the env imports the module of {loaded.step_imports[0]}, which runs its "
+              "code; pass --allow-import (and --episodes N) to evaluate it")
+        return 0
+    refuse_stepping(loaded)
+    episodes = args.episodes or DEFAULT_EPISODES
+    video_dir = loaded.checkpoint.parent.parent / "videos" if args.video else None
+    seed = loaded.eval_seed if args.seed is None else args.seed
+    with stop.raising("the evaluation"):
+        rets = evaluate(loaded.policy, loaded.env.make, episodes=episodes, eval_seed=seed,
+                        deterministic=not args.stochastic, device=torch.device(args.device), video_dir=video_dir,
+                        real_scores=loaded.env.real_scores)
+    print(f"checkpoint: {loaded.checkpoint}")
+    print(f"episodes: {episodes}  mean return: {rets.mean():.2f}  std: {rets.std():.2f}  "
           f"min: {rets.min():.2f}  max: {rets.max():.2f}")
     if video_dir is not None:
         print(f"videos: {video_dir}")
