@@ -220,3 +220,24 @@ def test_rltrain_export_into_an_unwritable_place_is_one_line(smoke_run, tmp_path
     assert res.returncode == 2, res.stderr[-3000:]
     lines = res.stderr.strip().splitlines()
     assert len(lines) == 1 and "cannot write /proc/rltrain-nowhere" in lines[0], res.stderr
+
+
+# -- subprocess_actors ---------------------------------------------------------------------------------------------
+def test_an_actor_whose_env_fails_is_one_line_per_failure_with_tracebacks_in_error_txt(tmp_path, no_leaks):
+    """The env's reset() fails mid-run in every actor; each failure is restarted up to trainer.max_restarts, then
+    the run stops. Every event is one line, never a traceback; the tracebacks are in error.txt."""
+    run_dir = tmp_path / "run"
+    res = _train(run_dir, "trainer=subprocess_actors", "trainer.num_actors=1", "trainer.max_restarts=1",
+                 f"{STUCK}ResetFails", "total_env_steps=100000", "eval.every_env_steps=0")
+    assert res.returncode == 1, res.stderr[-3000:]
+    said = res.stdout + res.stderr  # the restart is a warning of the run's log (stdout), the end an error line
+    assert "Traceback" not in said, said[-3000:]
+    failures = [ln for ln in said.splitlines() if "ResetFails: the level file is gone" in ln
+                and not ln.startswith("[summary]")]  # the end-of-run table repeats the summary's error
+    assert len(failures) == 2, said[-3000:]  # the failure that was restarted, the one that stopped the run
+    for ln in failures:
+        assert "actor 0: env 0 failed in reset() (its episode had ended) at its step " in ln, ln
+        assert f"(traceback in {run_dir / 'error.txt'})" in ln, ln
+    assert "restarting it (restart 1 of at most 1" in failures[0] and "stopping" in failures[1]
+    assert (run_dir / "error.txt").read_text().count("ResetFails: the level file is gone") >= 2
+    assert _summary(run_dir)["status"] == "failed"

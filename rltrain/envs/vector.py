@@ -199,6 +199,7 @@ class VecEnv:
         try:
             for i, env in enumerate(self.envs):
                 watch.env = i
+                call = "step()"
                 try:
                     o, r, te, tr, info = env.step(acts[i])
                     if real is not None and "real_score" in info:
@@ -208,12 +209,13 @@ class VecEnv:
                     term[i] = te
                     trunc[i] = tr
                     if te or tr:
+                        call = "reset() (its episode had ended)"
                         o, _ = env.reset()
                     put_checked(obs, i, o, space)
                 except (EnvFault, EnvCallAbandoned):
                     raise
                 except Exception as err:  # raised, or returned what does not fit the spaces: one line
-                    raise env_fault(err, i, self.steps, "step()") from err
+                    raise env_fault(err, i, self.steps, call) from err
         finally:
             watch.end()
         self._check_bounds(final, "step()")

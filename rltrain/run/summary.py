@@ -110,3 +110,24 @@ def newest_checkpoint(run_dir: Path) -> Path | None:
         if stat.S_ISREG(st.st_mode):
             found.append((st.st_mtime, p))
     return max(found)[1] if found else None
+
+
+def record_lost(run_dir: Path, why: str, *, only_running: bool = True) -> bool:
+    """Rewrite ``summary.json`` as ``failed`` because of ``why`` (the run, or what it ran on, was lost), with the
+    last checkpoint and the last env step it logged; ``only_running``: not over a summary that says how the run
+    ended. False when it says so already or cannot be written."""
+    run_dir = Path(run_dir)
+    try:
+        summary = json.loads((run_dir / "summary.json").read_text())
+    except (OSError, ValueError):
+        summary = {}
+    if not isinstance(summary, dict) or (only_running and summary.get("status") not in (None, "running")):
+        return False
+    ckpt = newest_checkpoint(run_dir)
+    summary.update(status="failed", error=why, final_eval_return=None,
+                   last_checkpoint=str(ckpt) if ckpt else None, total_env_steps=last_logged_step(run_dir))
+    try:
+        write_summary(run_dir, summary)
+    except OSError:
+        return False
+    return True

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
-import json
 import multiprocessing as mp
 import os
 import signal
@@ -28,7 +27,7 @@ from typing import Any
 
 from rltrain.errors import ConfigError
 from rltrain.run.signals import StopRequested
-from rltrain.run.summary import FAILED_RETURN, last_logged_step, newest_checkpoint, write_summary
+from rltrain.run.summary import FAILED_RETURN, record_lost
 
 PR_SET_PDEATHSIG = 1
 STOP_GRACE_S = 60.0  # a stopped sweep gives its running jobs this long to checkpoint, then kills them
@@ -46,19 +45,7 @@ def mark_lost(run_dir: Path, why: str) -> bool:
     except (ConfigError, OSError):
         return False
     try:
-        path = run_dir / "summary.json"
-        try:
-            summary = json.loads(path.read_text())
-        except (OSError, ValueError):
-            summary = {}
-        if not isinstance(summary, dict) or summary.get("status") not in (None, "running"):
-            return False
-        ckpt = newest_checkpoint(run_dir)
-        summary.update(status="failed", error=why, final_eval_return=None,
-                       last_checkpoint=str(ckpt) if ckpt else None, total_env_steps=last_logged_step(run_dir))
-        with contextlib.suppress(OSError):
-            write_summary(run_dir, summary)
-        return True
+        return record_lost(run_dir, why)
     finally:
         lock.release()
 

@@ -86,3 +86,21 @@ class BareAssert(NeverEnds):
     def __init__(self, size: int = 0):
         super().__init__()
         assert size > 0
+
+
+class ResetFails(NeverEnds):
+    """Episodes of ``length`` steps; its ``reset()`` raises once it has reset ``after`` times (per instance)."""
+
+    def __init__(self, after: int = 3, length: int = 10):
+        super().__init__()
+        self.after, self.length, self.resets = after, length, 0
+
+    def reset(self, *, seed=None, options=None):
+        self.resets += 1
+        if self.resets > self.after:
+            raise RuntimeError("ResetFails: the level file is gone")
+        return super().reset(seed=seed, options=options)
+
+    def step(self, action):
+        obs, reward, _, truncated, info = super().step(action)
+        return obs, reward, self.t >= self.length, truncated, info

@@ -13,6 +13,7 @@ and the algorithms are the same code for both.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from rltrain.envs.make import EnvFactory
@@ -35,8 +36,9 @@ class LocalBackend:
     def __init__(self, *, start_method: str):
         self.start_method = start_method
 
-    def connect(self, *, actor_timeout_s: float) -> WorkerGroup:
-        # daemon=False: an actor may start env processes of its own (env.vectorization=async)
+    def connect(self, *, actor_timeout_s: float, on_lost: Callable[[str], None] | None = None) -> WorkerGroup:
+        # daemon=False: an actor may start env processes of its own (env.vectorization=async); this machine is
+        # never lost under its own run (on_lost is never called)
         return WorkerGroup(start_method=self.start_method, heartbeat_s=1.0, heartbeat_timeout_s=actor_timeout_s,
                            name="rltrain-actor", daemon=False)
 
@@ -61,10 +63,12 @@ class RayBackend:
                                   num_actors=num_actors, env=env)
         self.group: RayGroup | None = None
 
-    def connect(self, *, actor_timeout_s: float) -> RayGroup:
+    def connect(self, *, actor_timeout_s: float, on_lost: Callable[[str], None] | None = None) -> RayGroup:
         from rltrain.trainers.actors.ray_actors import RayGroup
 
         self.cluster.connect()
+        if on_lost is not None:
+            self.cluster.watch_head(on_lost)
         self.group = RayGroup(options=self.cluster.options, bundle=self.cluster.bundle,
                               heartbeat_timeout_s=actor_timeout_s)
         return self.group

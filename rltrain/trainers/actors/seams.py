@@ -149,8 +149,9 @@ class ActorBackend(Protocol):
 
     name: str
 
-    def connect(self, *, actor_timeout_s: float) -> ActorEvents:
-        """Reach the machines (refusing in one line what cannot work); the run's event source."""
+    def connect(self, *, actor_timeout_s: float, on_lost: Callable[[str], None] | None = None) -> ActorEvents:
+        """Reach the machines (refusing in one line what cannot work); the run's event source. ``on_lost(why)``
+        is called (from a thread) if the machines the run depends on are lost (a cluster's head)."""
         ...
 
     def weights(self, state: dict[str, torch.Tensor], *, version: int, env_steps: int) -> WeightsTransport:
