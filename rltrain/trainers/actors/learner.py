@@ -22,6 +22,7 @@ import functools
 import os
 import sys
 import threading
+import time
 from pathlib import Path
 
 from rltrain.errors import ConfigError
@@ -126,7 +127,8 @@ class SubprocessActorsTrainer(Trainer):
         ended = threading.Event()
         with stop.raising("the Ray connection"):
             events = self.backend.connect(actor_timeout_s=self.actor_timeout_s,
-                                          on_lost=functools.partial(self._lost, lost, ended, stop))
+                                          on_lost=functools.partial(self._lost, lost, ended, stop),
+                                          run_dir=self.run_dir)
 
         def record(spec: ActorSpec) -> None:
             trees[f"actor_{spec.actor_id}_gen_{spec.generation}"] = spec.seeds
@@ -165,17 +167,23 @@ class SubprocessActorsTrainer(Trainer):
         return summary
 
     def _lost(self, lost: list[str], ended: threading.Event, stop: StopFlag, why: str) -> None:
-        """The backend lost the machines (a Ray head): ``failed`` in summary.json at once (Ray's core worker may
-        end this process), stop at the loop's next safe point, and if the run has not ended ``LOST_GRACE_S``
-        later (a call into the dead cluster that never returns), one line and exit."""
+        """The backend lost the machines (a Ray head), from its watch thread: ``failed`` in summary.json at once
+        (Ray may end this process any moment), the loop stopped at its next safe point (it checkpoints; ``train``
+        then returns a failed summary, whose one line the CLI prints). Calls into the dead cluster may never
+        return: if the run has not ended ``LOST_GRACE_S`` later, the summary is made failed again (over the
+        loop's own) and this thread says the one line and exits; if it ended but the process lingers in Ray's
+        own shutdown, it exits too."""
         lost.append(why)
         record_lost(self.run_dir, why)
         stop.request(why)
-        if not ended.wait(LOST_GRACE_S):
-            ckpt = newest_checkpoint(self.run_dir)
-            print(f"rltrain: error: {why}; the run could not stop in {LOST_GRACE_S:g} s and exits; its last "
-                  f"checkpoint: {ckpt or 'none'} (summary.json says failed)", file=sys.stderr, flush=True)
+        if ended.wait(LOST_GRACE_S):
+            time.sleep(LOST_GRACE_S)  # the CLI prints the line and exits; Ray's exit hook may wait on the head
             os._exit(1)
+        record_lost(self.run_dir, why, only_running=False)
+        ckpt = newest_checkpoint(self.run_dir)
+        print(f"rltrain: error: {why}; the run could not stop within {LOST_GRACE_S:g} s and exits; its last "
+              f"checkpoint: {ckpt or 'none'} (summary.json says failed)", file=sys.stderr, flush=True)
+        os._exit(1)
 
     def _batch_plan(self) -> BatchPlan:
         return BatchPlan(num_actors=self.num_actors, batch_rollouts=self.batch_rollouts,

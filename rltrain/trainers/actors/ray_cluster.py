@@ -90,11 +90,12 @@ class RayCluster:
         self.options = actor_options(actor_resources)
         self.private = address is None
         self.connected = False
+        self._target: str | None = None  # the head's host:port once connected (None: a private instance)
 
     def connect(self) -> None:
         import ray
 
-        target = self._head_address()
+        target = self._target = self._head_address()
         # Ray's driver installs its own fatal-signal handlers (SIGTERM aborts the process): the run's stop flag
         # (checkpoint, then stop the actors) must keep them
         handlers = {s: signal.getsignal(s) for s in STOP_SIGNALS}
@@ -131,10 +132,15 @@ class RayCluster:
             self.close()
             raise
 
+    @property
+    def head(self) -> str | None:
+        """``host:port`` of the head of a cluster this run joined (None: a private instance, which dies with us)."""
+        return self._target
+
     def watch_head(self, on_lost: Callable[[str], None]) -> None:
         """Call ``on_lost(why)`` (from a thread) once the head of a cluster we joined stops answering: its GCS
-        port refuses ``HEAD_LOST_AFTER`` checks in a row, one a second. (A private instance dies with us.)"""
-        target = self._head_address() if not self.private else None
+        port refuses ``HEAD_LOST_AFTER`` checks in a row, one a second."""
+        target = self._target
         hp = _split(target.removeprefix("ray://")) if target else None
         if hp is None:
             return
