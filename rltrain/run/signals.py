@@ -129,3 +129,14 @@ class StopFlag:
 def during(err: StopRequested) -> str:
     """`` during <phase>`` for the stop line, ``; second Ctrl-C`` when the user meant now."""
     return (f" during {err.phase}" if err.phase else "") + ("; second Ctrl-C: stopped at once" if err.now else "")
+
+
+def exit_now(code: int) -> None:
+    """End this process at once (no interpreter shutdown, no exit hooks: one of them may wait on a dead peer),
+    stdout and stderr flushed first."""
+    import os
+    import sys
+
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)

@@ -19,7 +19,6 @@ run continues it.
 from __future__ import annotations
 
 import functools
-import os
 import sys
 import threading
 import time
@@ -28,7 +27,7 @@ from pathlib import Path
 from rltrain.errors import ConfigError
 from rltrain.run.device import pick_device
 from rltrain.run.seeding import SeedTree, derive
-from rltrain.run.signals import StopFlag
+from rltrain.run.signals import StopFlag, exit_now
 from rltrain.run.summary import newest_checkpoint, record_lost
 from rltrain.trainers.actors.actor import ActorSpec
 from rltrain.trainers.actors.backends import make_backend
@@ -178,12 +177,12 @@ class SubprocessActorsTrainer(Trainer):
         stop.request(why)
         if ended.wait(LOST_GRACE_S):
             time.sleep(LOST_GRACE_S)  # the CLI prints the line and exits; Ray's exit hook may wait on the head
-            os._exit(1)
+            exit_now(1)
         record_lost(self.run_dir, why, only_running=False)
         ckpt = newest_checkpoint(self.run_dir)
         print(f"rltrain: error: {why}; the run could not stop within {LOST_GRACE_S:g} s and exits; its last "
               f"checkpoint: {ckpt or 'none'} (summary.json says failed)", file=sys.stderr, flush=True)
-        os._exit(1)
+        exit_now(1)
 
     def _batch_plan(self) -> BatchPlan:
         return BatchPlan(num_actors=self.num_actors, batch_rollouts=self.batch_rollouts,
