@@ -109,6 +109,29 @@ def test_a_stop_while_the_trainer_builds_its_envs_ends_interrupted(tmp_path):
     assert summary["checkpoint"] is None and "no checkpoint had been written yet" in line, line
 
 
+def test_a_stop_during_the_rendezvous_is_honoured(tmp_path):
+    """Rank 0 of a torchrun-style launch whose peer never comes: it waits in the rendezvous (inside torch's C++,
+    where no signal handler runs, unless the wait is watched) until the stop."""
+    from rltrain.trainers.rendezvous import free_port
+
+    run_dir = tmp_path / "run"
+    ranks = {"RANK": "0", "WORLD_SIZE": "2", "LOCAL_RANK": "0", "MASTER_ADDR": "127.0.0.1",
+             "MASTER_PORT": str(free_port())}
+    os.environ.update(ranks)  # inherited by the child only (restored below)
+    try:
+        proc = _popen(run_dir, "trainer=distributed_simulator", "trainer.timeout_s=300")
+    finally:
+        for key in ranks:
+            os.environ.pop(key)
+    _wait_for(lambda: (run_dir / "summary.json").exists(), proc, "the run to start")
+    time.sleep(2.0)  # in the rendezvous by now (or about to enter it: the stop is checked on the way in too)
+    proc.send_signal(signal.SIGTERM)
+    err, lines = _finish(proc)
+    _one_stop_line(err, lines)
+    assert proc.returncode == 143, err[-3000:]
+    assert _summary(run_dir)["stop_reason"] == "SIGTERM during the rendezvous"
+
+
 # -- training ------------------------------------------------------------------------------------------------
 @pytest.mark.parametrize("name", ["SIGHUP", "SIGUSR1"])
 def test_sighup_and_sigusr1_checkpoint_and_stop_like_sigterm(tmp_path, name):
