@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from rltrain.data.structs import Rollout
+from rltrain.data.structs import EnvSpec, Rollout
 from rltrain.envs.make import EnvFactory
 from rltrain.envs.vector import EnvCallAbandoned
 from rltrain.run.seeding import SeedTree, seed_process
@@ -46,6 +46,7 @@ class ActorSpec:
     seeds: SeedTree
     algo: Callable[..., Any]  # the run's algorithm factory (settings.algo): a policy-only copy acts here
     env: EnvFactory  # the run's env factory (settings.env)
+    env_spec: EnvSpec | None  # the env as the run probed it (settings.env_spec); None: probed here
     num_envs: int
     rollout_len: int
     weights: WeightsHandle  # or ray_weights.RayWeightsHandle: ``attach()`` gives the reader
@@ -119,7 +120,7 @@ class _ActorLoop:
 
         self.ctx, self.spec = ctx, spec
         seed_process(spec.seeds.torch_seed)
-        espec = spec.env.spec()
+        espec = spec.env_spec or spec.env.spec()
         device = torch.device(spec.device)
         self.algo = spec.algo(espec, num_envs=spec.num_envs, device=device)
         self.weights = spec.weights.attach()

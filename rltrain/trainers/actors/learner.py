@@ -339,11 +339,14 @@ class SubprocessActorsTrainer(Trainer):
     def actor_seeds(self, actor_id: int, generation: int) -> SeedTree:
         return derive(self.settings.seed, self.envs_per_actor, path=(_ACTOR_BRANCH, actor_id, generation))
 
-    def update_size(self, rollout_len: int) -> UpdateSize:
-        """The learner merges ``batch_rollouts`` actor rollouts of ``envs_per_actor`` envs per update."""
-        steps, envs, batches = self.rollout_len or rollout_len, self.envs_per_actor, self.batch_rollouts
+    def learner_envs(self) -> int:  # the columns of the rollouts one update merges
+        return self.batch_rollouts * self.envs_per_actor
+
+    def update_size(self) -> UpdateSize:  # the learner merges batch_rollouts rollouts of envs_per_actor envs
+        sizes, envs, batches = self.algo_sizes(), self.envs_per_actor, self.batch_rollouts
+        steps = self.rollout_len or sizes.rollout_len
         text = f"trainer.batch_rollouts ({batches}) x envs per actor ({envs}) x rollout_len ({steps})"
-        return UpdateSize(batches * envs * steps, text, self.num_actors * envs)
+        return UpdateSize(batches * envs * steps, text, self.num_actors * envs, steps, sizes.num_minibatches)
 
     def seed_trees(self) -> dict[str, SeedTree]:
         return {}  # recorded in train(): the actors' generations are known only after the resume
@@ -362,15 +365,14 @@ class SubprocessActorsTrainer(Trainer):
         batches = ActorBatches(self, stop)
         parts = TrainerParts(hooks=batches, source_factory=lambda algo: batches,
                              progress_factory=functools.partial(ActorsProgress, rows=batches.progress_rows),
-                             num_envs=self.batch_rollouts * self.envs_per_actor)
+                             num_envs=self.learner_envs())
         loop = TrainLoop(s, Placement(self.run_dir, trees["learner"], device, title="learner"), stop, parts)
         try:
-            rollout_len = self.rollout_len or int(loop.algo.rollout_len)
             loop.resume()  # before the actors start: their generations (and seeds) come from the checkpoint
             for k, gen in enumerate(batches.generations):
                 trees[f"actor_{k}_gen_{gen}"] = self.actor_seeds(k, gen)
             self.record_seeds(trees)
-            make_spec = functools.partial(self._make_spec, rollout_len=rollout_len)
+            make_spec = functools.partial(self._make_spec, rollout_len=self.update_size().rollout_len)
             batches.start_actors(make_spec, on_restart=record, algo=loop.algo, counters=loop.counters)
             summary = loop.run()
         finally:
@@ -382,9 +384,9 @@ class SubprocessActorsTrainer(Trainer):
 
     def _make_spec(self, weights, actor_id: int, generation: int, *, rollout_len: int) -> ActorSpec:
         return ActorSpec(actor_id=actor_id, generation=generation, seeds=self.actor_seeds(actor_id, generation),
-                         algo=self.settings.algo, env=self.settings.env, num_envs=self.envs_per_actor,
-                         rollout_len=rollout_len, weights=weights, device=self.actor_device, sync=self.sync,
-                         share=self._share(actor_id), compress=self.compress,
+                         algo=self.settings.algo, env=self.settings.env, env_spec=self.settings.env_spec,
+                         num_envs=self.envs_per_actor, rollout_len=rollout_len, device=self.actor_device,
+                         weights=weights, sync=self.sync, share=self._share(actor_id), compress=self.compress,
                          torch_threads=self.settings.torch_threads, credits=self._credits(actor_id))
 
     def _credits(self, actor_id: int) -> int:
