@@ -1,5 +1,5 @@
 """The Python API (rltrain/api.py): ``rltrain.train`` runs what ``rltrain`` runs, ``rltrain.load_policy`` acts on
-one observation or a batch (Dict and recurrent included) like ``rltrain-eval``'s policy; the README's example runs."""
+one observation or a batch (Dict and recurrent included) like ``rltrain-eval``'s policy; the documented example runs."""
 
 from __future__ import annotations
 
@@ -131,12 +131,12 @@ def test_dict_and_recurrent_policies_act_on_one_observation_or_a_batch(tmp_path)
     assert not np.array_equal(np.stack(batched), stateless)  # the state matters, so it was carried
 
 
-def test_readme_python_api_example_runs(tmp_path):
-    readme = (REPO / "README.md").read_text()
-    section = readme.split("## Python API", 1)[1].split("\n## ", 1)[0]
+def test_the_documented_python_api_example_runs(tmp_path):
+    page = (REPO / "docs" / "guide" / "checkpoints.md").read_text()
+    section = page.split("## Python API", 1)[1].split("\n## ", 1)[0]
     code = re.search(r"```python\n(.*?)```", section, re.S).group(1)
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, cwd=tmp_path,
                          env={**os.environ, "PYTHONPATH": str(REPO)})
     assert res.returncode == 0, res.stderr
-    assert (tmp_path / "runs" / "cartpole" / "checkpoints" / "final.pt").exists()
+    assert (tmp_path / "runs" / "api" / "checkpoints" / "final.pt").exists()
     assert "completed" in res.stdout

@@ -28,9 +28,8 @@ class EvalSettings:
     both_modes: bool = True  # also evaluate the other mode and record both (a policy can be good in one only)
     video: bool = False  # record the final evaluation's episodes to <run dir>/videos
     target_return: float | None = None  # stop at the first periodic evaluation whose mean return reaches it
-    # evaluation episodes end after this many steps (truncated; their rewards so far are their return); null:
-    # the env's own time limit, else 100000 steps (an env without one would evaluate forever)
-    max_episode_steps: int | None = None
+    max_episode_steps: int | None = None  # evaluation episodes end (truncated) after this many steps; null: the
+    # env's own time limit, else 100000 (an env without one would evaluate forever). Source: rltrain
 
     def __post_init__(self) -> None:
         steps = self.max_episode_steps
