@@ -33,7 +33,7 @@ from rltrain.run.checkpoint import CheckpointManager, load_checkpoint
 from rltrain.run.device import pick_device
 from rltrain.run.seeding import SeedTree, derive, write_seeds
 from rltrain.run.signals import StopFlag, StopRequested
-from rltrain.run.summary import last_logged_step, newest_checkpoint
+from rltrain.run.summary import last_logged_step, newest_checkpoint, resume_command
 from rltrain.trainers.base import Capabilities, Trainer
 from rltrain.trainers.hooks import LoopHooks, Placement, TrainerParts
 from rltrain.trainers.loop import TrainLoop
@@ -307,6 +307,11 @@ class DistributedSimulatorTrainer(Trainer):
             summaries, failures = spawn_ranks(run_rank, self.settings, self.run_dir, stop, world_size=self.world_size,
                                               backend=self.backend, timeout_s=self.timeout_s,
                                               master_addr=self.master_addr)
+            if failures and stop.requested and all(f.kind == "peer" for f in failures):
+                # stopped before the ranks could agree on it (joining, building envs): none of them failed
+                ckpt = newest_checkpoint(self.run_dir)
+                return {"status": "interrupted", "stop_reason": f"{stop.reason} (the ranks were starting)",
+                        "checkpoint": str(ckpt) if ckpt else None, "resume_command": resume_command(self.run_dir)}
             if failures:
                 first = primary_failure(failures)
                 return self._failed(report_failure(first, self.run_dir), first.rank)

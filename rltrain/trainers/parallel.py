@@ -27,7 +27,7 @@ from rltrain.run.agents_display import AgentsDisplay, prefix_agent_output
 from rltrain.run.device import pick_device
 from rltrain.run.plots import few_seeds_note
 from rltrain.run.seeding import SeedTree, derive, write_seeds
-from rltrain.run.signals import StopFlag
+from rltrain.run.signals import StopFlag, StopRequested, during
 from rltrain.run.stats import aggregate
 from rltrain.run.summary import newest_checkpoint, resume_command
 from rltrain.trainers.base import Capabilities, Trainer
@@ -107,6 +107,10 @@ def agent_main(ctx: WorkerContext, job: AgentJob) -> dict:
         parts = TrainerParts(progress_factory=partial(_MessageProgress, ctx, job.progress_interval_s))
         loop = TrainLoop(s, place, ContextStop(ctx), parts)
         return loop.run()
+    except StopRequested as err:  # stopped while it built its envs or loaded its checkpoint: nothing failed
+        ckpt = newest_checkpoint(run_dir)
+        return {"status": "interrupted", "stop_reason": f"{err.reason}{during(err)}",
+                "checkpoint": str(ckpt) if ckpt else None}
     finally:
         for stream in streams:
             stream.finish()
