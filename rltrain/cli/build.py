@@ -23,6 +23,7 @@ from typing import Any
 import torch
 import yaml
 
+from rltrain.cli.multiagent import check_agents
 from rltrain.envs.make import EnvFactory
 from rltrain.errors import ConfigError, close_matches
 from rltrain.models.settings import ModelSettings
@@ -254,6 +255,8 @@ def settings_from(cfg: dict) -> RunSettings:
     if unknown:
         raise ConfigError(f"{unknown[0]}: unknown key{close_matches(unknown[0], TOP_LEVEL)} "
                           f"(top-level keys: {', '.join(k for k in TOP_LEVEL if k not in INTERNAL_KEYS)})")
+    env = env_settings(cfg)
+    check_agents(cfg, env)  # a PettingZoo env: algo=ppo is ippo there, single-agent algorithms refused (one line)
     return RunSettings(
         seed=int(cfg["seed"]), seed_drawn=bool(cfg["seed_drawn"]), device=str(cfg["device"]),
         torch_threads=int(cfg["torch_threads"]), total_env_steps=int(cfg["total_env_steps"]),
@@ -261,7 +264,7 @@ def settings_from(cfg: dict) -> RunSettings:
         max_wall_time_s=cfg.get("max_wall_time_s"), resume=str(cfg.get("resume") or "never"),
         resume_trust_envs=bool(cfg.get("resume_trust_envs", False)),
         resume_allow_changes=tuple(cfg.get("resume_allow_changes") or ()),
-        env=env_settings(cfg), algo=algo_factory(cfg),
+        env=env, algo=algo_factory(cfg),
         eval=group_settings(EvalSettings, cfg["eval"], "eval"), log=group_settings(LogSettings, cfg["log"], "log"),
         checkpoint=group_settings(CheckpointSettings, cfg["checkpoint"], "checkpoint"),
         logger=group_settings(LoggerSettings, cfg["logger"], "logger"), model=model_settings(cfg), config=cfg)

@@ -33,7 +33,9 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 
+from rltrain.data.agents import AgentsSpec
 from rltrain.data.structs import MASK_KEY, EnvSpec, ObsSpace
+from rltrain.envs.multiagent import AgentVecEnv, agents_spec, is_multiagent
 from rltrain.envs.spaces import (
     MASK_SOURCES,
     ActionMaskObservation,
@@ -66,6 +68,11 @@ def make_env(env_id: str, kwargs: dict[str, Any] | None = None, *, wrappers: lis
         add_search_path(search_path)
     try:
         env = _make_base(env_id, kwargs, max_episode_steps, search_path)
+        if is_multiagent(env):  # its agents' spaces and turns are read as they are (envs/multiagent.py)
+            if wrappers:
+                raise ConfigError(f"env.wrappers apply to a Gymnasium env; env.id={env_id} is a PettingZoo multi-agent "
+                                  "env: wrap it in your factory (e.g. with SuperSuit) and set env.wrappers=[]")
+            return env
         env = apply_wrappers(env, wrappers) if wrappers else env
         if has_tuple(env.observation_space):
             env = TupleAsDict(env)
@@ -94,6 +101,8 @@ def _make_base(env_id: str, kwargs: dict[str, Any], max_episode_steps: int | Non
             raise ConfigError(f"env.id={env_id}: {module_name!r} registers no env {name!r} and has no "
                               f"factory {name!r}{close_matches(name, gym.registry.keys())}")
         env = _call_factory(getattr(module, name), env_id, kwargs)
+        if is_multiagent(env):  # its time limit is counted by envs/multiagent.py
+            return env
         return gym.wrappers.TimeLimit(env, max_episode_steps) if max_episode_steps else env
     _register_namespace(env_id)
     if env_id not in gym.registry:
@@ -176,8 +185,9 @@ def _call_factory(factory, env_id: str, kwargs: dict[str, Any]) -> gym.Env:
     except ImportError as err:  # a factory importing an optional simulator
         raise ConfigError(f"env.id={env_id} needs a package that is not installed: "
                           f"{_install_hint(str(err))}") from None
-    if not isinstance(env, gym.Env):
-        raise ConfigError(f"env.id: {env_id!r} returned {type(env).__name__}, not a gymnasium.Env")
+    if not isinstance(env, gym.Env) and not is_multiagent(env):
+        raise ConfigError(f"env.id: {env_id!r} returned {type(env).__name__}, not a gymnasium.Env (nor a PettingZoo "
+                          "ParallelEnv or AECEnv)")
     return env
 
 
@@ -297,6 +307,15 @@ class EnvFactory:
         if t is not None and (isinstance(t, bool) or not isinstance(t, (int, float)) or not 0 < t < 1e9):
             raise ConfigError(f"env.step_timeout_s={t!r} must be a number of seconds > 0, or null for no limit")
 
+    @functools.cached_property
+    def multiagent(self) -> bool:
+        """The env is a PettingZoo ``ParallelEnv`` / ``AECEnv`` (envs/multiagent.py); found by building one."""
+        env = self.make()
+        try:
+            return is_multiagent(env)
+        finally:
+            env.close()
+
     @property
     def real_scores(self) -> bool:
         """Whether episodes are scored by the game's real score (any ``env.wrappers`` list records it)."""
@@ -307,15 +326,24 @@ class EnvFactory:
         return make_env(self.id, self.kwargs, wrappers=self.wrappers, max_episode_steps=self.max_episode_steps,
                         render_mode=render_mode, search_path=self.search_path, action_mask=self.action_mask)
 
-    def spec(self) -> EnvSpec:
+    def spec(self) -> EnvSpec | AgentsSpec:
+        """The env's spaces: an ``EnvSpec``, or an ``AgentsSpec`` for a PettingZoo multi-agent env."""
         env = self.make()
         try:
+            if is_multiagent(env):
+                return agents_spec(env, self.id, masks=self.action_mask != "drop")
             return env_spec(env, self.id)
         finally:
             env.close()
 
-    def vector(self, seeds: list[int] | tuple[int, ...], *, num_envs: int | None = None) -> VecEnv | AsyncVecEnv:
+    def vector(self, seeds: list[int] | tuple[int, ...], *,
+               num_envs: int | None = None) -> VecEnv | AsyncVecEnv | AgentVecEnv:
         """``num_envs`` (default ``self.num_envs``) envs seeded with ``seeds``."""
+        if self.multiagent:
+            if len(seeds) != (num_envs or self.num_envs):
+                raise ValueError(f"need {num_envs or self.num_envs} seeds, got {len(seeds)}")
+            return AgentVecEnv([self.make] * len(seeds), list(seeds), self.spec(),  # type: ignore[arg-type]
+                               max_steps=self.max_episode_steps, step_timeout_s=self.step_timeout_s)
         return make_vector_env(self.id, num_envs or self.num_envs, seeds, kwargs=self.kwargs, wrappers=self.wrappers,
                                max_episode_steps=self.max_episode_steps, vectorization=self.vectorization,
                                search_path=self.search_path, step_timeout_s=self.step_timeout_s,
@@ -327,6 +355,8 @@ class EnvFactory:
         mask on an action space that takes none, fails in one line."""
         if mode not in ("auto", "on", "off"):
             raise ConfigError(f"algo.action_mask={mode!r}: one of auto, on, off")
+        if self.multiagent:
+            return self._with_agent_masks(mode)
         probe = dataclasses.replace(self, action_mask="off")
         with probed_env(probe) as env:  # what the env offers, read before anything starts
             source, size = mask_source(env), mask_size(env.action_space)
@@ -349,6 +379,24 @@ class EnvFactory:
         return (dataclasses.replace(self, action_mask=source),
                 f"action masking on for env.id={self.id}: the mask comes from {where} "
                 f"(algo.action_mask={mode}; off ignores it)")
+
+    def _with_agent_masks(self, mode: str) -> tuple[EnvFactory, str | None]:
+        """``with_action_mask`` for a PettingZoo env: its masks are the ``action_mask`` keys of the agents' Dict
+        observations (PettingZoo's classic games), kept as they are (``key``) or dropped (``drop``)."""
+        spec = dataclasses.replace(self, action_mask="key").spec()
+        masked = [a for a, s in zip(spec.agents, spec.specs, strict=True) if s.masked]  # type: ignore[union-attr]
+        if not masked:
+            if mode == "on":
+                raise ConfigError(f"algo.action_mask=on: no agent of env.id={self.id} has a {MASK_KEY!r} key in its "
+                                  "observation; set algo.action_mask=auto")
+            return dataclasses.replace(self, action_mask="off"), None
+        if mode == "off":
+            return (dataclasses.replace(self, action_mask="drop"),
+                    f"env.id={self.id} offers action masks (the {MASK_KEY!r} key of its agents' observations); "
+                    "ignored: algo.action_mask=off")
+        return (dataclasses.replace(self, action_mask="key"),
+                f"action masking on for env.id={self.id}: the masks come from the {MASK_KEY!r} key of the "
+                f"observations of {', '.join(masked)} (algo.action_mask={mode}; off ignores them)")
 
     def record(self) -> dict:
         """The plain dict this factory was built from (config.yaml, checkpoints)."""
