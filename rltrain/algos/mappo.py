@@ -59,9 +59,9 @@ class ValueNorm:
 
     def _mean_std(self) -> tuple[float, float]:
         mean, squares, debias = self.moments
-        if debias < self.eps:
+        if debias == 0:  # no target seen yet
             return 0.0, 1.0
-        mean, squares = mean / debias, squares / debias
+        mean, squares = mean / max(debias, self.eps), squares / max(debias, self.eps)
         return float(mean), float(np.sqrt(max(squares - mean * mean, 1e-2)))
 
     def normalize(self, x: np.ndarray) -> np.ndarray:

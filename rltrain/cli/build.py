@@ -255,8 +255,9 @@ def settings_from(cfg: dict) -> RunSettings:
     if unknown:
         raise ConfigError(f"{unknown[0]}: unknown key{close_matches(unknown[0], TOP_LEVEL)} "
                           f"(top-level keys: {', '.join(k for k in TOP_LEVEL if k not in INTERNAL_KEYS)})")
+    # a PettingZoo env: algo=ppo is ippo there, single-agent algorithms refused (before any other line is said)
+    check_agents(cfg, group_settings(EnvFactory, cfg["env"], "env"))
     env = env_settings(cfg)
-    check_agents(cfg, env)  # a PettingZoo env: algo=ppo is ippo there, single-agent algorithms refused (one line)
     return RunSettings(
         seed=int(cfg["seed"]), seed_drawn=bool(cfg["seed_drawn"]), device=str(cfg["device"]),
         torch_threads=int(cfg["torch_threads"]), total_env_steps=int(cfg["total_env_steps"]),

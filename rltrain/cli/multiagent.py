@@ -9,8 +9,6 @@
 
 from __future__ import annotations
 
-import sys
-
 from rltrain.envs.make import EnvFactory
 from rltrain.errors import ConfigError
 
@@ -30,8 +28,8 @@ def check_agents(cfg: dict, env: EnvFactory) -> None:
         return
     if target == PPO_TARGET:
         algo["_target_"] = MULTIAGENT_TARGETS[0]
-        print(f"rltrain: env.id={env.id} is a multi-agent env: algo=ppo trains it as independent PPO, one per policy "
-              "group (algo=ippo; algo=mappo adds a centralised critic)", file=sys.stderr)
+        print(f"[rltrain] env.id={env.id} is a multi-agent env: algo=ppo trains it as independent PPO, one per "
+              "policy group (algo=ippo; algo=mappo adds a centralised critic)", flush=True)
     elif target not in MULTIAGENT_TARGETS:
         raise ConfigError(f"algo={name} trains one agent, but env.id={env.id} is a PettingZoo multi-agent env: use "
                           "algo=ippo or algo=mappo (algo=ppo means ippo there)")

@@ -68,8 +68,11 @@ def agents_spec(env: Any, env_id: str, *, masks: bool = True) -> AgentsSpec:
     for agent in agents:
         try:
             specs.append(env_spec(_Spaces(env.observation_space(agent), env.action_space(agent)), env_id))
-        except ConfigError as err:  # the same line as for one agent, naming which
-            raise ConfigError(str(err).replace(f"env.id={env_id}:", f"env.id={env_id}: agent {agent!r}:", 1)) from None
+        except ConfigError as err:  # the same line as for one agent, naming which, and the fix for a PettingZoo env
+            what = str(err).split("; wrap the env", 1)[0]
+            what = what.replace(f"env.id={env_id}:", f"env.id={env_id}: agent {agent!r}:", 1)
+            raise ConfigError(f"{what}; make your env factory return agents with spaces rltrain takes (e.g. with "
+                              "SuperSuit's wrappers)") from None
         if not masks and specs[-1].masked:
             obs = specs[-1].observation
             parts = tuple((k, sub) for k, sub in obs.parts if k != MASK_KEY)
