@@ -94,15 +94,18 @@ class MultiAgentCollector:
         with torch.inference_mode():
             while active:
                 actions = self._act(active)
+                outcomes: dict[str, list] = {name: [] for name in self.rows}
+                ended = []
                 for i in active:
-                    closed = self.venv.step(i, actions[i])
+                    self._close(i, self.venv.step(i, actions[i]), outcomes)
                     steps += 1
-                    self._close(i, closed)
-                    env = self.venv.envs[i]
-                    if env.over:
-                        ret, length = self._episode_end(i, per_agent)
-                        returns.append(ret)
-                        lengths.append(length)
+                    if self.venv.envs[i].over:
+                        ended.append(i)
+                self._write_outcomes(outcomes)
+                for i in ended:  # after their outcomes are written: a self-play seat changes at the reset
+                    ret, length = self._episode_end(i, per_agent)
+                    returns.append(ret)
+                    lengths.append(length)
                 active = [i for i in active if not self._full(i, T)]
         self.episodes += len(returns)
         self.recent_returns.extend(returns)
@@ -177,8 +180,8 @@ class MultiAgentCollector:
         return obs_map(lambda t, *xs: torch.as_tensor(np.stack([np.asarray(x, t.dtype) for x in xs]),
                                                       device=self.device), self.templates[agent], *observations)
 
-    def _close(self, i: int, closed: list[Closed]) -> None:
-        """Write the outcomes of env i's closed transitions into their slots' rows."""
+    def _close(self, i: int, closed: list[Closed], outcomes: dict[str, list]) -> None:
+        """Close the rows of env i's closed transitions; their next observations are queued per group."""
         env, state = self.venv.envs[i], None
         for c in closed:
             slot = self._slot(i, c.agent)
@@ -189,10 +192,17 @@ class MultiAgentCollector:
             if group.state and state is None:
                 state = env.state(group.state)
             row = rows.close(col, c.reward, c.terminated, c.truncated)
-            rows.write_obs("next_obs", np.array([row]), np.array([col]), [c.obs], [self._index(i, c.agent)],
-                           [state] if group.state else None)
+            outcomes[name].append((row, col, c.obs, self._index(i, c.agent), state))
             if self.core[name] is not None and (c.terminated or c.truncated):
                 self.core[name] = reset_state(self.core[name], np.arange(rows.slots) == col)
+
+    def _write_outcomes(self, outcomes: dict[str, list]) -> None:
+        """The next observations of this step's closed rows, one write per group."""
+        for name, items in outcomes.items():
+            if items:
+                rows, cols, obs, ids, states = zip(*items, strict=True)
+                self.rows[name].write_obs("next_obs", np.array(rows), np.array(cols), list(obs), list(ids),
+                                          list(states) if self.groups[name].state else None)
 
     def _episode_end(self, i: int, per_agent: dict[str, list]) -> tuple[float, int]:
         """Record env i's finished episode, reset the env (self-play: swap seats, draw a new opponent)."""
