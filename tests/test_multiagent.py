@@ -307,3 +307,76 @@ def test_self_play_on_connect_four_reports_outcomes_against_random_and_latest(cl
     policy = ckpt["algo"]["policy"]
     assert int(policy["pool.count"]) == 3 and policy["pool.versions"].tolist() != [0, 0, 0]
     assert any(k.startswith("groups.main.") for k in policy)
+
+
+# -- determinism, resume, every trainer -----------------------------------------------------------------
+RUN = ["debug=smoke", "logger=quiet", "env.num_envs=2", "algo.update_epochs=2", "eval.episodes=2",
+       "eval.every_env_steps=1024", "algo.anneal_lr=false"]
+CASES = {
+    "mappo-spread": [f"env.id={SPREAD}", *SPREAD_KW, "algo=mappo"],
+    "selfplay-c4": [f"env.id={C4}", "algo=ippo", "algo.self_play=true", "algo.self_play_every=1",
+                    "algo.self_play_pool=3", "algo.rollout_len=32"],
+    "uneven-gru": [f"env.id={UNEVEN}", "algo=ippo", "model.core=gru", "model.core_size=8", "algo.rollout_len=16"],
+}
+
+
+def _policy(run_dir):
+    from rltrain.run.checkpoint import load_checkpoint
+
+    state, _ = load_checkpoint(run_dir / "checkpoints" / "final.pt")
+    return state
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_resume_is_bitwise_identical_and_the_same_seed_the_same_run(tmp_path, case, monkeypatch):
+    """Once through 2n steps, twice through n + n (resumed from the checkpoint at n, the envs mid-episode from
+    their sidecar, AEC moves awaiting their outcome included): the same weights, the same metrics."""
+    from rltrain.cli.build import run
+    from rltrain.run.metrics import WALL_CLOCK_PREFIX, read_metrics
+    from tests.conftest import compose_cfg
+
+    monkeypatch.syspath_prepend(str(REPO))
+    n = 1024
+    base = RUN + CASES[case]
+    run(compose_cfg(base + [f"total_env_steps={2 * n}"]), tmp_path / "once")
+    run(compose_cfg(base + [f"total_env_steps={n}"]), tmp_path / "twice")
+    summary = run(compose_cfg(base + [f"total_env_steps={2 * n}", "resume=auto"]), tmp_path / "twice")
+    assert summary["status"] == "completed" and summary["resumed_from_env_steps"] >= n
+    once, twice = _policy(tmp_path / "once"), _policy(tmp_path / "twice")
+    assert once["counters"] == {**twice["counters"], "wall_time": once["counters"]["wall_time"]}
+    p1, p2 = once["algo"]["policy"], twice["algo"]["policy"]
+    assert p1.keys() == p2.keys()
+    for key in p1:
+        assert torch.equal(p1[key], p2[key]), key
+    strip = lambda rows: [{k: v for k, v in r.items() if not k.startswith(WALL_CLOCK_PREFIX)} for r in rows]  # noqa: E731
+    a, b = (strip(read_metrics(tmp_path / d / "metrics.csv")) for d in ("once", "twice"))
+    assert [r["env_steps"] for r in a] == [r["env_steps"] for r in b] and a[-2] == b[-2]
+    if case == "mappo-spread":  # the same seed again: the same run
+        run(compose_cfg(base + [f"total_env_steps={2 * n}"]), tmp_path / "again")
+        assert strip(read_metrics(tmp_path / "again" / "metrics.csv")) == a
+
+
+TRAINERS = {
+    "distributed_simulator": ["trainer=distributed_simulator", "trainer.world_size=2"],
+    "parallel": ["trainer=parallel", "trainer.num_agents=2"],
+    "subprocess_actors": ["trainer=subprocess_actors", "trainer.num_actors=2"],
+}
+
+
+@pytest.mark.parametrize("trainer", list(TRAINERS))
+def test_every_multi_process_trainer_trains_a_multi_agent_env(cli, tmp_path, trainer):
+    """MAPPO on MPE under each trainer; self-play on connect four under subprocess_actors (its actors play the
+    pool the learner publishes with its weights)."""
+    case = CASES["selfplay-c4"] if trainer == "subprocess_actors" else CASES["mappo-spread"]
+    res = cli(*RUN, *case, *TRAINERS[trainer], f"hydra.run.dir={tmp_path}", timeout=600)
+    assert res.returncode == 0, res.stderr[-3000:]
+    summary = _summary(tmp_path)
+    assert summary["status"] == "completed"
+    if trainer == "parallel":
+        for k in range(2):
+            agent = _summary(tmp_path / f"agent_{k}")
+            assert set(agent["final_eval_return_per_agent"]) == {"agent_0", "agent_1", "agent_2"}
+    elif trainer == "subprocess_actors":
+        assert set(summary["eval_vs_random"]) == {"win", "draw", "loss"}
+    else:
+        assert summary["world_size"] == 2 and len(summary["final_eval_return_per_agent"]) == 3

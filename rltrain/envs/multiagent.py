@@ -16,6 +16,7 @@ and its step, ``env.step_timeout_s``) and pickles them for resume when they pick
 from __future__ import annotations
 
 import dataclasses
+import io
 import pickle
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -246,10 +247,12 @@ class AgentVecEnv:
 
     def get_state(self) -> bytes | None:
         """The envs mid-episode (with whose turn it is and who awaits one), or None when they do not pickle."""
+        buffer = io.BytesIO()
         try:
-            return pickle.dumps(self.envs)
+            _StatePickler(buffer, protocol=pickle.HIGHEST_PROTOCOL).dump(self.envs)
         except Exception:
             return None
+        return buffer.getvalue()
 
     def set_state(self, blob: bytes) -> None:
         for env in self.envs:
@@ -263,6 +266,31 @@ class AgentVecEnv:
         self.watch.close()
         for env in self.envs:
             env.close()
+
+
+class _StatePickler(pickle.Pickler):
+    """Pickles an object that pickles itself by its constructor's arguments (gymnasium's ``EzPickle``, which
+    PettingZoo's envs use: unpickled, it would be a fresh env at its first step) by its attributes instead, so
+    the env comes back mid-episode."""
+
+    def reducer_override(self, obj):
+        if "_ezpickle_args" in getattr(obj, "__dict__", {}):
+            return _bare, (type(obj),), obj.__dict__, None, None, _set_attributes  # not EzPickle's __setstate__
+        if type(obj).__module__.startswith("pygame."):  # a render surface (MPE makes one unasked): not the episode
+            return _none, ()
+        return NotImplemented
+
+
+def _bare(cls: type) -> Any:
+    return cls.__new__(cls)
+
+
+def _none() -> None:
+    return None
+
+
+def _set_attributes(obj: Any, state: dict) -> None:
+    obj.__dict__.update(state)
 
 
 def random_action(spec: EnvSpec, obs: Any, rng: np.random.Generator) -> Any:
