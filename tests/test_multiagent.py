@@ -380,3 +380,50 @@ def test_every_multi_process_trainer_trains_a_multi_agent_env(cli, tmp_path, tra
         assert set(summary["eval_vs_random"]) == {"win", "draw", "loss"}
     else:
         assert summary["world_size"] == 2 and len(summary["final_eval_return_per_agent"]) == 3
+
+
+# -- the tools: rltrain-eval, rltrain-export, rltrain.load_policy ----------------------------------------
+@pytest.fixture(scope="module")
+def spread_run(tmp_path_factory):
+    from rltrain.cli.build import run
+    from tests.conftest import compose_cfg
+
+    run_dir = tmp_path_factory.mktemp("spread")
+    run(compose_cfg(RUN + CASES["mappo-spread"] + ["total_env_steps=512", "algo.rollout_len=32"]), run_dir)
+    return run_dir
+
+
+def test_load_policy_gives_every_agent_a_policy_on_its_own_observation(spread_run):
+    import rltrain
+
+    policies = rltrain.load_policy(spread_run, allow_import=True)
+    assert set(policies) == {"agent_0", "agent_1", "agent_2"}
+    env = _factory(SPREAD, N=3, max_cycles=25, continuous_actions=False).make()
+    obs, _ = env.reset(seed=0)
+    for agent, policy in policies.items():
+        action, state = policy.act(obs[agent])
+        assert state is None and env.action_space(agent).contains(int(action))
+        batch, _ = policy.act(np.stack([obs[agent]] * 3))
+        assert batch.shape == (3,) and (batch == action).all()
+    # agents share the weights, not the index: the same observation may be acted on differently per agent
+    shared = [p.module.policy for p in policies.values()]
+    assert shared[0] is shared[1] is shared[2]
+
+
+def test_rltrain_eval_and_export_write_one_file_per_agent(spread_run, tmp_path):
+    from rltrain.cli.evaluate import main as evaluate
+    from rltrain.cli.export import main as export
+
+    assert evaluate([str(spread_run), "--allow-import", "--episodes", "2"]) == 0
+    out = tmp_path / "pi.pt2"
+    assert export([str(spread_run), "--allow-import", "--out", str(out)]) == 0
+    import rltrain
+
+    policies = rltrain.load_policy(spread_run, allow_import=True)
+    obs = torch.randn(4, 18)
+    for agent, policy in policies.items():
+        program = torch.export.load(tmp_path / f"pi_{agent}.pt2").module()
+        expected, _ = policy.act(obs.numpy())
+        np.testing.assert_array_equal(program(obs).numpy(), expected)
+        assert json.loads((tmp_path / f"pi_{agent}.json").read_text())["inputs"][0]["shape"] == ["B", 18]
+    assert export([str(spread_run), "--allow-import", "--out", str(out)]) == 2  # exists: refused, one line

@@ -55,6 +55,14 @@ def main(argv: list[str] | None = None) -> int:
         video_dir = ckpt_path.parent.parent / "videos" if args.video else None
         env = env_factory(cfg["env"], cfg.get("algo"))
         seed = eval_seed if args.seed is None else args.seed
+        if getattr(policy, "group_list", None) is not None:  # a multi-agent env's policies (models/agents.py)
+            if args.video:
+                raise ConfigError("--video records single-agent envs; this checkpoint is a multi-agent env's")
+            lines = evaluate_agents_lines(policy, env, episodes=args.episodes, eval_seed=seed,
+                                          deterministic=not args.stochastic, device=torch.device(args.device))
+            print(f"checkpoint: {ckpt_path}")
+            print("\n".join(lines))
+            return 0
         rets = evaluate(policy, env.make, episodes=args.episodes, eval_seed=seed,
                         deterministic=not args.stochastic, device=torch.device(args.device), video_dir=video_dir,
                         real_scores=env.real_scores)
@@ -67,6 +75,27 @@ def main(argv: list[str] | None = None) -> int:
     if video_dir is not None:
         print(f"videos: {video_dir}")
     return 0
+
+
+def evaluate_agents_lines(policies, env, *, episodes: int, eval_seed: int, deterministic: bool, device) -> list[str]:
+    """A multi-agent env's evaluation in words: the mean over agents and each agent's mean return; with
+    self-play, the learner against random legal moves (win / draw / loss) and against its latest pool version."""
+    from rltrain.trainers.matches import evaluate_agents, evaluate_match, outcomes
+
+    common = {"episodes": episodes, "eval_seed": eval_seed, "deterministic": deterministic, "device": device,
+              "max_steps": env.max_episode_steps}
+    if policies.pool is None:
+        rets = evaluate_agents(policies, env.make, **common)
+        per_agent = "  ".join(f"{a}: {r:.2f}" for a, r in zip(policies.spec.agents, rets.mean(0), strict=True))
+        return [f"episodes: {episodes}  mean return over agents: {rets.mean():.2f}  std: {rets.mean(1).std():.2f}",
+                f"per agent: {per_agent}"]
+    lines = []
+    for opponent in ("random", "latest"):
+        rets, _ = evaluate_match(policies, env.make, opponent=opponent, **common)
+        o = outcomes(rets)
+        lines.append(f"vs {opponent}: episodes: {episodes}  mean return: {rets.mean():.2f}  win {o['win']:.2f}  "
+                     f"draw {o['draw']:.2f}  loss {o['loss']:.2f}  (seats alternate)")
+    return lines
 
 
 def _private_runtime_dir() -> None:
