@@ -265,7 +265,20 @@ REFUSALS = [
 
 
 @pytest.mark.parametrize(("args", "expected"), REFUSALS, ids=[e[:40] for _, e in REFUSALS])
-def test_bad_multiagent_input_is_one_line(cli, args, expected):
+def test_bad_multiagent_input_is_refused_before_training(tmp_path, args, expected, monkeypatch):
+    from rltrain.cli.build import run
+    from tests.conftest import compose_cfg
+
+    monkeypatch.syspath_prepend(str(REPO))
+    with pytest.raises(ConfigError) as err:
+        run(compose_cfg(BASE + args), tmp_path)
+    assert expected in str(err.value) and "\n" not in str(err.value)
+    assert not (tmp_path / "checkpoints").exists()
+
+
+@pytest.mark.parametrize("k", [0, 2, 4, 6])  # a mapping, a space, self-play, a one-agent algorithm
+def test_bad_multiagent_input_is_one_line_from_the_command_line(cli, k):
+    args, expected = REFUSALS[k]
     res = cli(*BASE, *args, timeout=120, env=HELPERS)
     assert res.returncode == 2, (res.returncode, res.stderr)
     lines = [ln for ln in res.stderr.splitlines() if ln.strip() and "Warning" not in ln and "warn" not in ln]
@@ -336,8 +349,8 @@ def test_resume_is_bitwise_identical_and_the_same_seed_the_same_run(tmp_path, ca
     from tests.conftest import compose_cfg
 
     monkeypatch.syspath_prepend(str(REPO))
-    n = 1024
-    base = RUN + CASES[case]
+    n = 512
+    base = RUN + CASES[case] + ["eval.every_env_steps=256", "log.every_env_steps=128"]
     run(compose_cfg(base + [f"total_env_steps={2 * n}"]), tmp_path / "once")
     run(compose_cfg(base + [f"total_env_steps={n}"]), tmp_path / "twice")
     summary = run(compose_cfg(base + [f"total_env_steps={2 * n}", "resume=auto"]), tmp_path / "twice")
@@ -427,3 +440,40 @@ def test_rltrain_eval_and_export_write_one_file_per_agent(spread_run, tmp_path):
         np.testing.assert_array_equal(program(obs).numpy(), expected)
         assert json.loads((tmp_path / f"pi_{agent}.json").read_text())["inputs"][0]["shape"] == ["B", 18]
     assert export([str(spread_run), "--allow-import", "--out", str(out)]) == 2  # exists: refused, one line
+
+
+# -- learning (cut down: seconds) ------------------------------------------------------------------------
+LEARN = ["logger=quiet", "env.num_envs=4", "eval.every_env_steps=0", "checkpoint.every_env_steps=0",
+         "eval.episodes=4", "eval.both_modes=false"]
+
+
+@pytest.mark.learning
+@pytest.mark.slow
+@pytest.mark.parametrize("algo", ["ippo", "mappo"])
+def test_ippo_and_mappo_learn_every_agents_task(tmp_path, algo, monkeypatch):
+    """Uneven: a scout with Discrete actions (+1 for action = step % 3, 3 steps), a pilot with Box actions
+    (minus its distance to (0.5, -0.5), 6 steps), a clerk with MultiDiscrete actions and a Dict observation (+1
+    per component matching a tag, 9 steps). Random play scores about 1, -4 and 7.5; 4096 steps learn all three."""
+    from rltrain.cli.build import run
+    from tests.conftest import compose_cfg
+
+    monkeypatch.syspath_prepend(str(REPO))
+    summary = run(compose_cfg(LEARN + [f"env.id={UNEVEN}", f"algo={algo}", "total_env_steps=4096", "algo.lr=1e-3",
+                                       "algo.rollout_len=32", "algo.num_minibatches=4"]), tmp_path)
+    per_agent = summary["final_eval_return_per_agent"]
+    assert per_agent["scout"] >= 2.5 and per_agent["clerk"] >= 15 and per_agent["pilot"] >= -2.5, per_agent
+
+
+@pytest.mark.learning
+@pytest.mark.slow
+def test_self_play_learns_to_beat_random_legal_moves(tmp_path, monkeypatch):
+    """Turns (reach 7 first, adding 1 or 2): the first player can always win, the second whenever the first
+    slips; self-play from a pool of past versions learns it against random moves in both seats."""
+    from rltrain.cli.build import run
+    from tests.conftest import compose_cfg
+
+    monkeypatch.syspath_prepend(str(REPO))
+    summary = run(compose_cfg(LEARN + [f"env.id={TURNS}", "algo=ippo", "algo.self_play=true", "eval.episodes=20",
+                                       "total_env_steps=6000", "algo.rollout_len=64", "algo.num_minibatches=4",
+                                       "algo.self_play_every=2", "algo.ent_coef=0.01"]), tmp_path)
+    assert summary["eval_vs_random"]["win"] >= 0.75, summary["eval_vs_random"]

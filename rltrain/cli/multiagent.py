@@ -26,6 +26,10 @@ def check_agents(cfg: dict, env: EnvFactory) -> None:
             raise ConfigError(f"algo={name} trains the agents of a PettingZoo multi-agent env; env.id={env.id} is a "
                               "single-agent Gymnasium env: use algo=ppo")
         return
+    if env.vectorization != "sync":
+        raise ConfigError(f"env.vectorization={env.vectorization}: a multi-agent env is stepped in the process that "
+                          "collects (trainer=subprocess_actors steps envs in other processes); set "
+                          "env.vectorization=sync")
     if target == PPO_TARGET:
         algo["_target_"] = MULTIAGENT_TARGETS[0]
         print(f"[rltrain] env.id={env.id} is a multi-agent env: algo=ppo trains it as independent PPO, one per "

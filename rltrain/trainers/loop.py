@@ -142,7 +142,7 @@ class TrainLoop:
                     cadence.done("log", steps)
                 if self.is_main:
                     progress.update(steps, sps=(steps - start_steps) / max(now - t0 - state.eval_s, 1e-9),
-                                    episode_return=recent)
+                                    episode_return=recent, per_agent=self.rows.agent_recent() or None)
                 if cadence.due("checkpoint", steps):
                     self.save()
                     cadence.done("checkpoint", steps)

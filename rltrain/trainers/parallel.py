@@ -78,7 +78,8 @@ class _MessageProgress:
         self._last = 0.0
         self._latest = AgentProgress(ctx.index, initial, total, 0.0, None)
 
-    def update(self, env_steps: int, *, sps: float, episode_return: float | None) -> None:
+    def update(self, env_steps: int, *, sps: float, episode_return: float | None,
+               per_agent: dict[str, float] | None = None) -> None:
         self._latest = AgentProgress(self.ctx.index, env_steps, self.total, sps, episode_return)
         now = time.monotonic()
         if now - self._last >= self.send_every_s:

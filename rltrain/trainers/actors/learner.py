@@ -60,8 +60,9 @@ class ActorsProgress(ProgressDisplay):
         super().__init__(*args, **kwargs)
         self._rows_of, self._last_rows = rows, 0.0
 
-    def update(self, env_steps: int, *, sps: float, episode_return: float | None) -> None:
-        super().update(env_steps, sps=sps, episode_return=episode_return)
+    def update(self, env_steps: int, *, sps: float, episode_return: float | None,
+               per_agent: dict[str, float] | None = None) -> None:
+        super().update(env_steps, sps=sps, episode_return=episode_return, per_agent=per_agent)
         if self.mode == "rich":
             self.set_rows(self._rows_of())  # rich redraws at most 4 times a second
             return
@@ -104,6 +105,10 @@ class ActorBatches(LoopHooks):
     @property
     def recent_lengths(self) -> deque[int]:
         return self.stats_source.recent_lengths
+
+    @property
+    def agent_returns(self) -> dict[str, deque[float]]:
+        return self.stats_source.agent_returns
 
     def state_dict(self) -> dict:
         return self.stats_source.state_dict()

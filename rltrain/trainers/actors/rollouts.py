@@ -56,9 +56,13 @@ class EpisodeStats:
     def __init__(self, window: int = 100):
         self.recent_returns: deque[float] = deque(maxlen=window)
         self.recent_lengths: deque[int] = deque(maxlen=window)
+        self.agent_returns: dict[str, deque[float]] = {}  # a multi-agent env's: each agent's recent returns
         self.episodes = 0
+        self.window = window
 
-    def add(self, rollout: Rollout) -> None:
+    def add(self, rollout: Rollout | MultiRollout) -> None:
+        for agent, returns in getattr(rollout, "agent_returns", {}).items():
+            self.agent_returns.setdefault(agent, deque(maxlen=self.window)).extend(returns)
         self.recent_returns.extend(rollout.episode_returns)
         self.recent_lengths.extend(rollout.episode_lengths)
         self.episodes += len(rollout.episode_returns)
