@@ -305,7 +305,7 @@ def test_ppo_on_mpe_is_ippo_and_mappo_reports_every_agent(cli, tmp_path):
         assert set(per_agent) == {"agent_0", "agent_1", "agent_2"}
         assert summary["final_eval_return"] == pytest.approx(np.mean(list(per_agent.values())))
     header = (tmp_path / "mappo" / "metrics.csv").read_text().splitlines()[0].split(",")
-    assert "eval/return_mean/agent_2" in header
+    assert "eval/return_mean/agent_2" in header and "rollout/episode_return/agent_0" in header
 
 
 def test_self_play_on_connect_four_reports_outcomes_against_random_and_latest(cli, tmp_path):

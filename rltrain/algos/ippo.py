@@ -105,6 +105,13 @@ class IPPO(Algorithm):
         self.policy = AgentPolicies(spec, self.groups, {n: lr.policy for n, lr in self.learners.items()}, pool)
         self.updates = 0
 
+    def networks(self) -> dict[str, torch.nn.Module]:
+        """Each policy group's network, named with its agents (what the run prints and writes to model.txt)."""
+        pool = self.policy.pool
+        extra = f"; and {pool.size} past versions of it for self-play" if pool is not None else ""
+        return {f"policy {g.name} (agents {', '.join(g.agents)}{extra})": self.learners[g.name].policy
+                for g in self.groups}
+
     def global_state(self, spec: AgentsSpec) -> tuple[str, ObsSpace] | None:
         """What a centralised critic reads (MAPPO); IPPO's critics read what their actors read."""
         return None

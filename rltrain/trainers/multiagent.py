@@ -87,8 +87,9 @@ class MultiAgentCollector:
         start = {}
         for name, r in self.rows.items():  # the state before each slot's first row: an open row's own
             core, acted = self.core[name], self.acted_from[name]
-            start[name] = None if core is None else tuple(torch.where(torch.from_numpy(r.open)[None, :, None], a, c)
-                                                          for a, c in zip(acted, core, strict=True))
+            start[name] = None if core is None else tuple(
+                torch.where(torch.from_numpy(r.open).to(c.device)[None, :, None], a, c)
+                for a, c in zip(acted, core, strict=True))
         returns, lengths, per_agent, steps = [], [], {a: [] for a in self.spec.agents}, 0
         active = [i for i in range(self.num_envs) if not self._full(i, T)]
         with torch.inference_mode():
