@@ -261,6 +261,10 @@ REFUSALS = [
     (["env=cartpole", "algo=mappo"], "algo=mappo trains the agents of a PettingZoo multi-agent env"),
     ([f"env.id={SPREAD}", *SPREAD_KW, "algo=ippo", "env.wrappers=[ClipReward]"],
      "env.wrappers apply to a Gymnasium env"),
+    ([f"env.id={SPREAD}", *SPREAD_KW, "algo=ippo", "env.vectorization=async"],
+     "env.vectorization=async: a multi-agent env is stepped in the process that collects"),
+    ([f"env.id={SPREAD}", *SPREAD_KW, "algo=ippo", "eval.video=true"], "eval.video=true records a single-agent"),
+    ([f"env.id={SPREAD}", *SPREAD_KW, "algo=ippo", "algo.action_mask=on"], "no agent of env.id=mpe2"),
 ]
 
 
@@ -385,7 +389,8 @@ def test_every_multi_process_trainer_trains_a_multi_agent_env(cli, tmp_path, tra
     assert res.returncode == 0, res.stderr[-3000:]
     summary = _summary(tmp_path)
     assert summary["status"] == "completed"
-    if trainer == "parallel":
+    if trainer == "parallel":  # independent teams, each with its own seed; the parent averages them
+        assert set(summary["final_eval_return_per_agent"]) == {"agent_0", "agent_1", "agent_2"}
         for k in range(2):
             agent = _summary(tmp_path / f"agent_{k}")
             assert set(agent["final_eval_return_per_agent"]) == {"agent_0", "agent_1", "agent_2"}

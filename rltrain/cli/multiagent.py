@@ -30,6 +30,9 @@ def check_agents(cfg: dict, env: EnvFactory) -> None:
         raise ConfigError(f"env.vectorization={env.vectorization}: a multi-agent env is stepped in the process that "
                           "collects (trainer=subprocess_actors steps envs in other processes); set "
                           "env.vectorization=sync")
+    if (cfg.get("eval") or {}).get("video"):
+        raise ConfigError(f"eval.video=true records a single-agent env's episodes; env.id={env.id} is a PettingZoo "
+                          "multi-agent env: set eval.video=false")
     if target == PPO_TARGET:
         algo["_target_"] = MULTIAGENT_TARGETS[0]
         print(f"[rltrain] env.id={env.id} is a multi-agent env: algo=ppo trains it as independent PPO, one per "

@@ -27,6 +27,7 @@ import numpy as np
 
 from rltrain.data.agents import AgentsSpec, flat_size, vector_space
 from rltrain.data.structs import MASK_KEY, EnvSpec, ObsSpace
+from rltrain.envs.spaces import _describe_obs, env_spec
 from rltrain.envs.vector import CallWatch, EnvCallAbandoned, EnvFault, env_fault
 from rltrain.errors import ConfigError
 
@@ -49,6 +50,42 @@ def api_of(env: Any) -> str:
     return "aec" if isinstance(env, AECEnv) else "parallel"
 
 
+def with_agent_masks(factory: Any, mode: str) -> tuple[Any, str | None]:
+    """``with_action_mask`` for a PettingZoo env: its masks are the ``action_mask`` keys of the agents' Dict
+    observations (PettingZoo's classic games), kept as they are (``key``) or dropped (``drop``)."""
+    spec = dataclasses.replace(factory, action_mask="key").spec()
+    masked = [a for a, s in zip(spec.agents, spec.specs, strict=True) if s.masked]  # type: ignore[union-attr]
+    if not masked:
+        if mode == "on":
+            raise ConfigError(f"algo.action_mask=on: no agent of env.id={factory.id} has a {MASK_KEY!r} key in its "
+                              "observation; set algo.action_mask=auto")
+        return dataclasses.replace(factory, action_mask="off"), None
+    if mode == "off":
+        return (dataclasses.replace(factory, action_mask="drop"),
+                f"env.id={factory.id} offers action masks (the {MASK_KEY!r} key of its agents' observations); "
+                "ignored: algo.action_mask=off")
+    return (dataclasses.replace(factory, action_mask="key"),
+            f"action masking on for env.id={factory.id}: the masks come from the {MASK_KEY!r} key of the "
+            f"observations of {', '.join(masked)} (algo.action_mask={mode}; off ignores them)")
+
+
+def builds_multiagent(make: Callable[[], Any]) -> bool:
+    """``make()`` builds a PettingZoo env (built once, then closed)."""
+    env = make()
+    try:
+        return is_multiagent(env)
+    finally:
+        env.close()
+
+
+def agent_vector(factory: Any, seeds: list[int] | tuple[int, ...], num_envs: int) -> AgentVecEnv:
+    """``num_envs`` envs of a multi-agent env factory (``envs.make.EnvFactory``) seeded with ``seeds``."""
+    if len(seeds) != num_envs:
+        raise ValueError(f"need {num_envs} seeds, got {len(seeds)}")
+    return AgentVecEnv([factory.make] * num_envs, list(seeds), factory.spec(), max_steps=factory.max_episode_steps,
+                       step_timeout_s=factory.step_timeout_s)
+
+
 class _Spaces:
     """The two spaces of one agent, shaped as ``envs.make.env_spec`` reads a gymnasium env."""
 
@@ -60,8 +97,6 @@ def agents_spec(env: Any, env_id: str, *, masks: bool = True) -> AgentsSpec:
     """The ``AgentsSpec`` of a PettingZoo env (reset here once: the global state is read from a live episode).
     An agent whose space rltrain cannot take is one line naming the agent. ``masks=False`` leaves the
     ``action_mask`` keys out of the agents' observations (``algo.action_mask=off``)."""
-    from rltrain.envs.make import _describe_obs, env_spec
-
     agents = tuple(env.possible_agents)
     if not agents:
         raise ConfigError(f"env.id={env_id}: the PettingZoo env has no possible_agents")

@@ -60,9 +60,8 @@ class ActorsProgress(ProgressDisplay):
         super().__init__(*args, **kwargs)
         self._rows_of, self._last_rows = rows, 0.0
 
-    def update(self, env_steps: int, *, sps: float, episode_return: float | None,
-               per_agent: dict[str, float] | None = None) -> None:
-        super().update(env_steps, sps=sps, episode_return=episode_return, per_agent=per_agent)
+    def update(self, env_steps: int, **kwargs) -> None:
+        super().update(env_steps, **kwargs)
         if self.mode == "rich":
             self.set_rows(self._rows_of())  # rich redraws at most 4 times a second
             return
@@ -82,6 +81,7 @@ class ActorBatches(LoopHooks):
         self.t, self.stop = trainer, stop
         self.version = 0  # the learner's update count: the policy version it last published
         self.stats_source = EpisodeStats()
+        self.agent_returns = self.stats_source.agent_returns  # a multi-agent env's, per agent (the progress line)
         self.queue: deque[RolloutMsg] = deque()
         self.capacity = trainer.batch_rollouts * trainer.queue_out_of_sync_factor
         self.generations = [0] * trainer.num_actors
@@ -105,10 +105,6 @@ class ActorBatches(LoopHooks):
     @property
     def recent_lengths(self) -> deque[int]:
         return self.stats_source.recent_lengths
-
-    @property
-    def agent_returns(self) -> dict[str, deque[float]]:
-        return self.stats_source.agent_returns
 
     def state_dict(self) -> dict:
         return self.stats_source.state_dict()
