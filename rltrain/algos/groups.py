@@ -101,7 +101,11 @@ class GroupPPO(PPO):
             return ValidColumnMinibatches(*inputs, rollout, adv, ret, values, minibatches=self.num_minibatches,
                                           norm_adv=s.norm_adv, device=self.device, valid=valid)
         keep = np.flatnonzero(valid.reshape(-1))
-        minibatches = min(self.num_minibatches, len(keep))
+        minibatches = self.num_minibatches  # the same count on every worker: distributed steps all-reduce together
+        if len(keep) < minibatches:  # rows repeated (none valid: neutral rows, see _neutral) to fill each minibatch
+            keep = np.resize(keep, minibatches) if len(keep) else np.arange(minibatches)
+            if not valid.reshape(-1)[keep].any():
+                adv, ret = _neutral(adv, values)
         # an equal split: the rows over a multiple of the minibatch count are dropped, drawn at random
         keep = np.sort(keep[torch.randperm(len(keep)).numpy()[: len(keep) // minibatches * minibatches]])
 
@@ -145,9 +149,11 @@ class ValidColumnMinibatches(ColumnMinibatches):
             cols = perm[k * width:(k + 1) * width].to(self.device)
             B = self.mask[:, cols].numel()
             keep = torch.nonzero(self.valid[:, cols].reshape(B)).squeeze(1)
-            if keep.numel() == 0:
-                continue
+            neutral = keep.numel() == 0  # every step of a distributed update is taken on every worker
+            keep = torch.arange(B, device=self.device) if neutral else keep
             old_logp, adv, ret, old_values = (x[:, cols].reshape(B)[keep] for x in self.old)
+            if neutral:
+                adv, ret = torch.zeros_like(adv), old_values
             if self.norm_adv and keep.numel() > 1:
                 adv = (adv - adv.mean()) / (adv.std() + 1e-8)
             actions = self.actions[:, cols]
@@ -156,3 +162,10 @@ class ValidColumnMinibatches(ColumnMinibatches):
                                         start=tuple(x[:, cols] for x in self.start), mask=self.mask[:, cols])
             mb.keep = keep
             yield mb
+
+
+def _neutral(adv: np.ndarray, values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Targets for a minibatch with no valid row (a group whose agents were all done for the whole rollout): no
+    advantage and the old values as returns, so its step moves the weights by little more than the entropy
+    bonus. Taken rather than skipped: under distributed training every worker takes every step together."""
+    return np.zeros_like(adv), values.astype(np.float32)
