@@ -63,6 +63,15 @@ def run_rltrain(env: str, algo: str, steps: int, seed: int, tmp: Path) -> dict:
     return out
 
 
+def has_skrl() -> bool:
+    """The peers' python exists and imports skrl, PettingZoo and mpe2 (else skrl's columns say skipped)."""
+    try:
+        return subprocess.run([PEERS_PYTHON, "-c", "import skrl, pettingzoo, mpe2"], capture_output=True,
+                              timeout=300).returncode == 0
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+
+
 def run_skrl(env: str, algo: str, steps: int, seed: int, tmp: Path) -> dict:
     out = tmp / f"skrl-{env}-{algo}-{seed}.json"
     cmd = [PEERS_PYTHON, str(PEERS / "skrl_multiagent.py"), "--env", env, "--algo", algo, "--steps", str(steps),
@@ -88,13 +97,13 @@ def main() -> None:
     args = p.parse_args()
     seeds = [int(s) for s in args.seeds.split(",")]
     results: dict[tuple[str, str, str], list[dict]] = {}
+    tools = [("rltrain", run_rltrain)] + ([("skrl", run_skrl)] if has_skrl() else [])
     with tempfile.TemporaryDirectory(prefix="bench-ma-") as tmp:
         for env in args.envs.split(","):
             steps = int(ENVS[env]["steps"] * args.budget_scale)
             for algo in args.algos.split(","):
                 for k, seed in enumerate(seeds):
-                    order = [("rltrain", run_rltrain), ("skrl", run_skrl)]
-                    for tool, fn in order if k % 2 == 0 else order[::-1]:  # both meet the same neighbours
+                    for tool, fn in tools if k % 2 == 0 else tools[::-1]:  # both meet the same neighbours
                         r = fn(env, algo, steps, seed, Path(tmp))
                         results.setdefault((env, algo, tool), []).append(r)
                         print(json.dumps({"env": env, "algo": algo, "tool": tool, "seed": seed, "steps": steps,
@@ -107,11 +116,16 @@ def main() -> None:
           "\n|---|---|---|---|---|---|---|---|")
     for env in args.envs.split(","):
         for algo in args.algos.split(","):
-            ours, theirs = results[(env, algo, "rltrain")], results[(env, algo, "skrl")]
-            cpu_ours, cpu_theirs = (statistics.fmean(r["cpu"] for r in x) for x in (ours, theirs))
+            ours, theirs = results[(env, algo, "rltrain")], results.get((env, algo, "skrl"))
+            cpu_ours = statistics.fmean(r["cpu"] for r in ours)
+            if theirs is None:
+                skrl = f"skipped (no skrl at {PEERS_PYTHON}; set PEERS_PYTHON) | {cpu_ours:.0f} | - | -"
+            else:
+                cpu_theirs = statistics.fmean(r["cpu"] for r in theirs)
+                skrl = f"{spread([r['return'] for r in theirs])} | {cpu_ours:.0f} | {cpu_theirs:.0f} | " \
+                       f"{cpu_ours / cpu_theirs:.2f}"
             print(f"| {env} | {algo} | {int(ENVS[env]['steps'] * args.budget_scale)} | "
-                  f"{spread([r['return'] for r in ours])} | {spread([r['return'] for r in theirs])} | "
-                  f"{cpu_ours:.0f} | {cpu_theirs:.0f} | {cpu_ours / cpu_theirs:.2f} |")
+                  f"{spread([r['return'] for r in ours])} | {skrl} |")
 
 
 if __name__ == "__main__":
