@@ -295,6 +295,7 @@ def _summary(run_dir) -> dict:
     return json.loads((run_dir / "summary.json").read_text())
 
 
+@pytest.mark.slow
 def test_ppo_on_mpe_is_ippo_and_mappo_reports_every_agent(cli, tmp_path):
     res = cli(*SMOKE, f"env.id={SPREAD}", *SPREAD_KW, "algo=ppo", f"hydra.run.dir={tmp_path / 'ippo'}")
     assert res.returncode == 0, res.stderr
@@ -312,6 +313,7 @@ def test_ppo_on_mpe_is_ippo_and_mappo_reports_every_agent(cli, tmp_path):
     assert "eval/return_mean/agent_2" in header and "rollout/episode_return/agent_0" in header
 
 
+@pytest.mark.slow
 def test_self_play_on_connect_four_reports_outcomes_against_random_and_latest(cli, tmp_path):
     res = cli(*SMOKE, f"env.id={C4}", "algo=ippo", "algo.self_play=true", "algo.self_play_pool=3",
               "algo.self_play_every=1", f"hydra.run.dir={tmp_path}")
@@ -344,6 +346,7 @@ def _policy(run_dir):
     return state
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", list(CASES))
 def test_resume_is_bitwise_identical_and_the_same_seed_the_same_run(tmp_path, case, monkeypatch):
     """Once through 2n steps, twice through n + n (resumed from the checkpoint at n, the envs mid-episode from
@@ -380,6 +383,7 @@ TRAINERS = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("trainer", list(TRAINERS))
 def test_every_multi_process_trainer_trains_a_multi_agent_env(cli, tmp_path, trainer):
     """MAPPO on MPE under each trainer; self-play on connect four under subprocess_actors (its actors play the
