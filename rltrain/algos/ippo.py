@@ -12,7 +12,7 @@ Agents map to policy groups (``algo.policies``, algos/groups.py):
 
 Each group learns from its own rollout [T, slots] with ``GroupPPO``: PPO's update unchanged (ppo.py), its
 hyper-parameters the ``algo`` group's. T is one for all groups (the collector fills every slot to T rows): the
-``algo.rollout_len`` rows per slot, or a batch of about 2048 rows over all slots.
+``algo.rollout_len`` rows per slot, or 2048 // env.num_envs (PPO's 2048-env-step batch).
 
 Self-play (``algo.self_play=true``, two-player zero-sum games): one policy, ``main``, learns from the seat it
 holds in each env while the other seat is played by a past version of it drawn from a pool
@@ -30,7 +30,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from rltrain.algos.base import Algorithm, Sync, positive
+from rltrain.algos.base import Algorithm, Sync, UpdateSizes, positive
 from rltrain.algos.groups import GroupPPO, policy_groups
 from rltrain.algos.ppo import PPOSettings, auto_minibatches, auto_rollout_len
 from rltrain.data.agents import STATE_KEY, AgentsSpec, MultiRollout
@@ -90,10 +90,9 @@ class IPPO(Algorithm):
         self.groups = policy_groups(spec, policies=s.policies, agent_id=s.agent_id, state=self.global_state(spec),
                                     self_play=s.self_play)
         slots = {g.name: num_envs * (1 if s.self_play else len(g.agents)) for g in self.groups}
-        total = sum(slots.values())
         recurrent = model.core != "identity"
-        requested = s.num_minibatches or auto_minibatches(total, recurrent=recurrent)
-        self.rollout_len = s.rollout_len or auto_rollout_len(total, requested)
+        sizes = self.update_sizes(s, num_envs=num_envs, recurrent=recurrent)
+        self.rollout_len, requested = sizes.rollout_len, sizes.num_minibatches
         self.learners: dict[str, GroupPPO] = {}
         for g in self.groups:
             n = group_minibatches(requested, self.rollout_len * slots[g.name], slots[g.name], recurrent=recurrent)
@@ -104,6 +103,13 @@ class IPPO(Algorithm):
         pool = OpponentPool(self.learners["main"].policy, s.self_play_pool) if s.self_play else None
         self.policy = AgentPolicies(spec, self.groups, {n: lr.policy for n, lr in self.learners.items()}, pool)
         self.updates = 0
+
+    @classmethod
+    def update_sizes(cls, settings: IPPOSettings, *, num_envs: int, recurrent: bool) -> UpdateSizes:
+        """Rows per agent slot (``algo.rollout_len``; null: a 2048-env-step batch, 2048 // env.num_envs rows, as
+        PPO's) and the minibatch count asked of each group (``group_minibatches`` fits it to the group)."""
+        requested = settings.num_minibatches or auto_minibatches(num_envs, recurrent=recurrent)
+        return UpdateSizes(settings.rollout_len or auto_rollout_len(num_envs, requested), requested)
 
     def networks(self) -> dict[str, torch.nn.Module]:
         """Each policy group's network, named with its agents (what the run prints and writes to model.txt)."""

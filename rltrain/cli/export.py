@@ -22,7 +22,8 @@ Formats: ``export`` (default) a ``torch.export`` ExportedProgram (``.pt2``, ``to
 ``onnx`` converted from that same program by torch's ``dynamo=True`` exporter (onnxruntime); ``torchscript``
 (``torch.jit.trace``, ``.pt``), which torch deprecates: kept for existing consumers, its warning shown.
 The checkpoint loads through ``rltrain.cli.loading.load_policy``, as in ``rltrain-eval`` and
-``rltrain.load_policy``: nothing named inside it is imported without ``--allow-import``.
+``rltrain.load_policy``: the network is built from the spaces the checkpoint records, so no env is built and the
+env's module is not imported; a ``model.imports`` module it names is imported only with ``--allow-import``.
 """
 
 from __future__ import annotations
@@ -164,14 +165,14 @@ def export(path: Path, *, fmt: str = DEFAULT_FORMAT, out: Path | None = None, fo
         if missing:
             raise ConfigError(f"--format=onnx needs {' and '.join(missing)}: pip install 'rltrain[export]'")
 
-    from rltrain.cli.build import env_factory
     from rltrain.cli.loading import load_policy
 
-    policy, cfg, ckpt_path, _ = load_policy(Path(path), device="cpu", allow_import=allow_import)
-    if getattr(policy, "group_list", None) is not None:  # a multi-agent env: one file per agent
-        return export_agents(policy, target, fmt=fmt, cfg=cfg, checkpoint=ckpt_path, force=force)
-    spec = env_factory(cfg["env"], cfg.get("algo")).spec()
-    return write_policy(policy.export_module(), spec, target, fmt=fmt, cfg=cfg, checkpoint=ckpt_path)
+    loaded = load_policy(Path(path), device="cpu", allow_import=allow_import)  # no env built or imported
+    if getattr(loaded.policy, "group_list", None) is not None:  # a multi-agent env: one file per agent
+        return export_agents(loaded.policy, target, fmt=fmt, cfg=loaded.config, checkpoint=loaded.checkpoint,
+                             force=force)
+    return write_policy(loaded.policy.export_module(), loaded.spec, target, fmt=fmt, cfg=loaded.config,
+                        checkpoint=loaded.checkpoint)
 
 
 def export_agents(policies, target: Path, *, fmt: str, cfg: dict, checkpoint: Path, force: bool) -> Path:
@@ -316,7 +317,8 @@ def main(argv: list[str] | None = None) -> int:
                         "a description goes beside it as <name>.json")
     p.add_argument("--force", action="store_true", help="replace --out if it exists")
     p.add_argument("--allow-import", action="store_true",
-                   help="let an env.id import path stored in the checkpoint import its module (trusted files only)")
+                   help="let a module the checkpoint names for its network (model.imports; the env's module for a "
+                        "checkpoint older than its recorded spaces) be imported (trusted files only)")
     args = p.parse_args(argv)
     try:
         target = export(Path(args.path), fmt=args.format, out=args.out, force=args.force,
