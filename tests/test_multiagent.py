@@ -16,7 +16,7 @@ import torch
 from rltrain.algos.ippo import IPPO, IPPOSettings
 from rltrain.algos.mappo import MAPPO, MAPPOSettings, ValueNorm
 from rltrain.data.agents import AGENT_ID_KEY, STATE_KEY, AgentsSpec
-from rltrain.envs.make import EnvFactory
+from rltrain.envs.make import EnvFactory, probe_env
 from rltrain.envs.multiagent import AgentEnv, random_action
 from rltrain.errors import ConfigError
 from rltrain.trainers.multiagent import MultiAgentCollector
@@ -35,11 +35,11 @@ SMOKE = [*BASE, "algo.update_epochs=2"]
 
 
 def _factory(env_id: str, **kwargs) -> EnvFactory:
-    return EnvFactory(id=env_id, num_envs=2, kwargs=kwargs).with_action_mask("auto")[0]
+    return probe_env(EnvFactory(id=env_id, num_envs=2, kwargs=kwargs), "auto").factory
 
 
 def _collector(env_id: str, algo=IPPO, num_envs: int = 2, seeds=(3, 4), kwargs: dict | None = None, **settings):
-    factory = EnvFactory(id=env_id, num_envs=num_envs, kwargs=kwargs or {}).with_action_mask("auto")[0]
+    factory = probe_env(EnvFactory(id=env_id, num_envs=num_envs, kwargs=kwargs or {}), "auto").factory
     spec = factory.spec()
     cls = MAPPOSettings if algo is MAPPO else IPPOSettings
     torch.manual_seed(0)

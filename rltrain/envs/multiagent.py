@@ -51,8 +51,8 @@ def api_of(env: Any) -> str:
 
 
 def with_agent_masks(factory: Any, mode: str) -> tuple[Any, str | None]:
-    """``with_action_mask`` for a PettingZoo env: its masks are the ``action_mask`` keys of the agents' Dict
-    observations (PettingZoo's classic games), kept as they are (``key``) or dropped (``drop``)."""
+    """``probe_env``'s action-mask choice for a PettingZoo env (envs/make.py): its masks are the ``action_mask``
+    keys of the agents' Dict observations (PettingZoo's classic games), kept (``key``) or dropped (``drop``)."""
     spec = dataclasses.replace(factory, action_mask="key").spec()
     masked = [a for a, s in zip(spec.agents, spec.specs, strict=True) if s.masked]  # type: ignore[union-attr]
     if not masked:
