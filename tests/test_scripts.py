@@ -95,8 +95,8 @@ def test_bench_multiagent_prints_its_table(tmp_path):
     pytest.importorskip("mpe2")
     env = {**os.environ, "PYTHONPATH": str(REPO), "PEERS_PYTHON": str(tmp_path / "no-python")}
     out = subprocess.run([sys.executable, "scripts/bench_multiagent.py", "--envs", "spread", "--algos", "ippo",
-                          "--seeds", "1", "--budget-scale", "0.01"], cwd=REPO, capture_output=True, text=True,
+                          "--seeds", "1", "--budget-scale", "0.025"], cwd=REPO, capture_output=True, text=True,
                          timeout=300, env=env)
     assert out.returncode == 0, out.stderr[-3000:]
-    row = next(line for line in out.stdout.splitlines() if line.startswith("| spread | ippo | 1000 |"))
+    row = next(line for line in out.stdout.splitlines() if line.startswith("| spread | ippo | 2500 |"))
     assert "skipped (no skrl" in row

@@ -9,7 +9,8 @@
 
 from __future__ import annotations
 
-from rltrain.envs.make import EnvFactory
+from rltrain.envs.make import EnvFactory, probed_env
+from rltrain.envs.multiagent import is_multiagent
 from rltrain.errors import ConfigError
 
 PPO_TARGET = "rltrain.algos.ppo.PPO"
@@ -21,7 +22,9 @@ def check_agents(cfg: dict, env: EnvFactory) -> None:
     algo = cfg["algo"]
     target = algo.get("_target_")
     name = str(target).rpartition(".")[2].lower()
-    if not env.multiagent:
+    with probed_env(env) as built:  # a factory that raises is one line naming the env (probe_env's)
+        multiagent = is_multiagent(built)
+    if not multiagent:
         if target in MULTIAGENT_TARGETS:
             raise ConfigError(f"algo={name} trains the agents of a PettingZoo multi-agent env; env.id={env.id} is a "
                               "single-agent Gymnasium env: use algo=ppo")
