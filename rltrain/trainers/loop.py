@@ -18,6 +18,7 @@ The loop only loops. What it calls:
 
 from __future__ import annotations
 
+import math
 import time
 import traceback
 from pathlib import Path
@@ -30,7 +31,7 @@ from rltrain.data.structs import Metrics
 from rltrain.envs.vector import EnvCallAbandoned, EnvFault
 from rltrain.errors import ConfigError
 from rltrain.run.seeding import seed_process
-from rltrain.run.signals import StopFlag
+from rltrain.run.signals import StopFlag, StopRequested, during
 from rltrain.trainers.cadence import Cadence
 from rltrain.trainers.checkpointing import Checkpointing
 from rltrain.trainers.collector import RolloutCollector
@@ -56,13 +57,14 @@ class TrainLoop:
         parts = parts or TrainerParts()
         self.sync, self.is_main = place.sync, place.is_main
         self.progress_factory, self.hooks = parts.progress_factory, parts.hooks
-        self.spec = settings.env_spec or settings.env.spec()  # probed here only when nobody handed it on
-        if algo is None:
-            seed_process(place.seeds.torch_seed)  # before the weights are drawn: same seed, same weights
-            algo = settings.algo(self.spec, num_envs=parts.num_envs or settings.env.num_envs, device=place.device,
-                                 sync=self.sync)
-        self.algo: Algorithm = algo
-        self.source = (parts.source_factory or self._collector)(self.algo)
+        with stop.raising("env construction"):  # an env constructor that never returns must not hold a stop
+            self.spec = settings.env_spec or settings.env.spec()  # probed here only when nobody handed it on
+            if algo is None:
+                seed_process(place.seeds.torch_seed)  # before the weights are drawn: same seed, same weights
+                algo = settings.algo(self.spec, num_envs=parts.num_envs or settings.env.num_envs,
+                                     device=place.device, sync=self.sync)
+            self.algo: Algorithm = algo
+            self.source = (parts.source_factory or self._collector)(self.algo)
         self.state = LoopState()
         self.counters = self.state.counters
         self.last_learn: Metrics = {}
@@ -72,7 +74,7 @@ class TrainLoop:
         evaluation = AgentsEvaluation if isinstance(self.spec, AgentsSpec) else Evaluation
         self.evaluate = evaluation(settings, self.state, algo=self.algo, eval_seed=place.seeds.eval_seed,
                                    device=place.device, run_dir=place.run_dir,
-                                   save_best=lambda: self.checkpoints.save(kind="best"))
+                                   save_best=lambda: self.checkpoints.save(kind="best"), stop=stop)
         self.rows = MetricRows(settings, place, counters=self.counters, source=self.source, hooks=self.hooks)
         self.summary = LoopSummary(place, self.state, algo=self.algo, env_id=self.spec.env_id,
                                    source=self.source, stop=stop, hooks=self.hooks, rows=self.rows,
@@ -98,7 +100,12 @@ class TrainLoop:
     # -- the loop -----------------------------------------------------------------------------------------
     def run(self) -> dict:
         s, state = self.s, self.state
-        resumed_from = self.resume()
+        try:
+            with self.stop.raising("checkpoint loading"):
+                resumed_from = self.resume()
+        except StopRequested:
+            self.source.close()
+            raise
         start_steps = self.counters["env_steps"]
         if self.is_main:
             self.rows.open(resumed=resumed_from is not None)
@@ -161,6 +168,10 @@ class TrainLoop:
             progress.close()
             self.stop.reason = f"{self.stop.reason or 'stop'}: {err}"
             return self._finish("interrupted", start_steps=start_steps, t0=t0, checkpoint=False)
+        except StopRequested as err:  # a second Ctrl-C: now, mid-update (no checkpoint of a half-done state)
+            progress.close()
+            self.stop.reason = f"{err.reason}{during(err)}"
+            return self._finish("interrupted", start_steps=start_steps, t0=t0, checkpoint=False)
         except BaseException as err:
             progress.close()
             error = _one_line(err)
@@ -205,7 +216,7 @@ class TrainLoop:
         """``eval.target_return``: the first evaluation that reaches it ends the run (as ``target_return``
         does for the training return); the final evaluation repeats it (same weights, same eval seeds)."""
         target = self.s.eval.target_return
-        if target is not None and self.state.solved is None and row["eval/return_mean"] >= target:
+        if target is not None and self.state.solved is None and row.get("eval/return_mean", -math.inf) >= target:
             self.state.solved = {"env_steps": steps, "seconds": self.counters["wall_time"]}
 
     def _recent_return(self) -> float | None:
@@ -233,21 +244,27 @@ class TrainLoop:
         # it
         elapsed = (time.perf_counter() - t0 - state.eval_s) if t0 is not None else float("nan")
         sps = (steps - start_steps) / elapsed if elapsed and elapsed > 0 else float("nan")
-        final = state.last_eval
-        if status == "completed" and self.is_main:
-            # the final evaluation always runs (also after an early stop at target_return); its row is the
-            # last
-            row = self.evaluate(final=True)
-            final = (row["eval/return_mean"], row["eval/return_std"])
-            self.rows.log(steps, {**self.rows.row(self.last_learn, sps), **row})
-        elif self.is_main and status == "interrupted" and self.last_learn:
-            self.rows.log(steps, self.rows.row(self.last_learn, sps))
         ckpt = None
         if self.is_main and status in ("completed", "interrupted") and checkpoint:
+            # before the final evaluation: a stop (or an env that never ends) there must not cost the training
             ckpt = self.save(kind="final" if status == "completed" else "step")
         elif self.is_main and status == "interrupted":
             # what a resume continues from (none written now: the envs were stuck)
             ckpt = state.last_checkpoint
+        final = state.last_eval
+        if status == "completed" and self.is_main:
+            # the final evaluation always runs (also after an early stop at target_return); its row is the
+            # last
+            try:
+                row = self.evaluate(final=True)
+            except StopRequested as err:  # trained and checkpointed: a resume=auto evaluates it again
+                status, final = "interrupted", None
+                self.stop.reason = f"{err.reason}{during(err)}"
+            else:
+                final = (row["eval/return_mean"], row["eval/return_std"])
+                self.rows.log(steps, {**self.rows.row(self.last_learn, sps), **row})
+        elif self.is_main and status == "interrupted" and self.last_learn:
+            self.rows.log(steps, self.rows.row(self.last_learn, sps))
         summary = self.summary.build(status, sps=sps, final=final, start_steps=start_steps, checkpoint=ckpt,
                                      error=error)
         self.summary.write(summary)
