@@ -65,6 +65,14 @@ class Algorithm(ABC):
 
     policy: Policy
     rollout_len: int  # steps per env between two calls of learn()
+    # what the loop reads besides: the env steps of uniform-random warm-up before the first update (off-policy:
+    # acting is several times faster than training then, so the progress display measures its rate after it);
+    # K when observations are K-frame stacks stored once per frame (the replay); and a count of the writes to
+    # the weights (optimiser steps, target updates) where the algorithm keeps one, so that the loop checks
+    # the weights for NaN / inf only when they moved (None: any learn() may move them)
+    learning_starts: int = 0
+    frame_stack: int | None = None
+    weight_writes: int | None = None
 
     def __init__(self, spec: EnvSpec, *, num_envs: int, device: torch.device, sync: Sync | None = None):
         self.check_spec(spec)
@@ -89,8 +97,8 @@ class Algorithm(ABC):
         """Update from ``rollout``; ``progress`` in [0, 1] is the share of the budget spent (LR schedules)."""
 
     def wants_random_actions(self, env_steps: int) -> bool:
-        """Off-policy warm-up: act uniformly at random before learning starts."""
-        return False
+        """Off-policy warm-up: act uniformly at random before ``learning_starts`` env steps."""
+        return env_steps < self.learning_starts
 
     def policy_state(self) -> dict[str, Tensor]:
         """CPU copy of the acting weights (and normaliser buffers) for actors."""
@@ -129,14 +137,6 @@ def set_lr(optimizer, lr: float, *, anneal: bool, progress: float) -> float:
     else:
         optimizer.lr = lr
     return lr
-
-
-def make_adam(params, lr: float, eps: float = 1e-5) -> torch.optim.Adam:
-    """Adam with the fused CPU/GPU kernel when this torch has it (~12% faster PPO updates here)."""
-    try:
-        return torch.optim.Adam(params, lr=lr, eps=eps, fused=True)
-    except (RuntimeError, TypeError):
-        return torch.optim.Adam(params, lr=lr, eps=eps)
 
 
 class RewardScaler:

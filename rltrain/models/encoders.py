@@ -27,19 +27,13 @@ from torch import Tensor, nn
 
 from rltrain.data.structs import MASK_KEY, ObsSpace
 from rltrain.errors import ConfigError, close_matches
-from rltrain.models.layers import ACTIVATIONS
+from rltrain.models.layers import ACTIVATIONS, layer_init
 
 if TYPE_CHECKING:
     from rltrain.models.settings import ModelSettings
 
 MAX_CHANNELS = 16  # an image's channel axis is its first or last one, and small (frame stacks, RGB, MinAtar)
 Obs = Tensor | dict[str, "Obs"]
-
-
-def ortho(layer: nn.Linear | nn.Conv2d, gain: float = math.sqrt(2)) -> nn.Module:
-    nn.init.orthogonal_(layer.weight, gain)
-    nn.init.zeros_(layer.bias)
-    return layer
 
 
 def to_float(x: Tensor) -> Tensor:
@@ -137,7 +131,7 @@ def hidden_mlp(in_dim: int, hidden_sizes: Sequence[int], activation: str, *,
     last = in_dim
     for i, width in enumerate(hidden_sizes):
         gain = last_gain if i == len(hidden_sizes) - 1 else math.sqrt(2)
-        layers += [ortho(nn.Linear(last, width), gain), ACTIVATIONS[activation]()]
+        layers += [layer_init(nn.Linear(last, width), gain), ACTIVATIONS[activation]()]
         last = width
     return nn.Sequential(*layers), last
 
@@ -169,7 +163,7 @@ class ImageEncoder(Encoder):
         self.convs = self.conv_stack(c)
         with torch.no_grad():
             flat = self.convs(torch.zeros(1, c, h, w)).flatten(1).shape[1]
-        self.fc = ortho(nn.Linear(flat, features))
+        self.fc = layer_init(nn.Linear(flat, features))
         self.out_dim = features
 
     @abstractmethod
@@ -194,9 +188,9 @@ class NatureCNN(ImageEncoder):
     default_features = 512
 
     def conv_stack(self, channels: int) -> nn.Sequential:
-        return nn.Sequential(ortho(nn.Conv2d(channels, 32, 8, stride=4)), nn.ReLU(),
-                             ortho(nn.Conv2d(32, 64, 4, stride=2)), nn.ReLU(),
-                             ortho(nn.Conv2d(64, 64, 3, stride=1)), nn.ReLU())
+        return nn.Sequential(layer_init(nn.Conv2d(channels, 32, 8, stride=4)), nn.ReLU(),
+                             layer_init(nn.Conv2d(32, 64, 4, stride=2)), nn.ReLU(),
+                             layer_init(nn.Conv2d(64, 64, 3, stride=1)), nn.ReLU())
 
 
 class ResidualBlock(nn.Module):
@@ -204,8 +198,8 @@ class ResidualBlock(nn.Module):
 
     def __init__(self, channels: int):
         super().__init__()
-        self.conv0 = ortho(nn.Conv2d(channels, channels, 3, padding=1))
-        self.conv1 = ortho(nn.Conv2d(channels, channels, 3, padding=1))
+        self.conv0 = layer_init(nn.Conv2d(channels, channels, 3, padding=1))
+        self.conv1 = layer_init(nn.Conv2d(channels, channels, 3, padding=1))
 
     def forward(self, x: Tensor) -> Tensor:
         return x + self.conv1(torch.relu(self.conv0(torch.relu(x))))
@@ -220,7 +214,7 @@ class ImpalaCNN(ImageEncoder):
     def conv_stack(self, channels: int) -> nn.Sequential:
         layers: list[nn.Module] = []
         for out in (16, 32, 32):
-            layers += [ortho(nn.Conv2d(channels, out, 3, padding=1)), nn.MaxPool2d(3, stride=2, padding=1),
+            layers += [layer_init(nn.Conv2d(channels, out, 3, padding=1)), nn.MaxPool2d(3, stride=2, padding=1),
                        ResidualBlock(out), ResidualBlock(out)]
             channels = out
         return nn.Sequential(*layers, nn.ReLU())
@@ -233,7 +227,7 @@ class MinAtarCNN(ImageEncoder):
     default_features = 128
 
     def conv_stack(self, channels: int) -> nn.Sequential:
-        return nn.Sequential(ortho(nn.Conv2d(channels, 16, 3, stride=1)), nn.ReLU())
+        return nn.Sequential(layer_init(nn.Conv2d(channels, 16, 3, stride=1)), nn.ReLU())
 
 
 CNNS: dict[str, type[ImageEncoder]] = {"nature": NatureCNN, "impala": ImpalaCNN, "minatar": MinAtarCNN}

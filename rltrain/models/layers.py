@@ -35,10 +35,12 @@ NUMPY_ACTIVATIONS: dict[str, Callable[[np.ndarray], np.ndarray]] = {
 }
 
 
-def layer_init(layer: nn.Linear, std: float = math.sqrt(2), bias: float = 0.0) -> nn.Linear:
-    """Orthogonal init (Engstrom et al. 2020, "Implementation Matters"): a PPO detail that matters."""
-    nn.init.orthogonal_(layer.weight, std)
-    nn.init.constant_(layer.bias, bias)
+def layer_init(layer: nn.Module, gain: float = math.sqrt(2)) -> nn.Module:
+    """Orthogonal weights with ``gain`` and zero biases (Saxe et al. 2014), for a Linear or a Conv2d: the init of
+    every layer the model family builds, as CleanRL's (Engstrom et al. 2020, "Implementation Matters", list it
+    among the details that matter). Returns the layer."""
+    nn.init.orthogonal_(layer.weight, gain)
+    nn.init.zeros_(layer.bias)
     return layer
 
 
@@ -50,7 +52,7 @@ def mlp(in_dim: int, hidden: Sequence[int], out_dim: int, *, activation: str = "
     for h in hidden:
         layers += [layer_init(nn.Linear(last, h)), act()]
         last = h
-    layers.append(layer_init(nn.Linear(last, out_dim), std=out_std))
+    layers.append(layer_init(nn.Linear(last, out_dim), out_std))
     return nn.Sequential(*layers)
 
 

@@ -142,7 +142,7 @@ class FiniteGuard:
     def check_update(self, metrics: Metrics, update: int, env_step: int) -> None:
         # the weights are checked only when they changed: an algorithm that counts its weight writes
         # (off-policy learners update on a fraction of the env steps) says so; others are checked every time
-        writes = getattr(self.algo, "weight_writes", None)
+        writes = self.algo.weight_writes
         stale = writes is None or writes != self._checked_writes
         self._stop_if(metrics_problem(metrics) or (tensors_problem(self.tensors) if stale else None), update,
                       env_step)

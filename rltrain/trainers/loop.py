@@ -97,7 +97,7 @@ class TrainLoop:
         progress = self.progress_factory(total, mode=s.logger.progress if self.is_main else "off",
                                          interval_s=s.logger.progress_interval_s, initial=start_steps,
                                          title=self.place.title,
-                                         rate_from=getattr(self.algo, "learning_starts", 0))
+                                         rate_from=self.algo.learning_starts)
         t0, wall0 = time.perf_counter(), self.counters["wall_time"]
         sps_t, sps_steps = t0, start_steps
         learn_metrics: Metrics = {}
