@@ -48,15 +48,19 @@ class FusedAdam:
     @torch.no_grad()
     def step(self) -> None:
         """One Adam step on the parameters that have a gradient (as torch: the others keep their state)."""
-        live = [i for i, p in enumerate(self.params) if p.grad is not None]
-        if not live:
-            return
-        params = [self.params[i] for i in live]
-        steps = [self.steps[i] for i in live]
+        grads = [p.grad for p in self.params]
+        if all(g is not None for g in grads):  # the common case: no per-parameter lists to build
+            params, steps, exp_avgs, exp_avg_sqs = self.params, self.steps, self.exp_avgs, self.exp_avg_sqs
+        else:
+            live = [i for i, g in enumerate(grads) if g is not None]
+            if not live:
+                return
+            params, grads = [self.params[i] for i in live], [grads[i] for i in live]
+            steps, exp_avgs = [self.steps[i] for i in live], [self.exp_avgs[i] for i in live]
+            exp_avg_sqs = [self.exp_avg_sqs[i] for i in live]
         beta1, beta2 = self.group["betas"]
         torch._foreach_add_(steps, 1)
-        torch._fused_adam_(params, [p.grad for p in params], [self.exp_avgs[i] for i in live],
-                           [self.exp_avg_sqs[i] for i in live], [], steps, amsgrad=False, lr=self.group["lr"],
+        torch._fused_adam_(params, grads, exp_avgs, exp_avg_sqs, [], steps, amsgrad=False, lr=self.group["lr"],
                            beta1=beta1, beta2=beta2, weight_decay=0.0, eps=self.group["eps"], maximize=False,
                            grad_scale=None, found_inf=None)
 

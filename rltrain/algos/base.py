@@ -96,6 +96,14 @@ class Algorithm(ABC):
     def learn(self, rollout: Rollout, *, progress: float) -> Metrics:
         """Update from ``rollout``; ``progress`` in [0, 1] is the share of the budget spent (LR schedules)."""
 
+    def rollouts_to_collect(self, env_steps: int, *, until: int, total: int) -> int:
+        """How many ``rollout_len``-step rollouts the loop may collect in one go, calling ``learn()`` on each in
+        turn afterwards, given ``env_steps`` taken so far, the loop's next event at ``until`` env steps (a log,
+        evaluation or checkpoint, or the budget's end) and the budget ``total``: 1 here (an on-policy learner's
+        update changes the policy that acts next); an off-policy learner asks for more while no update would
+        fall due (algos/off_policy.py)."""
+        return 1
+
     def wants_random_actions(self, env_steps: int) -> bool:
         """Off-policy warm-up: act uniformly at random before ``learning_starts`` env steps."""
         return env_steps < self.learning_starts

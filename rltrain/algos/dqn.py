@@ -103,6 +103,9 @@ class DQN(OffPolicy):
         self.policy.epsilon.fill_(s.start_e + frac * (s.end_e - s.start_e))
         return {"train/epsilon": float(self.policy.epsilon)}
 
+    def explore_settled(self, progress: float) -> bool:
+        return progress / self.settings.exploration_fraction >= 1.0  # explore()'s frac is 1 from here on
+
     def update(self, batch: Batch) -> Tensor:
         """One TD step on a uniform minibatch; returns detached [td_loss, mean Q(s, a)]."""
         s, b = self.settings, batch

@@ -8,10 +8,18 @@ networks, their optimisers and ONE gradient step (``update(batch) -> stats``); t
   slots as one write per step), and go into the checkpoint with ``checkpoint_buffer``.
 - **Warm-up**: uniform-random actions (``Algorithm.wants_random_actions``) and no update for the first
   ``learning_starts`` env steps (SB3's ``learning_starts``; CleanRL's).
-- **Updates owed** (``UpdateSchedule``): ``gradient_steps`` gradient steps per ``train_frequency`` env steps,
-  where an env step is one transition of one env of one worker: a rollout of T steps of N envs on each of W
-  distributed workers is T*N*W env steps, so a setting means the same whatever ``env.num_envs``, the trainer or
-  the world size. Counted in integers, so no update is lost to rounding over a long run.
+- **Updates owed** (``UpdateSchedule``): ``gradient_steps`` gradient steps per ``train_frequency`` env steps
+  taken after the warm-up, where an env step is one transition of one env of one worker: a rollout of T steps of
+  N envs on each of W distributed workers is T*N*W env steps, so a setting means the same whatever
+  ``env.num_envs``, the trainer or the world size (with ``learning_starts`` 1000 and ``train_frequency`` 4 the
+  rounds fall after env steps 1004, 1008, ..., as SB3's). Counted in integers, so no update is lost to rounding
+  over a long run. Steps taken while the buffer cannot fill a batch owe nothing.
+- **Collecting in one go**: most env steps owe no update, so ``rollouts_to_collect`` lets the loop collect the
+  rollouts up to the next one that does (the end of the warm-up, a round of updates, a target sync, or the
+  loop's own next log / evaluation / checkpoint) in one collector call, then call learn() on each in turn: the
+  same learn() calls on the same rollouts with the same weights acting, for the per-step costs of the collector
+  and the loop paid once. Not while ``explore`` still changes from one learn() to the next (DQN's epsilon
+  decay), where acting must see every step of it.
 - **Target networks** (``TargetNetwork``): a Polyak average (``tau`` < 1) or a copy (``tau`` = 1) of an online
   network, either on a schedule in env steps (``sync_targets_every``: DQN's ``target_network_frequency``) or
   after the subclass's own gradient steps (``TargetNetwork.update``: SAC's critic every step, TD3's every
@@ -95,10 +103,14 @@ class TargetNetwork:
 class OffPolicy(Algorithm):
     """Base of the replay learners (see the module docstring). A subclass calls ``super().__init__`` first,
     then builds its networks and optimisers, and defines ``update``, ``stat_names``, ``networks_state`` and
-    ``load_networks_state``; ``explore`` where its exploration follows a schedule (DQN's epsilon)."""
+    ``load_networks_state``; ``explore`` and ``explore_settled`` where its exploration follows a schedule (DQN's
+    epsilon)."""
 
     on_policy = False
     stat_names: ClassVar[tuple[str, ...]]  # the metrics ``update`` returns, in order
+    # the most transitions (steps x envs) the loop collects in one go: bounds the collector's buffers (Atari
+    # frames) and how long a stop request waits for the collection to end
+    max_transitions_per_collect: ClassVar[int] = 256
 
     def __init__(self, spec: EnvSpec, settings: ReplaySettings, *, num_envs: int, device: torch.device,
                  sync: Sync | None = None, frame_stack: int | None = None):
@@ -131,6 +143,10 @@ class OffPolicy(Algorithm):
         """Advance the exploration schedule to ``progress`` in [0, 1]; its metrics (none by default)."""
         return {}
 
+    def explore_settled(self, progress: float) -> bool:
+        """Whether ``explore`` gives the same from ``progress`` on (no schedule: always)."""
+        return True
+
     @abstractmethod
     def update(self, batch: Batch) -> Tensor:
         """One gradient step on ``batch``; detached statistics [len(stat_names)]."""
@@ -146,12 +162,13 @@ class OffPolicy(Algorithm):
     def learn(self, rollout: Rollout, *, progress: float) -> Metrics:
         """Stores the rollout and runs the gradient steps now owed. Most calls owe none: they return at once
         and the rollout waits to be written with the next ones (as if written one by one)."""
-        steps = rollout.num_steps * self.sync.world_size
-        self.env_steps += steps
+        before = self.env_steps
+        self.env_steps += rollout.num_steps * self.sync.world_size
         metrics = self.explore(progress)
         self.unwritten.add(rollout)
         if self.env_steps < self.learning_starts:
             return metrics
+        steps = self.env_steps - max(before, self.learning_starts)  # the warm-up's steps owe no update
         due = self.schedule.rounds_due(steps) > 0 or self._target_due()
         if not due and self.buffer.ready >= self.batch_size:
             self.schedule.owe(steps)  # nothing due, and the buffer would hold a batch: owe the steps, no more
@@ -177,6 +194,27 @@ class OffPolicy(Algorithm):
 
     def _target_due(self) -> bool:
         return bool(self.targets) and self.env_steps - self.last_target_sync >= self.target_every
+
+    def rollouts_to_collect(self, env_steps: int, *, until: int, total: int) -> int:
+        """The rollouts up to the first whose learn() changes anything: the one that reaches the end of the
+        warm-up, a round of updates or a target sync (or ``until``, the loop's next event), so that acting uses
+        the weights it would have between learn() calls one rollout at a time (see the module docstring). One
+        while the exploration schedule moves, or after the warm-up while the buffer cannot fill a batch
+        (whether a call owes its steps then depends on the writes before it)."""
+        if not self.explore_settled(env_steps / total):
+            return 1
+        if env_steps < self.learning_starts:
+            event = self.learning_starts
+        elif self.buffer.ready < self.batch_size:
+            return 1
+        else:
+            event = env_steps + self.schedule.train_frequency - self.schedule.owed_steps
+            if self.targets:
+                event = min(event, self.last_target_sync + self.target_every)
+        per_rollout = self.rollout_len * self.num_envs * self.sync.world_size
+        rollouts = -(-(min(event, until) - env_steps) // per_rollout)  # ceil: the rollout that reaches it
+        most = self.max_transitions_per_collect // (self.rollout_len * self.num_envs)
+        return max(1, min(rollouts, most))
 
     # -- checkpoints -------------------------------------------------------------------------------------
     def state_dict(self) -> dict:

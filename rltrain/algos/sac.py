@@ -31,6 +31,7 @@ from rltrain.data.structs import EnvSpec
 from rltrain.errors import ConfigError
 from rltrain.models.factory import ModelSettings, build
 from rltrain.models.heads import OrnsteinUhlenbeckNoise
+from rltrain.models.sac_networks import holds_separate_encoders
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -144,7 +145,9 @@ class SAC(OffPolicy):
                 min_q = torch.min(*self.critic.heads(features, a))
                 actor_loss = (alpha * logp - min_q).mean()
                 self.actor_optimizer.zero_grad(set_to_none=True)
-                actor_loss.backward()
+                # gradients for the actor only: the critics' weight gradients of this loss (two of the largest
+                # matmuls of the update) would be computed and thrown away at the next critic step
+                actor_loss.backward(inputs=self.actor_params)
                 self.sync.grads(self.actor_params)
                 self.actor_optimizer.step()
                 entropy = -logp.detach().mean()
@@ -179,7 +182,14 @@ class SAC(OffPolicy):
 
     def load_networks_state(self, state: dict) -> None:
         self.policy.load_state_dict(state["policy"])  # refuses, in one line, a policy of the other layout
-        for name, part in self.critic.checkpoint_parts().items():
+        parts = self.critic.checkpoint_parts()
+        theirs = holds_separate_encoders(state)
+        if "qf1" in parts and theirs != holds_separate_encoders({"qf1": parts["qf1"].state_dict()}):
+            raise ConfigError(f"the checkpoint's SAC critics {'each hold an' if theirs else 'hold no'} encoder of "
+                              "their own (one per critic: model.shared=false, or a Dict / Discrete observation "
+                              "before SAC read them flat); resume it with "
+                              f"model.shared={'false' if theirs else 'auto'} resume_allow_changes=[model.shared]")
+        for name, part in parts.items():
             part.load_state_dict(state[name])
         for name, part in self.critic_target.checkpoint_parts().items():
             part.load_state_dict(state[f"{name}_target"])

@@ -3,7 +3,8 @@
 Consecutive rollouts of the same env streams are glued into one write (``runs``, ``glue``): an off-policy
 learner that gathers single env steps pays the per-call cost once per run, and the rows land in the same
 slots as one write per rollout. A learner batch that holds one stream twice side by side (an actor that
-delivered twice) is split into column groups of distinct streams (``unique_id_groups``, ``columns``).
+delivered twice) is split into column groups of distinct streams (``unique_id_groups``, ``columns``). A rollout
+collected in one go for several learner calls is cut back into its rollouts along time (``split_steps``).
 """
 
 from __future__ import annotations
@@ -83,3 +84,22 @@ def columns(rollout: Rollout, cols: np.ndarray) -> Rollout:
 def _ends_an_episode(rollout: Rollout) -> bool:
     """Some env of ``rollout`` ends an episode at its last step."""
     return bool((rollout.terminated[-1] | rollout.truncated[-1]).any())
+
+
+def split_steps(rollout: Rollout, length: int) -> list[Rollout]:
+    """A time-major rollout of k * ``length`` steps as its k consecutive rollouts of ``length`` steps (views). The
+    episode statistics go with the last one (bookkeeping: no learner reads them from a rollout it learns from)."""
+    T = rollout.shape[0]
+    out = []
+    for t0 in range(0, T, length):
+        part, last = slice(t0, t0 + length), t0 + length >= T
+        out.append(Rollout(obs=obs_map(lambda x, part=part: x[part], rollout.obs), actions=rollout.actions[part],
+                           log_probs=rollout.log_probs[part], rewards=rollout.rewards[part],
+                           terminated=rollout.terminated[part], truncated=rollout.truncated[part],
+                           next_obs=obs_map(lambda x, part=part: x[part], rollout.next_obs),
+                           policy_version=rollout.policy_version[part],
+                           episode_returns=rollout.episode_returns if last else [],
+                           episode_lengths=rollout.episode_lengths if last else [], env_ids=rollout.env_ids,
+                           core_state=rollout.core_state if t0 == 0 else None,
+                           values=None if rollout.values is None else rollout.values[part]))
+    return out

@@ -7,15 +7,17 @@ Checkpoints written before these lived here (DQN's flat ``q.<i>`` MLP over float
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 from torch import Tensor, nn
 
 from rltrain.data.structs import MASK_KEY, ActOutput, EnvSpec, Policy
 from rltrain.errors import ConfigError
+from rltrain.models.actor_critic import is_float_vector
 from rltrain.models.distributions import mask_logits
-from rltrain.models.encoders import Encoder, FlatInput, Obs, make_encoder
+from rltrain.models.encoders import Encoder, MLPEncoder, Obs, make_encoder
 from rltrain.models.heads import QHead
-from rltrain.models.layers import mlp
+from rltrain.models.layers import ACTIVATIONS, NumpyActor, mlp
 from rltrain.models.settings import ModelSettings
 
 
@@ -55,28 +57,72 @@ class QPolicy(Policy):
 
     def act(self, obs: Obs, state=None, *, deterministic: bool = False,
             generator: torch.Generator | None = None) -> ActOutput:
+        """Epsilon-greedy: with probability epsilon a uniform action (among the legal ones), else argmax Q. The
+        draws are torch's (two per call, from ``generator``), the bookkeeping numpy's: acting runs every env
+        step, where a torch op on a [N, A] tensor costs more than its arithmetic."""
         greedy = self(obs).argmax(-1)
         if deterministic:
             return ActOutput(greedy, torch.zeros(greedy.shape))
         eps = float(self.epsilon)
-        explore = torch.rand(greedy.shape, generator=generator) < eps
+        explore = torch.rand(greedy.shape, generator=generator).numpy() < np.float32(eps)
+        greedy_np = greedy.cpu().numpy()
         if self.masked:  # explore uniformly among the legal actions
             legal = obs[MASK_KEY].to(torch.float32).cpu()  # type: ignore[index]
-            uniform = torch.multinomial(legal, 1, generator=generator).squeeze(-1).to(greedy.device)
-            n_legal = legal.sum(-1).to(greedy.device)
+            uniform = torch.multinomial(legal, 1, generator=generator).squeeze(-1).numpy()
+            n_legal = legal.sum(-1).numpy()
         else:
-            uniform = torch.randint(0, self.n_actions, greedy.shape, generator=generator)
-            n_legal = torch.full(greedy.shape, float(self.n_actions))
-        action = torch.where(explore, uniform, greedy)
+            uniform = torch.randint(0, self.n_actions, greedy.shape, generator=generator).numpy()
+            n_legal = np.float32(self.n_actions)
+        action = np.where(explore, uniform, greedy_np)
         # behaviour probability of the chosen action under epsilon-greedy (for logging / off-policy checks)
-        prob = eps / n_legal + (1.0 - eps) * (action == greedy).float()
-        return ActOutput(action, prob.log())
+        prob = np.float32(eps) / n_legal + np.float32(1.0 - eps) * (action == greedy_np)
+        return ActOutput(torch.from_numpy(action).to(greedy.device), torch.from_numpy(np.log(prob, dtype=np.float32)))
+
+    def numpy_actor(self) -> EpsilonGreedyActor | None:
+        """Q(s, .) over float vectors on CPU in numpy, acting epsilon-greedily at this epsilon, for the collector's
+        fast path (a torch forward of a small MLP on one observation is mostly per-op overhead);
+        None for anything else (encoders with weights before the MLP, action masks, an accelerator)."""
+        enc = self.q.encoder
+        if self.masked or not is_float_vector(self.spec.observation) or not isinstance(enc, MLPEncoder) or \
+                self.epsilon.device.type != "cpu":
+            return None
+        # views of the weights, not copies: the collector uses this actor for one collect, while nothing updates
+        linears = [m for m in enc.mlp if isinstance(m, nn.Linear)] + [self.q.head.linear]
+        layers = [(m.weight.detach().numpy().T, m.bias.detach().numpy()) for m in linears]
+        activation = next(name for name, cls in ACTIVATIONS.items() if isinstance(enc.mlp[1], cls)) \
+            if len(enc.mlp) > 1 else "relu"
+        return EpsilonGreedyActor(layers, activation=activation, epsilon=float(self.epsilon))
 
     def export_module(self) -> nn.Module:
         return GreedyActor(self)
 
+
     def load_state_dict(self, state_dict, strict: bool = True, assign: bool = False):
         return super().load_state_dict(upgrade_flat_q_keys(state_dict), strict=strict, assign=assign)
+
+
+class EpsilonGreedyActor(NumpyActor):
+    """Epsilon-greedy over a numpy copy of Q(s, .) (``QPolicy.numpy_actor``), in ``NumpyActor``'s protocol: the
+    collector's uniform noise [..., A] per step decides, its first column whether to explore (< epsilon) and its
+    last which action then (uniform over the A)."""
+
+    def __init__(self, layers: list[tuple[np.ndarray, np.ndarray]], *, activation: str, epsilon: float):
+        super().__init__(layers, activation=activation, discrete=True)
+        self.epsilon = np.float32(epsilon)
+
+    def forward(self, obs: np.ndarray) -> np.ndarray:
+        return super().forward(obs.astype(np.float32, copy=False))  # as the torch path, which casts first
+
+    def perturb(self, noise: np.ndarray) -> np.ndarray:
+        return noise
+
+    def action(self, out: np.ndarray, perturbation: np.ndarray) -> np.ndarray:
+        uniform = np.minimum((perturbation[..., -1] * self.out_dim).astype(np.int64), self.out_dim - 1)
+        return np.where(perturbation[..., 0] < self.epsilon, uniform, out.argmax(-1))
+
+    def log_prob(self, out: np.ndarray, action: np.ndarray, noise: np.ndarray) -> np.ndarray:
+        greedy = action == out.argmax(-1)
+        return np.log(self.epsilon / self.out_dim + (1 - self.epsilon) * greedy).astype(np.float32)
 
 
 class GreedyActor(nn.Module):
@@ -110,14 +156,13 @@ def upgrade_flat_q_keys(state: dict) -> dict:
 
 
 class ContinuousQNetwork(nn.Module):
-    """Q(s, a): encoder(obs) ++ action -> MLP -> Q [B] (SAC's critic). Float vectors go in flattened, as in
-    CleanRL's SAC (the MLP is the whole network); images and Dicts through their encoder first, one per
-    critic, as the SAC-AE / DrQ critics do, so the twin estimates stay independent."""
+    """Q(s, a): encoder(obs) ++ action -> MLP -> Q [B] (SAC's critic). With ``flat_input`` vectors go in
+    flattened, a Dict of them concatenated, as in CleanRL's and SB3's SAC (the MLP is the whole network);
+    otherwise through an encoder of its own first (``model.shared=false`` on images: one per critic)."""
 
     def __init__(self, spec: EnvSpec, settings: ModelSettings, *, flat_input: bool):
         super().__init__()
-        self.encoder: Encoder = FlatInput(spec.observation) if flat_input else \
-            make_encoder(spec.observation, settings, warn=False)
+        self.encoder: Encoder = make_encoder(spec.observation, settings, warn=False, flat=flat_input)
         act_dim = torch.Size(spec.action_shape).numel()
         self.q = mlp(self.encoder.out_dim + act_dim, settings.hidden_sizes, 1, activation=settings.activation)
 

@@ -6,6 +6,7 @@ Checkpoints written before the model family built it (a float-vector ``torso.<i>
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator
 
 import torch
@@ -13,7 +14,7 @@ from torch import Tensor, nn
 
 from rltrain.data.structs import ActOutput, EnvSpec, Policy
 from rltrain.errors import ConfigError
-from rltrain.models.encoders import MLPEncoder, Obs, make_encoder
+from rltrain.models.encoders import Obs, make_encoder
 from rltrain.models.heads import SquashedGaussianHead
 from rltrain.models.settings import ModelSettings
 
@@ -21,8 +22,8 @@ from rltrain.models.settings import ModelSettings
 class SquashedGaussianActor(Policy):
     """pi(a|s) = scale * tanh(u) + bias with u ~ N(mu(s), sigma(s)); log-probs include the tanh Jacobian.
 
-    ``flat_input``: float vectors through an MLP whose last hidden layer has gain 1 (the init of CleanRL's
-    and our first SAC actor); otherwise the encoder the observation space calls for."""
+    ``flat_input``: vectors (or a Dict of them, concatenated) through an MLP whose last hidden layer has gain 1
+    (the init of CleanRL's and our first SAC actor); otherwise the encoder the observation space calls for."""
 
     detached_encoder = False  # its encoder is its own (models/sac_networks.py: one that reads the critic's)
 
@@ -30,9 +31,9 @@ class SquashedGaussianActor(Policy):
         super().__init__()
         check_box_actions(spec)
         self.spec = spec
-        self.encoder = MLPEncoder(spec.observation, hidden_sizes=settings.hidden_sizes,
-                                  activation=settings.activation, last_gain=1.0) if flat_input else \
-            make_encoder(spec.observation, settings)
+        # flat: the MLP reads the flattened observation (a Dict's keys concatenated); its last hidden layer has
+        # gain 1, as CleanRL's SAC actor
+        self.encoder = make_encoder(spec.observation, settings, last_gain=1.0 if flat_input else math.sqrt(2))
         low, high = torch.tensor(spec.action_low), torch.tensor(spec.action_high)
         self.head = SquashedGaussianHead(self.encoder.out_dim, torch.Size(spec.action_shape).numel(),
                                          low.reshape(-1), high.reshape(-1))
