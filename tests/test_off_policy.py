@@ -15,6 +15,7 @@ from rltrain.algos.dqn import DQN, DQNSettings
 from rltrain.algos.off_policy import OffPolicy, UpdateSchedule
 from rltrain.algos.sac import SAC, SACSettings
 from rltrain.cli.build import run
+from rltrain.data.replay import Batch
 from rltrain.data.structs import MASK_KEY, EnvSpec, ObsSpace, Rollout
 from rltrain.models.factory import ModelSettings
 from tests.conftest import compose_cfg
@@ -169,12 +170,13 @@ def test_numpy_epsilon_greedy_actor_acts_as_the_torch_policy():
     with torch.no_grad():
         q = dqn.policy(torch.from_numpy(obs)).numpy()
     np.testing.assert_allclose(actor.forward(obs), q, rtol=1e-5, atol=1e-6)
-    noise = np.random.default_rng(1).random((2000, 2)).astype(np.float32)
-    assert np.array_equal(actor.action(actor.forward(obs), actor.perturb(noise)), q.argmax(-1))
+    noise = np.random.default_rng(1).random((1, 2000, 2)).astype(np.float32)  # one step of 2000 envs
+    assert np.array_equal(actor.action(actor.forward(obs), actor.perturb(noise)[0]), q.argmax(-1))
     dqn.policy.epsilon.fill_(0.3)
     actor = dqn.policy.numpy_actor()
     out = actor.forward(obs)
-    actions = actor.action(out, actor.perturb(noise))
+    actions = actor.action(out, actor.perturb(noise)[0])
+    noise = noise[0]
     explored = noise[:, 0] < np.float32(0.3)
     assert np.array_equal(actions[~explored], out.argmax(-1)[~explored])
     assert np.array_equal(actions[explored], (noise[explored, 1] * 2).astype(np.int64))
@@ -187,3 +189,40 @@ def test_numpy_epsilon_greedy_actor_acts_as_the_torch_policy():
     masked = DQN(EnvSpec("Masked", (), "discrete", (), n_actions=2, obs_dtype="", obs_space=dict_obs), DQNSettings(),
                  num_envs=1, device=CPU)
     assert masked.policy.numpy_actor() is None
+
+
+@pytest.mark.parametrize("loss,double_dqn,activation,max_grad_norm", [
+    ("huber", False, "relu", 0.5), ("mse", True, "tanh", None), ("huber", True, "elu", 10.0),
+    ("mse", False, "silu", 0.5)])
+def test_numpy_td_step_is_autograds(loss, double_dqn, activation, max_grad_norm):
+    """The TD step a plain MLP Q-network takes on CPU (numpy, algos/td_numpy.py) against autograd's
+    (numpy_update=false) from the same weights on the same batches: the same statistics, weights and Adam
+    state after several steps (clipped or not), and checkpoints that cross between the two."""
+    def make(numpy_update):
+        torch.manual_seed(0)
+        settings = DQNSettings(numpy_update=numpy_update, loss=loss, double_dqn=double_dqn, lr=3e-3,
+                               max_grad_norm=max_grad_norm, buffer_size=100)
+        return DQN(CARTPOLE, settings, num_envs=1, device=CPU, model=ModelSettings(hidden_sizes=(16, 8),
+                                                                                    activation=activation))
+
+    fast, slow = make(True), make(False)
+    assert fast.numpy_step is not None and slow.numpy_step is None
+    rng = np.random.default_rng(0)
+    for _ in range(6):
+        batch = Batch(obs=torch.from_numpy(rng.normal(size=(32, 4)).astype(np.float32)),
+                      actions=torch.from_numpy(rng.integers(0, 2, 32)),
+                      rewards=torch.from_numpy(rng.normal(size=32).astype(np.float32) * 3),
+                      next_obs=torch.from_numpy(rng.normal(size=(32, 4)).astype(np.float32)),
+                      terminated=torch.from_numpy((rng.random(32) < 0.2).astype(np.float32)))
+        torch.testing.assert_close(fast.update(batch), slow.update(batch), rtol=1e-4, atol=1e-5)
+    for p, q in zip(fast.policy.parameters(), slow.policy.parameters(), strict=True):
+        torch.testing.assert_close(p, q, rtol=1e-4, atol=1e-5)
+    crossed = make(False)
+    crossed.load_state_dict(fast.state_dict())
+    for name, (a, b) in {"policy": (crossed.policy, fast.policy)}.items():
+        for p, q in zip(a.parameters(), b.parameters(), strict=True):
+            assert torch.equal(p, q), name
+    back = make(True)
+    back.load_state_dict(slow.state_dict())
+    ours, theirs = back.optimizer.state_dict()["state"], slow.optimizer.state_dict()["state"]
+    assert ours.keys() == theirs.keys() and all(torch.equal(ours[i]["exp_avg"], theirs[i]["exp_avg"]) for i in ours)

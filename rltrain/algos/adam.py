@@ -114,5 +114,7 @@ def clip_grad_norm(params: list[Tensor], max_norm: float) -> Tensor:
     dtype, with the same ops (so the same bits) and none of its per-call grouping; returns the total norm."""
     grads = [p.grad for p in params if p.grad is not None]
     norm = torch.linalg.vector_norm(torch.stack(torch._foreach_norm(grads, 2.0)), 2.0)
-    torch._foreach_mul_(grads, torch.clamp(float(max_norm) / (norm + 1e-6), max=1.0))
+    coef = torch.clamp(float(max_norm) / (norm + 1e-6), max=1.0)
+    if coef.device.type != "cpu" or float(coef) != 1.0:  # a product with exactly 1.0 changes no bit: skip it on CPU
+        torch._foreach_mul_(grads, coef)
     return norm

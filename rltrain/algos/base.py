@@ -10,12 +10,14 @@ against them and builds the settings in ``algo_settings``).
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, ClassVar
 
 import numpy as np
 import torch
 from torch import Tensor
 
+from rltrain.data.streams import split_steps
 from rltrain.data.structs import EnvSpec, Metrics, Policy, Rollout
 from rltrain.errors import ConfigError
 
@@ -53,6 +55,14 @@ class Sync:
         return [obj]
 
 
+@dataclass(frozen=True)
+class UpdateSizes:
+    """What one update of an algorithm takes per env, its settings' nulls resolved (``Algorithm.update_sizes``)."""
+
+    rollout_len: int  # steps per env between two learn() calls
+    num_minibatches: int | None = None  # minibatches per epoch, for an algorithm that splits its batch (PPO)
+
+
 class Algorithm(ABC):
     """Base of every algorithm. Subclasses define ``__init__(self, spec, settings, *, num_envs, device, sync,
     model)``: ``settings`` an instance of their ``settings_class``, ``model`` the model group's settings."""
@@ -73,6 +83,13 @@ class Algorithm(ABC):
     learning_starts: int = 0
     frame_stack: int | None = None
     weight_writes: int | None = None
+
+    @classmethod
+    def update_sizes(cls, settings, *, num_envs: int, recurrent: bool) -> UpdateSizes:
+        """The sizes of one update over ``num_envs`` env columns (the algorithm's own ``num_envs``), worked out
+        here only: the constructor, the pre-flight checks (cli/preflight.py) and ``rltrain-check`` all call it.
+        ``settings``: an instance of ``settings_class``; the default takes its ``rollout_len`` as set."""
+        return UpdateSizes(int(settings.rollout_len))
 
     def __init__(self, spec: EnvSpec, *, num_envs: int, device: torch.device, sync: Sync | None = None):
         self.check_spec(spec)
@@ -103,6 +120,15 @@ class Algorithm(ABC):
         update changes the policy that acts next); an off-policy learner asks for more while no update would
         fall due (algos/off_policy.py)."""
         return 1
+
+    def learn_collected(self, rollout: Rollout, *, rollouts: int, progress: float) -> Metrics:
+        """``rollouts`` (> 1) consecutive ``rollout_len``-step rollouts that ``rollouts_to_collect`` let the loop
+        collect in one go, concatenated along time: what ``learn()`` on each in turn gives. ``progress`` is the
+        last one's (an algorithm asks for several only where its schedules do not matter before the last)."""
+        metrics: Metrics = {}
+        for piece in split_steps(rollout, self.rollout_len):
+            metrics = self.learn(piece, progress=progress) or metrics
+        return metrics
 
     def wants_random_actions(self, env_steps: int) -> bool:
         """Off-policy warm-up: act uniformly at random before ``learning_starts`` env steps."""

@@ -12,6 +12,7 @@ from __future__ import annotations
 import copy
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import Tensor
@@ -19,6 +20,7 @@ from torch import Tensor
 from rltrain.algos.adam import clip_grad_norm, make_adam
 from rltrain.algos.base import Sync, positive, refuse_recurrent
 from rltrain.algos.off_policy import OffPolicy, TargetNetwork
+from rltrain.algos.td_numpy import NumpyTDStep
 from rltrain.data.replay import Batch
 from rltrain.data.structs import EnvSpec, Metrics
 from rltrain.errors import ConfigError
@@ -49,6 +51,8 @@ class DQNSettings:
     hidden_sizes: tuple[int, ...] = (64, 64)  # SB3 MlpPolicy
     activation: str = "relu"
     checkpoint_buffer: bool = False  # put the replay buffer into state_dict (checkpoint.replay_buffer)
+    numpy_update: bool = True  # on CPU, a plain MLP over float vectors: the TD step in numpy (algos/td_numpy.py;
+    #                            the same loss and checkpoints); false: autograd (what CUDA and encoders run)
     frame_stack: int | None = None  # K: observations are K-frame stacks, stored once per frame; None: the
     #                                 env's (EnvSpec.frame_stack, from its FrameStackObservation); 0: off
 
@@ -91,7 +95,14 @@ class DQN(OffPolicy):
         self.policy = build(spec, model.with_mlp(s.hidden_sizes, s.activation), "q").to(device)
         self.target = copy.deepcopy(self.policy).requires_grad_(False)
         self.params = list(self.policy.parameters())
-        self.optimizer = make_adam(self.params, s.lr, eps=1e-8)
+        # the TD step: in numpy for a plain MLP on CPU (its parameters re-homed into one flat buffer; Adam in
+        # torch's checkpoint format), else autograd
+        self.numpy_step = NumpyTDStep(self.policy.mlp_layers, self.target.mlp_layers,
+                                      activation=self.policy.mlp_activation, lr=s.lr, gamma=s.gamma, loss=s.loss,
+                                      double_dqn=s.double_dqn, max_grad_norm=s.max_grad_norm, sync=self.sync) \
+            if s.numpy_update and device.type == "cpu" and self.policy.mlp_layers else None
+        self.optimizer = self.numpy_step.optimizer if self.numpy_step else make_adam(self.params, s.lr, eps=1e-8)
+        self.epsilon_set: float | None = None  # what explore() last wrote into the policy's epsilon buffer
         # hard copy (tau = 1) or Polyak average every target_network_frequency env steps
         self.sync_targets_every(s.target_network_frequency, TargetNetwork(self.policy, self.target, tau=s.tau))
 
@@ -100,14 +111,19 @@ class DQN(OffPolicy):
         buffer of the policy, so actors receive it with the weights."""
         s = self.settings
         frac = min(progress / s.exploration_fraction, 1.0)
-        self.policy.epsilon.fill_(s.start_e + frac * (s.end_e - s.start_e))
-        return {"train/epsilon": float(self.policy.epsilon)}
+        epsilon = float(np.float32(s.start_e + frac * (s.end_e - s.start_e)))  # as the float32 buffer holds it
+        if epsilon != self.epsilon_set:
+            self.policy.epsilon.fill_(epsilon)
+            self.epsilon_set = epsilon
+        return {"train/epsilon": epsilon}
 
     def explore_settled(self, progress: float) -> bool:
         return progress / self.settings.exploration_fraction >= 1.0  # explore()'s frac is 1 from here on
 
     def update(self, batch: Batch) -> Tensor:
         """One TD step on a uniform minibatch; returns detached [td_loss, mean Q(s, a)]."""
+        if self.numpy_step is not None:
+            return self.numpy_step.step(batch)
         s, b = self.settings, batch
         # the buffer hands observations out in their stored dtype (a dict of them for Dict spaces); the
         # Q-network converts them (the MLP casts to float, an encoder also scales uint8 pixels)
@@ -136,6 +152,7 @@ class DQN(OffPolicy):
                 "optimizer": self.optimizer.state_dict()}
 
     def load_networks_state(self, state: dict) -> None:
+        self.epsilon_set = None  # the loaded buffer holds the checkpoint's epsilon
         self.policy.load_state_dict(state["policy"])
         self.target.load_state_dict(state["target"])
         self.optimizer.load_state_dict(state["optimizer"])

@@ -19,7 +19,7 @@ networks, their optimisers and ONE gradient step (``update(batch) -> stats``); t
   loop's own next log / evaluation / checkpoint) in one collector call, then call learn() on each in turn: the
   same learn() calls on the same rollouts with the same weights acting, for the per-step costs of the collector
   and the loop paid once. Not while ``explore`` still changes from one learn() to the next (DQN's epsilon
-  decay), where acting must see every step of it.
+  decay) and acting uses it, where acting must see every step of it.
 - **Target networks** (``TargetNetwork``): a Polyak average (``tau`` < 1) or a copy (``tau`` = 1) of an online
   network, either on a schedule in env steps (``sync_targets_every``: DQN's ``target_network_frequency``) or
   after the subclass's own gradient steps (``TargetNetwork.update``: SAC's critic every step, TD3's every
@@ -162,10 +162,20 @@ class OffPolicy(Algorithm):
     def learn(self, rollout: Rollout, *, progress: float) -> Metrics:
         """Stores the rollout and runs the gradient steps now owed. Most calls owe none: they return at once
         and the rollout waits to be written with the next ones (as if written one by one)."""
+        return self._learn(rollout, progress, rollouts=1)
+
+    def learn_collected(self, rollout: Rollout, *, rollouts: int, progress: float) -> Metrics:
+        """What ``learn()`` on each of the ``rollouts`` gives, in one call: one explore at the last one's
+        ``progress`` (before it, the schedule was settled or unused: random warm-up), their env steps owed together
+        (none falls due before the last, ``rollouts_to_collect``), their rows written where one write per rollout
+        puts them."""
+        return self._learn(rollout, progress, rollouts=rollouts)
+
+    def _learn(self, rollout: Rollout, progress: float, *, rollouts: int) -> Metrics:
         before = self.env_steps
         self.env_steps += rollout.num_steps * self.sync.world_size
         metrics = self.explore(progress)
-        self.unwritten.add(rollout)
+        self.unwritten.add(rollout, rollouts=rollouts)
         if self.env_steps < self.learning_starts:
             return metrics
         steps = self.env_steps - max(before, self.learning_starts)  # the warm-up's steps owe no update
@@ -199,13 +209,11 @@ class OffPolicy(Algorithm):
         """The rollouts up to the first whose learn() changes anything: the one that reaches the end of the
         warm-up, a round of updates or a target sync (or ``until``, the loop's next event), so that acting uses
         the weights it would have between learn() calls one rollout at a time (see the module docstring). One
-        while the exploration schedule moves, or after the warm-up while the buffer cannot fill a batch
-        (whether a call owes its steps then depends on the writes before it)."""
-        if not self.explore_settled(env_steps / total):
-            return 1
-        if env_steps < self.learning_starts:
+        after the warm-up while the exploration schedule moves (acting reads it) or the buffer cannot fill a
+        batch (whether a call owes its steps then depends on the writes before it)."""
+        if env_steps < self.learning_starts:  # acting uniformly at random: the exploration schedule is unused
             event = self.learning_starts
-        elif self.buffer.ready < self.batch_size:
+        elif not self.explore_settled(env_steps / total) or self.buffer.ready < self.batch_size:
             return 1
         else:
             event = env_steps + self.schedule.train_frequency - self.schedule.owed_steps

@@ -30,16 +30,22 @@ def runs(rollouts: list[Rollout], *, frame_stack: int | None) -> list[list[Rollo
     return out
 
 
-def glue(run: list[Rollout]) -> tuple[Rollout, np.ndarray]:
+def glue(run: list[Rollout], pieces: list[int] | None = None) -> tuple[Rollout, np.ndarray]:
     """One rollout of the run's steps in order, and ``segments`` [T]: step t belongs to the k-th rollout
-    (the buffer lays its rows out per segment)."""
+    (the buffer lays its rows out per segment). ``pieces[i]``: run[i] is that many consecutive rollouts of
+    equal length collected as one, each its own segment. A run of one rollout is not copied."""
+    pieces = pieces or [1] * len(run)
+    segments = np.concatenate([np.repeat(np.arange(p), r.shape[0] // p) for r, p in zip(run, pieces, strict=True)])
+    segments += np.repeat(np.cumsum([0, *pieces[:-1]]), [r.shape[0] for r in run])
+    if len(run) == 1:
+        return run[0], segments
     cat = lambda *xs: np.concatenate(xs)  # noqa: E731
     merged = Rollout(obs=obs_map(cat, *[r.obs for r in run]), actions=cat(*[r.actions for r in run]),
                      log_probs=cat(*[r.log_probs for r in run]), rewards=cat(*[r.rewards for r in run]),
                      terminated=cat(*[r.terminated for r in run]), truncated=cat(*[r.truncated for r in run]),
                      next_obs=obs_map(cat, *[r.next_obs for r in run]), policy_version=np.zeros(0, np.int64),
                      env_ids=run[0].env_ids)
-    return merged, np.repeat(np.arange(len(run)), [r.shape[0] for r in run])
+    return merged, segments
 
 
 def continues(a: Rollout, b: Rollout) -> bool:

@@ -9,9 +9,10 @@ from __future__ import annotations
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 
-from rltrain.data.structs import MASK_KEY, ActOutput, EnvSpec, Policy
+from rltrain.data.structs import MASK_KEY, ActOutput, EnvSpec, Policy, action_mask_of
 from rltrain.errors import ConfigError
 from rltrain.models.actor_critic import is_float_vector
 from rltrain.models.distributions import mask_logits
@@ -34,7 +35,8 @@ class QNetwork(nn.Module):
         self.head = QHead(self.encoder.out_dim, spec.n_actions)
 
     def forward(self, obs: Obs) -> Tensor:
-        return self.head(self.encoder(obs))
+        linear = self.head.linear  # QHead's one Linear, called as a function: DQN runs thousands of small forwards
+        return F.linear(self.encoder(obs), linear.weight, linear.bias)
 
 
 class QPolicy(Policy):
@@ -47,55 +49,66 @@ class QPolicy(Policy):
         self.q = QNetwork(spec, settings)
         self.masked = spec.masked
         self.register_buffer("epsilon", torch.tensor(1.0))
+        # a plain MLP over float vectors, no mask: numpy acting (numpy_actor) and DQN's numpy TD step apply.
+        # mlp_layers: its Linear layers in order (encoder MLP, then the head), mlp_activation: between them
+        plain = not self.masked and is_float_vector(spec.observation) and isinstance(self.q.encoder, MLPEncoder)
+        self.mlp_layers = [m for m in self.q.encoder.mlp if isinstance(m, nn.Linear)] + [self.q.head.linear] \
+            if plain else []
+        self.mlp_activation = next((name for name, cls in ACTIVATIONS.items() for m in self.q.encoder.mlp
+                                    if isinstance(m, cls)), "relu") if plain else ""
+        self._actor: tuple[tuple[int, ...], EpsilonGreedyActor] | None = None  # (weight addresses, actor)
 
     def forward(self, obs: Obs) -> Tensor:
         """obs [B, *obs_shape] (stored dtype) -> Q-values [B, n_actions]; with an action mask in the observation
         the illegal actions' values are the dtype's minimum, so every argmax and max (acting, the target, Double
         DQN's selection) is over legal actions only."""
         q = self.q(obs)
-        return mask_logits(q, obs[MASK_KEY]) if self.masked else q  # type: ignore[index]
+        return mask_logits(q, action_mask_of(obs)) if self.masked else q
 
     def act(self, obs: Obs, state=None, *, deterministic: bool = False,
             generator: torch.Generator | None = None) -> ActOutput:
-        """Epsilon-greedy: with probability epsilon a uniform action (among the legal ones), else argmax Q. The
-        draws are torch's (two per call, from ``generator``), the bookkeeping numpy's: acting runs every env
-        step, where a torch op on a [N, A] tensor costs more than its arithmetic."""
+        """Epsilon-greedy: with probability epsilon a uniform action (among the legal ones), else argmax Q. (The
+        collector acts on CPU through ``numpy_actor`` where it applies.)"""
         greedy = self(obs).argmax(-1)
+        device = greedy.device
         if deterministic:
-            return ActOutput(greedy, torch.zeros(greedy.shape))
+            return ActOutput(greedy, torch.zeros(greedy.shape, device=device))
         eps = float(self.epsilon)
-        explore = torch.rand(greedy.shape, generator=generator).numpy() < np.float32(eps)
-        greedy_np = greedy.cpu().numpy()
+        # the random draws come from the CPU generator (the same exploration on CPU and CUDA), then move over
+        explore = (torch.rand(greedy.shape, generator=generator) < eps).to(device)
         if self.masked:  # explore uniformly among the legal actions
-            legal = obs[MASK_KEY].to(torch.float32).cpu()  # type: ignore[index]
-            uniform = torch.multinomial(legal, 1, generator=generator).squeeze(-1).numpy()
-            n_legal = legal.sum(-1).numpy()
+            legal = action_mask_of(obs).to(torch.float32).cpu()
+            uniform = torch.multinomial(legal, 1, generator=generator).squeeze(-1).to(device)
+            n_legal = legal.sum(-1).to(device)
         else:
-            uniform = torch.randint(0, self.n_actions, greedy.shape, generator=generator).numpy()
-            n_legal = np.float32(self.n_actions)
-        action = np.where(explore, uniform, greedy_np)
+            uniform = torch.randint(0, self.n_actions, greedy.shape, generator=generator).to(device)
+            n_legal = torch.full(greedy.shape, float(self.n_actions), device=device)
+        action = torch.where(explore, uniform, greedy)
         # behaviour probability of the chosen action under epsilon-greedy (for logging / off-policy checks)
-        prob = np.float32(eps) / n_legal + np.float32(1.0 - eps) * (action == greedy_np)
-        return ActOutput(torch.from_numpy(action).to(greedy.device), torch.from_numpy(np.log(prob, dtype=np.float32)))
+        prob = eps / n_legal + (1.0 - eps) * (action == greedy).float()
+        return ActOutput(action, prob.log())
 
     def numpy_actor(self) -> EpsilonGreedyActor | None:
         """Q(s, .) over float vectors on CPU in numpy, acting epsilon-greedily at this epsilon, for the collector's
-        fast path (a torch forward of a small MLP on one observation is mostly per-op overhead);
-        None for anything else (encoders with weights before the MLP, action masks, an accelerator)."""
-        enc = self.q.encoder
-        if self.masked or not is_float_vector(self.spec.observation) or not isinstance(enc, MLPEncoder) or \
-                self.epsilon.device.type != "cpu":
+        fast path (a torch forward of a small MLP on one observation is mostly per-op overhead); None for
+        anything else (encoders with weights before the MLP, action masks, an accelerator). The actor holds views
+        of the weights, so it follows every update in place; it is rebuilt when they move (``to``, ``assign``)."""
+        linears = self.mlp_layers
+        if not linears or self.epsilon.device.type != "cpu":
             return None
-        # views of the weights, not copies: the collector uses this actor for one collect, while nothing updates
-        linears = [m for m in enc.mlp if isinstance(m, nn.Linear)] + [self.q.head.linear]
-        layers = [(m.weight.detach().numpy().T, m.bias.detach().numpy()) for m in linears]
-        activation = next(name for name, cls in ACTIVATIONS.items() if isinstance(enc.mlp[1], cls)) \
-            if len(enc.mlp) > 1 else "relu"
-        return EpsilonGreedyActor(layers, activation=activation, epsilon=float(self.epsilon))
+        where = tuple(p.data_ptr() for m in linears for p in (m.weight, m.bias))
+        if self._actor is None or self._actor[0] != where:
+            layers = [(m.weight.detach().numpy().T, m.bias.detach().numpy()) for m in linears]
+            self._actor = where, EpsilonGreedyActor(layers, activation=self.mlp_activation, epsilon=0.0)
+        actor = self._actor[1]
+        actor.epsilon = np.float32(float(self.epsilon))
+        return actor
+
+    def __getstate__(self) -> dict:
+        return {**self.__dict__, "_actor": None}  # pickled (to actors) or deep-copied (the target): rebuilt there
 
     def export_module(self) -> nn.Module:
         return GreedyActor(self)
-
 
     def load_state_dict(self, state_dict, strict: bool = True, assign: bool = False):
         return super().load_state_dict(upgrade_flat_q_keys(state_dict), strict=strict, assign=assign)
@@ -113,12 +126,15 @@ class EpsilonGreedyActor(NumpyActor):
     def forward(self, obs: np.ndarray) -> np.ndarray:
         return super().forward(obs.astype(np.float32, copy=False))  # as the torch path, which casts first
 
-    def perturb(self, noise: np.ndarray) -> np.ndarray:
-        return noise
+    def perturb(self, noise: np.ndarray) -> list[tuple[np.ndarray, np.ndarray]]:
+        """noise [T, N, A] -> per step (explore [N] bool, the uniform action [N]), for the whole rollout at once."""
+        explore = noise[..., 0] < self.epsilon
+        uniform = np.minimum((noise[..., -1] * self.out_dim).astype(np.int64), self.out_dim - 1)
+        return list(zip(explore, uniform, strict=True))
 
-    def action(self, out: np.ndarray, perturbation: np.ndarray) -> np.ndarray:
-        uniform = np.minimum((perturbation[..., -1] * self.out_dim).astype(np.int64), self.out_dim - 1)
-        return np.where(perturbation[..., 0] < self.epsilon, uniform, out.argmax(-1))
+    def action(self, out: np.ndarray, perturbation: tuple[np.ndarray, np.ndarray]) -> np.ndarray:
+        explore, uniform = perturbation
+        return np.where(explore, uniform, out.argmax(-1))
 
     def log_prob(self, out: np.ndarray, action: np.ndarray, noise: np.ndarray) -> np.ndarray:
         greedy = action == out.argmax(-1)

@@ -90,13 +90,14 @@ def metrics_problem(metrics: Metrics) -> str | None:
 
 def named_tensors(owner) -> list[tuple[str, torch.Tensor]]:
     """Every trainable tensor an algorithm owns: the parameters of its ``nn.Module`` attributes (policy,
-    critics, target networks) and its bare leaf tensors (e.g. SAC's ``log_alpha``), each named once."""
+    critics) and its bare leaf tensors (e.g. SAC's ``log_alpha``) that take gradients, each named once. Target
+    networks (frozen copies) are left out: they only ever receive the online weights, which are checked first."""
     seen: set[int] = set()
     out: list[tuple[str, torch.Tensor]] = []
     for attr, value in vars(owner).items():
         if isinstance(value, nn.Module):
-            pairs = [(f"{attr}.{n}", p) for n, p in value.named_parameters()]
-        elif isinstance(value, torch.Tensor) and value.is_floating_point() and value.is_leaf:
+            pairs = [(f"{attr}.{n}", p) for n, p in value.named_parameters() if p.requires_grad]
+        elif isinstance(value, torch.Tensor) and value.is_floating_point() and value.is_leaf and value.requires_grad:
             pairs = [(attr, value)]
         else:
             continue
@@ -117,9 +118,10 @@ def _all_finite(tensors: list[torch.Tensor]) -> bool:
 
 def tensors_problem(tensors: list[tuple[str, torch.Tensor]]) -> str | None:
     """The first non-finite gradient or parameter, as ``gradient/<name>=nan``; one read-back when all are fine."""
-    grads = [(n, t.grad) for n, t in tensors if t.grad is not None]
-    if _all_finite([t for _, t in grads] + [t for _, t in tensors]):
+    params = [t for _, t in tensors]
+    if _all_finite([t.grad for t in params if t.grad is not None] + params):
         return None
+    grads = [(n, t.grad) for n, t in tensors if t.grad is not None]
     for kind, group in (("gradient", grads), ("parameter", tensors)):
         for name, t in group:
             t = t.detach()

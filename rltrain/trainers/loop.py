@@ -25,7 +25,6 @@ from pathlib import Path
 import numpy as np
 
 from rltrain.algos.base import Algorithm
-from rltrain.data.streams import split_steps
 from rltrain.data.structs import Metrics
 from rltrain.envs.vector import EnvCallAbandoned, EnvFault
 from rltrain.errors import ConfigError
@@ -47,15 +46,19 @@ class TrainLoop:
     """Collect -> learn until ``total_env_steps``; logs, evaluates and checkpoints on its cadence."""
 
     def __init__(self, settings: RunSettings, place: Placement, stop: StopFlag,
-                 parts: TrainerParts | None = None):
+                 parts: TrainerParts | None = None, *, algo: Algorithm | None = None):
+        """``algo``: the loop's algorithm when its trainer built it already (``Trainer.loop_algorithm``: seeded
+        and placed as here); None: built here. The env's spec is the one the run probed (``settings.env_spec``)."""
         self.s, self.place, self.stop = settings, place, stop
         parts = parts or TrainerParts()
         self.sync, self.is_main = place.sync, place.is_main
         self.progress_factory, self.hooks = parts.progress_factory, parts.hooks
-        seed_process(place.seeds.torch_seed)
-        self.spec = settings.env.spec()
-        self.algo: Algorithm = settings.algo(self.spec, num_envs=parts.num_envs or settings.env.num_envs,
-                                             device=place.device, sync=self.sync)
+        self.spec = settings.env_spec or settings.env.spec()  # probed here only when nobody handed it on
+        if algo is None:
+            seed_process(place.seeds.torch_seed)  # before the weights are drawn: same seed, same weights
+            algo = settings.algo(self.spec, num_envs=parts.num_envs or settings.env.num_envs, device=place.device,
+                                 sync=self.sync)
+        self.algo: Algorithm = algo
         self.own_collector = parts.source_factory is None
         self.source = (parts.source_factory or self._collector)(self.algo)
         self.state = LoopState()
@@ -63,7 +66,7 @@ class TrainLoop:
         self.last_learn: Metrics = {}
         self.guard = FiniteGuard(self.algo, self.sync, self.state)  # checked after every update
         self.checkpoints = Checkpointing(settings, place, self.state, algo=self.algo, source=self.source,
-                                         env_id=self.spec.env_id, hooks=self.hooks, guard=self.guard)
+                                         spec=self.spec, hooks=self.hooks, guard=self.guard)
         self.evaluate = Evaluation(settings, self.state, algo=self.algo, eval_seed=place.seeds.eval_seed,
                                    device=place.device, run_dir=place.run_dir,
                                    save_best=lambda: self.checkpoints.save(kind="best"))
@@ -176,8 +179,8 @@ class TrainLoop:
         step of the loop's next log / evaluation / checkpoint, or the budget's end."""
         steps = self.counters["env_steps"]
         # an off-policy learner may let the loop collect the rollouts up to its next update in one go, then learn
-        # from each in turn (Algorithm.rollouts_to_collect): only this loop's own collector collects so, and not
-        # where a training return may end the run at any step (target_return)
+        # from them as from each in turn (Algorithm.rollouts_to_collect, learn_collected): only this loop's own
+        # collector collects so, and not where a training return may end the run at any step (target_return)
         rollouts = 1 if self.s.target_return is not None or not self.own_collector else \
             self.algo.rollouts_to_collect(steps, until=until, total=total)
         rollout = self.source.collect(self.algo.rollout_len * rollouts, policy_version=self.counters["updates"],
@@ -186,17 +189,18 @@ class TrainLoop:
             return {}
         update, at_step = self.counters["updates"] + rollouts, steps + rollout.num_steps * self.sync.world_size
         self.guard.check_rollout(rollout, update, at_step)
-        learn_metrics: Metrics = {}
         t0 = time.perf_counter()
-        for piece in split_steps(rollout, self.algo.rollout_len) if rollouts > 1 else [rollout]:
-            # an overflow is reported by the guard below, in one line, not as warnings
-            with np.errstate(all="ignore"):
-                metrics = self.algo.learn(piece, progress=self.counters["env_steps"] / total)
-            self.guard.check_update(metrics, self.counters["updates"] + 1, at_step)
-            learn_metrics = metrics or learn_metrics
-            self.counters["env_steps"] += piece.num_steps * self.sync.world_size
-            self.counters["updates"] += 1
+        # an overflow is reported by the guard below, in one line, not as warnings
+        with np.errstate(all="ignore"):
+            if rollouts == 1:
+                learn_metrics = self.algo.learn(rollout, progress=steps / total)
+            else:  # at the progress of the last of them, where its own learn() would have been called
+                last = steps + (at_step - steps) // rollouts * (rollouts - 1)
+                learn_metrics = self.algo.learn_collected(rollout, rollouts=rollouts, progress=last / total)
         learn_s = time.perf_counter() - t0
+        self.guard.check_update(learn_metrics, update, at_step)
+        self.counters["env_steps"] += rollout.num_steps * self.sync.world_size
+        self.counters["updates"] += rollouts  # rollouts learned from
         self.counters["episodes"] = self.source.episodes
         self.hooks.after_learn(rollout, learn_s, algo=self.algo, counters=self.counters)
         return learn_metrics
