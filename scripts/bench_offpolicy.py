@@ -126,6 +126,9 @@ def main() -> None:
     ap.add_argument("--sb3-python", default=sys.executable, help="a Python with stable-baselines3 installed")
     args = ap.parse_args()
 
+    # rltrain's modules as an installed package has them, compiled (pip compiles at install, as SB3's are): a
+    # checkout under PYTHONDONTWRITEBYTECODE would otherwise compile every module in every run
+    subprocess.run([sys.executable, "-m", "compileall", "-q", str(REPO / "rltrain")], check=False)
     missing = sb3_missing(args.sb3_python)
     if missing:
         print(missing, file=sys.stderr)

@@ -18,6 +18,7 @@ from rltrain.cli.build import run
 from rltrain.data.replay import Batch
 from rltrain.data.structs import MASK_KEY, EnvSpec, ObsSpace, Rollout
 from rltrain.models.factory import ModelSettings
+from rltrain.models.heads import LOG_STD_MAX, LOG_STD_MIN
 from tests.conftest import compose_cfg
 
 CPU = torch.device("cpu")
@@ -226,3 +227,31 @@ def test_numpy_td_step_is_autograds(loss, double_dqn, activation, max_grad_norm)
     back.load_state_dict(slow.state_dict())
     ours, theirs = back.optimizer.state_dict()["state"], slow.optimizer.state_dict()["state"]
     assert ours.keys() == theirs.keys() and all(torch.equal(ours[i]["exp_avg"], theirs[i]["exp_avg"]) for i in ours)
+
+
+def test_numpy_squashed_gaussian_actor_acts_as_the_torch_one():
+    """SAC's actor in numpy (the collector's fast path on float vectors) gives the torch actor's actions and
+    log-probabilities for the same noise; with action noise (added by the torch path) there is none."""
+    torch.manual_seed(0)
+    sac = SAC(PENDULUM, SACSettings(), num_envs=1, device=CPU, model=SMALL)
+    actor = sac.policy.numpy_actor()
+    obs = np.random.default_rng(0).normal(size=(64, 3)).astype(np.float32)
+    noise = np.random.default_rng(1).standard_normal((1, 64, 2)).astype(np.float32)
+    out = actor.forward(obs)
+    action = actor.action(out, actor.perturb(noise)[0])
+    with torch.no_grad():
+        features = sac.policy.encoder(torch.from_numpy(obs))
+        head = sac.policy.head
+        eps = torch.from_numpy(noise[0, :, :1])
+        mu, raw = head.mean(features), head.log_std(features)
+        log_std = LOG_STD_MIN + 0.5 * (LOG_STD_MAX - LOG_STD_MIN) * (torch.tanh(raw) + 1)
+        u = mu + log_std.exp() * eps
+        expected = torch.tanh(u) * head.scale + head.bias
+    np.testing.assert_allclose(action, expected.numpy(), rtol=1e-5, atol=1e-6)
+    assert action.dtype == np.float32 and (np.abs(action) <= 2.0).all()
+    logp = actor.log_prob(out[None], action[None], noise)[0]
+    torch_logp = (-0.5 * eps**2 - log_std - 0.5 * np.log(2 * np.pi)).sum(-1) - \
+        (2.0 * (np.log(2.0) - u - torch.nn.functional.softplus(-2.0 * u))).sum(-1) - torch.log(head.scale).sum()
+    np.testing.assert_allclose(logp, torch_logp.numpy(), rtol=1e-4, atol=1e-4)
+    noisy = SAC(PENDULUM, SACSettings(action_noise=0.3), num_envs=1, device=CPU, model=SMALL)
+    assert noisy.policy.numpy_actor() is None

@@ -4,8 +4,9 @@ as success").
 
 A NaN spreads: one NaN reward gives NaN advantages, NaN gradients, then NaN weights in every later checkpoint,
 while the run still counts env steps and ends ``completed``. The checks are cheap on purpose: learner metrics
-are floats already; parameters and gradients get one L1 norm per tensor in one foreach call (NaN / inf when
-any element is, barring overflow of values ~1e38, which is itself a broken run), read back once per update;
+are floats already; parameters get one L1 norm per tensor in one foreach call (NaN / inf when any element is,
+barring overflow of values ~1e38, which is itself a broken run), read back once per update, and only when one is
+not finite are the gradients (first) and parameters searched for the one to name;
 rollout arrays get one ``np.isfinite`` each, and integer / bool arrays (pixels, discrete actions, done flags)
 are skipped, they cannot hold a NaN.
 """
@@ -139,6 +140,7 @@ class FiniteGuard:
     def __init__(self, algo: Algorithm, sync: Sync, state: LoopState):
         self.algo, self.sync, self.state = algo, sync, state
         self.tensors = named_tensors(algo)
+        self.params = [t for _, t in self.tensors]
         self._checked_writes: int | None = None  # the algorithm's weight_writes when last found finite
 
     def check_rollout(self, rollout: Rollout, update: int, env_step: int) -> None:
@@ -151,7 +153,10 @@ class FiniteGuard:
         # (off-policy learners update on a fraction of the env steps) says so; others are checked every time
         writes = self.algo.weight_writes
         stale = writes is None or writes != self._checked_writes
-        self._stop_if(metrics_problem(metrics) or (tensors_problem(self.tensors) if stale else None), update,
+        # the weights first: a non-finite gradient reaches them in the same step (Adam's moments, clipping's
+        # norm), so finite weights clear the gradients too; the named search (gradients first) runs only then
+        moved = stale and not _all_finite(self.params)
+        self._stop_if(metrics_problem(metrics) or (tensors_problem(self.tensors) if moved else None), update,
                       env_step)
         self._checked_writes = writes
 
