@@ -64,6 +64,7 @@ class TrainLoop:
                 algo = settings.algo(self.spec, num_envs=parts.num_envs or settings.env.num_envs,
                                      device=place.device, sync=self.sync)
             self.algo: Algorithm = algo
+            self.own_collector = parts.source_factory is None
             self.source = (parts.source_factory or self._collector)(self.algo)
         self.state = LoopState()
         self.counters = self.state.counters
@@ -115,7 +116,7 @@ class TrainLoop:
         progress = self.progress_factory(total, mode=s.logger.progress if self.is_main else "off",
                                          interval_s=s.logger.progress_interval_s, initial=start_steps,
                                          title=self.place.title,
-                                         rate_from=getattr(self.algo, "learning_starts", 0))
+                                         rate_from=self.algo.learning_starts)
         t0, wall0 = time.perf_counter(), self.counters["wall_time"]
         sps_t, sps_steps = t0, start_steps
         learn_metrics: Metrics = {}
@@ -130,7 +131,7 @@ class TrainLoop:
                         self.stop.request("max_wall_time" if over_wall else "peer_stopped")
                     status = "interrupted"
                     break
-                learn_metrics = self._iterate(total) or learn_metrics
+                learn_metrics = self._iterate(total, until=min(total, *cadence.next.values())) or learn_metrics
                 self.counters["wall_time"] = wall0 + time.perf_counter() - t0
                 steps = self.counters["env_steps"]
                 recent = self._recent_return()
@@ -191,23 +192,33 @@ class TrainLoop:
         progress.close(summary if self.is_main else None)
         return summary
 
-    def _iterate(self, total: int) -> Metrics:
-        """One collect -> learn step; advances the counters. Returns the learner's metrics."""
+    def _iterate(self, total: int, *, until: int) -> Metrics:
+        """One collect -> learn step; advances the counters. Returns the learner's metrics. ``until``: the env
+        step of the loop's next log / evaluation / checkpoint, or the budget's end."""
         steps = self.counters["env_steps"]
-        rollout = self.source.collect(self.algo.rollout_len, policy_version=self.counters["updates"],
+        # an off-policy learner may let the loop collect the rollouts up to its next update in one go, then learn
+        # from them as from each in turn (Algorithm.rollouts_to_collect, learn_collected): only this loop's own
+        # collector collects so, and not where a training return may end the run at any step (target_return)
+        rollouts = 1 if self.s.target_return is not None or not self.own_collector else \
+            self.algo.rollouts_to_collect(steps, until=until, total=total)
+        rollout = self.source.collect(self.algo.rollout_len * rollouts, policy_version=self.counters["updates"],
                                       random_actions=self.algo.wants_random_actions(steps))
         if rollout is None:  # the source stopped (e.g. an actor failure requested the stop)
             return {}
-        update, at_step = self.counters["updates"] + 1, steps + rollout.num_steps * self.sync.world_size
+        update, at_step = self.counters["updates"] + rollouts, steps + rollout.num_steps * self.sync.world_size
         self.guard.check_rollout(rollout, update, at_step)
         t0 = time.perf_counter()
         # an overflow is reported by the guard below, in one line, not as warnings
         with np.errstate(all="ignore"):
-            learn_metrics = self.algo.learn(rollout, progress=steps / total)
+            if rollouts == 1:
+                learn_metrics = self.algo.learn(rollout, progress=steps / total)
+            else:  # at the progress of the last of them, where its own learn() would have been called
+                last = steps + (at_step - steps) // rollouts * (rollouts - 1)
+                learn_metrics = self.algo.learn_collected(rollout, rollouts=rollouts, progress=last / total)
         learn_s = time.perf_counter() - t0
         self.guard.check_update(learn_metrics, update, at_step)
         self.counters["env_steps"] += rollout.num_steps * self.sync.world_size
-        self.counters["updates"] += 1
+        self.counters["updates"] += rollouts  # rollouts learned from
         self.counters["episodes"] = self.source.episodes
         self.hooks.after_learn(rollout, learn_s, algo=self.algo, counters=self.counters)
         return learn_metrics
