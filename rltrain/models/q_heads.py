@@ -54,6 +54,11 @@ class QHeadOptions:
         return self == QHeadOptions()
 
     @property
+    def one_linear(self) -> bool:
+        """The head is one Linear per action (whatever the encoder)."""
+        return not self.dueling and not self.noisy and self.distributional == "none"
+
+    @property
     def outputs(self) -> int:
         """K: outputs per action."""
         return 1 if self.distributional == "none" else self.atoms

@@ -43,7 +43,7 @@ class QNetwork(nn.Module):
             else:  # a CNN or a Dict's encoders: normalise the features they hand the head
                 self.encoder = NormedFeatures(self.encoder)
         out_dim = self.encoder.out_dim
-        self.head = QHead(out_dim, spec.n_actions) if options.plain else QHeads(out_dim, spec.n_actions, options)
+        self.head = QHead(out_dim, spec.n_actions) if options.one_linear else QHeads(out_dim, spec.n_actions, options)
 
     def raw(self, obs: Obs) -> Tensor:
         """obs -> the head's outputs [B, A, K] (K = 1 for the plain head)."""
