@@ -184,7 +184,8 @@ def test_exported_policy_acts_like_the_loaded_policy_without_rltrain(trained, tm
         else:
             np.testing.assert_allclose(actions, want, atol=1e-5, rtol=1e-5, err_msg=fmt)
     if want.dtype.kind in "iu":
-        assert len(np.unique(want)) > 1 or case in ("dqn", "rainbow", "qrdqn", "pqn")  # the observations exercise more than one action
+        # the observations exercise more than one action (a barely trained Q-network may prefer one everywhere)
+        assert len(np.unique(want)) > 1 or case in ("dqn", "rainbow", "qrdqn", "pqn")
     assert record["outputs"][0] == {"name": "action", "shape": ["B", *want.shape[1:]], "dtype": str(want.dtype)}
     assert record["inputs"] == [{"name": n, "shape": ["B", *_leaf(obs, n).shape[1:]], "dtype": str(_leaf(obs, n).dtype)}
                                 for n in names]
