@@ -2,14 +2,17 @@
 
 An ``Algorithm`` owns its networks, optimisers and (off-policy) its replay buffer, and knows nothing of
 processes: trainers move rollouts to it and weights out of it. Its hyper-parameters are one frozen, typed,
-keyword-only settings dataclass (``settings_class``, defined beside the algorithm: ``PPOSettings`` in ppo.py),
-which validates its values; its fields are the ``algo`` group's schema (``cli/build.py`` checks keys and types
-against them and builds the settings in ``algo_settings``).
+keyword-only settings dataclass (``settings_class``, defined beside the algorithm: ``PPOSettings`` in ppo.py,
+a subclass of ``AlgoSettings``), which validates its values; its fields are the ``algo`` group's schema and the
+only place its defaults are written (``cli/schema.py`` hands them to Hydra, ``cli/build.py`` checks keys and
+types against them). Its published MLP is one class attribute, ``mlp``: what a null ``model.hidden_sizes``
+means for it.
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, ClassVar
 
 import numpy as np
@@ -18,6 +21,7 @@ from torch import Tensor
 
 from rltrain.data.structs import EnvSpec, Metrics, Policy, Rollout
 from rltrain.errors import ConfigError
+from rltrain.models.settings import MLP
 
 if TYPE_CHECKING:
     from rltrain.models.numpy_mlp import FlatAdam
@@ -53,12 +57,22 @@ class Sync:
         return [obj]
 
 
+@dataclass(frozen=True, kw_only=True)
+class AlgoSettings:
+    """What every algorithm's settings share (each ``settings_class`` subclasses it)."""
+
+    action_mask: str = "auto"  # invalid-action masking: auto (use the env's mask when it offers one, and say
+    #                            so) | on (refuse an env without one) | off (ignore it); README "Action masks".
+    #                            Source: rltrain
+
+
 class Algorithm(ABC):
     """Base of every algorithm. Subclasses define ``__init__(self, spec, settings, *, num_envs, device, sync,
     model)``: ``settings`` an instance of their ``settings_class``, ``model`` the model group's settings."""
 
     name: ClassVar[str]
     settings_class: ClassVar[type]  # the frozen dataclass of its hyper-parameters (the ``algo`` group's schema)
+    mlp: ClassVar[MLP]  # its published MLP widths and activation: what a null model.hidden_sizes means for it
     on_policy: ClassVar[bool] = True
     action_kinds: ClassVar[tuple[str, ...]] = ("discrete", "box", "multi_discrete", "multi_binary")
     suggested_env: ClassVar[dict[str, str]] = {"discrete": "cartpole", "box": "pendulum"}

@@ -31,12 +31,10 @@ from rltrain.models.actor_critic import ActorCritic, EncoderTorso, TwinMLPTorso,
 from rltrain.models.encoders import shares_torso
 from rltrain.models.q_networks import QPolicy
 from rltrain.models.sac_networks import CriticEncoderActor, SACNetworks, SeparateTwinQ, SharedEncoderTwinQ
-from rltrain.models.settings import DEFAULT_ACTIVATION, DEFAULT_MLP, ModelSettings
+from rltrain.models.settings import ModelSettings
 from rltrain.models.squashed_actor import SquashedGaussianActor
 
 __all__ = ["ModelSettings", "build", "is_float_vector", "ROLES"]
-
-SAC_MLP, SAC_ACTIVATION = (256, 256), "relu"  # CleanRL's / SB3's SAC networks
 
 
 def _plain_vector(spec: EnvSpec, settings: ModelSettings) -> bool:
@@ -48,7 +46,6 @@ def _actor_critic(spec: EnvSpec, settings: ModelSettings, *, norm_obs: bool = Fa
                   init_log_std: float = 0.0) -> ActorCritic:
     """Float vectors with separate MLP torsos run as one ``TwinMLPTorso`` (the numpy backend's); anything
     else (images, Dicts, a shared torso, a recurrent core) as ``EncoderTorso``. Same maths either way."""
-    settings = settings.with_mlp(DEFAULT_MLP, DEFAULT_ACTIVATION)
     settings = dataclasses.replace(settings, shared=shares_torso(settings.shared, spec.observation))
     twin = _plain_vector(spec, settings) and not settings.shared and settings.core == "identity"
     return ActorCritic(spec, settings, norm_obs=norm_obs, init_log_std=init_log_std,
@@ -56,24 +53,21 @@ def _actor_critic(spec: EnvSpec, settings: ModelSettings, *, norm_obs: bool = Fa
 
 
 def _q(spec: EnvSpec, settings: ModelSettings) -> QPolicy:
-    return QPolicy(spec, settings.with_mlp(DEFAULT_MLP, DEFAULT_ACTIVATION))
+    return QPolicy(spec, settings)
 
 
 def _squashed_actor(spec: EnvSpec, settings: ModelSettings) -> SquashedGaussianActor:
-    settings = settings.with_mlp(SAC_MLP, SAC_ACTIVATION)
     return SquashedGaussianActor(spec, settings, flat_input=_plain_vector(spec, settings))
 
 
 def _twin_q(spec: EnvSpec, settings: ModelSettings) -> SeparateTwinQ | SharedEncoderTwinQ:
     """``model.shared`` as for an actor-critic (auto: shared for observations holding an image)."""
-    settings = settings.with_mlp(SAC_MLP, SAC_ACTIVATION)
     if shares_torso(settings.shared, spec.observation):
         return SharedEncoderTwinQ(spec, settings)
     return SeparateTwinQ(spec, settings, flat_input=_plain_vector(spec, settings))
 
 
 def _sac(spec: EnvSpec, settings: ModelSettings) -> SACNetworks:
-    settings = settings.with_mlp(SAC_MLP, SAC_ACTIVATION)
     if shares_torso(settings.shared, spec.observation):
         critic = _twin_q(spec, settings)
         return SACNetworks(CriticEncoderActor(spec, settings, encoder=critic.encoder), critic)
@@ -89,10 +83,14 @@ ROLES: dict[str, Callable[..., nn.Module]] = {
 
 def build(spec: EnvSpec, settings: ModelSettings, role: str, **options) -> nn.Module:
     """The network ``role`` needs for ``spec`` (see the module docstring); ``options`` are the role's own
-    algorithm hyper-parameters (``norm_obs``, ``init_log_std`` for an actor-critic). ``settings`` with
-    null MLP widths / activation take the algorithm's (``ModelSettings.with_mlp``) before this call."""
+    algorithm hyper-parameters (``norm_obs``, ``init_log_std`` for an actor-critic). The MLP widths and
+    activation must be set: an algorithm fills the nulls with its published ``mlp`` (``ModelSettings.with_mlp``)."""
     make = ROLES.get(role)
     if make is None:
         raise ConfigError(f"model role {role!r}: unknown (roles: {', '.join(ROLES)})")
+    if settings.hidden_sizes is None or settings.activation is None:
+        raise ConfigError(f"model.hidden_sizes={settings.hidden_sizes} / model.activation={settings.activation}: "
+                          "both must be set to build a network (an algorithm fills them with its own `mlp`; "
+                          "building one yourself, pass e.g. ModelSettings(hidden_sizes=(64, 64), activation='tanh'))")
     settings.load_imports()  # a spawned worker receives the settings pickled: register its parts here too
     return make(spec, settings, **options)

@@ -8,10 +8,12 @@ from rltrain.run.signals import StopFlag
 from rltrain.trainers.base import Trainer
 from rltrain.trainers.hooks import Placement
 from rltrain.trainers.loop import TrainLoop
+from rltrain.trainers.settings import SequentialSettings
 
 
 class SequentialTrainer(Trainer):
     name = "sequential"
+    settings_class = SequentialSettings
 
     def describe(self) -> list[tuple[str, str]]:
         device = f"{self.settings.device} -> {pick_device(self.settings.device)}"
