@@ -43,14 +43,14 @@ DQN_ARGS = ["algo=dqn", "env=cartpole", "algo.lr=1e-4", "algo.buffer_size=100000
             "algo.batch_size=32", "algo.train_frequency=4", "algo.gradient_steps=1",
             "algo.target_network_frequency=10000", "algo.tau=1.0", "algo.gamma=0.99", "algo.start_e=1.0",
             "algo.end_e=0.05", "algo.exploration_fraction=0.1", "algo.loss=huber", "algo.max_grad_norm=10",
-            "algo.hidden_sizes=[64,64]", "algo.activation=relu"]
+            "model.hidden_sizes=[64,64]", "model.activation=relu"]
 
 
 def sac_args(width: int) -> list[str]:
     return ["algo=sac", "env=pendulum", "algo.policy_lr=1e-3", "algo.q_lr=1e-3", "algo.buffer_size=1000000",
             "algo.learning_starts=100", "algo.batch_size=256", "algo.tau=0.005", "algo.gamma=0.99",
             "algo.train_frequency=1", "algo.gradient_steps=1", "algo.policy_frequency=1", "algo.alpha=1.0",
-            "algo.autotune=true", f"algo.hidden_sizes=[{width},{width}]", "algo.activation=relu"]
+            "algo.autotune=true", f"model.hidden_sizes=[{width},{width}]", "model.activation=relu"]
 
 
 def timed(cmd: list[str], *, cwd: Path, env: dict | None = None) -> tuple[float, float, subprocess.CompletedProcess]:

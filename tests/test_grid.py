@@ -41,7 +41,7 @@ PER_ALGO = {
     "dqn": ["algo.rollout_len=8", "algo.learning_starts=64", "algo.buffer_size=1000", "algo.batch_size=16",
             "algo.train_frequency=32", "algo.target_network_frequency=64"],
     "sac": ["algo.rollout_len=8", "algo.learning_starts=64", "algo.buffer_size=1000", "algo.batch_size=16",
-            "algo.train_frequency=32", "algo.hidden_sizes=[16]"],
+            "algo.train_frequency=32", "model.hidden_sizes=[16]"],
 }
 OBS_KINDS = ("vector", "image", "dict")
 

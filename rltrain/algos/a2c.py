@@ -32,7 +32,7 @@ from rltrain.data.structs import EnvSpec, Metrics, Rollout
 from rltrain.errors import ConfigError
 from rltrain.models.factory import ModelSettings, build
 from rltrain.models.layers import RunningNorm
-from rltrain.models.settings import MLP
+from rltrain.models.settings import SB3_MLP
 
 OPTIMIZERS = ("rmsprop", "adam")
 
@@ -100,7 +100,7 @@ class A2C(ActorCriticLearner, Algorithm):
     name = "a2c"
     on_policy = True
     settings_class = A2CSettings
-    mlp = MLP((64, 64), "tanh")  # SB3's A2C MlpPolicy: 64x64 tanh, actor and critic
+    mlp = SB3_MLP  # SB3's MlpPolicy: 64x64 tanh, actor and critic
 
     def __init__(self, spec: EnvSpec, settings: A2CSettings = A2CSettings(), *, num_envs: int,
                  device: torch.device, sync: Sync | None = None, model: ModelSettings | None = None):

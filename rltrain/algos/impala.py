@@ -29,7 +29,7 @@ from rltrain.data.structs import EnvSpec, Metrics, Rollout
 from rltrain.errors import ConfigError
 from rltrain.models.factory import ModelSettings
 from rltrain.models.layers import RunningNorm
-from rltrain.models.settings import MLP
+from rltrain.models.settings import SB3_MLP
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -72,7 +72,7 @@ class IMPALA(ActorCriticLearner, Algorithm):
     name = "impala"
     on_policy = True  # learns from (nearly) current-policy data; V-trace absorbs bounded lag
     settings_class = IMPALASettings
-    mlp = MLP((64, 64), "tanh")  # SB3's MLP (the paper has no MLP policy: its agents see pixels)
+    mlp = SB3_MLP  # SB3's MlpPolicy: 64x64 tanh, actor and critic (the paper's agents see pixels)
 
     def __init__(self, spec: EnvSpec, settings: IMPALASettings = IMPALASettings(), *, num_envs: int,
                  device: torch.device, sync: Sync | None = None, model: ModelSettings | None = None):

@@ -45,7 +45,7 @@ from rltrain.models.encoders import batch_layout
 from rltrain.models.factory import ModelSettings, build
 from rltrain.models.layers import RunningNorm
 from rltrain.models.numpy_mlp import adam_state_from_flat
-from rltrain.models.settings import MLP
+from rltrain.models.settings import SB3_MLP
 
 GENERIC_BATCH = 2048  # SB3's n_steps=2048 with one env; Schulman et al. 2017's T=2048 (MuJoCo)
 
@@ -134,7 +134,7 @@ class PPOSettings(AlgoSettings):
 class PPO(ActorCriticState, Algorithm):
     name = "ppo"
     settings_class = PPOSettings
-    mlp = MLP((64, 64), "tanh")  # SB3 MlpPolicy net_arch, Schulman et al. 2017: 64x64 tanh, actor and critic
+    mlp = SB3_MLP  # SB3's MlpPolicy: 64x64 tanh, actor and critic
 
     def __init__(self, spec: EnvSpec, settings: PPOSettings = PPOSettings(), *, num_envs: int,
                  device: torch.device, sync: Sync | None = None, model: ModelSettings | None = None):

@@ -110,13 +110,11 @@ def check_network_size(settings: RunSettings, spec: EnvSpec) -> None:
 
 
 def _width_lists(config: dict) -> list[tuple[str, list[int]]]:
-    found = []
-    for group in ("algo", "model"):
-        for key, value in (config.get(group) or {}).items():
-            if key.endswith("hidden_sizes") and isinstance(value, list) and value and \
-                    all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in value):
-                found.append((f"{group}.{key}", value))
-    return found
+    value = (config.get("model") or {}).get("hidden_sizes")
+    if isinstance(value, list) and value and all(isinstance(v, int) and not isinstance(v, bool) and v > 0
+                                                 for v in value):
+        return [("model.hidden_sizes", value)]
+    return []
 
 
 def preflight(settings: RunSettings, trainer: Trainer):
@@ -130,7 +128,7 @@ def preflight(settings: RunSettings, trainer: Trainer):
         if not isinstance(err, MemoryError) and "alloc" not in str(err).lower():
             raise
         raise ConfigError(f"building the networks ran out of memory ({str(err).splitlines()[0][:160]}); use "
-                          "smaller algo.hidden_sizes / model.hidden_sizes") from None
+                          "smaller model.hidden_sizes") from None
     check_budget(settings, trainer)
     check_size(settings, trainer, spec)
     return algo

@@ -163,13 +163,29 @@ def _field_default(module: str, stmt: ast.AnnAssign) -> Any:
                           ) from None
 
 
+def _constant(module: str, name: str) -> tuple[str, ast.expr] | None:
+    """(module, expression) of a module-level constant, following rltrain imports (``SB3_MLP``)."""
+    for stmt in _module(module)[0].body:
+        if isinstance(stmt, ast.Assign) and any(isinstance(t, ast.Name) and t.id == name for t in stmt.targets):
+            return module, stmt.value
+    source = _imports(module).get(name)
+    return _constant(source, name) if source else None
+
+
 def _literal(module: str, node: ast.expr) -> Any:
     """A literal, or the name of a module-level constant holding one (``metadata=INTERNAL``)."""
-    if isinstance(node, ast.Name):
-        constants = {t.id: s.value for s in _module(module)[0].body if isinstance(s, ast.Assign)
-                     for t in s.targets if isinstance(t, ast.Name)}
-        node = constants.get(node.id, node)
+    if isinstance(node, ast.Name) and (found := _constant(module, node.id)) is not None:
+        module, node = found
     return ast.literal_eval(node)
+
+
+def _mlp(module: str, node: ast.expr | None) -> list | None:
+    """An algorithm's ``mlp``: ``MLP((64, 64), "tanh")`` or a constant holding one, as [widths, activation]."""
+    if isinstance(node, ast.Name) and (found := _constant(module, node.id)) is not None:
+        module, node = found
+    if not isinstance(node, ast.Call):
+        return None
+    return _plain(ast.literal_eval(ast.Tuple(elts=node.args, ctx=ast.Load())))
 
 
 def _class_attrs(cls: ast.ClassDef) -> dict[str, ast.expr]:
@@ -193,11 +209,9 @@ def options(layer: str) -> dict[str, dict[str, Any]]:
             settings = _resolve(module, attrs["settings_class"].id)  # type: ignore[union-attr]
             if settings is None:
                 raise SchemaError(f"{_where(module, cls)}: {cls.name}.settings_class is not a class rltrain defines")
-            mlp = attrs.get("mlp")
             found[attrs["name"].value] = {  # type: ignore[union-attr]
                 "target": f"{module}.{cls.name}", "settings": (settings[0], settings[1].name),
-                "mlp": _plain(ast.literal_eval(ast.Tuple(elts=mlp.args, ctx=ast.Load())))  # MLP((64, 64), "tanh")
-                if isinstance(mlp, ast.Call) else None}
+                "mlp": _mlp(module, attrs.get("mlp"))}
     return found
 
 

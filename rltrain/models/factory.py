@@ -31,7 +31,7 @@ from rltrain.models.actor_critic import ActorCritic, EncoderTorso, TwinMLPTorso,
 from rltrain.models.encoders import shares_torso
 from rltrain.models.q_networks import QPolicy
 from rltrain.models.sac_networks import CriticEncoderActor, SACNetworks, SeparateTwinQ, SharedEncoderTwinQ
-from rltrain.models.settings import ModelSettings
+from rltrain.models.settings import SB3_MLP, ModelSettings
 from rltrain.models.squashed_actor import SquashedGaussianActor
 
 __all__ = ["ModelSettings", "build", "is_float_vector", "ROLES"]
@@ -83,14 +83,11 @@ ROLES: dict[str, Callable[..., nn.Module]] = {
 
 def build(spec: EnvSpec, settings: ModelSettings, role: str, **options) -> nn.Module:
     """The network ``role`` needs for ``spec`` (see the module docstring); ``options`` are the role's own
-    algorithm hyper-parameters (``norm_obs``, ``init_log_std`` for an actor-critic). The MLP widths and
-    activation must be set: an algorithm fills the nulls with its published ``mlp`` (``ModelSettings.with_mlp``)."""
+    algorithm hyper-parameters (``norm_obs``, ``init_log_std`` for an actor-critic). An algorithm fills null
+    MLP widths / activation with its published ``mlp`` first; called without them, this builds SB3's MLP."""
     make = ROLES.get(role)
     if make is None:
         raise ConfigError(f"model role {role!r}: unknown (roles: {', '.join(ROLES)})")
-    if settings.hidden_sizes is None or settings.activation is None:
-        raise ConfigError(f"model.hidden_sizes={settings.hidden_sizes} / model.activation={settings.activation}: "
-                          "both must be set to build a network (an algorithm fills them with its own `mlp`; "
-                          "building one yourself, pass e.g. ModelSettings(hidden_sizes=(64, 64), activation='tanh'))")
+    settings = settings.with_mlp(*SB3_MLP)
     settings.load_imports()  # a spawned worker receives the settings pickled: register its parts here too
     return make(spec, settings, **options)

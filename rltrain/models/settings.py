@@ -24,6 +24,10 @@ class MLP(NamedTuple):
     activation: str
 
 
+SB3_MLP = MLP((64, 64), "tanh")  # SB3's MlpPolicy (net_arch [64, 64], tanh; Schulman et al. 2017's networks):
+#                                  PPO's, A2C's and IMPALA's, and what build() uses when called without widths
+
+
 @dataclass(frozen=True, kw_only=True)
 class ModelSettings:
     """The ``model`` config group: the encoder follows the observation space (models/encoders.py).
