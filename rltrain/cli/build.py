@@ -159,6 +159,8 @@ def check_node(cls: type, node: dict, group: str, *, algo: str | None = None) ->
             raise ConfigError(f"{path}={value!r} has the wrong type: expected {_type_name(hint)}{whole}")
         # nan passes every `x <= 0` test and inf every `x > 0` test: no float setting may be either
         if any(isinstance(v, float) and not math.isfinite(v) for v in (value if isinstance(value, list) else [value])):
+            if type(None) in (_union_args(hint) or ()):
+                raise ConfigError(f"{path}={value} must be a finite number or null")
             raise ConfigError(f"{path}={value}: must be a finite number (nan and inf train nothing)")
     return out
 
