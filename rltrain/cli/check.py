@@ -90,6 +90,13 @@ def batch_rows(plain: dict, trainer) -> list[tuple[str, str]]:
     workers = trainer.replicas()
     rows = [("env.num_envs", str(env["num_envs"]))]
     total = int(plain["total_env_steps"])
+    if trainer.capabilities.agent_configs:  # trainer=parallel: the agents share the budget
+        shares = [a.total_env_steps for a in trainer.agents]
+        rows.append(("total_env_steps", f"{total}, all {len(shares)} agents together: "
+                     f"{' / '.join(map(str, shares))} env steps each (agent 0's arithmetic below)"))
+        total = shares[0]
+    else:
+        rows.append(("total_env_steps", f"{total}, all envs and workers together"))
     if "rollout_len" in algo:
         batch = int(env["num_envs"]) * int(algo["rollout_len"]) * workers
         text = f"{env['num_envs']} envs x {algo['rollout_len']} rollout_len" + \
@@ -106,8 +113,6 @@ def batch_rows(plain: dict, trainer) -> list[tuple[str, str]]:
                          f"{algo.get('update_epochs', 1)} epochs"))
             if per_rank % int(algo["num_minibatches"]):
                 rows.append(("warning", f"{per_rank} is not divisible by num_minibatches={algo['num_minibatches']}"))
-    else:
-        rows.append(("total_env_steps", str(total)))
     for key in ("eval", "log", "checkpoint"):
         rows.append((f"{key}.every_env_steps", str(plain[key]["every_env_steps"])))
     if plain.get("max_wall_time"):

@@ -53,6 +53,28 @@ def announce_experiment(overrides: list[str]) -> list[str]:
     return resolved
 
 
+def help_overrides(argv: list[str]) -> list[str]:
+    """``rltrain --help [overrides]`` shows the config without the preset ``experiment=auto`` would add (the
+    generic defaults, what each settings dataclass says) and names that preset in a line of its own."""
+    from rltrain.cli.presets import resolve_experiment
+    from rltrain.cli.resolvers import HELP
+
+    resolved, line = resolve_experiment(argv)
+    added = [o for o in resolved if o.startswith("experiment=") and o not in argv]
+    if added:
+        preset = added[0].partition("=")[2]
+        HELP["preset"] = (f"The generic defaults: the settings dataclasses' values (docs/reference/config.md). "
+                          f"experiment=auto (the default) adds {line.removeprefix('preset ').split(';')[0]} "
+                          f"when you run this: rltrain --help experiment={preset} shows it; experiment=none runs "
+                          "without it.")
+        return [o for o in resolved if o not in added]
+    chosen = next((o for o in argv if o.startswith("experiment=")), None)
+    HELP["preset"] = (f"With {chosen}." if chosen and chosen not in ("experiment=auto", "experiment=none")
+                      else f"The generic defaults: the settings dataclasses' values (docs/reference/config.md). "
+                           f"{line or 'experiment=auto adds no preset here.'}")
+    return resolved
+
+
 @hydra.main(config_path="../conf", config_name="train", version_base="1.3")
 def task(cfg: DictConfig) -> float:
     if cfg.logger.progress not in ("off", False):  # within a second of launch, before torch & co. are imported
@@ -163,7 +185,10 @@ def main() -> None:
 
         print(f"rltrain {__version__}")
         return
-    sys.argv[1:] = announce_experiment(sys.argv[1:])  # once per command line, before Hydra composes
+    if any(a in ("--help", "-h") for a in sys.argv[1:]):
+        sys.argv[1:] = help_overrides(sys.argv[1:])  # the generic defaults, and the preset auto would add
+    else:
+        sys.argv[1:] = announce_experiment(sys.argv[1:])  # once per command line, before Hydra composes
     if os.environ.get("HYDRA_FULL_ERROR") == "1":
         task()
         return

@@ -166,7 +166,9 @@ class ParallelTrainer(Trainer):
         summary = self._summarize(records, stop, aborted, time.perf_counter() - t0)
         agg = summary["aggregate"]
         if self.settings.logger.progress != "off" and agg["n"]:
-            print(f"[parallel] {summary['status']}: final eval return over {agg['n']} agents: mean {agg['mean']:.2f} "
+            print(f"[parallel] {summary['status']}: {summary['total_env_steps']} env steps over {self.num_agents} "
+                  f"agents (total_env_steps={self.settings.total_env_steps}, all agents together); "
+                  f"final eval return over {agg['n']} agents: mean {agg['mean']:.2f} "
                   f"(95% CI {agg['ci95_mean'][0]:.2f}..{agg['ci95_mean'][1]:.2f}{few_seeds_note(agg['n'])}), "
                   f"median {agg['median']:.2f}, IQM {agg['iqm']:.2f}; {self.run_dir / 'summary.json'}", flush=True)
         return summary
@@ -231,6 +233,9 @@ class ParallelTrainer(Trainer):
             "start_method": self.resolved_start_method,
             "seed": self.settings.seed,
             "env_id": self.settings.env.id,
+            # the budget of all agents together, as under every trainer, and the steps they took
+            "budget_env_steps": self.settings.total_env_steps,
+            "total_env_steps": sum(int(r.get("total_env_steps") or 0) for r in records),
             "final_eval_return": agg["mean"],  # what the CLI returns to sweepers (aggregate mean)
             "aggregate": agg,
             "agents": records,
