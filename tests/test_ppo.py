@@ -350,7 +350,7 @@ def test_checkpoint_from_one_update_path_resumes_on_the_other(spec, first):
 @pytest.mark.slow  # two rltrain subprocesses: ~20 s on a busy machine
 def test_cli_run_on_the_numpy_path_resumes_on_the_torch_path(cli, tmp_path):
     """End to end: a default (numpy update) CPU run's final checkpoint resumes with algo.numpy_update=false
-    (a plain override: the key is in conf/algo/ppo.yaml) and its counters continue."""
+    (a plain override: the key is a PPOSettings field) and its counters continue."""
     import json
 
     from rltrain.run.checkpoint import load_checkpoint

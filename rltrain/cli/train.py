@@ -156,25 +156,26 @@ def unknown_key_line(path: str, cause: BaseException) -> str:
     """Hydra's "Key ... is not in struct" as cli/build.py says an unknown key: the same line, whether the key
     reached Hydra (``algo.x=1``) or the schema check (``+algo.x=1``). Inside a free-form mapping
     (``env.kwargs``) a new key is fine: it takes ``+``."""
+    from omegaconf import DictConfig
+
     from rltrain.cli.aliases import free_form_key, unknown_key
     from rltrain.cli.schema import algo_name, all_typed_groups
 
     parent = getattr(cause, "parent_node", None)
-    if parent is not None:  # the first part of the path that is missing (trainer.preemption.x, no preemption)
+    if isinstance(parent, DictConfig):  # the first part of the path that is missing (trainer.preemption.x)
         node, parts = parent._get_root(), path.split(".")
         for i, part in enumerate(parts[:-1]):
-            child = node.get(part) if hasattr(node, "get") else None
-            if not hasattr(child, "keys"):
+            child = node.get(part)
+            if not isinstance(child, DictConfig):
                 parent, path = node, ".".join(parts[: i + 1])
                 break
             node = child
     group = path.rpartition(".")[0]
     if group not in all_typed_groups():
         return free_form_key(path)
-    valid = [str(k) for k in (parent.keys() if parent is not None else []) if str(k) not in ("_target_", "_partial_")]
-    if not group:
-        valid = [k for k in valid if k != "hydra"]
-    algo = algo_name(str(parent.get("_target_"))) if group == "algo" and parent is not None else None
+    keys = parent.keys() if isinstance(parent, DictConfig) else []
+    valid = [str(k) for k in keys if str(k) not in ("_target_", "_partial_") and (group or k != "hydra")]
+    algo = algo_name(str(parent.get("_target_"))) if group == "algo" and isinstance(parent, DictConfig) else None
     return unknown_key(path, valid, algo=algo)
 
 
