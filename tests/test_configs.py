@@ -256,3 +256,28 @@ def test_check_config_turns_whole_floats_into_counts_and_refuses_fractions():
             continue
         with pytest.raises(ConfigError, match=rf"^{line} has the wrong type: expected int \(a count: a whole"):
             check_config(cfg)
+
+
+def test_a_config_recorded_before_the_one_schema_resumes_unchanged():
+    """A run dir's config.yaml or a checkpoint written when the algorithm held the MLP width (algo.hidden_sizes,
+    algo.activation), algo.checkpoint_buffer copied checkpoint.replay_buffer and the model group named its
+    class resumes with today's composed config: nothing differs."""
+    import copy
+
+    from rltrain.run.checkpoint import config_changes, upgrade_config
+
+    for overrides in (["experiment=none"], ["experiment=sac_pendulum"], ["experiment=ppo_lstm_cartpole_novel"],
+                      ["algo=dqn", "experiment=none", "model.hidden_sizes=[32]"]):
+        now = plain(overrides)
+        old = copy.deepcopy(now)
+        old["algo"].update(hidden_sizes=list(now["model"]["hidden_sizes"]), activation=now["model"]["activation"],
+                           checkpoint_buffer=False)
+        if "experiment=none" in overrides and "model.hidden_sizes=[32]" not in overrides:
+            old["model"].update(hidden_sizes=None, activation=None)  # the algorithm's, then
+        old["model"]["_target_"] = "rltrain.models.settings.ModelSettings"
+        for key in ("action_noise", "noise_theta", "noise_dt"):
+            old["algo"].pop(key, None)  # SAC keys the old YAML did not have
+        assert config_changes(upgrade_config(old), now) == ([], []), overrides
+    with pytest.raises(Exception, match="algo.hidden_sizes: unknown key; the MLP width is model.hidden_sizes"):
+        check_config({**plain(["experiment=none"]), "algo": {**plain(["experiment=none"])["algo"],
+                                                              "hidden_sizes": [64, 64]}})
