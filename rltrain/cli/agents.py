@@ -57,7 +57,10 @@ def compose_agent_overrides(per_agent: list[list[str]]) -> list[dict]:
     from hydra.core.hydra_config import HydraConfig
     from omegaconf import OmegaConf
 
+    from rltrain.cli.schema import register
     from rltrain.conf import __file__ as conf_init
+
+    register()
 
     base: list[str] = []
     if HydraConfig.initialized():

@@ -34,6 +34,9 @@ def compose(overrides: list[str]):
     from hydra import compose as hydra_compose
     from hydra import initialize_config_dir
 
+    from rltrain.cli.schema import register
+
+    register()
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
         return hydra_compose(config_name="train", overrides=overrides, return_hydra_config=True)
 

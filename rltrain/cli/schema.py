@@ -9,8 +9,9 @@
                                                     it is (trainers/settings.py)
 
 ``register()`` stores them in Hydra's ConfigStore (``schema``, ``algo/<name>``, ``trainer/<name>``); Hydra's
-plugin scan runs it (hydra_plugins/rltrain_plugins/schema.py) before any composition, so the CLI,
-``rltrain.train``, ``rltrain-check``, a sweep's jobs and the tests all compose the same config. conf/train.yaml
+plugin scan runs it (hydra_plugins/rltrain_plugins/schema.py) before any composition, and so do rltrain's entry
+points, so the CLI, ``rltrain.train``, ``rltrain-check``, a sweep's jobs and the tests all compose the same
+config. conf/train.yaml
 selects the groups; the YAML files under conf/ are presets that set what differs from these defaults.
 
 Why generated dicts rather than the dataclasses themselves: OmegaConf turns a frozen dataclass into a
@@ -266,10 +267,16 @@ def trainer_node(name: str) -> dict[str, Any]:
 
 
 def register() -> None:
-    """Store the nodes in Hydra's ConfigStore (idempotent): ``schema`` (conf/train.yaml's first default),
-    ``algo/<name>`` (at the config root: it sets ``model``'s MLP too) and ``trainer/<name>``."""
+    """Store the nodes in Hydra's ConfigStore: ``schema`` (conf/train.yaml's first default), ``algo/<name>``
+    (at the config root: it sets ``model``'s MLP too) and ``trainer/<name>``; and the resolvers
+    conf/train.yaml uses (cli/resolvers.py). Idempotent. Hydra's plugin scan runs it before any composition
+    (hydra_plugins/rltrain_plugins/schema.py); rltrain's own entry points run it too, so that a package of
+    the user's named ``hydra_plugins``, which hides every installed plugin, cannot hide the schema."""
     from hydra.core.config_store import ConfigStore
 
+    from rltrain.cli import resolvers
+
+    resolvers.register()
     store = ConfigStore.instance()
     store.store(name="schema", node=_plain_dicts(root_node()), provider="rltrain")
     for name in options("algos"):

@@ -17,8 +17,11 @@ from pathlib import Path
 import hydra
 from omegaconf import DictConfig
 
+from rltrain.cli import schema
 from rltrain.errors import ConfigError
 from rltrain.run.summary import FAILED_RETURN
+
+schema.register()  # before @hydra.main composes, whatever hides Hydra's plugin scan (cli/schema.py)
 
 WRITE_ERRNOS = (errno.EACCES, errno.EPERM, errno.EROFS, errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
 
