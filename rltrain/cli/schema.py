@@ -278,7 +278,11 @@ def register() -> None:
 
     resolvers.register()
     store = ConfigStore.instance()
-    store.store(name="schema", node=_plain_dicts(root_node()), provider="rltrain")
+    root = root_node()
+    scalars = {k: v for k, v in root.items() if not isinstance(v, Node)}
+    groups = {k: v for k, v in root.items() if isinstance(v, Node)}
+    # algo and trainer, filled by their groups, right after the top-level keys: the order --cfg job shows
+    store.store(name="schema", node=_plain_dicts({**scalars, "algo": {}, "trainer": {}, **groups}), provider="rltrain")
     for name in options("algos"):
         store.store(group="algo", name=name, node=_plain_dicts(algo_node(name)), package="_global_",
                     provider="rltrain")
