@@ -1,6 +1,6 @@
 """rltrain's defaults against Stable-Baselines3's on envs no preset was tuned for, same budget, same seeds.
 
-    python scripts/bench_defaults.py                              # every row, 3 seeds, the table README quotes (hours)
+    python scripts/bench_defaults.py                              # every row, 3 seeds, the table the docs quote (hours)
     python scripts/bench_defaults.py --envs taxi,frozenlake --seeds 1 --budget-scale 0.2
     python scripts/bench_defaults.py --list
 

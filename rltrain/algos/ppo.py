@@ -31,6 +31,7 @@ from rltrain.algos.base import (
     AlgoSettings,
     RewardScaler,
     Sync,
+    UpdateSizes,
     make_adam,
     positive,
     set_lr,
@@ -136,6 +137,11 @@ class PPO(ActorCriticState, Algorithm):
     settings_class = PPOSettings
     mlp = SB3_MLP  # SB3's MlpPolicy: 64x64 tanh, actor and critic
 
+    @classmethod
+    def update_sizes(cls, settings: PPOSettings, *, num_envs: int, recurrent: bool) -> UpdateSizes:
+        """``rollout_len`` and ``num_minibatches`` with their nulls resolved (``PPOSettings.sizes``)."""
+        return UpdateSizes(*settings.sizes(num_envs, recurrent=recurrent))
+
     def __init__(self, spec: EnvSpec, settings: PPOSettings = PPOSettings(), *, num_envs: int,
                  device: torch.device, sync: Sync | None = None, model: ModelSettings | None = None):
         """``model``: the model group (encoder by observation space, cli/build.py); None: its defaults."""
@@ -143,7 +149,8 @@ class PPO(ActorCriticState, Algorithm):
         model = model or ModelSettings()
         s = self.settings = settings
         self.recurrent = model.core != "identity"
-        self.rollout_len, self.num_minibatches = s.sizes(num_envs, recurrent=self.recurrent)
+        sizes = self.update_sizes(s, num_envs=num_envs, recurrent=self.recurrent)
+        self.rollout_len, self.num_minibatches = sizes.rollout_len, sizes.num_minibatches
         self.policy = build(spec, model.with_mlp(*self.mlp), "actor_critic",
                             norm_obs=s.norm_obs, init_log_std=s.init_log_std).to(device)
         # the numpy backend runs the fused twin-MLP torso (float vectors) with a categorical or Gaussian head;

@@ -26,7 +26,7 @@ import torch
 import yaml
 
 from rltrain.cli.aliases import unknown_key
-from rltrain.envs.make import EnvFactory
+from rltrain.envs.make import EnvFactory, ProbedEnv, probe_env
 from rltrain.errors import ConfigError
 from rltrain.models.settings import ModelSettings
 from rltrain.run.seeding import draw_root_seed
@@ -279,36 +279,39 @@ def prepare(cfg: Any, run_dir: Path) -> dict:
 
 
 def settings_from(cfg: dict) -> RunSettings:
-    """The typed settings and picklable factories of a prepared plain config (``prepare``'s output), the env's
-    action mask resolved."""
+    """The typed settings and picklable factories of a prepared plain config (``prepare``'s output), the env
+    probed once (``env_settings``): its factory with the action mask resolved, and its spec."""
     settings = validate(cfg)
-    return dataclasses.replace(settings, env=env_settings(cfg))
+    probed = env_settings(cfg)
+    return dataclasses.replace(settings, env=probed.factory, env_spec=probed.spec)
 
 
 _MASK_LINES: set[str] = set()  # said once per build (parallel agents build one env factory each)
 
 
-def env_settings(cfg: dict) -> EnvFactory:
-    """The run's env factory, its action mask resolved from ``algo.action_mask`` (auto | on | off) against
-    what the env offers (``EnvFactory.with_action_mask``), which it says in one line."""
-    factory, line = make_settings(EnvFactory, cfg["env"]).with_action_mask(
-        str((cfg.get("algo") or {}).get("action_mask", "auto")))
-    if line and line not in _MASK_LINES:
-        _MASK_LINES.add(line)
-        print(f"rltrain: {line}", file=sys.stderr)
-    return factory
+def env_settings(cfg: dict) -> ProbedEnv:
+    """The run's env factory and spec from ONE env built and reset (``probe_env``), the run's only look at its
+    env before it starts; its action mask resolved from ``algo.action_mask`` (auto | on | off) against what the
+    env offers, which it says in one line."""
+    probed = probe_env(make_settings(EnvFactory, cfg["env"]), str((cfg.get("algo") or {}).get("action_mask", "auto")))
+    if probed.line and probed.line not in _MASK_LINES:
+        _MASK_LINES.add(probed.line)
+        print(f"rltrain: {probed.line}", file=sys.stderr)
+    return probed
 
 
-def env_factory(node: dict, algo: dict | None = None) -> EnvFactory:
-    """The env factory recorded in a checkpoint's config (keys this version does not know are dropped), its
-    action mask resolved quietly from the config's ``algo.action_mask`` (``algo``; None: auto)."""
+def env_factory(node: dict, *, action_mask: str = "off") -> EnvFactory:
+    """The env factory recorded in a checkpoint's config (keys this version does not know are dropped), with the
+    ``action_mask`` source its run resolved; builds no env (``probe_env`` resolves it where none is recorded)."""
     known = config_fields(EnvFactory)
     factory = make_settings(EnvFactory, check_node(EnvFactory, {k: v for k, v in node.items() if k in known}, "env"))
-    return factory.with_action_mask(str((algo or {}).get("action_mask", "auto")))[0]
+    return dataclasses.replace(factory, action_mask=action_mask)
 
 
-def build_trainer(cfg: dict, run_dir: Path, *, write_model: bool = True):
-    """The trainer object for a prepared plain config; nothing starts until its ``fit()``."""
+def build_trainer(cfg: dict, run_dir: Path, *, check_only: bool = False):
+    """The trainer object for a prepared plain config; nothing starts until its ``fit()``. The algorithm the
+    pre-flight checks build is the one its loop trains where that loop runs in this process (cli/preflight.py);
+    ``check_only`` (``rltrain-check``): the checks build a CPU copy and nothing is written."""
     _MASK_LINES.clear()
     trainer_cls, trainer = trainer_settings(cfg)
     extra = {}
@@ -321,8 +324,8 @@ def build_trainer(cfg: dict, run_dir: Path, *, write_model: bool = True):
 
     settings = settings_from(cfg)
     trainer = trainer_cls(settings=settings, run_dir=Path(run_dir), trainer=trainer, **extra)
-    algo = preflight(settings, trainer)  # budget arithmetic, sizes against this machine, one env built and reset
-    show_model(algo, run_dir if write_model else None, echo=cfg["logger"].get("progress") not in ("off", False))
+    algo = preflight(settings, trainer, check_only=check_only)  # budget, sizes against this machine, the algorithm
+    show_model(algo, None if check_only else run_dir, echo=cfg["logger"].get("progress") not in ("off", False))
     return trainer
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from rltrain.data.structs import MASK_KEY, ActOutput, EnvSpec, Policy
+from rltrain.data.structs import MASK_KEY, ActOutput, EnvSpec, Policy, action_mask_of
 from rltrain.errors import ConfigError
 from rltrain.models.distributions import mask_logits
 from rltrain.models.encoders import Encoder, FlatInput, Obs, make_encoder
@@ -51,7 +51,7 @@ class QPolicy(Policy):
         the illegal actions' values are the dtype's minimum, so every argmax and max (acting, the target, Double
         DQN's selection) is over legal actions only."""
         q = self.q(obs)
-        return mask_logits(q, obs[MASK_KEY]) if self.masked else q  # type: ignore[index]
+        return mask_logits(q, action_mask_of(obs)) if self.masked else q
 
     def act(self, obs: Obs, state=None, *, deterministic: bool = False,
             generator: torch.Generator | None = None) -> ActOutput:
@@ -63,7 +63,7 @@ class QPolicy(Policy):
         # the random draws come from the CPU generator (the same exploration on CPU and CUDA), then move over
         explore = (torch.rand(greedy.shape, generator=generator) < eps).to(device)
         if self.masked:  # explore uniformly among the legal actions
-            legal = obs[MASK_KEY].to(torch.float32).cpu()  # type: ignore[index]
+            legal = action_mask_of(obs).to(torch.float32).cpu()
             uniform = torch.multinomial(legal, 1, generator=generator).squeeze(-1).to(device)
             n_legal = legal.sum(-1).to(device)
         else:

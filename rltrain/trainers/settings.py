@@ -22,6 +22,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from rltrain.data.structs import EnvSpec
 from rltrain.envs.make import EnvFactory
 from rltrain.errors import ConfigError, close_matches
 from rltrain.models.settings import ModelSettings
@@ -190,6 +191,9 @@ class RunSettings:
     resume_allow_changes: tuple[str, ...] = ()  # settings a resume may change, e.g. [env.kwargs]; a resume
     #                                refuses other changed trainer / algo / model / env settings. Source: rltrain
     env: EnvFactory  # the env group (envs/make.py EnvFactory)
+    # the env as ``env`` builds it, probed once per run by the CLI (envs/make.py ``probe_env``) and handed to
+    # every process of the run (loops, agents, ranks, actors), which then build no env to read it; None: probe it
+    env_spec: EnvSpec | None = field(default=None, metadata=INTERNAL)
     model: ModelSettings = ModelSettings()  # the model group (models/settings.py ModelSettings)
     logger: LoggerSettings = LoggerSettings()  # the logger group
     eval: EvalSettings = EvalSettings()  # the eval group
@@ -229,6 +233,7 @@ class RunSettings:
                 config[key] = changes[key]
         if "env" in changes:
             config["env"] = {**config.get("env", {}), **changes["env"].record()}
+            changes.setdefault("env_spec", None)  # another env: the probed spec no longer says what it is
         return dataclasses.replace(self, config=config, **changes)
 
 
