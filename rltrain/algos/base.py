@@ -62,7 +62,7 @@ class AlgoSettings:
     """What every algorithm's settings share (each ``settings_class`` subclasses it)."""
 
     action_mask: str = "auto"  # invalid-action masking: auto (use the env's mask when it offers one, and say
-    #                            so) | on (refuse an env without one) | off (ignore it); README "Action masks".
+    #                            so) | on (refuse an env without one) | off (ignore it); docs/guide/own-env.md.
     #                            Source: rltrain
 
 

@@ -30,10 +30,7 @@ from rltrain.envs.make import EnvFactory, ProbedEnv, probe_env
 from rltrain.errors import ConfigError
 from rltrain.models.settings import ModelSettings
 from rltrain.run.seeding import draw_root_seed
-from rltrain.trainers.settings import RunSettings, parse_duration
-
-__all__ = ["run", "prepare", "validate", "check_config", "settings_from", "build_trainer", "algo_factory",
-           "algo_settings", "model_settings", "env_factory", "parse_duration"]
+from rltrain.trainers.settings import RunSettings
 
 GROUPS = ("algo", "trainer")  # groups whose schema is the settings_class of the class their _target_ names
 INTERNAL_KEYS = ("seed_drawn", "max_wall_time_s")  # written by prepare(), never set by the user
@@ -197,12 +194,6 @@ def make_settings(cls: type, node: dict):
             value = tuple(value)
         kwargs[key] = value
     return cls(**kwargs)
-
-
-def check_kwargs(cls: type, params: dict, group: str) -> None:
-    """Keys and types of one group's node against ``cls`` (a settings dataclass, or a class with a
-    ``settings_class``)."""
-    check_node(getattr(cls, "settings_class", cls), params, group)
 
 
 def model_settings(cfg: dict) -> ModelSettings:

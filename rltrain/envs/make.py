@@ -274,28 +274,18 @@ class EnvFactory:
     set what differs from these defaults). Picklable: it travels to parallel agents, distributed ranks and actor
     processes, each of which builds its own envs from it."""
 
-    id: str  # a Gymnasium id (CartPole-v1), module:EnvId, or package.module:Factory (see the module
-    #                    docstring); no default: an env preset (env=cartpole, the default) sets it. Source: rltrain
-    num_envs: int = 4  # envs stepped by each process (every worker steps this many). Source: CleanRL ppo.py
-    #                    (num_envs=4)
-    vectorization: str = "sync"  # sync (one process, a plain list) | async (one subprocess per env).
-    #                    Source: rltrain
+    id: str  # a Gymnasium id, module:EnvId or package.module:Factory; set by an env preset. Source: rltrain
+    num_envs: int = 4  # envs stepped by each process (each worker). Source: CleanRL ppo.py (num_envs=4)
+    vectorization: str = "sync"  # sync (one process, a plain list) | async (a subprocess per env). Source: rltrain
     max_episode_steps: int | None = None  # null keeps the env's registered time limit. Source: Gymnasium
-    kwargs: dict = field(default_factory=dict)  # passed to gymnasium.make / your factory (add keys with
-    #                    +env.kwargs.name=value). Source: Gymnasium
-    wrappers: list = field(default_factory=list)  # applied in order inside every env, first innermost, e.g.
-    #                    [{ClipReward: {min_reward: -1, max_reward: 1}}]. Source: rltrain
-    solved_return: float | None = None  # the conventional "solved" score, for reference
-    #                    (target_return=${env.solved_return}); null: none. Source: the env's own docs (presets)
-    search_path: str | None = None  # a module:Attr env.id is also looked for here; null: the CLI records the
-    #                    launch directory. Source: rltrain
-    step_timeout_s: float | None = 60.0  # a step or reset slower than this fails the run naming the env; null:
-    #                    no limit. A minute is far above any legitimate step (simulators step in ms; a reset
-    #                    that loads assets takes seconds) and below the parallel trainer's heartbeat_timeout_s,
-    #                    so a hung env is named, not just found silent. Source: rltrain
-    action_mask: str = field(default="off", metadata={"internal": True})  # where the env's action mask comes
-    #                    from (envs/spaces.py): off | key | info | method | drop (off, the Dict observation's mask
-    #                    key removed); set from algo.action_mask by ``probe_env``
+    kwargs: dict = field(default_factory=dict)  # passed to gymnasium.make / your factory. Source: Gymnasium
+    wrappers: list = field(default_factory=list)  # applied in order in every env, first innermost. Source: rltrain
+    solved_return: float | None = None  # the conventional "solved" score, for reference. Source: env presets
+    search_path: str | None = None  # where a module:Attr env.id is also looked for (the launch dir). Source: rltrain
+    step_timeout_s: float | None = 60.0  # a step or reset slower than this fails the run naming the env (null:
+    #                    no limit); far above a legitimate step, below parallel's heartbeat_timeout_s. Source: rltrain
+    action_mask: str = field(default="off", metadata={"internal": True})  # where the env's mask comes from:
+    #                    off | key | info | method | drop; set from algo.action_mask by ``probe_env``
 
     def __post_init__(self) -> None:
         if isinstance(self.num_envs, bool) or not isinstance(self.num_envs, int) or self.num_envs <= 0:
