@@ -145,7 +145,7 @@ def test_help_and_cfg_job(cli):
     and the docs page of each group; --cfg job shows what a run composes (the preset included)."""
     res = cli("--help")
     assert res.returncode == 0 and "== Configuration groups ==" in res.stdout
-    assert "rltrain: train" in res.stdout and "algo: a2c, dqn, impala, ppo, sac" in res.stdout
+    assert "rltrain: train" in res.stdout and "algo: a2c, dqn, impala, ippo, mappo, ppo, sac" in res.stdout
     assert "  lr: 0.0003\n" in res.stdout and "  rollout_len: null\n" in res.stdout  # PPOSettings, not ppo_cartpole
     assert "experiment=auto (the default) adds experiment=ppo_cartpole (tuned for algo=ppo on CartPole-v1)" in \
         res.stdout
@@ -153,7 +153,7 @@ def test_help_and_cfg_job(cli):
                  "docs/scaling/parallel.md", "docs/scaling/distributed.md", "docs/scaling/subprocess-actors.md",
                  "docs/scaling/ray.md", "docs/scaling/slurm.md", "docs/guide/own-env.md", "docs/guide/recurrent.md",
                  "docs/guide/pixels.md", "docs/guide/checkpoints.md", "docs/guide/trackers.md", "docs/guide/sweeps.md",
-                 "docs/trust.md"):
+                 "docs/trust.md", "docs/guide/multi-agent.md"):
         assert page in res.stdout, page
     res = cli("--help", "algo=sac", "env=pendulum")
     assert res.returncode == 0 and "adds experiment=sac_pendulum" in res.stdout and "  policy_lr: 0.0003" in res.stdout

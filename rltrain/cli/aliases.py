@@ -102,6 +102,9 @@ PER_ALGO: dict[str, dict[str, Alias]] = {
 }
 
 
+PER_ALGO["ippo"] = PER_ALGO["mappo"] = PER_ALGO["ppo"]  # PPO's settings, one learner per policy group
+
+
 def alias(key: str, algo: str | None) -> Alias | None:
     """What another library's ``key`` is called here (``algo``: the run's algorithm, or None)."""
     return PER_ALGO.get(algo or "", {}).get(key) or COMMON.get(key)

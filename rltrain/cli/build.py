@@ -26,6 +26,7 @@ import torch
 import yaml
 
 from rltrain.cli.aliases import unknown_key
+from rltrain.cli.multiagent import check_agents
 from rltrain.envs.make import EnvFactory, ProbedEnv, probe_env
 from rltrain.errors import ConfigError
 from rltrain.models.settings import ModelSettings
@@ -272,6 +273,9 @@ def prepare(cfg: Any, run_dir: Path) -> dict:
 def settings_from(cfg: dict) -> RunSettings:
     """The typed settings and picklable factories of a prepared plain config (``prepare``'s output), the env
     probed once (``env_settings``): its factory with the action mask resolved, and its spec."""
+    check_config(cfg)
+    # a PettingZoo env: algo=ppo is ippo there, single-agent algorithms refused (before any other line is said)
+    check_agents(cfg, make_settings(EnvFactory, cfg["env"]))
     settings = validate(cfg)
     probed = env_settings(cfg)
     return dataclasses.replace(settings, env=probed.factory, env_spec=probed.spec)

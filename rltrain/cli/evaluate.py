@@ -75,6 +75,14 @@ def _evaluate(args: argparse.Namespace) -> int:
     episodes = args.episodes or DEFAULT_EPISODES
     video_dir = loaded.checkpoint.parent.parent / "videos" if args.video else None
     seed = loaded.eval_seed if args.seed is None else args.seed
+    if getattr(loaded.policy, "group_list", None) is not None:  # a multi-agent env's policies (models/agents.py)
+        if args.video:
+            raise ConfigError("--video records single-agent envs; this checkpoint is a multi-agent env's")
+        lines = evaluate_agents_lines(loaded.policy, loaded.env, episodes=episodes, eval_seed=seed,
+                                      deterministic=not args.stochastic, device=torch.device(args.device))
+        print(f"checkpoint: {loaded.checkpoint}")
+        print("\n".join(lines))
+        return 0
     rets = evaluate(loaded.policy, loaded.env.make, episodes=episodes, eval_seed=seed,
                     deterministic=not args.stochastic, device=torch.device(args.device), video_dir=video_dir,
                     real_scores=loaded.env.real_scores)
@@ -84,6 +92,27 @@ def _evaluate(args: argparse.Namespace) -> int:
     if video_dir is not None:
         print(f"videos: {video_dir}")
     return 0
+
+
+def evaluate_agents_lines(policies, env, *, episodes: int, eval_seed: int, deterministic: bool, device) -> list[str]:
+    """A multi-agent env's evaluation in words: the mean over agents and each agent's mean return; with
+    self-play, the learner against random legal moves (win / draw / loss) and against its latest pool version."""
+    from rltrain.trainers.matches import evaluate_agents, evaluate_match, outcomes
+
+    common = {"episodes": episodes, "eval_seed": eval_seed, "deterministic": deterministic, "device": device,
+              "max_steps": env.max_episode_steps}
+    if policies.pool is None:
+        rets = evaluate_agents(policies, env.make, **common)
+        per_agent = "  ".join(f"{a}: {r:.2f}" for a, r in zip(policies.spec.agents, rets.mean(0), strict=True))
+        return [f"episodes: {episodes}  mean return over agents: {rets.mean():.2f}  std: {rets.mean(1).std():.2f}",
+                f"per agent: {per_agent}"]
+    lines = []
+    for opponent in ("random", "latest"):
+        rets, _ = evaluate_match(policies, env.make, opponent=opponent, **common)
+        o = outcomes(rets)
+        lines.append(f"vs {opponent}: episodes: {episodes}  mean return: {rets.mean():.2f}  win {o['win']:.2f}  "
+                     f"draw {o['draw']:.2f}  loss {o['loss']:.2f}  (seats alternate)")
+    return lines
 
 
 def _private_runtime_dir() -> None:

@@ -164,13 +164,36 @@ def export(path: Path, *, fmt: str = DEFAULT_FORMAT, out: Path | None = None, fo
         missing = [m for m in ("onnx", "onnxscript") if importlib.util.find_spec(m) is None]
         if missing:
             raise ConfigError(f"--format=onnx needs {' and '.join(missing)}: pip install 'rltrain[export]'")
-    import torch
 
     from rltrain.cli.loading import load_policy
 
     loaded = load_policy(Path(path), device="cpu", allow_import=allow_import)  # no env built or imported
-    spec, cfg, ckpt_path = loaded.spec, loaded.config, loaded.checkpoint
-    actor = loaded.policy.export_module().eval().requires_grad_(False)
+    if getattr(loaded.policy, "group_list", None) is not None:  # a multi-agent env: one file per agent
+        return export_agents(loaded.policy, target, fmt=fmt, cfg=loaded.config, checkpoint=loaded.checkpoint,
+                             force=force)
+    return write_policy(loaded.policy.export_module(), loaded.spec, target, fmt=fmt, cfg=loaded.config,
+                        checkpoint=loaded.checkpoint)
+
+
+def export_agents(policies, target: Path, *, fmt: str, cfg: dict, checkpoint: Path, force: bool) -> Path:
+    """One file per agent of a multi-agent env, ``<target stem>_<agent><ext>`` (+ its ``.json``), each taking
+    that agent's own observation (its index in a shared policy is added inside); returns the first."""
+    written = []
+    for agent, policy in policies.per_agent().items():
+        each = target.with_name(f"{target.stem}_{agent}{target.suffix}")
+        if each.exists() and not force:
+            raise ConfigError(f"{each}: exists; pass --force to replace it, or another --out")
+        written.append(write_policy(policy.export_module(), policy.spec, each, fmt=fmt, cfg=cfg,
+                                    checkpoint=checkpoint))
+    return written[0]
+
+
+def write_policy(actor, spec, target: Path, *, fmt: str, cfg: dict, checkpoint: Path) -> Path:
+    """Trace ``actor`` (an export module) for observations of ``spec`` into ``target`` and its ``.json``."""
+    import torch
+
+    ckpt_path = checkpoint
+    actor = actor.eval().requires_grad_(False)
     for tensor in [*actor.parameters(), *actor.buffers()]:  # own storage each: fused weights share one buffer,
         tensor.data = tensor.data.clone()                     # which the .pt2 archive cannot split cleanly
     state_names = list(actor.state_names)
@@ -303,6 +326,10 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as err:
         print(f"rltrain-export: error: {err}", file=sys.stderr)
         return 2
+    if not target.exists():  # a multi-agent env's: one file per agent
+        for each in sorted(target.parent.glob(f"{target.stem}_*{target.suffix}")):
+            print(f"wrote {each} and {each.with_suffix('.json')}")
+        return 0
     print(f"wrote {target} and {target.with_suffix('.json')}")
     return 0
 

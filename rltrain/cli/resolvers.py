@@ -24,6 +24,7 @@ DOCS = (
     ("first steps", "docs/getting-started.md"),
     ("every key", "docs/reference/config.md (each default, its meaning and source)"),
     ("algo=<name>", "docs/algorithms/<name>.md (ppo, a2c, dqn, sac, impala), its presets (experiment=) too"),
+    ("algo=ippo, algo=mappo", "docs/guide/multi-agent.md (PettingZoo envs)"),
     ("trainer=parallel", "docs/scaling/parallel.md"),
     ("trainer=distributed_simulator", "docs/scaling/distributed.md"),
     ("trainer=subprocess_actors", "docs/scaling/subprocess-actors.md (trainer.backend=ray: docs/scaling/ray.md)"),

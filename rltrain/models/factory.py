@@ -46,8 +46,11 @@ def _actor_critic(spec: EnvSpec, settings: ModelSettings, *, norm_obs: bool = Fa
                   init_log_std: float = 0.0) -> ActorCritic:
     """Float vectors with separate MLP torsos run as one ``TwinMLPTorso`` (the numpy backend's); anything
     else (images, Dicts, a shared torso, a recurrent core) as ``EncoderTorso``. Same maths either way."""
-    settings = dataclasses.replace(settings, shared=shares_torso(settings.shared, spec.observation))
-    twin = _plain_vector(spec, settings) and not settings.shared and settings.core == "identity"
+    # a critic reading keys the actor must not (model.critic_keys) has a torso of its own
+    shared = shares_torso(settings.shared, spec.observation) and not settings.critic_keys
+    settings = dataclasses.replace(settings, shared=shared)
+    twin = _plain_vector(spec, settings) and not settings.shared and settings.core == "identity" and \
+        not settings.critic_keys
     return ActorCritic(spec, settings, norm_obs=norm_obs, init_log_std=init_log_std,
                        torso=TwinMLPTorso if twin else EncoderTorso)
 

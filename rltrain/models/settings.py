@@ -59,7 +59,10 @@ class ModelSettings:
     #                        Source: rltrain
     core_size: int = 128  # hidden width of an lstm / gru core. Source: CleanRL ppo_atari_lstm (LSTM of 128)
     imports: tuple[str, ...] = ()  # modules imported first, in every process: your register_encoder /
-    #                        register_action_distribution calls (README "Extending"). Source: rltrain
+    #                        register_action_distribution calls (docs/contributing.md). Source: rltrain
+    critic_keys: tuple[str, ...] = ()  # Dict observation keys only the critic reads, never the actor
+    #                        (privileged information: an asymmetric actor-critic, Pinto et al. 2018; MAPPO's
+    #                        global state, Yu et al. 2022). Source: rltrain
 
     def __post_init__(self) -> None:
         # YAML lists arrive as lists: store tuples so the settings stay hashable and immutable
@@ -68,6 +71,10 @@ class ModelSettings:
         object.__setattr__(self, "ignore_keys", tuple(self.ignore_keys))
         object.__setattr__(self, "key_encoders", tuple(sorted(dict(self.key_encoders).items())))
         object.__setattr__(self, "imports", tuple(self.imports))
+        object.__setattr__(self, "critic_keys", tuple(self.critic_keys))
+        if self.critic_keys and self.shared is True:
+            raise ConfigError(f"model.critic_keys={list(self.critic_keys)} needs separate actor and critic torsos "
+                              "(the actor must not read them); set model.shared=false")
         self.load_imports()
         one_of("model.encoder", self.encoder, encoder_names())
         for key, name in dict(self.key_encoders).items():

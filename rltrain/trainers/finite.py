@@ -60,7 +60,12 @@ def _fields(value, name: str) -> Iterator[tuple[str, np.ndarray]]:
 
 
 def rollout_problem(rollout: Rollout) -> str | None:
-    """The first non-finite observation or reward of a rollout ([T, N, ...], index = step, env), or None."""
+    """The first non-finite observation or reward of a rollout ([T, N, ...], index = step, env), or None. A
+    multi-agent rollout's groups are checked in turn (``env`` is then the group's slot)."""
+    groups = getattr(rollout, "groups", None)
+    if groups is not None:
+        found = ((name, rollout_problem(r)) for name, r in groups.items())
+        return next((f"{p} (policy group {name})" for name, p in found if p), None)
     arrays = (rollout.obs, rollout.rewards, rollout.next_obs)
     if all(isinstance(a, np.ndarray) and (a.dtype.kind != "f" or np.isfinite(a).all()) for a in arrays):
         return None  # the common case in one pass per array (a single-step rollout is checked every step)

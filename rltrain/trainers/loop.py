@@ -25,6 +25,7 @@ from pathlib import Path
 import numpy as np
 
 from rltrain.algos.base import Algorithm
+from rltrain.data.agents import AgentsSpec
 from rltrain.data.structs import Metrics
 from rltrain.envs.vector import EnvCallAbandoned, EnvFault
 from rltrain.errors import ConfigError
@@ -36,6 +37,8 @@ from rltrain.trainers.collector import RolloutCollector
 from rltrain.trainers.evaluation import Evaluation
 from rltrain.trainers.finite import FiniteGuard
 from rltrain.trainers.hooks import Placement, TrainerParts
+from rltrain.trainers.matches import AgentsEvaluation
+from rltrain.trainers.multiagent import MultiAgentCollector
 from rltrain.trainers.rows import RECENT_EPISODES, MetricRows
 from rltrain.trainers.settings import RunSettings
 from rltrain.trainers.state import LoopState
@@ -66,7 +69,8 @@ class TrainLoop:
         self.guard = FiniteGuard(self.algo, self.sync, self.state)  # checked after every update
         self.checkpoints = Checkpointing(settings, place, self.state, algo=self.algo, source=self.source,
                                          spec=self.spec, hooks=self.hooks, guard=self.guard)
-        self.evaluate = Evaluation(settings, self.state, algo=self.algo, eval_seed=place.seeds.eval_seed,
+        evaluation = AgentsEvaluation if isinstance(self.spec, AgentsSpec) else Evaluation
+        self.evaluate = evaluation(settings, self.state, algo=self.algo, eval_seed=place.seeds.eval_seed,
                                    device=place.device, run_dir=place.run_dir,
                                    save_best=lambda: self.checkpoints.save(kind="best"))
         self.rows = MetricRows(settings, place, counters=self.counters, source=self.source, hooks=self.hooks)
@@ -77,8 +81,11 @@ class TrainLoop:
         if watch is not None:  # a stop signal abandons an env call that is stuck (trainers/../envs/vector.py)
             stop.on_stop(watch.abandon)
 
-    def _collector(self, algo: Algorithm) -> RolloutCollector:
+    def _collector(self, algo: Algorithm) -> RolloutCollector | MultiAgentCollector:
         venv = self.s.env.vector(self.place.seeds.env_seeds)
+        if isinstance(self.spec, AgentsSpec):  # a PettingZoo env: its agents' slots (trainers/multiagent.py)
+            return MultiAgentCollector(venv, algo.policy, self.spec, device=self.place.device,  # type: ignore[arg-type]
+                                       sampling=algo.settings.self_play_sampling)
         return RolloutCollector(venv, algo.policy, self.spec, device=self.place.device, record_values=True)
 
     def resume(self) -> Path | None:
@@ -139,7 +146,7 @@ class TrainLoop:
                     cadence.done("log", steps)
                 if self.is_main:
                     progress.update(steps, sps=(steps - start_steps) / max(now - t0 - state.eval_s, 1e-9),
-                                    episode_return=recent)
+                                    episode_return=recent, per_agent=self.rows.agent_recent() or None)
                 if cadence.due("checkpoint", steps):
                     self.save()
                     cadence.done("checkpoint", steps)

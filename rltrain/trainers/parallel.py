@@ -75,7 +75,8 @@ class _MessageProgress:
         self._last = 0.0
         self._latest = AgentProgress(ctx.index, initial, total, 0.0, None)
 
-    def update(self, env_steps: int, *, sps: float, episode_return: float | None) -> None:
+    def update(self, env_steps: int, *, sps: float, episode_return: float | None,
+               per_agent: dict[str, float] | None = None) -> None:
         self._latest = AgentProgress(self.ctx.index, env_steps, self.total, sps, episode_return)
         now = time.monotonic()
         if now - self._last >= self.send_every_s:
@@ -184,7 +185,9 @@ class ParallelTrainer(Trainer):
             rec = records[ev.index]
             rec.update({k: ev.result.get(k) for k in ("status", "final_eval_return", "final_eval_return_std",
                                                         "best_eval_return", "total_env_steps", "sps", "wall_time_s",
-                                                        "solved_at_env_steps", "checkpoint", "stop_reason")})
+                                                        "solved_at_env_steps", "checkpoint", "stop_reason",
+                                                        "final_eval_return_per_agent", "eval_vs_random")
+                        if k in ev.result or k not in ("final_eval_return_per_agent", "eval_vs_random")})
             display.set_status(ev.index, rec["status"])
         elif isinstance(ev, (Failed, Exited)):
             error = ev.error if isinstance(ev, Failed) else ev.description
@@ -238,6 +241,7 @@ class ParallelTrainer(Trainer):
             "total_env_steps": sum(int(r.get("total_env_steps") or 0) for r in records),
             "final_eval_return": agg["mean"],  # what the CLI returns to sweepers (aggregate mean)
             "aggregate": agg,
+            **per_agent_means(records),
             "agents": records,
             "failed_agents": [r["index"] for r in records if r["status"] == "failed"],
             "wall_time_s": wall,
@@ -250,3 +254,13 @@ class ParallelTrainer(Trainer):
         elif aborted:
             summary["stop_reason"] = aborted
         return summary
+
+
+def per_agent_means(records: list[dict]) -> dict:
+    """A multi-agent env's teams: each agent's final return, averaged over the teams that completed ({} for a
+    single-agent env)."""
+    teams = [r["final_eval_return_per_agent"] for r in records
+             if r["status"] == "completed" and r.get("final_eval_return_per_agent")]
+    if not teams:
+        return {}
+    return {"final_eval_return_per_agent": {a: float(sum(t[a] for t in teams) / len(teams)) for a in teams[0]}}
