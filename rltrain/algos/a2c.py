@@ -16,13 +16,13 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from rltrain.algos.adam import make_adam
 from rltrain.algos.base import (
     ActorCriticState,
     Algorithm,
     AlgoSettings,
     RewardScaler,
     Sync,
-    make_adam,
     positive,
     set_lr,
 )

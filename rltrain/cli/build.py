@@ -330,7 +330,7 @@ def show_model(algo: Any, run_dir: Path | None, *, echo: bool) -> None:
     from rltrain.models.describe import describe_model, networks_of
 
     notes = [f"frame stack: {algo.frame_stack} frames (read from the env's FrameStackObservation; stored once "
-             "per frame in the replay)"] if getattr(algo, "frame_stack", None) else []
+             "per frame in the replay)"] if algo.frame_stack else []
     text = f"algo={algo.name}\n" + describe_model(networks_of(algo), notes)
     if run_dir is not None:
         Path(run_dir, "model.txt").write_text(text + "\n")

@@ -49,7 +49,7 @@ from rltrain.envs.spaces import (  # noqa: F401  env_spec, _describe_obs, stacke
 )
 from rltrain.envs.vector import AsyncVecEnv, VecEnv
 from rltrain.envs.wrappers import apply_wrappers
-from rltrain.errors import ConfigError, close_matches
+from rltrain.errors import ConfigError, UserCodeError, close_matches, described
 
 # id namespace -> (module that registers it, pip extra of rltrain that installs it)
 NAMESPACES: dict[str, tuple[str, str]] = {"ALE": ("ale_py", "atari"), "MinAtar": ("minatar.gym", "minatar")}
@@ -83,6 +83,10 @@ def make_env(env_id: str, kwargs: dict[str, Any] | None = None, *, wrappers: lis
     except gym.error.DependencyNotInstalled as err:  # from gymnasium, a wrapper or a user factory
         raise ConfigError(f"env.id={env_id} needs a package that is not installed: "
                           f"{_install_hint(str(err))}") from None
+    except ImportError as err:  # an optional simulator imported (by us, Gymnasium or a factory), not installed
+        if (top := (getattr(err, "name", None) or "").split(".")[0]) not in _EXTRAS:
+            raise
+        raise ConfigError(f"env.id={env_id} needs {top}, which is not installed: {_install_hint(top)}") from None
 
 
 def add_search_path(path: str) -> None:
@@ -302,16 +306,16 @@ def probed_env(factory: EnvFactory):
         env = factory.make()
     except ConfigError:
         raise
-    except Exception as err:
-        raise ConfigError(f"env.id={factory.id}: building the env raised {type(err).__name__}: {err}; fix the env "
-                          "or its env.kwargs") from None
+    except Exception as err:  # the user's code: the traceback is kept (error.txt)
+        raise UserCodeError(f"env.id={factory.id}: building the env raised {described(err)}; fix the env or its "
+                            "env.kwargs") from err
     try:
         yield env
     except ConfigError:
         raise
     except Exception as err:
-        raise ConfigError(f"env.id={factory.id}: reset() raised {type(err).__name__}: {err}; fix the env or its "
-                          "env.kwargs") from None
+        raise UserCodeError(f"env.id={factory.id}: reset() raised {described(err)}; fix the env or its env.kwargs") \
+            from err
     finally:
         env.close()
 

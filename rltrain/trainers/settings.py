@@ -57,11 +57,15 @@ class EvalSettings:
     #                                Source: rltrain
     target_return: float | None = None  # stop at the first periodic evaluation whose mean return reaches it
     #                                (the final evaluation repeats it: same weights, same eval seeds). Source: rltrain
+    max_episode_steps: int | None = None  # evaluation episodes end (truncated) after this many steps; null: the
+    #                                env's own time limit, else 100000 (an env without one would evaluate forever).
+    #                                Source: rltrain
 
     def __post_init__(self) -> None:
         _count("eval.every_env_steps", self.every_env_steps, minimum=0, hint=" (0 disables)")
         _count("eval.episodes", self.episodes)
         _finite_or_null("eval.target_return", self.target_return)
+        _count("eval.max_episode_steps", self.max_episode_steps, null=True, hint=" (null: the env's own time limit)")
 
 
 @dataclass(frozen=True, kw_only=True)
