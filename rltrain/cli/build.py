@@ -272,27 +272,24 @@ def prepare(cfg: Any, run_dir: Path) -> dict:
 
 def settings_from(cfg: dict) -> RunSettings:
     """The typed settings and picklable factories of a prepared plain config (``prepare``'s output), the env
-    probed once (``env_settings``): its factory with the action mask resolved, and its spec."""
+    probed once (``probe_env``: ONE env built and reset, the run's only look at its env before it starts): its
+    factory with the action mask resolved from ``algo.action_mask`` and whether it is multi-agent, and its spec."""
     check_config(cfg)
+    probed = probe_env(make_settings(EnvFactory, cfg["env"]), str((cfg.get("algo") or {}).get("action_mask", "auto")))
     # a PettingZoo env: algo=ppo is ippo there, single-agent algorithms refused (before any other line is said)
-    check_agents(cfg, make_settings(EnvFactory, cfg["env"]))
+    check_agents(cfg, probed.factory)
+    _say_mask_line(probed)
     settings = validate(cfg)
-    probed = env_settings(cfg)
     return dataclasses.replace(settings, env=probed.factory, env_spec=probed.spec)
 
 
 _MASK_LINES: set[str] = set()  # said once per build (parallel agents build one env factory each)
 
 
-def env_settings(cfg: dict) -> ProbedEnv:
-    """The run's env factory and spec from ONE env built and reset (``probe_env``), the run's only look at its
-    env before it starts; its action mask resolved from ``algo.action_mask`` (auto | on | off) against what the
-    env offers, which it says in one line."""
-    probed = probe_env(make_settings(EnvFactory, cfg["env"]), str((cfg.get("algo") or {}).get("action_mask", "auto")))
+def _say_mask_line(probed: ProbedEnv) -> None:
     if probed.line and probed.line not in _MASK_LINES:
         _MASK_LINES.add(probed.line)
         print(f"rltrain: {probed.line}", file=sys.stderr)
-    return probed
 
 
 def env_factory(node: dict, *, action_mask: str = "off") -> EnvFactory:
