@@ -25,6 +25,7 @@ from typing import Any
 import torch
 import yaml
 
+from rltrain.algos.base import AlgoSettings
 from rltrain.cli.aliases import unknown_key
 from rltrain.cli.multiagent import check_agents
 from rltrain.envs.make import EnvFactory, ProbedEnv, probe_env
@@ -275,7 +276,8 @@ def settings_from(cfg: dict) -> RunSettings:
     probed once (``probe_env``: ONE env built and reset, the run's only look at its env before it starts): its
     factory with the action mask resolved from ``algo.action_mask`` and whether it is multi-agent, and its spec."""
     check_config(cfg)
-    probed = probe_env(make_settings(EnvFactory, cfg["env"]), str((cfg.get("algo") or {}).get("action_mask", "auto")))
+    mask_mode = str(cfg["algo"].get("action_mask", AlgoSettings.action_mask))  # a user algo's settings may lack it
+    probed = probe_env(make_settings(EnvFactory, cfg["env"]), mask_mode)
     # a PettingZoo env: algo=ppo is ippo there, single-agent algorithms refused (before any other line is said)
     check_agents(cfg, probed.factory)
     _say_mask_line(probed)
