@@ -33,8 +33,8 @@ import torch
 from rltrain.algos.base import Algorithm, Sync, UpdateSizes, positive
 from rltrain.algos.groups import GroupPPO, policy_groups
 from rltrain.algos.ppo import PPOSettings, auto_minibatches, auto_rollout_len
-from rltrain.data.agents import STATE_KEY, AgentsSpec, MultiRollout
-from rltrain.data.structs import Metrics, ObsSpace
+from rltrain.data.agents import STATE_KEY, AgentsPolicySpaces, AgentsSpec, MultiRollout
+from rltrain.data.structs import Metrics, ObsSpace, PolicySpaces
 from rltrain.errors import ConfigError
 from rltrain.models.agents import AgentPolicies, OpponentPool
 from rltrain.models.settings import ModelSettings
@@ -117,6 +117,12 @@ class IPPO(Algorithm):
         extra = f"; and {pool.size} past versions of it for self-play" if pool is not None else ""
         return {f"policy {g.name} (agents {', '.join(g.agents)}{extra})": self.learners[g.name].policy
                 for g in self.groups}
+
+    def policy_spaces(self, action_mask: str) -> AgentsPolicySpaces:  # type: ignore[override]
+        """Every policy group's spaces and recurrent state shapes, the agents' own spaces and the policy mapping
+        (data/agents.py ``AgentsPolicySpaces``): the tools build these networks from them with no env."""
+        shapes = tuple(PolicySpaces.state_shapes(self.learners[g.name].policy.initial_state(1)) for g in self.groups)
+        return AgentsPolicySpaces(self.spec, self.groups, shapes, action_mask)
 
     def global_state(self, spec: AgentsSpec) -> tuple[str, ObsSpace] | None:
         """What a centralised critic reads (MAPPO); IPPO's critics read what their actors read."""
