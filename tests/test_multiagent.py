@@ -7,6 +7,7 @@ Real envs from their packages (``mpe2``'s simple_spread, PettingZoo's classic co
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import numpy as np
@@ -268,6 +269,56 @@ def test_value_norm_standardises_targets_and_inverts():
     z = norm.normalize(x)
     assert abs(z.mean()) < 1e-3 and abs(z.std() - 1) < 1e-3
     np.testing.assert_allclose(norm.denormalize(z), x, rtol=1e-5, atol=1e-4)
+
+
+# -- rltrain-check ---------------------------------------------------------------------------------------
+def test_rltrain_check_says_the_agents_groups_slots_and_what_a_turn_based_update_costs(tmp_path, monkeypatch):
+    """Heterogeneous agents: a group each, their slots and rows; a turn-based game by self-play: one learner seat
+    per env, and about two turns per learner row, which the run's own update count then confirms."""
+    from rich.console import Console
+
+    from rltrain.cli import build, check, preflight
+    from tests.conftest import compose_cfg
+
+    monkeypatch.syspath_prepend(str(REPO))
+
+    built = {}
+
+    def rows(overrides: list[str]) -> dict:
+        built["trainer"] = trainer = build.build_trainer(build.prepare(compose_cfg(overrides), tmp_path / "c"),
+                                                         tmp_path / "c", check_only=True)
+        return dict(check.batch_rows(trainer.settings.config, trainer))
+
+    team = rows([*BASE, f"env.id={UNEVEN}", "algo=mappo", "algo.rollout_len=16", "total_env_steps=512"])
+    assert team["agents"] == "3 (scout, pilot, clerk): a parallel env, every live agent acts at each env step"
+    assert team["policy groups (algo.policies=auto)"] == ("scout = scout (its critic reads env.state()); pilot = "
+                                                          "pilot (its critic reads env.state()); clerk = clerk (its "
+                                                          "critic reads env.state())")
+    assert team["group clerk per update"].startswith("2 envs x 1 agents = 2 slots x 16 rows (algo.rollout_len: "
+                                                     "rows per slot) = 32 rows; 1 minibatch of 32")
+    assert team["env steps per update"] == "algo.rollout_len (16) x env.num_envs (2) = 32"
+    assert team["updates"] == "512 total_env_steps / 32 = 16"
+    # memory: each group's rows at its own row size (its observation plus the global state its critic reads)
+    trainer = built["trainer"]
+    size, spec = trainer.update_size(), trainer.settings.env_spec
+    huge = dataclasses.replace(size, env_steps=size.env_steps * 2**40)  # 2**41 env columns of 16 rows
+    with pytest.raises(ConfigError, match=r"^one update's rollout needs [0-9.]+ GiB: algo.rollout_len \(16\) x "
+                       r"env.num_envs \(2\) = [0-9]+ env steps; scout: 35184372088832 rows x [0-9]+ bytes \+ pilot: "
+                       r"35184372088832 rows x [0-9]+ bytes \+ clerk: 35184372088832 rows x [0-9]+ bytes, but"):
+        preflight.check_size(trainer.settings, huge, spec)
+    game = [*BASE, f"env.id={C4}", "algo=ippo", "algo.self_play=true", "algo.rollout_len=32", "total_env_steps=1024",
+            "algo.update_epochs=1", "eval.every_env_steps=0", "checkpoint.every_env_steps=0"]
+    c4 = rows(game)
+    assert c4["group main per update"].startswith("2 envs x 1 learner seat = 2 slots x 32 rows")
+    assert c4["env steps per update"].startswith("algo.rollout_len (32) x env.num_envs (2) x 2 agents taking turns "
+                                                 "(an AEC env step is one agent's turn) = 128 (about")
+    assert c4["updates"] == "1024 total_env_steps / 128 = 8"
+    assert "an AEC env step is one agent's turn" in c4["total_env_steps counts"]
+    console = Console(record=True, width=300)
+    assert check.check(game, console) == 0 and "group main per update" in console.export_text()
+    summary = build.run(compose_cfg(game), tmp_path / "run")
+    # "about": a game can end on the opponent's turn, so a learner row costs slightly under two turns on average
+    assert summary["updates"] in (8, 9) and 0.9 * 128 <= summary["total_env_steps"] / summary["updates"] <= 128
 
 
 # -- from the command line ------------------------------------------------------------------------------

@@ -72,6 +72,12 @@ class AgentsSpec:
         return cls(_typed(record, "env_id", str), api, agents, specs, state=state, joined=joined)
 
     @property
+    def steps_per_row(self) -> int:
+        """Env steps that give each agent of an env one row: a parallel env's joint step gives every live agent
+        one; an AEC env's step is one agent's turn, so it takes about one per agent (the agents taking turns)."""
+        return len(self.agents) if self.api == "aec" else 1
+
+    @property
     def homogeneous(self) -> bool:
         """Every agent observes and acts in the same spaces (one policy may serve them all)."""
         return all(same_spaces(s, self.specs[0]) for s in self.specs)
