@@ -28,13 +28,13 @@ env's module is not imported; a ``model.imports`` module it names is imported on
 
 from __future__ import annotations
 
-import argparse
 import importlib.util
 import json
 import os
 import sys
 from pathlib import Path
 
+from rltrain.cli.args import OneLineParser
 from rltrain.errors import ConfigError
 
 FORMATS = {"export": ".pt2", "onnx": ".onnx", "torchscript": ".pt"}
@@ -62,9 +62,27 @@ def target_of(path: Path, fmt: str, out: Path | None, *, force: bool) -> Path:
     if target.suffix == ".json":
         raise ConfigError(f"{flag}: .json is the name of the description written beside the policy; "
                           f"name the policy file (e.g. {target.with_suffix(FORMATS[fmt])})")
+    for written in (target, target.with_suffix(".json")):
+        owner = run_file_owner(written)
+        if owner is not None:  # SQLite's rule: a tool never overwrites what it did not write, --force or not
+            raise ConfigError(f"{flag}: {written} is a file of the run in {owner} (a checkpoint, its summary or "
+                              "config); no tool writes over a run's files: pick another --out")
     if target.exists() and not force:
         raise ConfigError(f"{flag}: exists; pass --force to replace it, or another --out")
     return target
+
+
+def run_file_owner(path: Path) -> Path | None:
+    """The run dir ``path`` belongs to as one of its own files (anything in its ``checkpoints/``, or a file a run
+    writes at its top), else None. A run dir holds a ``config.yaml`` or ``summary.json`` (or the lock)."""
+    from rltrain.run.lock import LOCK_FILE, OWN_FILES
+
+    path = Path(os.path.abspath(path))
+    parent = path.parent
+    run_dir = parent.parent if parent.name == "checkpoints" else parent if path.name in OWN_FILES else None
+    if run_dir is not None and any((run_dir / n).exists() for n in ("config.yaml", "summary.json", LOCK_FILE)):
+        return run_dir
+    return None
 
 
 def leaf_names(space) -> list[tuple[str, ...]]:
@@ -206,16 +224,21 @@ def write_policy(actor, spec, target: Path, *, fmt: str, cfg: dict, checkpoint: 
     with torch.no_grad():
         outputs = module(*example)
     outputs = outputs if isinstance(outputs, tuple) else (outputs,)
-    target.parent.mkdir(parents=True, exist_ok=True)
     tmp = target.with_name(f".{target.name}.tmp-{os.getpid()}{FORMATS[fmt]}")  # the suffix torch expects
     try:
-        WRITERS[fmt](module, example, tmp, names, len(paths), len(outputs))
-        os.replace(tmp, target)
-    finally:
-        tmp.unlink(missing_ok=True)
-    record = describe(spec, fmt=fmt, target=target, cfg=cfg, checkpoint=ckpt_path, names=names,
-                      example=example, outputs=outputs, state_names=state_names)
-    target.with_suffix(".json").write_text(json.dumps(record, indent=2) + "\n")
+        target.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            WRITERS[fmt](module, example, tmp, names, len(paths), len(outputs))
+            os.replace(tmp, target)
+        finally:
+            tmp.unlink(missing_ok=True)
+        record = describe(spec, fmt=fmt, target=target, cfg=cfg, checkpoint=ckpt_path, names=names,
+                          example=example, outputs=outputs, state_names=state_names)
+        target.with_suffix(".json").write_text(json.dumps(record, indent=2) + "\n")
+    except OSError as err:  # an unwritable or missing place, a full disk: one line naming it
+        where = err.filename or target
+        raise ConfigError(f"--out={target}: cannot write {where} ({err.strerror or err}); pick a writable --out") \
+            from None
     return target
 
 
@@ -306,7 +329,7 @@ WRITERS = {"export": write_export, "onnx": write_onnx, "torchscript": write_torc
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="rltrain-export", description="a standalone policy file: a batch of "
+    p = OneLineParser(prog="rltrain-export", description="a standalone policy file: a batch of "
                                 "observations in, the deterministic actions out, no rltrain needed to run it")
     p.add_argument("path", help="a checkpoint file (.pt) or a run directory (its final or latest checkpoint)")
     p.add_argument("--format", default=DEFAULT_FORMAT,

@@ -16,8 +16,7 @@ from __future__ import annotations
 from typing import Any
 
 from rltrain.data.agents import AgentsSpec
-from rltrain.envs.make import EnvFactory, probed_env
-from rltrain.envs.multiagent import is_multiagent
+from rltrain.envs.make import EnvFactory
 from rltrain.errors import ConfigError
 
 PPO_TARGET = "rltrain.algos.ppo.PPO"
@@ -25,13 +24,12 @@ MULTIAGENT_TARGETS = ("rltrain.algos.ippo.IPPO", "rltrain.algos.mappo.MAPPO")
 
 
 def check_agents(cfg: dict, env: EnvFactory) -> None:
-    """Refuse (one line) or rewrite (``algo=ppo`` -> ``algo=ippo``) the ``algo`` group for ``env``."""
+    """Refuse (one line) or rewrite (``algo=ppo`` -> ``algo=ippo``) the ``algo`` group for ``env`` (the run's
+    probed factory: ``probe_env`` found whether it is multi-agent)."""
     algo = cfg["algo"]
     target = algo.get("_target_")
     name = str(target).rpartition(".")[2].lower()
-    with probed_env(env) as built:  # a factory that raises is one line naming the env (probe_env's)
-        multiagent = is_multiagent(built)
-    if not multiagent:
+    if not env.multiagent:  # probe_env's one build found it
         if target in MULTIAGENT_TARGETS:
             raise ConfigError(f"algo={name} trains the agents of a PettingZoo multi-agent env; env.id={env.id} is a "
                               "single-agent Gymnasium env: use algo=ppo")

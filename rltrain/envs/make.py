@@ -49,7 +49,7 @@ from rltrain.envs.spaces import (  # noqa: F401  env_spec, _describe_obs, stacke
 )
 from rltrain.envs.vector import AsyncVecEnv, VecEnv
 from rltrain.envs.wrappers import apply_wrappers
-from rltrain.errors import ConfigError, close_matches
+from rltrain.errors import ConfigError, UserCodeError, close_matches, described
 
 # id namespace -> (module that registers it, pip extra of rltrain that installs it)
 NAMESPACES: dict[str, tuple[str, str]] = {"ALE": ("ale_py", "atari"), "MinAtar": ("minatar.gym", "minatar")}
@@ -83,6 +83,10 @@ def make_env(env_id: str, kwargs: dict[str, Any] | None = None, *, wrappers: lis
     except gym.error.DependencyNotInstalled as err:  # from gymnasium, a wrapper or a user factory
         raise ConfigError(f"env.id={env_id} needs a package that is not installed: "
                           f"{_install_hint(str(err))}") from None
+    except ImportError as err:  # an optional simulator imported (by us, Gymnasium or a factory), not installed
+        if (top := (getattr(err, "name", None) or "").split(".")[0]) not in _EXTRAS:
+            raise
+        raise ConfigError(f"env.id={env_id} needs {top}, which is not installed: {_install_hint(top)}") from None
 
 
 def add_search_path(path: str) -> None:
@@ -253,8 +257,15 @@ class EnvFactory:
 
     @functools.cached_property
     def multiagent(self) -> bool:
-        """The env is a PettingZoo ``ParallelEnv`` / ``AECEnv`` (envs/multiagent.py); found by building one."""
+        """The env is a PettingZoo ``ParallelEnv`` / ``AECEnv`` (envs/multiagent.py); found by building one unless
+        ``probe_env`` already looked (``known``)."""
         return pz.builds_multiagent(self.make)
+
+    def known(self, *, multiagent: bool) -> EnvFactory:
+        """This factory with what ``probe_env``'s one build found: the answer travels with it (pickled to actor
+        processes too), so nothing builds an env again to ask."""
+        self.__dict__["multiagent"] = multiagent  # functools.cached_property's own slot: no rebuild, no setattr
+        return self
 
     @property
     def real_scores(self) -> bool:
@@ -298,16 +309,16 @@ def probed_env(factory: EnvFactory):
         env = factory.make()
     except ConfigError:
         raise
-    except Exception as err:
-        raise ConfigError(f"env.id={factory.id}: building the env raised {type(err).__name__}: {err}; fix the env "
-                          "or its env.kwargs") from None
+    except Exception as err:  # the user's code: the traceback is kept (error.txt)
+        raise UserCodeError(f"env.id={factory.id}: building the env raised {described(err)}; fix the env or its "
+                            "env.kwargs") from err
     try:
         yield env
     except ConfigError:
         raise
     except Exception as err:
-        raise ConfigError(f"env.id={factory.id}: reset() raised {type(err).__name__}: {err}; fix the env or its "
-                          "env.kwargs") from None
+        raise UserCodeError(f"env.id={factory.id}: reset() raised {described(err)}; fix the env or its env.kwargs") \
+            from err
     finally:
         env.close()
 
@@ -329,15 +340,17 @@ def probe_env(factory: EnvFactory, mask_mode: str = "auto") -> ProbedEnv:
     into one line naming the env; ``on`` without a mask, or a mask on actions that take none, is one line too."""
     if mask_mode not in ("auto", "on", "off"):
         raise ConfigError(f"algo.action_mask={mask_mode!r}: one of auto, on, off")
-    if factory.multiagent:  # a PettingZoo env: its agents' masks and spaces (envs/multiagent.py)
-        resolved, line = pz.with_agent_masks(factory, mask_mode)
-        return ProbedEnv(resolved, resolved.spec(), line)  # type: ignore[arg-type]
     with probed_env(dataclasses.replace(factory, action_mask="off")) as env:
-        _, info = env.reset(seed=0)
-        resolved, line = _mask_choice(factory, mask_mode, mask_source(env, info), env.action_space)
-        # the wrapper make_env puts outermost, put around this env: its spaces are the run's
-        shown = ActionMaskObservation(env, resolved.action_mask) if resolved.action_mask != "off" else env
-        return ProbedEnv(resolved, env_spec(shown, factory.id), line)
+        if not pz.is_multiagent(env):
+            _, info = env.reset(seed=0)
+            resolved, line = _mask_choice(factory, mask_mode, mask_source(env, info), env.action_space)
+            # the wrapper make_env puts outermost, put around this env: its spaces are the run's
+            shown = ActionMaskObservation(env, resolved.action_mask) if resolved.action_mask != "off" else env
+            return ProbedEnv(resolved.known(multiagent=False), env_spec(shown, factory.id), line)
+    # a PettingZoo env: its agents' masks and spaces (envs/multiagent.py)
+    resolved, line = pz.with_agent_masks(factory.known(multiagent=True), mask_mode)
+    resolved = resolved.known(multiagent=True)
+    return ProbedEnv(resolved, resolved.spec(), line)  # type: ignore[arg-type]
 
 
 def _mask_choice(factory: EnvFactory, mode: str, source: str | None,

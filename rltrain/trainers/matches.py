@@ -22,6 +22,7 @@ from rltrain.data.structs import Metrics, Policy, obs_buffer, obs_map
 from rltrain.envs.multiagent import AgentEnv, random_action
 from rltrain.models.agents import AgentPolicies, AgentPolicy
 from rltrain.models.cores import reset_state
+from rltrain.trainers.episodes import NO_LIMIT_CAP
 from rltrain.trainers.evaluation import Evaluation
 from rltrain.trainers.finite import NonFiniteError, non_finite_line
 
@@ -149,11 +150,13 @@ class AgentsEvaluation(Evaluation):
     it is the learner's return against random legal moves, with its win / draw / loss rates against them and
     against the pool's newest version. ``LoopState.eval_summary`` keeps what the summary reports of it."""
 
-    def __call__(self, *, final: bool = False) -> Metrics:
+    def _evaluate(self, final: bool) -> Metrics:
+        """(``Evaluation.__call__`` runs it: a stop request ends it at once, a new best is checkpointed after.)"""
         ev, t0 = self.s.eval, time.perf_counter()
         policies: AgentPolicies = self.algo.policy  # type: ignore[assignment]
+        # every episode ends: eval.max_episode_steps, the env's limit, else the cap of an env that has none
         common = {"episodes": ev.episodes, "eval_seed": self.eval_seed, "device": self.device,
-                  "max_steps": self.s.env.max_episode_steps}
+                  "max_steps": ev.max_episode_steps or self.s.env.max_episode_steps or NO_LIMIT_CAP}
         row: Metrics = {}
         summary: dict = {}
         for deterministic in (ev.deterministic, not ev.deterministic)[: 2 if ev.both_modes else 1]:
@@ -195,7 +198,4 @@ class AgentsEvaluation(Evaluation):
                                       if k.startswith("eval/return_mean_")}
         self.state.eval_summary = summary
         self.state.eval_s += time.perf_counter() - t0
-        if mean > self.state.best_eval:
-            self.state.best_eval = mean
-            self.save_best()
         return row

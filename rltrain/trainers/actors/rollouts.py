@@ -6,7 +6,6 @@ consumed, as a collector does of what it collected."""
 from __future__ import annotations
 
 import functools
-import logging
 from collections import deque
 
 import numpy as np
@@ -18,8 +17,6 @@ from rltrain.run.signals import StopFlag
 from rltrain.trainers.actors.batches import BatchQueue
 from rltrain.trainers.actors.pool import ActorFailure
 from rltrain.trainers.actors.stats import ActorStats
-
-log = logging.getLogger("rltrain.actors")
 
 
 def merge_rollouts(rollouts: list[Rollout] | list[MultiRollout]) -> Rollout | MultiRollout:
@@ -73,8 +70,7 @@ class ActorSource:
         """The next batch (``rollout_len`` and ``random_actions`` are the actors' business: their spec says)."""
         try:
             batch = self.queue.next_batch(policy_version, self.stop)
-        except ActorFailure as err:
-            log.error("%s", err)
+        except ActorFailure:  # the run ends failed: its one line is the summary's error (ActorPool.failure)
             self.stop.request("actor_failure")
             return None
         if not batch:
