@@ -2,9 +2,11 @@
 
 An ``Algorithm`` owns its networks, optimisers and (off-policy) its replay buffer, and knows nothing of
 processes: trainers move rollouts to it and weights out of it. Its hyper-parameters are one frozen, typed,
-keyword-only settings dataclass (``settings_class``, defined beside the algorithm: ``PPOSettings`` in ppo.py),
-which validates its values; its fields are the ``algo`` group's schema (``cli/build.py`` checks keys and types
-against them and builds the settings in ``algo_settings``).
+keyword-only settings dataclass (``settings_class``, defined beside the algorithm: ``PPOSettings`` in ppo.py,
+a subclass of ``AlgoSettings``), which validates its values; its fields are the ``algo`` group's schema and the
+only place its defaults are written (``cli/schema.py`` hands them to Hydra, ``cli/build.py`` checks keys and
+types against them). Its published MLP is one class attribute, ``mlp``: what a null ``model.hidden_sizes``
+means for it.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from torch import Tensor
 from rltrain.data.streams import split_steps
 from rltrain.data.structs import EnvSpec, Metrics, Policy, PolicySpaces, Rollout
 from rltrain.errors import ConfigError
+from rltrain.models.settings import MLP
 
 if TYPE_CHECKING:
     from rltrain.models.numpy_mlp import FlatAdam
@@ -55,6 +58,15 @@ class Sync:
         return [obj]
 
 
+@dataclass(frozen=True, kw_only=True)
+class AlgoSettings:
+    """What every algorithm's settings share (each ``settings_class`` subclasses it)."""
+
+    action_mask: str = "auto"  # invalid-action masking: auto (use the env's mask when it offers one, and say
+    #                            so) | on (refuse an env without one) | off (ignore it); docs/guide/own-env.md.
+    #                            Source: rltrain
+
+
 @dataclass(frozen=True)
 class UpdateSizes:
     """What one update of an algorithm takes per env, its settings' nulls resolved (``Algorithm.update_sizes``)."""
@@ -69,6 +81,7 @@ class Algorithm(ABC):
 
     name: ClassVar[str]
     settings_class: ClassVar[type]  # the frozen dataclass of its hyper-parameters (the ``algo`` group's schema)
+    mlp: ClassVar[MLP]  # its published MLP widths and activation: what a null model.hidden_sizes means for it
     on_policy: ClassVar[bool] = True
     action_kinds: ClassVar[tuple[str, ...]] = ("discrete", "box", "multi_discrete", "multi_binary")
     suggested_env: ClassVar[dict[str, str]] = {"discrete": "cartpole", "box": "pendulum"}

@@ -37,7 +37,7 @@ from rltrain.data.agents import STATE_KEY, AgentGroup, AgentsPolicySpaces, Agent
 from rltrain.data.structs import Metrics, ObsSpace, PolicySpaces
 from rltrain.errors import ConfigError
 from rltrain.models.agents import AgentPolicies, OpponentPool
-from rltrain.models.settings import ModelSettings
+from rltrain.models.settings import SB3_MLP, ModelSettings
 
 SAMPLINGS = ("uniform", "latest")
 
@@ -76,6 +76,7 @@ def group_minibatches(requested: int, batch: int, slots: int, *, recurrent: bool
 class IPPO(Algorithm):
     name = "ippo"
     settings_class = IPPOSettings
+    mlp = SB3_MLP  # PPO's (SB3's MlpPolicy: 64x64 tanh), every group's actor and critic
     learner_class: type[GroupPPO] = GroupPPO
 
     def __init__(self, spec: AgentsSpec, settings: IPPOSettings = IPPOSettings(), *, num_envs: int,
@@ -86,7 +87,7 @@ class IPPO(Algorithm):
                               f"env.id={spec.env_id} is a single-agent Gymnasium env: use algo=ppo")
         self.spec, self.num_envs, self.device, self.sync = spec, num_envs, device, sync or Sync()
         s = self.settings = settings
-        model = model or ModelSettings()
+        model = (model or ModelSettings()).with_mlp(*self.mlp)
         self.groups = self.plan_groups(spec, s)
         slots = {g.name: num_envs * (1 if s.self_play else len(g.agents)) for g in self.groups}
         recurrent = model.core != "identity"

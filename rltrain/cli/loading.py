@@ -132,7 +132,7 @@ def _mismatch(recorded: PolicySpaces | AgentsPolicySpaces, built: PolicySpaces |
 
 
 def _policy_from(state: dict, path: Path, *, device: str, allow_import: bool, opt_in: str) -> LoadedCheckpoint:
-    from rltrain.algos.base import Algorithm
+    from rltrain.algos.base import Algorithm, AlgoSettings
     from rltrain.models.sac_networks import holds_separate_encoders
 
     cfg = state["meta"]["config"]
@@ -164,7 +164,8 @@ def _policy_from(state: dict, path: Path, *, device: str, allow_import: bool, op
     if recorded is not None:
         spec, factory = recorded.spec, env_factory(env, action_mask=recorded.action_mask)
     else:
-        probed = probe_env(env_factory(env), str((cfg.get("algo") or {}).get("action_mask", "auto")))
+        # a config recorded before algo.action_mask existed: the default
+        probed = probe_env(env_factory(env), str(cfg["algo"].get("action_mask", AlgoSettings.action_mask)))
         spec, factory = probed.spec, probed.factory
     algo = algo_factory(cfg)(spec, num_envs=env["num_envs"], device=pick_device(device))
     mismatch = None if recorded is None else _mismatch(recorded, algo.policy_spaces(recorded.action_mask))

@@ -139,13 +139,11 @@ def check_network_size(settings: RunSettings, spec: EnvSpec | AgentsSpec) -> Non
 
 
 def _width_lists(config: dict) -> list[tuple[str, list[int]]]:
-    found = []
-    for group in ("algo", "model"):
-        for key, value in (config.get(group) or {}).items():
-            if key.endswith("hidden_sizes") and isinstance(value, list) and value and \
-                    all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in value):
-                found.append((f"{group}.{key}", value))
-    return found
+    value = (config.get("model") or {}).get("hidden_sizes")
+    if isinstance(value, list) and value and all(isinstance(v, int) and not isinstance(v, bool) and v > 0
+                                                 for v in value):
+        return [("model.hidden_sizes", value)]
+    return []
 
 
 def preflight(settings: RunSettings, trainer: Trainer, *, check_only: bool = False) -> Algorithm:
@@ -164,7 +162,7 @@ def preflight(settings: RunSettings, trainer: Trainer, *, check_only: bool = Fal
         if not isinstance(err, MemoryError) and "alloc" not in str(err).lower():
             raise
         raise ConfigError(f"building the networks ran out of memory ({str(err).splitlines()[0][:160]}); use "
-                          "smaller algo.hidden_sizes / model.hidden_sizes") from None
+                          "smaller model.hidden_sizes") from None
     size = trainer.update_size()  # the algorithm's own sizes (PPO's rollout_len=null resolved), not a guess
     check_budget(settings, size)
     check_size(settings, size, spec)

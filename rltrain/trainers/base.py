@@ -30,7 +30,7 @@ import time
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from pathlib import Path
-from typing import ClassVar
+from typing import Any, ClassVar
 
 from rltrain.algos.base import Algorithm, UpdateSizes
 from rltrain.data.agents import AgentsSpec
@@ -73,12 +73,14 @@ def agent_turns(spec: EnvSpec | AgentsSpec | None) -> tuple[int, str]:
 
 
 class Trainer(ABC):
-    """Base of every trainer. Subclasses take ``(*, settings, run_dir, **their typed keyword arguments)``."""
+    """Base of every trainer. Subclasses take ``(*, settings, run_dir, trainer)``: ``trainer`` an instance of
+    their ``settings_class`` (the ``trainer`` group's schema, trainers/settings.py)."""
 
     name: ClassVar[str] = "custom"  # the trainer= choice that selects it
+    settings_class: ClassVar[type]  # the frozen dataclass of its trainer.* keys
     capabilities: ClassVar[Capabilities] = Capabilities()
 
-    def __init__(self, *, settings: RunSettings, run_dir: Path):
+    def __init__(self, *, settings: RunSettings, run_dir: Path, trainer: Any = None):
         self.settings, self.run_dir = settings, Path(run_dir)
         self._previous_summary: str | None = None  # what summary.json said before this run marked it running
 
