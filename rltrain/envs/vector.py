@@ -152,6 +152,7 @@ class VecEnv:
         self._dict = isinstance(space, gym.spaces.Dict)  # a dict of per-key batches instead of one array
         self._obs = _batch_of(space, self.num_envs)
         self._final = _batch_of(space, self.num_envs)
+        self._shape = None if self._dict else self._obs.shape[1:]  # one observation's shape
         self._rew = np.zeros(self.num_envs, np.float32)
         self._term = np.zeros(self.num_envs, bool)
         self._trunc = np.zeros(self.num_envs, bool)
@@ -176,12 +177,14 @@ class VecEnv:
             watch.end()
         return obs_map(np.copy, self._obs)
 
-    def step(self, actions: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    def step(self, actions: np.ndarray, *, copy: bool = True) -> tuple[np.ndarray, np.ndarray, np.ndarray,
+                                                                       np.ndarray, np.ndarray]:
         """actions [N, ...] -> (obs to act on [N,...], reward [N], terminated [N], truncated [N],
-        true next obs [N,...])."""
+        true next obs [N,...]). ``copy=False``: the vector env's own arrays, valid until the next step (for a
+        caller that copies them into its buffers at once: the collector)."""
         obs, final, rew, term, trunc = self._obs, self._final, self._rew, self._term, self._trunc
         acts = actions.tolist() if self._discrete else actions
-        real, put = self._real, obs_put if self._dict else None
+        real, put, shape = self._real, obs_put if self._dict else None, self._shape
         watch = self.watch
         self.steps += 1
         watch.begin(self.steps)
@@ -192,25 +195,31 @@ class VecEnv:
                     o, r, te, tr, info = env.step(acts[i])
                     if real is not None and "real_score" in info:
                         real.append((i, info["real_score"], info["real_length"]))
-                    if put is None:
-                        _put_exact(final, i, o)
-                    else:
+                    if put is not None:
                         put(final, i, o)
+                    elif o.__class__ is np.ndarray and o.shape == shape:  # the common case, checked inline
+                        final[i] = o
+                    else:
+                        _put_exact(final, i, o)
                     rew[i] = r
                     term[i] = te
                     trunc[i] = tr
                     if te or tr:
                         o, _ = env.reset()
-                    if put is None:
-                        _put_exact(obs, i, o)
-                    else:
+                    if put is not None:
                         put(obs, i, o)
+                    elif o.__class__ is np.ndarray and o.shape == shape:
+                        obs[i] = o
+                    else:
+                        _put_exact(obs, i, o)
                 except (EnvFault, EnvCallAbandoned):
                     raise
                 except Exception as err:  # raised, or returned what does not fit the spaces: one line
                     raise env_fault(err, i, self.steps, "step()") from err
         finally:
             watch.end()
+        if not copy:
+            return obs, rew, term, trunc, final
         if put is not None:
             return obs_map(np.copy, obs), rew.copy(), term.copy(), trunc.copy(), obs_map(np.copy, final)
         return obs.copy(), rew.copy(), term.copy(), trunc.copy(), final.copy()
@@ -319,7 +328,8 @@ class AsyncVecEnv:
         obs, _ = self._call(lambda: self.venv.reset(seed=self.seeds), "reset()")
         return obs
 
-    def step(self, actions: np.ndarray):
+    def step(self, actions: np.ndarray, *, copy: bool = True):
+        """``VecEnv.step``; its arrays are new every step, whatever ``copy`` says."""
         self.steps += 1
         obs, rew, term, trunc, info = self._call(lambda: self.venv.step(actions), "step()")
         final = obs_map(np.array, obs)  # a copy; Dict spaces come as a dict of per-key batches

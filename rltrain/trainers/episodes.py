@@ -46,7 +46,7 @@ def evaluate(policy: Policy, make_env: Callable[..., gym.Env], *, episodes: int,
     if hasattr(space, "low") and space.dtype != np.int64:
         low, high = space.low, space.high
     returns = np.zeros(episodes)
-    totals = np.zeros(width)
+    totals = [0.0] * width
     episode_of = [-1] * width  # which episode each env is playing
     obs: list = [None] * width
     started = 0
@@ -60,17 +60,20 @@ def evaluate(policy: Policy, make_env: Callable[..., gym.Env], *, episodes: int,
     try:
         with torch.inference_mode():
             while active:
-                batch = obs_map(lambda t, *xs: torch.as_tensor(np.stack([np.asarray(x, t.dtype) for x in xs]),
-                                                               device=device), template, *[obs[i] for i in active])
+                batch = obs_map(lambda t, *xs: torch.as_tensor(np.array(xs, t.dtype), device=device), template,
+                                *[obs[i] for i in active])
                 if state is None:
                     actions = policy.act(batch, deterministic=deterministic, generator=gen).action.cpu().numpy()
                 else:
                     out = policy.act(batch, select_state(state, active), deterministic=deterministic, generator=gen)
                     actions, state = out.action.cpu().numpy(), put_state(state, active, out.state)
+                if low is not None:
+                    actions = np.clip(actions, low, high)
+                # scalar actions as Python numbers (what .item() gave each one), the others row by row
+                acts = actions.tolist() if actions.ndim == 1 else actions
                 still = []
                 for k, i in enumerate(active):
-                    action = actions[k] if low is None else np.clip(actions[k], low, high)
-                    o, rew, term, trunc, info = envs[i].step(action.item() if action.ndim == 0 else action)
+                    o, rew, term, trunc, info = envs[i].step(acts[k])
                     totals[i] += float(rew)
                     if state is not None and (term or trunc):  # a new episode (or life) starts from zero
                         state = reset_state(state, np.arange(width) == i)
