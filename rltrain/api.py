@@ -8,8 +8,9 @@
 ``train`` composes the same Hydra config from ``rltrain/conf`` that ``rltrain`` composes from its command line
 and calls the same ``rltrain.cli.build.run``: ``trainer=sequential`` trains in this process, the other
 trainers start the same workers the command line starts. ``load_policy`` is the loader ``rltrain-eval`` and
-``rltrain-export`` use (the checkpoint's acting weights only: no trainer, no optimiser state, and nothing named
-inside the checkpoint is imported unless ``allow_import=True``).
+``rltrain-export`` use: the checkpoint's acting weights only (no trainer, no optimiser state), on the spaces the
+checkpoint records, so no env is built and the env's module is not imported; a module named inside the
+checkpoint for its network (``model.imports``) is imported only with ``allow_import=True``.
 
 This module sits at the command lines' level (it may import ``rltrain.cli``); nothing inside rltrain imports it.
 """
@@ -119,14 +120,15 @@ def _run(cfg: Any, run_dir: Path) -> RunResult:
 def load_policy(path: str | Path, *, device: str = "cpu", allow_import: bool = False) -> LoadedPolicy:
     """The policy in a checkpoint file, or in a run dir (its final, else latest, checkpoint), ready to act.
 
-    Only the acting network is built and loaded (no optimiser state, no replay buffer contents, no trainer).
-    ``allow_import``: as ``--allow-import`` on the command lines (an ``env.id`` ``module:Attr`` stored in the
-    checkpoint is imported only if you say so)."""
-    from rltrain.cli.build import env_factory
+    Only the acting network is built and loaded (no optimiser state, no replay buffer contents, no trainer),
+    from the spaces the checkpoint records: a policy trained on your own env (``env.id=my_env:MyEnv``) loads
+    where ``my_env`` cannot be imported. ``allow_import``: import the modules the checkpoint names for its
+    network (``model.imports``), and for a checkpoint written before the spaces were recorded, its env's module
+    (importing runs the module's code: only for checkpoints you trust)."""
     from rltrain.cli.loading import load_policy as load
 
-    module, cfg, checkpoint, _ = load(Path(path), device=device, allow_import=allow_import)
-    return LoadedPolicy(module, spec=env_factory(cfg["env"], cfg.get("algo")).spec(), config=cfg, checkpoint=checkpoint)
+    loaded = load(Path(path), device=device, allow_import=allow_import, opt_in="allow_import=True")
+    return LoadedPolicy(loaded.policy, spec=loaded.spec, config=loaded.config, checkpoint=loaded.checkpoint)
 
 
 @dataclass
@@ -169,9 +171,12 @@ class LoadedPolicy:
         them -> (action, state). The action is what to step the env with: an int64 (Discrete; [N] for a batch)
         or a float32 array clipped to the Box bounds ([N, *shape] for a batch), the mode when
         ``deterministic`` else a sample. ``state``: a recurrent policy's state returned by the previous call
-        (None: start of an episode); feed-forward policies return None."""
-        from rltrain.data.structs import obs_leaves, obs_map
+        (None: start of an episode); feed-forward policies return None. A policy trained with action masking
+        reads the env's mask in the observation, under ``"action_mask"``; without it, one ValueError says so."""
+        from rltrain.data.structs import MASK_KEY, action_mask_of, obs_leaves, obs_map
 
+        if self.spec.masked and not (isinstance(obs, dict) and MASK_KEY in obs):
+            action_mask_of(obs, list(self._template))  # one line naming the key and how to pass it
         single = self._is_single(obs)
         try:
             batch = obs_map(lambda t, x: torch.as_tensor(np.asarray(x, t.dtype)[None] if single else

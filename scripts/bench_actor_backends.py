@@ -9,7 +9,7 @@ slower) and ``steady sps``, the median of the logged rows after the first (actor
 Second table (``--to-475``): time and env steps to CartPole's 475. rltrain: ``experiment=impala_cartpole`` under
 ``trainer=subprocess_actors`` (2 actors), local and on Ray (a private instance), stopped by
 ``eval.target_return=475`` (the first greedy evaluation, 10 episodes every 10k steps, that reaches 475; the
-preset reaches it within 200k steps on every seed measured, README "Across machines (Ray)"), per seed. RLlib
+preset reaches it within 200k steps on every seed measured, docs/benchmarks.md "IMPALA on CartPole"), per seed. RLlib
 (``--rllib-python``): APPO at its defaults (``APPOConfig()`` on CartPole-v1: 2 env runners, 1 env each, 500-step
 train batches, lr 5e-4), stopped when RLlib's own
 ``env_runners/episode_return_mean`` (its training return) reaches 475 or after ``--rllib-budget-s``. Times are

@@ -1,6 +1,7 @@
 """rltrain's defaults against a peer's on envs no preset was tuned for, same budget, same seeds.
 
-    python scripts/bench_defaults.py --sb3-python PY --rllib-python PY   # every row, 3 seeds: the table README quotes
+    python scripts/bench_defaults.py --sb3-python PY --rllib-python PY   # every row, 3 seeds: the table the docs
+                                                                         # quote (hours)
     python scripts/bench_defaults.py --envs taxi,frozenlake --seeds 1 --budget-scale 0.2
     python scripts/bench_defaults.py --list
 

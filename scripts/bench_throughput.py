@@ -190,7 +190,7 @@ def section_parallel(args) -> list[Row]:
     """trainer=parallel with 2 agents vs the same 2 agents one after the other (whole processes)."""
     bp = _script("bench_parallel")
     ceiling = bp.cpu_ceiling(agents=2, seconds=2.0 if args.quick else 5.0)
-    # long enough that start-up (each spawned agent imports torch, ~2 s here) does not dominate: see README
+    # long enough that start-up (each spawned agent imports torch, ~2 s here) does not dominate: see docs/benchmarks.md
     r = bp.bench_parallel(agents=2, steps=20_000 if args.quick else 500_000)
     return [Row("parallel", f"2 agents x {r['steps_per_agent']} steps, trainer=parallel vs one after the other",
                 ratio=f"{r['ratio']:.2f} (target <= 0.6)",

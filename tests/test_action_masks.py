@@ -16,7 +16,7 @@ import torch
 
 from rltrain.cli.build import run
 from rltrain.data.structs import MASK_KEY
-from rltrain.envs.make import EnvFactory
+from rltrain.envs.make import EnvFactory, probe_env
 from rltrain.errors import ConfigError
 from rltrain.models.distributions import mask_logits
 from rltrain.models.factory import ModelSettings, build
@@ -33,7 +33,7 @@ CPU = torch.device("cpu")
 
 
 def _masked_factory(env_id: str = MASKED, mode: str = "auto", **kwargs) -> EnvFactory:
-    return EnvFactory(id=env_id, num_envs=3, kwargs=kwargs).with_action_mask(mode)[0]
+    return probe_env(EnvFactory(id=env_id, num_envs=3, kwargs=kwargs), mode).factory
 
 
 def _legal(obs_mask: np.ndarray, actions: np.ndarray, sizes: list[int]) -> bool:
@@ -143,13 +143,14 @@ def test_taxi_trains_with_its_mask(tmp_path, capsys):
 
 def test_on_without_a_mask_refuses_and_modes_are_checked():
     with pytest.raises(ConfigError, match="offers no action mask"):
-        EnvFactory(id="CartPole-v1").with_action_mask("on")
+        probe_env(EnvFactory(id="CartPole-v1"), "on")
     with pytest.raises(ConfigError, match="one of auto, on, off"):
-        EnvFactory(id="CartPole-v1").with_action_mask("yes")
-    factory, line = EnvFactory(id="CartPole-v1").with_action_mask("auto")
-    assert factory.action_mask == "off" and line is None
-    dropped, line = EnvFactory(id=MASKED, kwargs={"source": "key"}).with_action_mask("off")
-    assert dropped.action_mask == "drop" and MASK_KEY not in dict(dropped.spec().observation.parts)
+        probe_env(EnvFactory(id="CartPole-v1"), "yes")
+    probed = probe_env(EnvFactory(id="CartPole-v1"), "auto")
+    assert probed.factory.action_mask == "off" and probed.line is None
+    dropped = probe_env(EnvFactory(id=MASKED, kwargs={"source": "key"}), "off")
+    assert dropped.factory.action_mask == "drop" and MASK_KEY not in dict(dropped.spec.observation.parts)
+    assert dropped.spec == dropped.factory.spec()  # the probe describes the env as the run builds it
 
 
 def test_a_mask_with_no_legal_action_stops_the_run_naming_env_and_step(tmp_path):
@@ -159,3 +160,24 @@ def test_a_mask_with_no_legal_action_stops_the_run_naming_env_and_step(tmp_path)
     errors = [line for line in res.stderr.splitlines() if "error" in line]
     assert len(errors) == 1 and "env 0 failed in step() at its step 5" in errors[0], res.stderr
     assert "action mask has no legal action" in errors[0]
+
+
+def test_acting_without_the_mask_key_is_one_error_naming_it_and_how_to_pass_it():
+    from pathlib import Path
+
+    from rltrain.api import LoadedPolicy
+
+    probed = probe_env(EnvFactory(id=MASKED), "auto")
+    module = build(probed.spec, ModelSettings(), "actor_critic")
+    policy = LoadedPolicy(module, spec=probed.spec, config={}, checkpoint=Path("final.pt"))
+    env = probed.factory.make()
+    obs, _ = env.reset(seed=0)
+    assert int(policy.act(obs)[0]) in np.flatnonzero(obs[MASK_KEY])  # the whole observation acts, legally
+    for partial, found in (({"obs": obs["obs"]}, "its keys are ['obs']"), (obs["obs"], "it is a ndarray")):
+        with pytest.raises(ValueError) as err:
+            policy.act(partial)
+        text = str(err.value)
+        assert "needs the key 'action_mask'" in text and found in text and "\n" not in text
+        assert "pass a dict with the keys ['action_mask', 'obs']" in text
+    with pytest.raises(ValueError, match="needs the key 'action_mask'.*its keys are \\['obs'\\]"):
+        module.act({"obs": torch.as_tensor(obs["obs"])[None]})  # the torch policy says the same

@@ -192,7 +192,7 @@ def test_rollouts_and_actor_batches_keep_the_action_dtype_and_shape(kind, dtype,
     import pickle
 
     from rltrain.envs.make import make_vector_env
-    from rltrain.trainers.actors.learner import merge_rollouts
+    from rltrain.trainers.actors.rollouts import merge_rollouts
     from rltrain.trainers.collector import RolloutCollector
 
     spec = _spec(kind)

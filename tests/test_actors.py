@@ -1,11 +1,16 @@
-"""trainer=subprocess_actors: shared weights, batching, preemption, failures, signals, resume.
+"""trainer=subprocess_actors: the backends' seams, shared weights, batching, preemption, failures, signals,
+resume.
 
 Every end-to-end test runs the real CLI (real actor processes) with ``orphan_watch``: no process and no
-/dev/shm entry may outlive it.
+/dev/shm entry may outlive it. The seams (``rltrain/trainers/actors/seams.py``) are checked twice: each
+implementation's members against its Protocol's signatures, and one contract scenario
+(``tests/helpers/actor_backends.py``) run against both backends.
 """
 
 from __future__ import annotations
 
+import ast
+import inspect
 import json
 import multiprocessing as mp
 import os
@@ -21,8 +26,13 @@ import torch
 
 from rltrain.data.structs import Rollout
 from rltrain.run.metrics import read_metrics
+from rltrain.trainers.actors import seams
+from rltrain.trainers.actors.backends import LocalBackend, RayBackend
+from rltrain.trainers.actors.ray_actors import RayGroup
+from rltrain.trainers.actors.ray_weights import RayWeights, RayWeightsHandle, RayWeightsReader
 from rltrain.trainers.actors.rollouts import merge_rollouts
-from rltrain.trainers.actors.shared_weights import SharedWeights
+from rltrain.trainers.actors.shared_weights import SharedWeights, WeightsHandle
+from rltrain.trainers.supervise import WorkerGroup
 from tests.conftest import REPO, child_pids
 
 FAST = ["trainer=subprocess_actors", "debug=smoke", "env.num_envs=2", "algo.rollout_len=32", "algo.num_minibatches=2",
@@ -35,6 +45,160 @@ TESTS_ON_PATH = {"PYTHONPATH": str(REPO)}  # env.id=tests.helpers.actor_envs:...
 
 def summary(run_dir: Path) -> dict:
     return json.loads((run_dir / "summary.json").read_text())
+
+
+# -- the seams: every implementation against its Protocol, then one contract on both backends --------------------
+def protocol_mismatches(cls: type, proto: type) -> list[str]:
+    """What ``cls`` lacks of ``proto``: a member, or a method whose parameters (names, kinds, which may be left
+    out) do not accept every call the Protocol's signature allows."""
+    found = []
+    members = {n for n in [*vars(proto), *getattr(proto, "__annotations__", {})] if not n.startswith("_")}
+    for name in sorted(members):
+        want = inspect.getattr_static(proto, name, None)
+        have = inspect.getattr_static(cls, name, None)
+        if have is None and name not in getattr(cls, "__annotations__", {}):
+            found.append(f"{cls.__name__}.{name} is missing")
+            continue
+        if not inspect.isfunction(want):
+            continue  # a property or an attribute: any kind of member of that name reads the same
+        if not inspect.isfunction(have):
+            found.append(f"{cls.__name__}.{name} is not a method")
+            continue
+        w = inspect.signature(want).parameters
+        h = inspect.signature(have).parameters
+        for p in list(w.values())[1:]:
+            q = h.get(p.name)
+            if q is None or q.kind != p.kind:
+                found.append(f"{cls.__name__}.{name}: no {p.kind.description} parameter {p.name!r}")
+            elif p.default is not inspect.Parameter.empty and q.default is inspect.Parameter.empty:
+                found.append(f"{cls.__name__}.{name}: {p.name!r} may be left out, but has no default")
+        for q in list(h.values())[1:]:
+            if q.name not in w and q.default is inspect.Parameter.empty and q.kind not in (q.VAR_POSITIONAL,
+                                                                                          q.VAR_KEYWORD):
+                found.append(f"{cls.__name__}.{name}: needs {q.name!r}, which the Protocol never passes")
+    return found
+
+
+IMPLEMENTATIONS = [
+    (seams.ActorEvents, [WorkerGroup, RayGroup]),
+    (seams.WeightsTransport, [SharedWeights, RayWeights]),
+    (seams.WeightsReader, [SharedWeights, RayWeightsReader]),
+    (seams.WeightsHandle, [WeightsHandle, RayWeightsHandle]),
+    (seams.ActorBackend, [LocalBackend, RayBackend]),
+]
+
+
+@pytest.mark.parametrize("proto,classes", IMPLEMENTATIONS, ids=[p.__name__ for p, _ in IMPLEMENTATIONS])
+def test_each_backend_implements_the_seams(proto, classes):
+    assert [m for cls in classes for m in protocol_mismatches(cls, proto)] == []
+
+
+def test_the_seam_check_catches_a_wrong_implementation():
+    class Renamed(WorkerGroup):
+        def send(self, worker: int, msg) -> bool:  # the Protocol passes index=
+            return False
+
+        def shutdown(self, *, grace_s: float, term_s: float, force: bool) -> None:  # needs what it never gets
+            pass
+
+    class Partial:
+        def start(self, target, payload, /) -> int:  # positional-only: start(target=..., payload=...) fails
+            return 0
+
+    assert protocol_mismatches(Renamed, seams.ActorEvents) == [
+        "Renamed.send: no positional or keyword parameter 'index'",
+        "Renamed.send: needs 'worker', which the Protocol never passes",
+        "Renamed.shutdown: needs 'force', which the Protocol never passes"]
+    found = protocol_mismatches(Partial, seams.ActorEvents)
+    assert "Partial.poll is missing" in found and "Partial.placement is missing" in found
+    assert "Partial.start: no positional or keyword parameter 'target'" in found
+
+
+def _contract(backend: str) -> dict:
+    out = subprocess.run([sys.executable, "-m", "tests.helpers.actor_backends", backend], cwd=REPO,
+                         capture_output=True, text=True, timeout=420)
+    line = next((ln for ln in out.stdout.splitlines() if ln.startswith("CONTRACT=")), None)
+    assert out.returncode == 0 and line, out.stdout[-2000:] + out.stderr[-3000:]
+    return json.loads(line.removeprefix("CONTRACT="))
+
+
+@pytest.mark.parametrize("backend", ["local", pytest.param("ray", marks=pytest.mark.ray)])
+def test_both_backends_keep_the_seams_contract(backend, no_leaks):
+    if backend == "ray":
+        pytest.importorskip("ray", reason="the ray extra: pip install -e '.[ray]'")
+    c = _contract(backend)
+    assert c["backend_is_protocol"] and c["events_is_protocol"] and c["weights_is_protocol"]
+    # the weights: each version published once the reader caught up is read, in order, whole, with its env
+    # steps; of three published at once the reader fetches the newest
+    said = c["echo_said"]
+    assert said[0] == ["hello", 1]  # the handle attached a seams.WeightsReader
+    seen = [s[1:] for s in said if s[0] == "seen"]
+    assert [v for v, _, _ in seen][:6] == [0, 1, 2, 3, 4, 5] and seen[-1][0] == 8 and c["transport_version"] == 8
+    assert all(steps == 10 * v and whole for v, steps, whole in seen)
+    assert [v for v, _, _ in seen] == sorted(set(v for v, _, _ in seen))
+    # the learner's messages reach the actor in order, and its answers come back; its result comes back
+    assert [s[1] for s in said if s[0] == "pong"] == [1, 2, 3]
+    assert c["send_ping_1"] and c["send_finish"] and c["echo_done"] == {"seen": [v for v, _, _ in seen]}
+    # a raise is Failed with the actor's traceback; a SIGKILL is Exited; silence is Unresponsive
+    assert c["raising_failed"] == ["RuntimeError: boom in the contract target", True]
+    assert c["dying_exited"]
+    assert c["hanging_silent_s"] >= 4.0
+    assert c["send_to_ended"] is False
+    # where an actor runs: None locally (this machine), else the very process that said Started
+    for who in ("echo", "raising", "dying", "hanging"):
+        pid, placed = c[f"{who}_started"]
+        assert placed == (None if backend == "local" else pid)
+    assert c["alive_after_shutdown"] == []
+
+
+PACKAGE = REPO / "rltrain"
+RAY_MODULES = {"ray_actors.py", "ray_cluster.py", "ray_weights.py"}
+
+
+def _tree(path: Path) -> ast.Module:
+    return ast.parse(path.read_text(), str(path))
+
+
+def test_no_module_reaches_into_ray_private_or_another_backend():
+    """No ``ray._private`` (nor any ``ray._x``) anywhere, and in the actors package no private attribute of
+    anything but ``self`` / ``cls``: each backend stays behind the seams' public members, and behind Ray's."""
+    found = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        rel = path.relative_to(REPO)
+        for node in ast.walk(_tree(path)):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
+                [node.module or ""] if isinstance(node, ast.ImportFrom) else []
+            found += [f"{rel}:{node.lineno} imports {n}" for n in names if n.startswith("ray._")]
+            if isinstance(node, ast.Attribute) and node.attr.startswith("_") and not node.attr.startswith("__"):
+                base = ast.unparse(node.value)
+                if base == "ray" or (path.parent.name == "actors" and base not in ("self", "cls")):
+                    found.append(f"{rel}:{node.lineno} reads {base}.{node.attr}")
+    assert found == []
+
+
+def test_ray_is_imported_only_by_the_ray_backend_and_only_when_chosen():
+    found = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        tree = _tree(path)
+        lazy = {id(n) for f in ast.walk(tree) if isinstance(f, (ast.FunctionDef, ast.If)) for n in ast.walk(f)}
+        for node in ast.walk(tree):
+            mods = [a.name for a in node.names] if isinstance(node, ast.Import) else \
+                [node.module or ""] if isinstance(node, ast.ImportFrom) else []
+            for mod in mods:
+                if mod.split(".")[0] == "ray" and path.name not in RAY_MODULES:
+                    found.append(f"{path.relative_to(REPO)}:{node.lineno} imports {mod}")
+                if mod.split(".")[-1] in {m[:-3] for m in RAY_MODULES} and id(node) not in lazy \
+                        and path.name not in RAY_MODULES:
+                    found.append(f"{path.relative_to(REPO)}:{node.lineno} imports {mod} at module level")
+    assert found == []
+    # a local run's modules, and the Ray backend's modules themselves, load without Ray
+    code = ("import sys; sys.modules['ray'] = None; import rltrain.trainers.actors.learner, "
+            "rltrain.trainers.actors.ray_actors, rltrain.trainers.actors.ray_weights; "
+            "from rltrain.trainers.actors.backends import make_backend; from rltrain.envs.make import EnvFactory; "
+            "make_backend('local', ray=None, start_method='fork', num_actors=2, env=EnvFactory(id='CartPole-v1'))"
+            ".connect(actor_timeout_s=5).shutdown(grace_s=1, term_s=1)")
+    out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-3000:]
 
 
 # -- shared-memory weights ------------------------------------------------------------------------------------

@@ -101,3 +101,79 @@ def test_rltrain_check_finds_the_module_beside_the_user(user_dir):
     res = _python("-m", "rltrain.cli.check", "env.id=my_env:MyEnv", *TINY, cwd=user_dir)
     assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
     assert "error" not in res.stdout.lower()
+
+
+# -- a policy whose env module is gone: it loads, shows and exports; only stepping the env imports ---------------
+@pytest.fixture(scope="module")
+def gone_run(tmp_path_factory) -> Path:
+    """A policy trained on ``my_env:MyEnv`` beside the user (an LSTM core, so its state shape is recorded too),
+    whose module is then deleted: nothing that loads the policy afterwards can import it."""
+    home = tmp_path_factory.mktemp("gone") / "project"
+    home.mkdir()
+    (home / "my_env.py").write_text(MY_ENV)
+    res = _python("-m", "rltrain", "env.id=my_env:MyEnv", *TINY, "model.core=lstm", "model.core_size=8",
+                  "hydra.run.dir=out", cwd=home)
+    assert _finished(res, home / "out")["status"] == "completed"
+    (home / "my_env.py").unlink()
+    return home / "out"
+
+
+def _crafted(run_dir: Path, dest: Path, edit) -> Path:
+    import torch
+
+    state = torch.load(run_dir / "checkpoints" / "final.pt", weights_only=True)
+    edit(state["meta"])
+    torch.save(state, dest)
+    return dest
+
+
+def test_a_policy_whose_env_module_is_gone_loads_acts_and_exports(gone_run, tmp_path):
+    import numpy as np
+    import torch
+
+    import rltrain
+
+    policy = rltrain.load_policy(gone_run)
+    assert "my_env" not in sys.modules and policy.spec.env_id == "my_env:MyEnv" and policy.recurrent
+    action, state = policy.act(np.zeros(4, np.float32))
+    recorded = torch.load(gone_run / "checkpoints" / "final.pt", weights_only=True)["meta"]["spaces"]["core_state"]
+    assert action in (0, 1) and [list(t.shape) for t in state] == recorded and recorded[0] == [1, 1, 8]
+    res = _python("-m", "rltrain.cli.export", str(gone_run), "--out", str(tmp_path / "policy.pt2"), cwd=tmp_path)
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert json.loads((tmp_path / "policy.json").read_text())["state"]["names"] == ["h", "c"]
+
+
+def test_rltrain_eval_shows_the_policy_and_steps_its_env_only_when_allowed(gone_run, tmp_path):
+    shown = _python("-m", "rltrain.cli.evaluate", str(gone_run), cwd=tmp_path)
+    assert shown.returncode == 0, shown.stderr[-2000:]
+    assert "env.id=my_env:MyEnv" in shown.stdout and "episodes: none run" in shown.stdout
+    assert "--allow-import" in shown.stdout
+    asked = _python("-m", "rltrain.cli.evaluate", str(gone_run), "--episodes", "2", cwd=tmp_path)
+    assert asked.returncode == 2 and len(asked.stderr.strip().splitlines()) == 1, asked.stderr
+    assert "env.id=my_env:MyEnv inside it names a module to import to step the env" in asked.stderr
+    assert "pass --allow-import" in asked.stderr
+    allowed = _python("-m", "rltrain.cli.evaluate", str(gone_run), "--episodes", "2", "--allow-import", cwd=tmp_path)
+    assert allowed.returncode == 2 and "cannot import 'my_env'" in allowed.stderr, allowed.stderr  # only now
+
+
+def test_the_opt_in_is_named_as_the_caller_spells_it(gone_run, tmp_path):
+    """A module the network needs (``model.imports``), or the env of a checkpoint older than its recorded
+    spaces: Python callers read ``allow_import=True``, command-line users ``--allow-import``."""
+    import rltrain
+    from rltrain.errors import ConfigError
+
+    imports = _crafted(gone_run, tmp_path / "imports.pt",
+                       lambda meta: meta["config"]["model"].update(imports=["my_encoders"]))
+    with pytest.raises(ConfigError, match="model.imports entry my_encoders") as err:
+        rltrain.load_policy(imports)
+    assert "pass allow_import=True" in str(err.value) and "--allow-import" not in str(err.value)
+    res = _python("-m", "rltrain.cli.export", str(imports), "--out", str(tmp_path / "p.pt2"), cwd=tmp_path)
+    assert res.returncode == 2 and "pass --allow-import" in res.stderr, res.stderr
+
+    older = _crafted(gone_run, tmp_path / "older.pt", lambda meta: meta.pop("spaces"))
+    with pytest.raises(ConfigError, match="written before checkpoints recorded their spaces") as err:
+        rltrain.load_policy(older)
+    assert "env.id=my_env:MyEnv" in str(err.value) and "pass allow_import=True" in str(err.value)
+    newer = _crafted(gone_run, tmp_path / "newer.pt", lambda meta: meta["spaces"].update(format=99))
+    with pytest.raises(ConfigError, match=r"recorded in format 99 by rltrain \S+; rltrain \S+ reads format 1"):
+        rltrain.load_policy(newer)

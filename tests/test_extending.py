@@ -1,5 +1,6 @@
-"""README "Extending": the worked example (a registered encoder) runs as the README shows it, from the command
-line, in-process and in worker processes that must register it themselves."""
+"""docs/contributing.md "An encoder or an action distribution": the worked example (a registered encoder) runs
+as the page shows it, from the command line, in-process and in worker processes that must register it
+themselves."""
 
 from __future__ import annotations
 
@@ -15,15 +16,15 @@ import torch
 from rltrain.errors import ConfigError
 from rltrain.run.checkpoint import load_checkpoint
 
-README = Path(__file__).resolve().parent.parent / "README.md"
+PAGE = Path(__file__).resolve().parent.parent / "docs" / "contributing.md"
 
 
 def example_module() -> str:
-    """The ``my_encoders.py`` code block of the README's "Extending" section."""
-    section = README.read_text().split("## Extending", 1)[1].split("\n## ", 1)[0]
+    """The ``my_encoders.py`` code block of the page's "An encoder or an action distribution" section."""
+    section = PAGE.read_text().split("### An encoder or an action distribution", 1)[1].split("\n## ", 1)[0]
     blocks = re.findall(r"```python\n(.*?)```", section, re.S)
     module = [b for b in blocks if b.startswith("# my_encoders.py")]
-    assert len(module) == 1, "the README's Extending section has one '# my_encoders.py' block"
+    assert len(module) == 1, "the section has one '# my_encoders.py' block"
     return module[0]
 
 

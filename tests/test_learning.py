@@ -99,8 +99,8 @@ def test_ppo_learns_minatar_breakout_from_pixels(tmp_path):
 @pytest.mark.slow
 def test_impala_preset_reaches_475_with_lagging_actors(tmp_path):
     """IMPALA's preset under ``subprocess_actors`` (2 async actors, V-trace over their lag) reaches a greedy
-    evaluation of 475 within its 200k budget: measured on seeds 1-16 and 101-108 (README "Across machines
-    (Ray)"), at 120k steps at the latest; tests/test_ray.py asserts the same with the actors on Ray nodes."""
+    evaluation of 475 within its 200k budget: measured on seeds 1-16 and 101-108 (docs/benchmarks.md, "IMPALA on
+    CartPole"), at 120k steps at the latest; tests/test_ray.py asserts the same with the actors on Ray nodes."""
     summary = run(compose_cfg(["experiment=impala_cartpole", "trainer=subprocess_actors", "logger=quiet", "seed=1",
                                "eval.target_return=475", "eval.every_env_steps=10000", "eval.both_modes=false",
                                "checkpoint.every_env_steps=0"]), tmp_path)

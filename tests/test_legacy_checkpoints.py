@@ -29,8 +29,7 @@ RUNS = sorted(EXPECTED)
 
 @pytest.mark.parametrize("run", RUNS)
 def test_legacy_checkpoint_acts_as_it_did(run):
-    policy, cfg, _, _ = load_policy(DATA / f"{run}.pt")
-    actor = policy.export_module().eval()
+    actor = load_policy(DATA / f"{run}.pt").policy.export_module().eval()
     obs = torch.tensor(EXPECTED[run]["obs"], dtype=torch.float32)
     expected = EXPECTED[run]["action"]
     with torch.no_grad():

@@ -133,7 +133,7 @@ def test_impala_learns_cartpole_on_two_nodes(cluster, tmp_path):
     assert res.returncode == 0, res.stderr[-3000:]
     s = _summary(tmp_path / "run")
     # a random policy scores ~20. The preset reaches a greedy evaluation of 475 within 200k steps on every seed
-    # measured under subprocess_actors (local seeds 1-16, also with ~4 versions of lag; Ray seeds in README), at
+    # measured under subprocess_actors (local seeds 1-16, also with ~4 versions of lag; Ray seeds in the docs), at
     # 100k steps at the latest: the run stops at the first evaluation that reaches it (eval.target_return) and the
     # final evaluation repeats it (same weights, same eval seeds)
     assert s["solved_at_env_steps"] is not None and s["solved_at_env_steps"] == s["total_env_steps"], s

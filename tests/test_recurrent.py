@@ -359,7 +359,7 @@ def test_cli_refusal_is_one_line(cli):
 def test_recurrent_ppo_learns_cartpole_without_velocities(tmp_path):
     """Cut-down experiment=ppo_lstm_cartpole_novel: within 12k steps the LSTM's training return passes a level
     that the same preset with a feed-forward policy (model.core=identity) does not reach: without the
-    velocities a memoryless policy plateaus around 40-55 even after 200k steps (README "Recurrent policies")."""
+    velocities a memoryless policy plateaus around 40-55 even after 200k steps (docs/benchmarks.md)."""
     common = ["experiment=ppo_lstm_cartpole_novel", "logger=quiet", "seed=1", "total_env_steps=12288",
               "algo.anneal_lr=false", "eval.episodes=2"]
     returns = {}

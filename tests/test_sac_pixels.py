@@ -169,7 +169,8 @@ def test_a_checkpoint_with_one_encoder_per_network_loads_and_resumes_with_model_
     """SAC on images written up to commit 30d8480 (actor, both critics and both targets each with a CNN):
     rltrain.load_policy and rltrain-eval build the layout the file holds and act; a resume with the run's own
     settings refuses in one line naming that commit and the fix, and with the fix resumes."""
-    policy, cfg, _, _ = load_policy(LEGACY, allow_import=True)
+    loaded = load_policy(LEGACY, allow_import=True)
+    policy, cfg = loaded.policy, loaded.config
     assert cfg["model"]["shared"] is False and len([m for m in policy.modules() if isinstance(m, ImageEncoder)]) == 1
     obs = (torch.arange(3 * 75).reshape(3, 5, 5, 3) * 37 % 256).to(torch.uint8)
     # the actions commit 30d8480's own load_policy computes for these observations

@@ -29,14 +29,14 @@ def test_every_trainer_names_its_choice(tmp_path, choice):
 
 
 def test_update_size_follows_the_trainer(tmp_path):
-    seq = built(tmp_path / "a", ["trainer=sequential"]).update_size(16)
+    seq = built(tmp_path / "a", ["trainer=sequential"]).update_size()
     assert (seq.env_steps, seq.env_processes) == (32, 2)
     dist = built(tmp_path / "b", ["trainer=distributed_simulator", "trainer.world_size=3"])
     assert dist.capabilities.all_reduce and dist.replicas() == 3
-    assert dist.update_size(16).env_steps == 96 and "trainer.world_size (3)" in dist.update_size(16).text
+    assert dist.update_size().env_steps == 96 and "trainer.world_size (3)" in dist.update_size().text
     actors = built(tmp_path / "c", ["trainer=subprocess_actors", "trainer.num_actors=3",
                                     "trainer.batch_rollouts=2", "trainer.envs_per_actor=4"])
-    size = actors.update_size(16)
+    size = actors.update_size()
     assert actors.capabilities.batched_rollouts
     assert (size.env_steps, size.env_processes) == (2 * 4 * 16, 3 * 4)
     assert built(tmp_path / "d", ["trainer=parallel"]).capabilities.agent_configs

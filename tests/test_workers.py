@@ -142,3 +142,19 @@ def test_fork_is_refused_once_cuda_is_initialised(monkeypatch):
     assert check_start_method("spawn") == "spawn"
     with pytest.raises(ConfigError, match="is not one of: spawn, forkserver, fork"):
         check_start_method("thread")
+
+
+def test_a_fork_group_made_before_cuda_refuses_to_fork_after_it(monkeypatch):
+    # the actors' event source is made before the learner builds its networks (maybe on CUDA): the check that
+    # matters is the one at the fork
+    import torch
+
+    from rltrain.errors import ConfigError
+    from rltrain.trainers.supervise import WorkerGroup
+
+    group = WorkerGroup(start_method="fork")
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
+    with pytest.raises(ConfigError, match="^start_method=fork: CUDA is already initialised"):
+        group.start(print, None)
+    assert group.workers == []
+    group.shutdown(grace_s=0.0)

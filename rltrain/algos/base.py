@@ -10,6 +10,7 @@ against them and builds the settings in ``algo_settings``).
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, ClassVar
 
 import numpy as np
@@ -53,6 +54,14 @@ class Sync:
         return [obj]
 
 
+@dataclass(frozen=True)
+class UpdateSizes:
+    """What one update of an algorithm takes per env, its settings' nulls resolved (``Algorithm.update_sizes``)."""
+
+    rollout_len: int  # steps per env between two learn() calls
+    num_minibatches: int | None = None  # minibatches per epoch, for an algorithm that splits its batch (PPO)
+
+
 class Algorithm(ABC):
     """Base of every algorithm. Subclasses define ``__init__(self, spec, settings, *, num_envs, device, sync,
     model)``: ``settings`` an instance of their ``settings_class``, ``model`` the model group's settings."""
@@ -65,6 +74,13 @@ class Algorithm(ABC):
 
     policy: Policy
     rollout_len: int  # steps per env between two calls of learn()
+
+    @classmethod
+    def update_sizes(cls, settings, *, num_envs: int, recurrent: bool) -> UpdateSizes:
+        """The sizes of one update over ``num_envs`` env columns (the algorithm's own ``num_envs``), worked out
+        here only: the constructor, the pre-flight checks (cli/preflight.py) and ``rltrain-check`` all call it.
+        ``settings``: an instance of ``settings_class``; the default takes its ``rollout_len`` as set."""
+        return UpdateSizes(int(settings.rollout_len))
 
     def __init__(self, spec: EnvSpec, *, num_envs: int, device: torch.device, sync: Sync | None = None):
         self.check_spec(spec)

@@ -25,7 +25,7 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from rltrain.algos.base import ActorCriticState, Algorithm, RewardScaler, Sync, make_adam, positive, set_lr
+from rltrain.algos.base import ActorCriticState, Algorithm, RewardScaler, Sync, UpdateSizes, make_adam, positive, set_lr
 from rltrain.algos.minibatches import ColumnMinibatches, Minibatch, RowMinibatches
 from rltrain.algos.sequences import join_successors, sequence_inputs, successor_rows, successor_values
 from rltrain.algos.surrogate_numpy import NumpyUpdate
@@ -119,6 +119,11 @@ class PPO(ActorCriticState, Algorithm):
     name = "ppo"
     settings_class = PPOSettings
 
+    @classmethod
+    def update_sizes(cls, settings: PPOSettings, *, num_envs: int, recurrent: bool) -> UpdateSizes:
+        """``rollout_len`` and ``num_minibatches`` with their nulls resolved (``PPOSettings.sizes``)."""
+        return UpdateSizes(*settings.sizes(num_envs, recurrent=recurrent))
+
     def __init__(self, spec: EnvSpec, settings: PPOSettings = PPOSettings(), *, num_envs: int,
                  device: torch.device, sync: Sync | None = None, model: ModelSettings | None = None):
         """``model``: the model group (encoder by observation space, cli/build.py); None: its defaults."""
@@ -126,7 +131,8 @@ class PPO(ActorCriticState, Algorithm):
         model = model or ModelSettings()
         s = self.settings = settings
         self.recurrent = model.core != "identity"
-        self.rollout_len, self.num_minibatches = s.sizes(num_envs, recurrent=self.recurrent)
+        sizes = self.update_sizes(s, num_envs=num_envs, recurrent=self.recurrent)
+        self.rollout_len, self.num_minibatches = sizes.rollout_len, sizes.num_minibatches
         self.policy = build(spec, model.with_mlp(s.hidden_sizes, s.activation), "actor_critic",
                             norm_obs=s.norm_obs, init_log_std=s.init_log_std).to(device)
         # the numpy backend runs the fused twin-MLP torso (float vectors) with a categorical or Gaussian head;

@@ -23,7 +23,7 @@ from typing import Any
 import torch
 import yaml
 
-from rltrain.envs.make import EnvFactory
+from rltrain.envs.make import EnvFactory, ProbedEnv, probe_env
 from rltrain.errors import ConfigError, close_matches
 from rltrain.models.settings import ModelSettings
 from rltrain.run.seeding import draw_root_seed
@@ -254,6 +254,7 @@ def settings_from(cfg: dict) -> RunSettings:
     if unknown:
         raise ConfigError(f"{unknown[0]}: unknown key{close_matches(unknown[0], TOP_LEVEL)} "
                           f"(top-level keys: {', '.join(k for k in TOP_LEVEL if k not in INTERNAL_KEYS)})")
+    probed = env_settings(cfg)
     return RunSettings(
         seed=int(cfg["seed"]), seed_drawn=bool(cfg["seed_drawn"]), device=str(cfg["device"]),
         torch_threads=int(cfg["torch_threads"]), total_env_steps=int(cfg["total_env_steps"]),
@@ -261,7 +262,7 @@ def settings_from(cfg: dict) -> RunSettings:
         max_wall_time_s=cfg.get("max_wall_time_s"), resume=str(cfg.get("resume") or "never"),
         resume_trust_envs=bool(cfg.get("resume_trust_envs", False)),
         resume_allow_changes=tuple(cfg.get("resume_allow_changes") or ()),
-        env=env_settings(cfg), algo=algo_factory(cfg),
+        env=probed.factory, env_spec=probed.spec, algo=algo_factory(cfg),
         eval=group_settings(EvalSettings, cfg["eval"], "eval"), log=group_settings(LogSettings, cfg["log"], "log"),
         checkpoint=group_settings(CheckpointSettings, cfg["checkpoint"], "checkpoint"),
         logger=group_settings(LoggerSettings, cfg["logger"], "logger"), model=model_settings(cfg), config=cfg)
@@ -270,27 +271,30 @@ def settings_from(cfg: dict) -> RunSettings:
 _MASK_LINES: set[str] = set()  # said once per build (parallel agents build one env factory each)
 
 
-def env_settings(cfg: dict) -> EnvFactory:
-    """The run's env factory, its action mask resolved from ``algo.action_mask`` (auto | on | off) against
-    what the env offers (``EnvFactory.with_action_mask``), which it says in one line."""
-    factory, line = group_settings(EnvFactory, cfg["env"], "env").with_action_mask(
-        str((cfg.get("algo") or {}).get("action_mask", "auto")))
-    if line and line not in _MASK_LINES:
-        _MASK_LINES.add(line)
-        print(f"rltrain: {line}", file=sys.stderr)
-    return factory
+def env_settings(cfg: dict) -> ProbedEnv:
+    """The run's env factory and spec from ONE env built and reset (``probe_env``), the run's only look at its
+    env before it starts; its action mask resolved from ``algo.action_mask`` (auto | on | off) against what the
+    env offers, which it says in one line."""
+    probed = probe_env(group_settings(EnvFactory, cfg["env"], "env"),
+                       str((cfg.get("algo") or {}).get("action_mask", "auto")))
+    if probed.line and probed.line not in _MASK_LINES:
+        _MASK_LINES.add(probed.line)
+        print(f"rltrain: {probed.line}", file=sys.stderr)
+    return probed
 
 
-def env_factory(node: dict, algo: dict | None = None) -> EnvFactory:
-    """The env factory recorded in a checkpoint's config (keys this version does not know are dropped), its
-    action mask resolved quietly from the config's ``algo.action_mask`` (``algo``; None: auto)."""
+def env_factory(node: dict, *, action_mask: str = "off") -> EnvFactory:
+    """The env factory recorded in a checkpoint's config (keys this version does not know are dropped), with the
+    ``action_mask`` source its run resolved; builds no env (``probe_env`` resolves it where none is recorded)."""
     known = {f.name for f in dataclasses.fields(EnvFactory)}
-    factory = group_settings(EnvFactory, {k: v for k, v in node.items() if k in known}, "env")
-    return factory.with_action_mask(str((algo or {}).get("action_mask", "auto")))[0]
+    return group_settings(EnvFactory, {**{k: v for k, v in node.items() if k in known}, "action_mask": action_mask},
+                          "env")
 
 
-def build_trainer(cfg: dict, run_dir: Path, *, write_model: bool = True):
-    """The trainer object for a prepared plain config; nothing starts until its ``fit()``."""
+def build_trainer(cfg: dict, run_dir: Path, *, check_only: bool = False):
+    """The trainer object for a prepared plain config; nothing starts until its ``fit()``. The algorithm the
+    pre-flight checks build is the one its loop trains where that loop runs in this process (cli/preflight.py);
+    ``check_only`` (``rltrain-check``): the checks build a CPU copy and nothing is written."""
     _MASK_LINES.clear()
     trainer_cls = resolve_target(cfg["trainer"], "trainer")
     params = hparams(cfg["trainer"])
@@ -307,8 +311,8 @@ def build_trainer(cfg: dict, run_dir: Path, *, write_model: bool = True):
 
     settings = settings_from(cfg)
     trainer = trainer_cls(settings=settings, run_dir=Path(run_dir), **params, **extra)
-    algo = preflight(settings, trainer)  # budget arithmetic, sizes against this machine, one env built and reset
-    show_model(algo, run_dir if write_model else None, echo=cfg["logger"].get("progress") not in ("off", False))
+    algo = preflight(settings, trainer, check_only=check_only)  # budget, sizes against this machine, the algorithm
+    show_model(algo, None if check_only else run_dir, echo=cfg["logger"].get("progress") not in ("off", False))
     return trainer
 
 

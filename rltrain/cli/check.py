@@ -71,43 +71,24 @@ def validate_job(cfg):
     if not job["env"].get("search_path"):  # as the rltrain CLI: an env module beside the user (envs/make.py)
         job["env"]["search_path"] = str(Path.cwd())
     # settings, factories, trainer keys: every check a real start makes
-    trainer = build.build_trainer(job, Path("."), write_model=False)  # a check writes nothing
+    trainer = build.build_trainer(job, Path("."), check_only=True)  # a check writes nothing, builds on the CPU
     pick_device(plain["device"])
     return plain, trainer
 
 
 def batch_rows(plain: dict, trainer) -> list[tuple[str, str]]:
-    """The batch arithmetic of one update, as the trainer consumes it (``Trainer.update_size``)."""
-    algo, env = dict(plain["algo"]), plain["env"]
-    if "num_minibatches" in algo and (algo["num_minibatches"] is None or algo.get("rollout_len") is None):
-        from rltrain.algos.ppo import auto_minibatches, auto_rollout_len  # PPO's null: what the run will use
-
-        envs, recurrent = int(env["num_envs"]), (plain.get("model") or {}).get("core", "identity") != "identity"
-        if algo["num_minibatches"] is None:
-            algo["num_minibatches"] = auto_minibatches(envs, recurrent=recurrent)
-        if algo.get("rollout_len") is None:
-            algo["rollout_len"] = auto_rollout_len(envs, int(algo["num_minibatches"]))
-    workers = trainer.replicas()
-    rows = [("env.num_envs", str(env["num_envs"]))]
+    """The batch arithmetic of one update, as the trainer consumes it (``Trainer.update_size``: the sizes the
+    run itself works out, PPO's nulls resolved)."""
+    size, workers, envs = trainer.update_size(), trainer.replicas(), plain["env"]["num_envs"]
     total = int(plain["total_env_steps"])
-    if "rollout_len" in algo:
-        batch = int(env["num_envs"]) * int(algo["rollout_len"]) * workers
-        text = f"{env['num_envs']} envs x {algo['rollout_len']} rollout_len" + \
-            (f" x {workers} ranks" if workers > 1 else "")
-        if trainer.capabilities.batched_rollouts:  # the learner's batch: several actors' rollouts merged
-            size = trainer.update_size(int(algo["rollout_len"]))
-            batch, text = size.env_steps, size.text
-        rows.append(("env steps per update", f"{text} = {batch}"))
-        rows.append(("updates", f"{total} total_env_steps / {batch} = {-(-total // batch)}"))
-        if "num_minibatches" in algo:
-            per_rank = batch // workers
-            mb = per_rank // int(algo["num_minibatches"])
-            rows.append(("minibatch", f"{per_rank} / {algo['num_minibatches']} minibatches = {mb} samples, "
-                         f"{algo.get('update_epochs', 1)} epochs"))
-            if per_rank % int(algo["num_minibatches"]):
-                rows.append(("warning", f"{per_rank} is not divisible by num_minibatches={algo['num_minibatches']}"))
-    else:
-        rows.append(("total_env_steps", str(total)))
+    text = size.text if trainer.capabilities.batched_rollouts else \
+        f"{envs} envs x {size.rollout_len} rollout_len" + (f" x {workers} ranks" if workers > 1 else "")
+    rows = [("env.num_envs", str(envs)), ("env steps per update", f"{text} = {size.env_steps}"),
+            ("updates", f"{total} total_env_steps / {size.env_steps} = {-(-total // size.env_steps)}")]
+    if size.num_minibatches:
+        per_rank, n = size.env_steps // workers, size.num_minibatches
+        rows.append(("minibatch", f"{per_rank} / {n} minibatches = {per_rank // n} samples, "
+                     f"{plain['algo'].get('update_epochs', 1)} epochs"))
     for key in ("eval", "log", "checkpoint"):
         rows.append((f"{key}.every_env_steps", str(plain[key]["every_env_steps"])))
     if plain.get("max_wall_time"):

@@ -8,19 +8,23 @@ from pathlib import Path
 
 from rltrain.errors import ConfigError
 
+DEFAULT_EPISODES = 10
+
 
 def main(argv: list[str] | None = None) -> int:
     """``rltrain-eval <checkpoint or run dir> [--episodes N] [--stochastic] [--video] [--seed S] [--allow-import]``."""
     p = argparse.ArgumentParser(prog="rltrain-eval", description="Evaluate a trained rltrain policy.")
     p.add_argument("path", help="a checkpoint file (.pt) or a run directory (its best, final or latest checkpoint)")
-    p.add_argument("--episodes", type=int, default=10)
+    p.add_argument("--episodes", type=int, default=None,
+                   help=f"episodes to run (default {DEFAULT_EPISODES}; a checkpoint whose env is stepped by importing "
+                        "its module runs none unless --allow-import: the policy is then shown, not evaluated)")
     p.add_argument("--stochastic", action="store_true", help="sample actions instead of taking the mode")
     p.add_argument("--video", action="store_true", help="record every episode to <run dir>/videos (needs moviepy)")
     p.add_argument("--seed", type=int, default=None, help="eval seed base (default: the run's eval seed)")
     p.add_argument("--device", default="cpu")
     p.add_argument("--allow-import", action="store_true",
-                   help="let an env.id import path (module:Attr) stored in the checkpoint import its module: "
-                        "that runs code from the checkpoint's author, so only for checkpoints you trust")
+                   help="let a module named in the checkpoint (env.id module:Attr, to step the env; model.imports) "
+                        "be imported: that runs code from the checkpoint's author, so only for checkpoints you trust")
     p.add_argument("overrides", nargs="*", metavar="eval.KEY=VALUE",
                    help="the training config's spelling also works: eval.episodes=5 eval.video=true "
                         "eval.deterministic=false")
@@ -42,27 +46,40 @@ def main(argv: list[str] | None = None) -> int:
     if args.video:
         _private_runtime_dir()
     try:
-        import torch
-
-        from rltrain.cli.build import env_factory
-        from rltrain.cli.loading import load_policy
-        from rltrain.trainers.episodes import evaluate
-
-        policy, cfg, ckpt_path, eval_seed = load_policy(Path(args.path), device=args.device,
-                                                          allow_import=args.allow_import)
-        if args.episodes <= 0:
-            raise ConfigError(f"--episodes={args.episodes} must be > 0")
-        video_dir = ckpt_path.parent.parent / "videos" if args.video else None
-        env = env_factory(cfg["env"], cfg.get("algo"))
-        seed = eval_seed if args.seed is None else args.seed
-        rets = evaluate(policy, env.make, episodes=args.episodes, eval_seed=seed,
-                        deterministic=not args.stochastic, device=torch.device(args.device), video_dir=video_dir,
-                        real_scores=env.real_scores)
+        return _evaluate(args)
     except ConfigError as err:
         print(f"rltrain-eval: error: {err}", file=sys.stderr)
         return 2
-    print(f"checkpoint: {ckpt_path}")
-    print(f"episodes: {args.episodes}  mean return: {rets.mean():.2f}  std: {rets.std():.2f}  "
+
+
+def _evaluate(args: argparse.Namespace) -> int:
+    import torch
+
+    from rltrain.cli.loading import load_policy, refuse_stepping
+    from rltrain.trainers.episodes import evaluate
+
+    if args.episodes is not None and args.episodes <= 0:
+        raise ConfigError(f"--episodes={args.episodes} must be > 0")
+    loaded = load_policy(Path(args.path), device=args.device, allow_import=args.allow_import)
+    if loaded.step_imports and args.episodes is None and not args.video:
+        # nothing asked that steps the env: show the policy that loaded, and how to evaluate it
+        spec = loaded.spec
+        print(f"checkpoint: {loaded.checkpoint}")
+        params = sum(p.numel() for p in loaded.policy.parameters())
+        print(f"policy: algo={loaded.config['algo']['_target_'].rpartition('.')[2]}  env.id={spec.env_id}  "
+              f"observation {spec.observation.name}  action {spec.describe()}  {params:,} parameters")
+        print(f"episodes: none run: stepping the env imports the module of {loaded.step_imports[0]}, which runs its "
+              "code; pass --allow-import (and --episodes N) to evaluate it")
+        return 0
+    refuse_stepping(loaded)
+    episodes = args.episodes or DEFAULT_EPISODES
+    video_dir = loaded.checkpoint.parent.parent / "videos" if args.video else None
+    seed = loaded.eval_seed if args.seed is None else args.seed
+    rets = evaluate(loaded.policy, loaded.env.make, episodes=episodes, eval_seed=seed,
+                    deterministic=not args.stochastic, device=torch.device(args.device), video_dir=video_dir,
+                    real_scores=loaded.env.real_scores)
+    print(f"checkpoint: {loaded.checkpoint}")
+    print(f"episodes: {episodes}  mean return: {rets.mean():.2f}  std: {rets.std():.2f}  "
           f"min: {rets.min():.2f}  max: {rets.max():.2f}")
     if video_dir is not None:
         print(f"videos: {video_dir}")

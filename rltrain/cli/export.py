@@ -22,7 +22,8 @@ Formats: ``export`` (default) a ``torch.export`` ExportedProgram (``.pt2``, ``to
 ``onnx`` converted from that same program by torch's ``dynamo=True`` exporter (onnxruntime); ``torchscript``
 (``torch.jit.trace``, ``.pt``), which torch deprecates: kept for existing consumers, its warning shown.
 The checkpoint loads through ``rltrain.cli.loading.load_policy``, as in ``rltrain-eval`` and
-``rltrain.load_policy``: nothing named inside it is imported without ``--allow-import``.
+``rltrain.load_policy``: the network is built from the spaces the checkpoint records, so no env is built and the
+env's module is not imported; a ``model.imports`` module it names is imported only with ``--allow-import``.
 """
 
 from __future__ import annotations
@@ -165,12 +166,11 @@ def export(path: Path, *, fmt: str = DEFAULT_FORMAT, out: Path | None = None, fo
             raise ConfigError(f"--format=onnx needs {' and '.join(missing)}: pip install 'rltrain[export]'")
     import torch
 
-    from rltrain.cli.build import env_factory
     from rltrain.cli.loading import load_policy
 
-    policy, cfg, ckpt_path, _ = load_policy(Path(path), device="cpu", allow_import=allow_import)
-    spec = env_factory(cfg["env"], cfg.get("algo")).spec()
-    actor = policy.export_module().eval().requires_grad_(False)
+    loaded = load_policy(Path(path), device="cpu", allow_import=allow_import)  # no env built or imported
+    spec, cfg, ckpt_path = loaded.spec, loaded.config, loaded.checkpoint
+    actor = loaded.policy.export_module().eval().requires_grad_(False)
     for tensor in [*actor.parameters(), *actor.buffers()]:  # own storage each: fused weights share one buffer,
         tensor.data = tensor.data.clone()                     # which the .pt2 archive cannot split cleanly
     state_names = list(actor.state_names)
@@ -294,7 +294,8 @@ def main(argv: list[str] | None = None) -> int:
                         "a description goes beside it as <name>.json")
     p.add_argument("--force", action="store_true", help="replace --out if it exists")
     p.add_argument("--allow-import", action="store_true",
-                   help="let an env.id import path stored in the checkpoint import its module (trusted files only)")
+                   help="let a module the checkpoint names for its network (model.imports; the env's module for a "
+                        "checkpoint older than its recorded spaces) be imported (trusted files only)")
     args = p.parse_args(argv)
     try:
         target = export(Path(args.path), fmt=args.format, out=args.out, force=args.force,

@@ -1,25 +1,51 @@
 """Checkpoint -> policy for the tools (``rltrain-eval``, ``rltrain-export``, ``rltrain.load_policy``).
 
-A checkpoint's config comes from whoever wrote the file: nothing named inside it is imported without the
-user's ``--allow-import``, and no wrapper stored in it chooses where the tools write files.
+A checkpoint records the spaces its policy acts on (``PolicySpaces``, data/structs.py), so the acting network is
+built from the file alone: no env is built and no env module imported. A checkpoint's config comes from whoever
+wrote the file: nothing named inside it is imported without the user's opt-in (``--allow-import`` on the command
+lines, ``allow_import=True`` in Python): a ``model.imports`` entry always (network code), the env's module
+(``env.id`` ``module:Attr``, an ``env.wrappers`` entry ``module:Wrapper``) only to step the env (evaluation
+episodes), or to build the network of a checkpoint written before the spaces were recorded. No wrapper stored
+in it chooses where the tools write files.
 """
 
 from __future__ import annotations
 
 import sys
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
+from rltrain import __version__
 from rltrain.cli.build import algo_factory, env_factory, resolve_target
+from rltrain.data.structs import SPACES_FORMAT, EnvSpec, PolicySpaces
+from rltrain.envs.make import EnvFactory, probe_env
 from rltrain.errors import ConfigError
 from rltrain.run.device import pick_device
 
+CLI_OPT_IN = "--allow-import"  # how a command line user says it; Python callers pass their own spelling
 
-def load_policy(path: Path, *, device: str = "cpu", allow_import: bool = False):
-    """For ``rltrain-eval``: (policy, config, checkpoint path, eval seed) from a checkpoint or run dir.
 
-    The config comes from inside the checkpoint, i.e. from whoever wrote the file: it may name a registered
-    Gymnasium id and an rltrain algorithm class, nothing else, unless ``allow_import`` (the user's
-    ``--allow-import``) lets an ``env.id`` import path ``module:Attr`` import and call its module.
+@dataclass
+class LoadedCheckpoint:
+    """A checkpoint's acting policy and what the tools need beside it."""
+
+    policy: Any = field(repr=False)  # the torch policy (``Policy``), acting weights loaded, on ``device``
+    config: dict = field(repr=False)  # the run's resolved config, as recorded
+    checkpoint: Path  # the file it came from
+    eval_seed: int  # the run's evaluation seed
+    spec: EnvSpec = field(repr=False)  # the env's spaces (recorded; probed for an older checkpoint)
+    env: EnvFactory = field(repr=False)  # builds the env as the run did, to step it (evaluation episodes)
+    # what stepping the env imports (``env.id=module:Attr``, ``env.wrappers`` entries): each needs the opt-in
+    step_imports: list[str] = field(default_factory=list)
+
+
+def load_policy(path: Path, *, device: str = "cpu", allow_import: bool = False,
+                opt_in: str = CLI_OPT_IN) -> LoadedCheckpoint:
+    """The policy of a checkpoint file or run dir (its final, else latest, checkpoint), for the tools.
+
+    ``allow_import``: the user's opt-in to importing what the checkpoint names (see the module docstring);
+    ``opt_in``: how the caller spells it, named in the refusal (``--allow-import``, ``allow_import=True``).
     """
     from rltrain.run.checkpoint import CheckpointManager, load_checkpoint
 
@@ -29,7 +55,7 @@ def load_policy(path: Path, *, device: str = "cpu", allow_import: bool = False):
         path = ckdir / "final.pt" if (ckdir / "final.pt").exists() else (CheckpointManager(ckdir).latest() or ckdir)
     state, _ = load_checkpoint(path, key="checkpoint")  # no run dir: its envs sidecar is never unpickled
     try:
-        return _policy_from(state, path, device=device, allow_import=allow_import)
+        return _policy_from(state, path, device=device, allow_import=allow_import, opt_in=opt_in)
     except ConfigError as err:  # a setting inside the file: say which file
         if str(path) in str(err):
             raise
@@ -39,6 +65,28 @@ def load_policy(path: Path, *, device: str = "cpu", allow_import: bool = False):
         detail = str(err).strip().splitlines()[0][:200] if str(err).strip() else ""
         raise ConfigError(f"checkpoint={path}: not a usable rltrain checkpoint ({type(err).__name__}"
                           f"{': ' + detail if detail else ''})") from None
+
+
+def refuse_stepping(loaded: LoadedCheckpoint, opt_in: str = CLI_OPT_IN) -> None:
+    """Stepping the checkpoint's env imports what it names (``step_imports``): one line naming the opt-in."""
+    if loaded.step_imports:
+        raise ConfigError(f"checkpoint={loaded.checkpoint}: {loaded.step_imports[0]} inside it names a module to "
+                          f"import to step the env, which runs its code; pass {opt_in} if you trust this "
+                          "checkpoint (the policy itself loads without it)")
+
+
+def recorded_spaces(meta: dict, path: Path) -> PolicySpaces | None:
+    """The spaces a checkpoint records; None for one written before they were (it loads as it always did, from
+    its env); a record in a format this version does not read is one line naming both versions."""
+    record = meta.get("spaces")
+    if record is None:
+        return None
+    found = record.get("format") if isinstance(record, dict) else None
+    if found != SPACES_FORMAT:
+        raise ConfigError(f"checkpoint={path}: its spaces are recorded in format {found!r} by rltrain "
+                          f"{meta.get('rltrain', '(version not recorded)')}; rltrain {__version__} reads format "
+                          f"{SPACES_FORMAT}: load it with the version that wrote it, or a later one")
+    return PolicySpaces.from_record(record)
 
 
 # wrappers that write files where their arguments say: from a checkpoint, the file's author would choose
@@ -61,7 +109,7 @@ def _drop_recorders(wrappers: list, path: Path) -> list:
     return kept
 
 
-def _policy_from(state: dict, path: Path, *, device: str, allow_import: bool):
+def _policy_from(state: dict, path: Path, *, device: str, allow_import: bool, opt_in: str) -> LoadedCheckpoint:
     from rltrain.algos.base import Algorithm
     from rltrain.models.sac_networks import holds_separate_encoders
 
@@ -74,12 +122,16 @@ def _policy_from(state: dict, path: Path, *, device: str, allow_import: bool):
     if not isinstance(env_id, str):
         raise ConfigError(f"checkpoint={path}: env.id={env_id!r} inside it is not an env id")
     wrappers = [w if isinstance(w, str) else next(iter(w), "") for w in env.get("wrappers") or []]
-    named = [f"env.id={env_id}"] if ":" in env_id else []
-    named += [f"env.wrappers entry {w}" for w in wrappers if ":" in str(w)]
-    named += [f"model.imports entry {m}" for m in (cfg.get("model") or {}).get("imports") or []]
+    stepping = [f"env.id={env_id}"] if ":" in env_id else []
+    stepping += [f"env.wrappers entry {w}" for w in wrappers if ":" in str(w)]
+    recorded = recorded_spaces(state["meta"], path)
+    named = [f"model.imports entry {m}" for m in (cfg.get("model") or {}).get("imports") or []]
+    named += [] if recorded else stepping  # an older checkpoint: its network is built from its env
     if named and not allow_import:
+        older = "" if recorded or named[0] not in stepping else \
+            " (it was written before checkpoints recorded their spaces, so its network is built from its env)"
         raise ConfigError(f"checkpoint={path}: {named[0]} inside it names a module to import, which runs its "
-                          "code; pass --allow-import if you trust this checkpoint")
+                          f"code{older}; pass {opt_in} if you trust this checkpoint")
     cls = resolve_target(cfg["algo"], "checkpoint algo")
     if not (isinstance(cls, type) and issubclass(cls, Algorithm)):
         raise ConfigError(f"checkpoint={path}: algo._target_={cfg['algo']['_target_']} inside it is not an "
@@ -87,9 +139,16 @@ def _policy_from(state: dict, path: Path, *, device: str, allow_import: bool):
     if holds_separate_encoders(state["algo"]) and (cfg.get("model") or {}).get("shared", "auto") == "auto":
         # SAC on images written up to the shared critic encoder: build the layout the file holds
         cfg["model"] = {**(cfg.get("model") or {}), "shared": False}
-    spec = env_factory(env, cfg["algo"]).spec()
-    dev = pick_device(device)
-    algo = algo_factory(cfg)(spec, num_envs=env["num_envs"], device=dev)
+    if recorded is not None:
+        spec, factory = recorded.spec, env_factory(env, action_mask=recorded.action_mask)
+    else:
+        probed = probe_env(env_factory(env), str((cfg.get("algo") or {}).get("action_mask", "auto")))
+        spec, factory = probed.spec, probed.factory
+    algo = algo_factory(cfg)(spec, num_envs=env["num_envs"], device=pick_device(device))
+    built = PolicySpaces.state_shapes(algo.policy.initial_state(1))
+    if recorded is not None and built != recorded.core_state:
+        raise ConfigError(f"checkpoint={path}: its recurrent state is {recorded.core_state}, but its settings "
+                          f"build a network whose state is {built}")
     algo.policy.load_state_dict(state["algo"]["policy"])  # the acting weights only: no optimiser, no buffer
-    return algo.policy, cfg, path, int(state["meta"]["eval_seed"])
-
+    return LoadedCheckpoint(algo.policy, cfg, path, int(state["meta"]["eval_seed"]), spec, factory,
+                            [] if allow_import else stepping)

@@ -7,9 +7,11 @@ later with a traceback, and says so in one line with the arithmetic:
   or below ``learning_starts`` (no gradient step would ever be taken);
 - the size: one update's rollout (env steps per update x bytes per step) larger than the available memory,
   more envs per worker than a vector env can step, more env processes than the machine can schedule;
-- the env: one env is built and reset, so a factory or ``reset`` that raises is reported with its env id;
-- the algorithm: constructed once on the CPU for that env, so its own checks (``algo.target_kl``, minibatch
-  divisibility, the action space) fail here, also in ``rltrain-check``, not in the first worker.
+- the env: the one env the run built and reset before (``probe_env``: a factory or ``reset`` that raises is
+  reported with its env id) is the spec every check reads;
+- the algorithm: constructed for that env, so its own checks (``algo.target_kl``, minibatch divisibility, the
+  action space) fail here, also in ``rltrain-check``, not in the first worker. Where the trainer's loop runs
+  in this process, this is the loop's own instance (built once per run); else a CPU copy for the checks.
 """
 
 from __future__ import annotations
@@ -19,11 +21,11 @@ import os
 import numpy as np
 import torch
 
+from rltrain.algos.base import Algorithm
 from rltrain.data.memory import available_memory
 from rltrain.data.structs import EnvSpec, ObsSpace, storage_dtype
-from rltrain.envs.make import env_spec, probed_env
 from rltrain.errors import ConfigError
-from rltrain.trainers.base import Trainer
+from rltrain.trainers.base import Trainer, UpdateSize
 from rltrain.trainers.settings import RunSettings
 
 # Envs of one worker are Python objects stepped one after another; beyond this many a worker spends its time
@@ -41,10 +43,9 @@ def check_envs(settings: RunSettings) -> None:
                           "distributed_simulator) or use fewer")
 
 
-def check_budget(settings: RunSettings, trainer: Trainer) -> None:
-    """``total_env_steps`` against one update and against an off-policy ``learning_starts``."""
+def check_budget(settings: RunSettings, size: UpdateSize) -> None:
+    """``total_env_steps`` against one update (``size``) and against an off-policy ``learning_starts``."""
     cls, hp, total = settings.algo_class, settings.algo_settings, settings.total_env_steps
-    size = trainer.update_size(int(hp.rollout_len or 1))  # PPO's null (a 2048-step batch) counts as 1 here
     batch, text = size.env_steps, size.text
     if total < batch:
         raise ConfigError(f"total_env_steps={total} is less than one update: {text} = {batch} env steps; set "
@@ -62,11 +63,9 @@ def obs_bytes(space: ObsSpace) -> int:
     return int(np.prod(space.shape or (1,))) * storage_dtype(space.dtype or "float32").itemsize
 
 
-def check_size(settings: RunSettings, trainer: Trainer, spec: EnvSpec) -> None:
-    """Env processes, and one update's rollout in memory, each against this machine."""
+def check_size(settings: RunSettings, size: UpdateSize, spec: EnvSpec) -> None:
+    """Env processes, and one update's rollout (``size``) in memory, each against this machine."""
     env = settings.env
-    rollout_len = int(settings.algo_settings.rollout_len or 1)
-    size = trainer.update_size(rollout_len)
     batch, text, processes = size.env_steps, size.text, size.env_processes
     cap = PROCESSES_PER_CORE * (os.cpu_count() or 1)
     if env.vectorization == "async" and processes > cap:
@@ -80,14 +79,6 @@ def check_size(settings: RunSettings, trainer: Trainer, spec: EnvSpec) -> None:
         raise ConfigError(f"one update's rollout needs {need / 2**30:.1f} GiB: {text} = {batch} env steps x "
                           f"{per_step} bytes per step, but {avail / 2**30:.1f} GiB are available; lower "
                           "env.num_envs or algo.rollout_len")
-
-
-def probe_env(settings: RunSettings) -> EnvSpec:
-    """Build and reset one env: a factory or ``reset`` that raises is one line naming the env, not a traceback."""
-    with probed_env(settings.env) as env:
-        spec = env_spec(env, settings.env.id)
-        env.reset(seed=0)
-    return spec
 
 
 # bytes per network parameter over a run's life: weights, gradient, two Adam moments, a target / actor copy
@@ -119,18 +110,24 @@ def _width_lists(config: dict) -> list[tuple[str, list[int]]]:
     return found
 
 
-def preflight(settings: RunSettings, trainer: Trainer):
-    """Every check above; returns the algorithm built on the CPU for them (what the run's model looks like)."""
+def preflight(settings: RunSettings, trainer: Trainer, *, check_only: bool = False) -> Algorithm:
+    """Every check above, on the env the run probed once (``settings.env_spec``); returns the algorithm built
+    for them, which ``show_model`` describes: the very instance the trainer's loop then trains when that loop
+    runs in this process (``Trainer.loop_algorithm``), else, as always with ``check_only`` (``rltrain-check``),
+    a CPU copy that only the checks use."""
     check_envs(settings)
-    spec = probe_env(settings)  # what the env is, and the algorithm fits it, before what the budget does with it
+    spec = settings.env_spec or settings.env.spec()
     check_network_size(settings, spec)
     try:
-        algo = settings.algo(spec, num_envs=settings.env.num_envs, device=torch.device("cpu"))
+        algo = None if check_only else trainer.loop_algorithm(spec)
+        if algo is None:
+            algo = settings.algo(spec, num_envs=trainer.learner_envs(), device=torch.device("cpu"))
     except (MemoryError, RuntimeError) as err:
         if not isinstance(err, MemoryError) and "alloc" not in str(err).lower():
             raise
         raise ConfigError(f"building the networks ran out of memory ({str(err).splitlines()[0][:160]}); use "
                           "smaller algo.hidden_sizes / model.hidden_sizes") from None
-    check_budget(settings, trainer)
-    check_size(settings, trainer, spec)
+    size = trainer.update_size()  # the algorithm's own sizes (PPO's rollout_len=null resolved), not a guess
+    check_budget(settings, size)
+    check_size(settings, size, spec)
     return algo

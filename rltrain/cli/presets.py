@@ -116,7 +116,7 @@ def preset_note(algo: str, env_id: str, experiment: str | None, conf: Path = CON
     task = env_id + (f" with wrappers {list(wrappers)}" if wrappers and (best is None or not best.generic) else "")
     head = f"algo={algo}'s generic defaults are used on {task} (published values: rltrain/conf/algo/{algo}.yaml)"
     if best is None:
-        return f"{head}; no preset is close (the README's preset tables list them)"
+        return f"{head}; no preset is close (docs/algorithms/index.md lists them)"
     cmd = f"experiment={best.name}" + (f" env.id={env_id}" if best.generic and best.env_id != env_id else "")
     if exact:
         return f"{head}; the tuned preset for it: rltrain {cmd}"

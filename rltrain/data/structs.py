@@ -10,7 +10,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 import numpy as np
 import torch
@@ -51,6 +51,66 @@ class ObsSpace:
     name: str = ""
     nvec: tuple[int, ...] = ()
     high: int | None = None
+
+    def to_record(self) -> dict:
+        """This description as plain containers (str, int, lists, dicts): what a checkpoint stores, which
+        ``torch.load(weights_only=True)`` reads back without unpickling any class."""
+        return {"kind": self.kind, "shape": list(self.shape), "dtype": self.dtype, "n": self.n, "start": self.start,
+                "parts": [[key, part.to_record()] for key, part in self.parts], "name": self.name,
+                "nvec": list(self.nvec), "high": self.high}
+
+    @classmethod
+    def from_record(cls, record: dict) -> ObsSpace:
+        """The description ``to_record`` wrote; a malformed record (a crafted file) raises ValueError."""
+        kind = _typed(record, "kind", str)
+        if kind not in OBS_KINDS:
+            raise ValueError(f"observation kind {kind!r} is not one of {', '.join(OBS_KINDS)}")
+        parts = tuple((_checked(key, str, "a part's key"), cls.from_record(_checked(part, dict, "a part")))
+                      for key, part in _pairs(record.get("parts", [])))
+        high = record.get("high")
+        return cls(kind, _ints(record, "shape"), _typed(record, "dtype", str), n=_typed(record, "n", int),
+                   start=_typed(record, "start", int), parts=parts, name=_typed(record, "name", str),
+                   nvec=_ints(record, "nvec"), high=None if high is None else _checked(high, int, "high"))
+
+
+OBS_KINDS, ACTION_KINDS = get_args(ObsKind), get_args(ActionKind)
+
+
+def _checked(value: Any, kind: type, what: str) -> Any:
+    """``value`` when it is a ``kind`` (float: any real number; never a bool for a number), else ValueError."""
+    ok = isinstance(value, (int, float) if kind is float else kind)
+    if not ok or (kind in (int, float) and isinstance(value, bool)):
+        raise ValueError(f"{what} is {value!r}, not {'a number' if kind is float else kind.__name__}")
+    return value
+
+
+def _typed(record: dict, key: str, kind: type) -> Any:
+    if not isinstance(record, dict) or key not in record:
+        raise ValueError(f"the space record has no {key!r}")
+    return _checked(record[key], kind, key)
+
+
+def _ints(record: dict, key: str) -> tuple[int, ...]:
+    return tuple(_checked(v, int, key) for v in _typed(record, key, list))
+
+
+def _pairs(value: Any) -> list:
+    if not isinstance(value, list) or not all(isinstance(p, list) and len(p) == 2 for p in value):
+        raise ValueError("parts is not a list of [key, space] pairs")
+    return value
+
+
+def action_mask_of(obs: Any, keys: list[str] | None = None) -> Any:
+    """``obs[MASK_KEY]``, the mask a masked policy's observation carries; when it is missing, one ValueError that
+    names the key and how to pass it (``keys``: every key the observation needs), where a bare
+    ``KeyError: 'action_mask'`` would say neither."""
+    if isinstance(obs, dict) and MASK_KEY in obs:
+        return obs[MASK_KEY]
+    found = f"its keys are {list(obs)}" if isinstance(obs, dict) else f"it is a {type(obs).__name__}, not a dict"
+    want = f"the keys {keys}" if keys else f"{MASK_KEY!r} beside the observation's own keys"
+    raise ValueError(f"this policy masks its actions, so its observation needs the key {MASK_KEY!r} (1 = legal, "
+                     f"one entry per action, as the env offers it: info[{MASK_KEY!r}], an observation key or "
+                     f"action_masks()), but {found}; pass a dict with {want}")
 
 
 def storage_dtype(dtype: str | np.dtype) -> np.dtype:
@@ -152,6 +212,31 @@ class EnvSpec:
         """Entries of an action mask: n (Discrete) or sum(nvec) (MultiDiscrete, per component, concatenated)."""
         return self.n_actions if self.action_kind == "discrete" else sum(self.nvec)
 
+    def to_record(self) -> dict:
+        """This spec as plain containers (``ObsSpace.to_record``): a checkpoint's record of the spaces, from
+        which the network is built again without building, or importing, the env."""
+        return {"env_id": self.env_id, "obs_shape": list(self.obs_shape), "action_kind": self.action_kind,
+                "action_shape": list(self.action_shape), "n_actions": self.n_actions,
+                "action_low": [float(x) for x in self.action_low], "action_high": [float(x) for x in self.action_high],
+                "obs_dtype": self.obs_dtype,
+                "obs_space": None if self.obs_space is None else self.obs_space.to_record(),
+                "nvec": list(self.nvec), "action_start": list(self.action_start), "frame_stack": self.frame_stack}
+
+    @classmethod
+    def from_record(cls, record: dict) -> EnvSpec:
+        """The spec ``to_record`` wrote; a malformed record (a crafted file) raises ValueError."""
+        kind = _typed(record, "action_kind", str)
+        if kind not in ACTION_KINDS:
+            raise ValueError(f"action kind {kind!r} is not one of {', '.join(ACTION_KINDS)}")
+        obs, stack = record.get("obs_space"), record.get("frame_stack")
+        bounds = {key: tuple(float(_checked(v, float, key)) for v in _typed(record, key, list))
+                  for key in ("action_low", "action_high")}
+        return cls(_typed(record, "env_id", str), _ints(record, "obs_shape"), kind, _ints(record, "action_shape"),
+                   n_actions=_typed(record, "n_actions", int), **bounds, obs_dtype=_typed(record, "obs_dtype", str),
+                   obs_space=None if obs is None else ObsSpace.from_record(_checked(obs, dict, "obs_space")),
+                   nvec=_ints(record, "nvec"), action_start=_ints(record, "action_start"),
+                   frame_stack=None if stack is None else _checked(stack, int, "frame_stack"))
+
     def describe(self) -> str:
         if self.action_kind == "discrete":
             return f"Discrete({self.n_actions})"
@@ -160,6 +245,45 @@ class EnvSpec:
         if self.action_kind == "multi_binary":
             return f"MultiBinary({list(self.action_shape)})"
         return f"Box(shape={self.action_shape})"
+
+
+SPACES_FORMAT = 1  # the layout of ``PolicySpaces.to_record``; a change that older readers would misread raises it
+
+
+@dataclass(frozen=True)
+class PolicySpaces:
+    """What a trained policy acts on, as every checkpoint records it (``meta["spaces"]``): enough to build the
+    acting network again with no env built and no env module imported (``rltrain.load_policy``, the tools).
+
+    spec:        the env's spaces as the run built them (frame stack and action-mask key included)
+    action_mask: the mask source the run's env factory resolved (envs/make.py ``probe_env``), to step the env
+                 again as it was trained (evaluation episodes)
+    core_state:  a recurrent core's state, the shape of each tensor for one env ([layers, 1, H]); None:
+                 feed-forward
+    """
+
+    spec: EnvSpec
+    action_mask: str = "off"
+    core_state: tuple[tuple[int, ...], ...] | None = None
+
+    @staticmethod
+    def state_shapes(state: tuple[Tensor, ...] | None) -> tuple[tuple[int, ...], ...] | None:
+        """``core_state`` of a policy's ``initial_state(1)``."""
+        return None if state is None else tuple(tuple(t.shape) for t in state)
+
+    def to_record(self) -> dict:
+        """Plain containers only: ``torch.load(weights_only=True)`` reads them back without unpickling a class."""
+        return {"format": SPACES_FORMAT, "env": self.spec.to_record(), "action_mask": self.action_mask,
+                "core_state": None if self.core_state is None else [list(s) for s in self.core_state]}
+
+    @classmethod
+    def from_record(cls, record: dict) -> PolicySpaces:
+        """What ``to_record`` wrote (``record["format"]`` checked by the caller); malformed: ValueError."""
+        state = record.get("core_state")
+        shapes = None if state is None else tuple(tuple(_checked(n, int, "core_state")
+                                                        for n in _checked(s, list, "core_state"))
+                                                  for s in _checked(state, list, "core_state"))
+        return cls(EnvSpec.from_record(_typed(record, "env", dict)), _typed(record, "action_mask", str), shapes)
 
 
 @dataclass

@@ -260,7 +260,7 @@ def make_vector_env(env_id: str, num_envs: int, seeds: list[int] | tuple[int, ..
     wrappers = list(wrappers or [])  # a plain list pickles into async workers (no OmegaConf objects)
     fn = functools.partial(make_env, env_id, kwargs, wrappers=wrappers, max_episode_steps=max_episode_steps,
                            search_path=search_path, action_mask=action_mask)
-    fn().close()  # fail fast, in this process, with a clear error
+    # no throwaway env first (the run's probe_env built one): sync and async alike build one in this process
     if vectorization == "sync":
         return VecEnv([fn] * num_envs, list(seeds), real_scores=bool(wrappers), step_timeout_s=step_timeout_s)
     if vectorization == "async":
@@ -286,7 +286,7 @@ class EnvFactory:
     # and below the parallel trainer's heartbeat_timeout_s, so a hung env is named, not just found silent
     step_timeout_s: float | None = 60.0
     # where the env's action mask comes from (envs/spaces.py): off | key | info | method | drop (off but the
-    # Dict observation's mask key removed); set from algo.action_mask by ``with_action_mask``
+    # Dict observation's mask key removed); set from algo.action_mask by ``probe_env``
     action_mask: str = "off"
 
     def __post_init__(self) -> None:
@@ -321,35 +321,6 @@ class EnvFactory:
                                search_path=self.search_path, step_timeout_s=self.step_timeout_s,
                                action_mask=self.action_mask)
 
-    def with_action_mask(self, mode: str) -> tuple[EnvFactory, str | None]:
-        """This factory with ``action_mask`` resolved from ``algo.action_mask`` (auto | on | off) against what
-        the env offers, and the one line to tell the user (None: nothing to say). ``on`` without a mask, or a
-        mask on an action space that takes none, fails in one line."""
-        if mode not in ("auto", "on", "off"):
-            raise ConfigError(f"algo.action_mask={mode!r}: one of auto, on, off")
-        probe = dataclasses.replace(self, action_mask="off")
-        with probed_env(probe) as env:  # what the env offers, read before anything starts
-            source, size = mask_source(env), mask_size(env.action_space)
-            action_space = env.action_space
-        where = {"key": f"its observation key {MASK_KEY!r}", "info": f"info[{MASK_KEY!r}]",
-                 "method": "its action_masks() method"}.get(source or "", "")
-        if source is None:
-            if mode == "on":
-                raise ConfigError(f"algo.action_mask=on: env.id={self.id} offers no action mask (info[{MASK_KEY!r}], "
-                                  f"a Dict observation key {MASK_KEY!r} or an action_masks() method); set "
-                                  "algo.action_mask=auto")
-            return probe, None
-        if mode == "off" or size is None:
-            if mode == "on":
-                raise ConfigError(f"algo.action_mask=on: env.id={self.id} offers a mask, but masks apply to "
-                                  f"Discrete and MultiDiscrete actions, not {action_space}")
-            why = "algo.action_mask=off" if mode == "off" else f"its action space {action_space} takes none"
-            return (dataclasses.replace(self, action_mask="drop" if source == "key" else "off"),
-                    f"env.id={self.id} offers an action mask ({where}); ignored: {why}")
-        return (dataclasses.replace(self, action_mask=source),
-                f"action masking on for env.id={self.id}: the mask comes from {where} "
-                f"(algo.action_mask={mode}; off ignores it)")
-
     def record(self) -> dict:
         """The plain dict this factory was built from (config.yaml, checkpoints)."""
         return {f.name: getattr(self, f.name) for f in fields(self)}
@@ -375,3 +346,51 @@ def probed_env(factory: EnvFactory):
                           "env.kwargs") from None
     finally:
         env.close()
+
+
+@dataclass(frozen=True)
+class ProbedEnv:
+    """What one env of a run says about itself, read once before the run starts (``probe_env``)."""
+
+    factory: EnvFactory  # the run's factory, its action mask resolved from algo.action_mask
+    spec: EnvSpec  # the env as the run builds it: what the networks are built for, in every process of the run
+    line: str | None  # the action-mask line to tell the user (None: nothing to say)
+
+
+def probe_env(factory: EnvFactory, mask_mode: str = "auto") -> ProbedEnv:
+    """Build and reset ONE env of ``factory``: the run's only look at its env before it starts. It resolves the
+    action mask from ``algo.action_mask`` (``mask_mode``: auto | on | off) against what the env offers, describes
+    the env as the run builds it (the mask key added or dropped), and turns a factory or ``reset`` that raises
+    into one line naming the env; ``on`` without a mask, or a mask on actions that take none, is one line too."""
+    if mask_mode not in ("auto", "on", "off"):
+        raise ConfigError(f"algo.action_mask={mask_mode!r}: one of auto, on, off")
+    with probed_env(dataclasses.replace(factory, action_mask="off")) as env:
+        _, info = env.reset(seed=0)
+        resolved, line = _mask_choice(factory, mask_mode, mask_source(env, info), env.action_space)
+        # the wrapper make_env puts outermost, put around this env: its spaces are the run's
+        shown = ActionMaskObservation(env, resolved.action_mask) if resolved.action_mask != "off" else env
+        return ProbedEnv(resolved, env_spec(shown, factory.id), line)
+
+
+def _mask_choice(factory: EnvFactory, mode: str, source: str | None,
+                 action_space: gym.Space) -> tuple[EnvFactory, str | None]:
+    """``factory`` with its ``action_mask`` chosen from ``mode`` and the env's mask ``source``, and the line
+    that tells the user (None: nothing to say)."""
+    where = {"key": f"its observation key {MASK_KEY!r}", "info": f"info[{MASK_KEY!r}]",
+             "method": "its action_masks() method"}.get(source or "", "")
+    if source is None:
+        if mode == "on":
+            raise ConfigError(f"algo.action_mask=on: env.id={factory.id} offers no action mask (info[{MASK_KEY!r}], "
+                              f"a Dict observation key {MASK_KEY!r} or an action_masks() method); set "
+                              "algo.action_mask=auto")
+        return dataclasses.replace(factory, action_mask="off"), None
+    if mode == "off" or mask_size(action_space) is None:
+        if mode == "on":
+            raise ConfigError(f"algo.action_mask=on: env.id={factory.id} offers a mask, but masks apply to "
+                              f"Discrete and MultiDiscrete actions, not {action_space}")
+        why = "algo.action_mask=off" if mode == "off" else f"its action space {action_space} takes none"
+        return (dataclasses.replace(factory, action_mask="drop" if source == "key" else "off"),
+                f"env.id={factory.id} offers an action mask ({where}); ignored: {why}")
+    return (dataclasses.replace(factory, action_mask=source),
+            f"action masking on for env.id={factory.id}: the mask comes from {where} "
+            f"(algo.action_mask={mode}; off ignores it)")

@@ -73,8 +73,9 @@ def mask_size(action_space: gym.Space) -> int | None:
     return None
 
 
-def mask_source(env: gym.Env) -> str | None:
-    """How ``env`` offers an action mask: "key", "method", "info" (after one reset) or None."""
+def mask_source(env: gym.Env, info: dict | None = None) -> str | None:
+    """How ``env`` offers an action mask: "key", "method", "info" or None. ``info``: what the env's reset
+    returned, when the caller has reset it already (else it is reset here)."""
     space = env.observation_space
     if isinstance(space, gym.spaces.Dict) and MASK_KEY in space.spaces:
         return "key"
@@ -83,7 +84,8 @@ def mask_source(env: gym.Env) -> str | None:
             return "method"
     except AttributeError:
         pass
-    _, info = env.reset(seed=0)
+    if info is None:
+        _, info = env.reset(seed=0)
     return "info" if isinstance(info, dict) and MASK_KEY in info else None
 
 

@@ -24,7 +24,7 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from rltrain.data.structs import MASK_KEY, ActOutput, EnvSpec, ObsSpace, Policy, obs_leaves, obs_map
+from rltrain.data.structs import ActOutput, EnvSpec, ObsSpace, Policy, action_mask_of, obs_leaves, obs_map
 from rltrain.errors import ConfigError
 from rltrain.models.cores import CoreState, make_core
 from rltrain.models.distributions import ActionDistribution, make_action_distribution, mask_logits
@@ -220,7 +220,7 @@ class ActorCritic(Policy):
         """params [B, P] with the illegal actions' logits at the dtype's minimum where the observation carries
         an action mask (``MASK_KEY`` [B, P]; Huang & Ontanon 2022), so acting, the loss (log-prob and entropy
         under the mask) and evaluation all see the masked distribution."""
-        return mask_logits(params, obs[MASK_KEY]) if self.masked else params  # type: ignore[index]
+        return mask_logits(params, action_mask_of(obs)) if self.masked else params
 
     def act(self, obs: Obs, state: CoreState | None = None, *, deterministic: bool = False,
             generator: torch.Generator | None = None) -> ActOutput:

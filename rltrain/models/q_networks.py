@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from rltrain.data.structs import MASK_KEY, ActOutput, EnvSpec, Policy
+from rltrain.data.structs import MASK_KEY, ActOutput, EnvSpec, Policy, action_mask_of
 from rltrain.errors import ConfigError
 from rltrain.models.distributions import mask_logits
 from rltrain.models.encoders import Encoder, FlatInput, Obs, make_encoder
@@ -51,22 +51,24 @@ class QPolicy(Policy):
         the illegal actions' values are the dtype's minimum, so every argmax and max (acting, the target, Double
         DQN's selection) is over legal actions only."""
         q = self.q(obs)
-        return mask_logits(q, obs[MASK_KEY]) if self.masked else q  # type: ignore[index]
+        return mask_logits(q, action_mask_of(obs)) if self.masked else q
 
     def act(self, obs: Obs, state=None, *, deterministic: bool = False,
             generator: torch.Generator | None = None) -> ActOutput:
         greedy = self(obs).argmax(-1)
+        device = greedy.device
         if deterministic:
-            return ActOutput(greedy, torch.zeros(greedy.shape))
+            return ActOutput(greedy, torch.zeros(greedy.shape, device=device))
         eps = float(self.epsilon)
-        explore = torch.rand(greedy.shape, generator=generator) < eps
+        # the random draws come from the CPU generator (the same exploration on CPU and CUDA), then move over
+        explore = (torch.rand(greedy.shape, generator=generator) < eps).to(device)
         if self.masked:  # explore uniformly among the legal actions
-            legal = obs[MASK_KEY].to(torch.float32).cpu()  # type: ignore[index]
-            uniform = torch.multinomial(legal, 1, generator=generator).squeeze(-1).to(greedy.device)
-            n_legal = legal.sum(-1).to(greedy.device)
+            legal = action_mask_of(obs).to(torch.float32).cpu()
+            uniform = torch.multinomial(legal, 1, generator=generator).squeeze(-1).to(device)
+            n_legal = legal.sum(-1).to(device)
         else:
-            uniform = torch.randint(0, self.n_actions, greedy.shape, generator=generator)
-            n_legal = torch.full(greedy.shape, float(self.n_actions))
+            uniform = torch.randint(0, self.n_actions, greedy.shape, generator=generator).to(device)
+            n_legal = torch.full(greedy.shape, float(self.n_actions), device=device)
         action = torch.where(explore, uniform, greedy)
         # behaviour probability of the chosen action under epsilon-greedy (for logging / off-policy checks)
         prob = eps / n_legal + (1.0 - eps) * (action == greedy).float()

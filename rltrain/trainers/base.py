@@ -9,8 +9,10 @@ interrupted for another reason). A trainer fills in two public hooks:
 - ``train(stop)``: run the components where they belong (one process, K agents, W ranks, a learner and
   actors) and return the summary.
 
-and declares what it is (``name``, ``capabilities``), what one update consumes (``update_size``) and the
-processes it starts (``describe``): the CLI asks the trainer these, never its name or attributes.
+and declares what it is (``name``, ``capabilities``), what one update consumes (``update_size``, from the
+algorithm's own ``update_sizes``) and the processes it starts (``describe``): the CLI asks the trainer these,
+never its name or attributes. A trainer whose loop runs in the CLI's process builds that loop's algorithm when
+the pre-flight checks ask for it (``loop_algorithm``), so a run builds it once.
 
 While the run is live, ``summary.json`` says ``running`` (PID, host, start time): a reader never mistakes a
 live run, or one killed without a word (SIGKILL, OOM, power), for an earlier segment's ``completed``. The next
@@ -31,6 +33,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import ClassVar
 
+from rltrain.algos.base import Algorithm, UpdateSizes
+from rltrain.data.structs import EnvSpec
 from rltrain.errors import ConfigError
 from rltrain.run.seeding import SeedTree, write_seeds
 from rltrain.run.signals import StopFlag
@@ -49,12 +53,14 @@ class Capabilities:
 
 @dataclass(frozen=True)
 class UpdateSize:
-    """What one update consumes: env steps, that product spelled out with the keys that set it, and the env
-    processes the run starts with ``env.vectorization=async``."""
+    """What one update consumes: env steps, that product spelled out with the keys that set it, the env
+    processes the run starts with ``env.vectorization=async``, and the algorithm's sizes it comes from."""
 
     env_steps: int
     text: str
     env_processes: int
+    rollout_len: int  # steps per env the update's rollouts hold
+    num_minibatches: int | None = None  # the algorithm's minibatches per epoch (PPO), None for the others
 
 
 class Trainer(ABC):
@@ -137,12 +143,31 @@ class Trainer(ABC):
         """Workers that all-reduce each update (``capabilities.all_reduce``); 1 otherwise."""
         return 1
 
-    def update_size(self, rollout_len: int) -> UpdateSize:
-        """One update of ``rollout_len`` steps (the algorithm's) per env, on every replica."""
-        envs, workers = self.settings.env.num_envs, self.replicas()
-        text = f"algo.rollout_len ({rollout_len}) x env.num_envs ({envs})" + \
+    def learner_envs(self) -> int:
+        """The env columns of one update at the loop's algorithm (its ``num_envs``): one worker's envs."""
+        return self.settings.env.num_envs
+
+    def algo_sizes(self) -> UpdateSizes:
+        """The algorithm's sizes over ``learner_envs`` (``Algorithm.update_sizes``: the one place they are
+        worked out, e.g. PPO's ``rollout_len=null``), before any algorithm is built."""
+        s = self.settings
+        return s.algo_class.update_sizes(s.algo_settings, num_envs=self.learner_envs(),
+                                         recurrent=s.model.core != "identity")
+
+    def update_size(self) -> UpdateSize:
+        """One update of the algorithm's ``rollout_len`` steps per env, on every replica."""
+        sizes, envs, workers = self.algo_sizes(), self.settings.env.num_envs, self.replicas()
+        text = f"algo.rollout_len ({sizes.rollout_len}) x env.num_envs ({envs})" + \
             (f" x trainer.world_size ({workers})" if workers > 1 else "")
-        return UpdateSize(rollout_len * envs * workers, text, envs * workers)
+        return UpdateSize(sizes.rollout_len * envs * workers, text, envs * workers, sizes.rollout_len,
+                          sizes.num_minibatches)
+
+    def loop_algorithm(self, spec: EnvSpec) -> Algorithm | None:
+        """The algorithm of the loop this trainer runs in THIS process, built now for the pre-flight checks and
+        handed to that loop, so the run builds it once (seeded and placed as the loop would); None when the
+        trainer's loops run in other processes or need what only exists there (a rank's all-reduce): the
+        checks then build a CPU copy of their own (cli/preflight.py)."""
+        return None
 
     def envs_text(self) -> str:
         env = self.settings.env

@@ -2,7 +2,8 @@
 
 A checkpoint holds the algorithm (weights, optimisers, an off-policy buffer), the loop's counters, best
 evaluation and target-return record, the rollout source's state (episode statistics, envs in a sidecar),
-every RNG, and the config it was written with; a trainer adds its own entries (``LoopHooks``). Only the main
+every RNG, the config it was written with and the spaces its policy acts on (``PolicySpaces``: the tools build
+the network from them, with no env); a trainer adds its own entries (``LoopHooks``). Only the main
 worker reads and writes them: on resume it loads, then every other worker starts from its weights, optimiser
 and counters through one broadcast, so all replicas are identical (also on a fresh start: rank 0's initial
 weights are everyone's).
@@ -14,7 +15,9 @@ import math
 from pathlib import Path
 from typing import Any
 
+from rltrain import __version__
 from rltrain.algos.base import Algorithm
+from rltrain.data.structs import EnvSpec, PolicySpaces
 from rltrain.errors import ConfigError
 from rltrain.run.checkpoint import (
     CheckpointManager,
@@ -32,9 +35,12 @@ from rltrain.trainers.state import LoopState
 
 class Checkpointing:
     def __init__(self, settings: RunSettings, place: Placement, state: LoopState, *, algo: Algorithm,
-                 source: Any, env_id: str, hooks: LoopHooks, guard: FiniteGuard):
+                 source: Any, spec: EnvSpec, hooks: LoopHooks, guard: FiniteGuard):
         self.s, self.place, self.state = settings, place, state
-        self.algo, self.source, self.env_id, self.hooks, self.guard = algo, source, env_id, hooks, guard
+        self.algo, self.source, self.env_id, self.hooks, self.guard = algo, source, spec.env_id, hooks, guard
+        # the spaces the tools build the acting network from, with no env built or imported (run/checkpoint.py)
+        self.spaces = PolicySpaces(spec, settings.env.action_mask,
+                                   PolicySpaces.state_shapes(algo.policy.initial_state(1))).to_record()
         self.ckpt = CheckpointManager(place.run_dir / "checkpoints", keep_last=settings.checkpoint.keep_last)
         self._resume_done = False
 
@@ -116,7 +122,7 @@ class Checkpointing:
             "collector": self.source.state_dict(),
             "rng": capture_rng(),
             "meta": {"algo": self.algo.name, "config": self.s.config, "eval_seed": self.place.seeds.eval_seed,
-                     "env_id": self.env_id},
+                     "env_id": self.env_id, "spaces": self.spaces, "rltrain": __version__},
         }
         self.hooks.extend_checkpoint(state, algo=self.algo)
         return state

@@ -288,8 +288,8 @@ class DistributedSimulatorTrainer(Trainer):
     def _precheck_resume(self) -> None:
         """Refuse a mismatched resume before spawning anything (rank 0 checks again when joined)."""
         s = self.settings
-        spec, rollout_len = s.resume, s.config["algo"].get("rollout_len")
-        if spec == "never" or rollout_len is None:
+        spec, rollout_len = s.resume, self.update_size().rollout_len  # algo.rollout_len=null resolved
+        if spec == "never":
             return
         path = CheckpointManager(self.run_dir / "checkpoints").latest() if spec == "auto" else Path(spec)
         if path is not None:

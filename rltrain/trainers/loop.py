@@ -46,22 +46,26 @@ class TrainLoop:
     """Collect -> learn until ``total_env_steps``; logs, evaluates and checkpoints on its cadence."""
 
     def __init__(self, settings: RunSettings, place: Placement, stop: StopFlag,
-                 parts: TrainerParts | None = None):
+                 parts: TrainerParts | None = None, *, algo: Algorithm | None = None):
+        """``algo``: the loop's algorithm when its trainer built it already (``Trainer.loop_algorithm``: seeded
+        and placed as here); None: built here. The env's spec is the one the run probed (``settings.env_spec``)."""
         self.s, self.place, self.stop = settings, place, stop
         parts = parts or TrainerParts()
         self.sync, self.is_main = place.sync, place.is_main
         self.progress_factory, self.hooks = parts.progress_factory, parts.hooks
-        seed_process(place.seeds.torch_seed)
-        self.spec = settings.env.spec()
-        self.algo: Algorithm = settings.algo(self.spec, num_envs=parts.num_envs or settings.env.num_envs,
-                                             device=place.device, sync=self.sync)
+        self.spec = settings.env_spec or settings.env.spec()  # probed here only when nobody handed it on
+        if algo is None:
+            seed_process(place.seeds.torch_seed)  # before the weights are drawn: same seed, same weights
+            algo = settings.algo(self.spec, num_envs=parts.num_envs or settings.env.num_envs, device=place.device,
+                                 sync=self.sync)
+        self.algo: Algorithm = algo
         self.source = (parts.source_factory or self._collector)(self.algo)
         self.state = LoopState()
         self.counters = self.state.counters
         self.last_learn: Metrics = {}
         self.guard = FiniteGuard(self.algo, self.sync, self.state)  # checked after every update
         self.checkpoints = Checkpointing(settings, place, self.state, algo=self.algo, source=self.source,
-                                         env_id=self.spec.env_id, hooks=self.hooks, guard=self.guard)
+                                         spec=self.spec, hooks=self.hooks, guard=self.guard)
         self.evaluate = Evaluation(settings, self.state, algo=self.algo, eval_seed=place.seeds.eval_seed,
                                    device=place.device, run_dir=place.run_dir,
                                    save_best=lambda: self.checkpoints.save(kind="best"))

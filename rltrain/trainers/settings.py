@@ -14,6 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from rltrain.data.structs import EnvSpec
 from rltrain.envs.make import EnvFactory
 from rltrain.errors import ConfigError, close_matches
 from rltrain.models.settings import ModelSettings
@@ -100,6 +101,9 @@ class RunSettings:
     resume_trust_envs: bool = False  # unpickle an env sidecar this run dir did not write (only files you trust)
     resume_allow_changes: tuple[str, ...] = ()  # settings a resume may change (e.g. env.kwargs); others refuse
     env: EnvFactory
+    # the env as ``env`` builds it, probed once per run by the CLI (envs/make.py ``probe_env``) and handed to every
+    # process of the run (loops, agents, ranks, actors), which then build no env to read it; None: probe it there
+    env_spec: EnvSpec | None = None
     algo: Callable[..., Any] = field(repr=False)  # functools.partial(AlgorithmClass, settings=..., model=...)
     eval: EvalSettings = EvalSettings()
     log: LogSettings = LogSettings()
@@ -125,4 +129,5 @@ class RunSettings:
                 config[key] = changes[key]
         if "env" in changes:
             config["env"] = {**config.get("env", {}), **changes["env"].record()}
+            changes.setdefault("env_spec", None)  # another env: the probed spec no longer says what it is
         return dataclasses.replace(self, config=config, **changes)

@@ -132,6 +132,7 @@ class WorkerGroup:
         """Start one worker running ``target(ctx, payload)``; returns its index. Both must pickle (spawn)."""
         index = len(self.workers)
         if index == 0:
+            check_start_method(self.start_method)  # fork: CUDA may have been initialised since the group was made
             self._preload_for(target)
         parent_conn, child_conn = self.ctx.Pipe(duplex=True)
         proc = self.ctx.Process(target=_bootstrap, name=f"{self.name}-{index}", daemon=self.daemon,
@@ -222,6 +223,10 @@ class WorkerGroup:
             return True
         except (BrokenPipeError, ConnectionResetError, OSError):
             return False
+
+    def placement(self, index: int) -> None:
+        """Where worker ``index`` runs: on this machine, nothing to name (a Ray group names the node)."""
+        return None
 
     def stop_all(self, reason: str) -> None:
         for w in self.workers:

@@ -2,9 +2,11 @@
 
 ``_bootstrap`` is the child's entry point (``WorkerGroup.start`` hands it to the process): it ties the
 worker's life to its parent's, sets the signals, starts the pipe listener and the heartbeat thread, then runs
-``target(ctx, payload)`` and reports ``Done`` or ``Failed``. ``WorkerContext`` is what the target sees (its
-index, ``send``, ``stop_requested``), ``ContextStop`` the ``StopFlag`` a worker's training loop polls. The
-parent side and the rules both sides keep are described in ``trainers/supervise.py``.
+``target(ctx, payload)`` (``run_target``) and reports ``Done`` or ``Failed``. ``WorkerContext`` is what the
+target sees (its index, ``send``, ``recv``, ``stop_requested``), whatever carries its messages: the Ray actor
+host (``actors/ray_actors.py``) gives it an outbox instead of a pipe and runs the target with the same
+``run_target``. ``ContextStop`` is the ``StopFlag`` a worker's training loop polls. The parent side and the rules
+both sides keep are described in ``trainers/supervise.py``.
 """
 
 from __future__ import annotations
@@ -27,11 +29,15 @@ from rltrain.trainers.messages import Done, Failed, Heartbeat, Started, Stop
 
 
 class WorkerContext:
-    """What a worker's target gets: its index, ``send``, and whether the parent asked it to stop."""
+    """What a worker's target gets: its index, ``send``, and whether the parent asked it to stop.
 
-    def __init__(self, index: int, conn: Connection):
+    It does not care what carries the messages: ``send`` is the channel's (the pipe's here, a Ray actor's outbox
+    in ``actors/ray_actors.py``), and whatever receives the parent's messages hands each to ``deliver`` (the pipe
+    listener here, the Ray actor's ``deliver`` method there)."""
+
+    def __init__(self, index: int, send: Callable[[Any], None]):
         self.index = index
-        self._conn = conn
+        self._send = send
         self._send_lock = threading.Lock()  # the main thread and the heartbeat thread both send
         self._stop = threading.Event()
         self._inbox: queue.SimpleQueue[Any] = queue.SimpleQueue()  # parent -> worker messages other than Stop
@@ -68,26 +74,25 @@ class WorkerContext:
         """Send a dataclass message to the parent. A gone parent turns into a stop request, not an error."""
         try:
             with self._send_lock:
-                self._conn.send(msg)
+                self._send(msg)
         except (BrokenPipeError, ConnectionResetError, EOFError, OSError):
             self.parent_gone = True
             self.request_stop("parent gone")
 
-    def _listen(self) -> None:
-        # every read has a timeout, so the thread also notices a closed pipe promptly
-        while not self.parent_gone:
-            try:
-                if not self._conn.poll(0.5):
-                    continue
-                msg = self._conn.recv()
-            except (EOFError, OSError):
-                self.parent_gone = True
-                self.request_stop("parent gone")
-                return
-            if isinstance(msg, Stop):
-                self.request_stop(msg.reason)
-            else:
-                self._inbox.put(msg)
+    def deliver(self, msg: Any) -> None:
+        """A message from the parent: ``Stop`` sets ``stop_requested``, anything else waits for ``recv``."""
+        if isinstance(msg, Stop):
+            self.request_stop(msg.reason)
+        else:
+            self._inbox.put(msg)
+
+    def start_heartbeat(self, every_s: float) -> None:
+        """A thread sends a ``Heartbeat`` every ``every_s`` while the loop makes progress, until ``finish``."""
+        threading.Thread(target=self._heartbeat, args=(every_s,), name="rltrain-heartbeat", daemon=True).start()
+
+    def finish(self) -> None:
+        """The target returned or raised: the heartbeat thread ends."""
+        self._stop.set()
 
     def _progress(self) -> tuple[int, int]:
         # env calls begun (envs/vector.py's CallWatch), read without importing it: a worker without envs
@@ -102,6 +107,34 @@ class WorkerContext:
             if now != last:
                 last = now
                 self.send(Heartbeat(self.index, time.time()))
+
+
+def run_target(ctx: WorkerContext, target: Callable[[WorkerContext, Any], Any], payload: Any) -> Done | Failed:
+    """``target(ctx, payload)`` and how it ended: ``Done`` with its result, or ``Failed`` with the traceback (a
+    ``ConfigError`` is one line that says it all). The heartbeat ends with it."""
+    try:
+        return Done(ctx.index, target(ctx, payload))
+    except BaseException as err:  # noqa: BLE001 - everything is reported to the parent
+        one_line = isinstance(err, ConfigError)
+        message = str(err) if one_line else f"{type(err).__name__}: {err}"
+        return Failed(ctx.index, message, traceback.format_exc(), one_line)
+    finally:
+        ctx.finish()
+
+
+def _listen(ctx: WorkerContext, conn: Connection) -> None:
+    """The pipe's reader: the parent's messages go to ``ctx.deliver``. Every read has a timeout, so the thread
+    also notices a closed pipe promptly."""
+    while not ctx.parent_gone:
+        try:
+            if not conn.poll(0.5):
+                continue
+            msg = conn.recv()
+        except (EOFError, OSError):
+            ctx.parent_gone = True
+            ctx.request_stop("parent gone")
+            return
+        ctx.deliver(msg)
 
 
 class ContextStop(StopFlag):
@@ -133,32 +166,22 @@ def _bootstrap(target: Callable[..., Any], index: int, conn: Connection, payload
     ``target(ctx, payload)``."""
     die_with_parent(parent_pid, direct=direct_child)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    ctx = WorkerContext(index, conn)
+    ctx = WorkerContext(index, conn.send)
     if graceful_sigterm:  # also replaces the handlers a forked child inherited from its parent
         for signum in (signal.SIGTERM, signal.SIGUSR2):
             signal.signal(signum, lambda s, f: ctx.request_stop(signal.Signals(s).name))
     if "torch" in sys.modules:  # the target's module (unpickled before we run) imported it
         # small nets on few cores: more threads only contend with the other workers
         sys.modules["torch"].set_num_threads(1)
-    threading.Thread(target=ctx._listen, name="rltrain-listen", daemon=True).start()
+    threading.Thread(target=_listen, args=(ctx, conn), name="rltrain-listen", daemon=True).start()
     if heartbeat_s > 0:
-        threading.Thread(target=ctx._heartbeat, args=(heartbeat_s,), name="rltrain-heartbeat",
-                         daemon=True).start()
+        ctx.start_heartbeat(heartbeat_s)
     ctx.send(Started(index, os.getpid()))
-    code = 0
-    try:
-        result = target(ctx, payload)
-        ctx.send(Done(index, result))
-    except BaseException as err:  # noqa: BLE001 - everything is reported to the parent, then we exit non-zero
-        one_line = isinstance(err, ConfigError)
-        message = str(err) if one_line else f"{type(err).__name__}: {err}"
-        ctx.send(Failed(index, message, traceback.format_exc(), one_line))
-        code = 1
-    finally:
-        ctx._stop.set()  # ends the heartbeat thread
-        with ctx._send_lock:
-            conn.close()
-    if code:
+    outcome = run_target(ctx, target, payload)
+    ctx.send(outcome)
+    with ctx._send_lock:  # not while the heartbeat thread is still writing
+        conn.close()
+    if isinstance(outcome, Failed):
         sys.stdout.flush()
         sys.stderr.flush()
-        os._exit(code)  # skip interpreter teardown of half-broken state; the pipe is already flushed
+        os._exit(1)  # skip interpreter teardown of half-broken state; the pipe is already flushed

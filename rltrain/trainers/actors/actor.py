@@ -1,10 +1,11 @@
 """The actor process of ``trainer=subprocess_actors``: collect with a copy of the policy, send rollouts.
 
-An actor builds its envs and a policy-only copy of the algorithm, attaches the learner's shared weights
-and loops: reload weights when the version moved, collect ``rollout_len`` steps with the shared
-``RolloutCollector`` (so a transition is exactly what the sequential trainer records, tagged with the
-policy version that chose it), send it to the learner through its own pipe (``trainers/supervise.py``: one pipe
-per worker, heartbeats, forwarded tracebacks, stop messages).
+An actor builds its envs and a policy-only copy of the algorithm, attaches the learner's weights (the
+backend's transport, ``seams.WeightsReader``) and loops: reload weights when the version moved, collect
+``rollout_len`` steps with the shared ``RolloutCollector`` (so a transition is exactly what the sequential
+trainer records, tagged with the policy version that chose it), send it to the learner through its
+``WorkerContext`` (locally its own pipe, ``trainers/supervise.py``: heartbeats, forwarded tracebacks, stop
+messages; under Ray the actor host's outbox).
 
 Backpressure is credit-based: an actor may have ``credits`` rollouts in flight (in its pipe or in the
 learner's queue) and gets one back when the learner takes one out of the queue. The credits add up to
@@ -28,11 +29,11 @@ from typing import Any
 import numpy as np
 import torch
 
-from rltrain.data.structs import Rollout
+from rltrain.data.structs import EnvSpec, Rollout
 from rltrain.envs.make import EnvFactory
 from rltrain.envs.vector import EnvCallAbandoned
 from rltrain.run.seeding import SeedTree, seed_process
-from rltrain.trainers.actors.shared_weights import WeightsHandle
+from rltrain.trainers.actors.seams import WeightsHandle
 from rltrain.trainers.supervise import WorkerContext
 
 
@@ -46,9 +47,10 @@ class ActorSpec:
     seeds: SeedTree
     algo: Callable[..., Any]  # the run's algorithm factory (settings.algo): a policy-only copy acts here
     env: EnvFactory  # the run's env factory (settings.env)
+    env_spec: EnvSpec | None  # the env as the run probed it (settings.env_spec); None: probed here
     num_envs: int
     rollout_len: int
-    weights: WeightsHandle  # or ray_weights.RayWeightsHandle: ``attach()`` gives the reader
+    weights: WeightsHandle  # the backend's weights transport: ``attach()`` gives this actor's reader
     device: str = "cpu"
     sync: bool = False
     share: int = 1  # sync mode: rollouts to deliver per policy version
@@ -108,7 +110,8 @@ def decode(payload: object, codec: str) -> Rollout:
 
 # -- the process ---------------------------------------------------------------------------------------------
 def actor_main(ctx: WorkerContext, spec: ActorSpec) -> dict:
-    """Worker target (``workers.WorkerGroup`` runs it: SIGINT ignored, heartbeats, tracebacks forwarded)."""
+    """The target every event source runs (``seams.ActorEvents.start``): heartbeats and tracebacks are the
+    event source's business, the loop is this."""
     torch.set_num_threads(spec.torch_threads)
     return _ActorLoop(ctx, spec).run()
 
@@ -119,7 +122,7 @@ class _ActorLoop:
 
         self.ctx, self.spec = ctx, spec
         seed_process(spec.seeds.torch_seed)
-        espec = spec.env.spec()
+        espec = spec.env_spec or spec.env.spec()
         device = torch.device(spec.device)
         self.algo = spec.algo(espec, num_envs=spec.num_envs, device=device)
         self.weights = spec.weights.attach()
@@ -145,6 +148,8 @@ class _ActorLoop:
         while msg is not None:
             if isinstance(msg, Credit):
                 self.credits += msg.n
+            else:  # the weights transport's, where it rides the event source (Ray's version notes)
+                self.weights.receive(msg)
             msg = self.ctx.recv()
         return self.ctx.stop_requested or self.weights.closing
 

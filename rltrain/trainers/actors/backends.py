@@ -1,22 +1,30 @@
 """Where the actors of ``trainer=subprocess_actors`` run: ``trainer.backend: local | ray``.
 
-A backend supplies the pool's two seams and nothing else: the event source (``supervise.WorkerGroup``'s
-interface: start, poll for rollouts / heartbeats / failed / exited / unresponsive, send, kill, shutdown) and
-the weights transport (``publish`` / ``read_if_newer``). The pool, the learner, the loop and the algorithms
-are the same code for both.
+A backend (``seams.ActorBackend``) connects and supplies the pool's two seams, nothing else: the event source
+(``seams.ActorEvents``) and the weights transport (``seams.WeightsTransport``). The pool, the learner, the loop
+and the algorithms are the same code for both.
 
-- ``local``: actor processes on this machine, weights in one shared-memory block (``shared_weights.py``);
-  Ray is never imported.
+- ``local``: actor processes on this machine (``supervise.WorkerGroup``), weights in one shared-memory block
+  (``shared_weights.py``); Ray is never imported.
 - ``ray``: Ray actors on the nodes of a Ray cluster (``ray_actors.py``), weights through the object store
-  (``ray_weights.py``), the connection and its checks in ``ray_cluster.py``.
+  (``ray_weights.py``), the connection and its checks in ``ray_cluster.py``; Ray is imported only here, and only
+  when this backend is chosen.
 """
 
 from __future__ import annotations
+
+from typing import TYPE_CHECKING
 
 from rltrain.envs.make import EnvFactory
 from rltrain.errors import ConfigError
 from rltrain.trainers.actors.shared_weights import SharedWeights
 from rltrain.trainers.supervise import WorkerGroup
+
+if TYPE_CHECKING:
+    import torch
+
+    from rltrain.trainers.actors.ray_actors import RayGroup
+    from rltrain.trainers.actors.ray_weights import RayWeights
 
 BACKENDS = ("local", "ray")
 
@@ -27,19 +35,16 @@ class LocalBackend:
     def __init__(self, *, start_method: str):
         self.start_method = start_method
 
-    def connect(self) -> None:
-        pass
-
-    def weights(self, state, *, version: int, env_steps: int) -> SharedWeights:
-        return SharedWeights.create(state, version=version, env_steps=env_steps)
-
-    def group(self, weights, *, actor_timeout_s: float) -> WorkerGroup:
+    def connect(self, *, actor_timeout_s: float) -> WorkerGroup:
         # daemon=False: an actor may start env processes of its own (env.vectorization=async)
         return WorkerGroup(start_method=self.start_method, heartbeat_s=1.0, heartbeat_timeout_s=actor_timeout_s,
                            name="rltrain-actor", daemon=False)
 
+    def weights(self, state: dict[str, torch.Tensor], *, version: int, env_steps: int) -> SharedWeights:
+        return SharedWeights.create(state, version=version, env_steps=env_steps)
+
     def close(self) -> None:
-        pass
+        pass  # the pool stopped the processes and unlinked the block
 
 
 class RayBackend:
@@ -54,25 +59,29 @@ class RayBackend:
         self.settings = check_ray_settings(ray)
         self.cluster = RayCluster(address=self.settings["address"], actor_resources=self.settings["actor_resources"],
                                   num_actors=num_actors, env=env)
+        self.group: RayGroup | None = None
 
-    def connect(self) -> None:
-        self.cluster.connect()
-
-    def weights(self, state, *, version: int, env_steps: int):
-        from rltrain.trainers.actors.ray_weights import RayWeights
-
-        return RayWeights(state, version=version, env_steps=env_steps)
-
-    def group(self, weights, *, actor_timeout_s: float):
+    def connect(self, *, actor_timeout_s: float) -> RayGroup:
         from rltrain.trainers.actors.ray_actors import RayGroup
 
-        return RayGroup(options=self.cluster.options, heartbeat_timeout_s=actor_timeout_s, weights=weights)
+        self.cluster.connect()
+        self.group = RayGroup(options=self.cluster.options, bundle=self.cluster.bundle,
+                              heartbeat_timeout_s=actor_timeout_s)
+        return self.group
+
+    def weights(self, state: dict[str, torch.Tensor], *, version: int, env_steps: int) -> RayWeights:
+        from rltrain.trainers.actors.ray_weights import RayWeights
+
+        assert self.group is not None, "connect() first"
+        # the notes of new versions ride the actors' message stream: the group's public broadcast
+        return RayWeights(state, version=version, env_steps=env_steps, announce=self.group.broadcast)
 
     def close(self) -> None:
         self.cluster.close()
 
 
-def make_backend(name: str, *, ray: dict | None, start_method: str, num_actors: int, env: EnvFactory):
+def make_backend(name: str, *, ray: dict | None, start_method: str, num_actors: int,
+                 env: EnvFactory) -> LocalBackend | RayBackend:
     if name not in BACKENDS:
         raise ConfigError(f"trainer.backend={name!r} is not one of: {', '.join(BACKENDS)}")
     if name == "local":

@@ -1,28 +1,34 @@
-"""Learner-side supervision of the actors on top of ``workers.WorkerGroup``: restart or abort policy.
+"""The learner's actors: start them, restart or abort on failure, credit them, hand them weights, stop them.
 
-``WorkerGroup`` reports what happened (a rollout, a heartbeat, ``Failed`` with the actor's traceback,
-``Exited`` for a process that died without a word, e.g. SIGKILL, ``Unresponsive`` for a silent one); this
-pool maps worker indices to actor slots and applies ``on_actor_failure``: restart the slot as a new
-generation (fresh, recorded seed) up to ``max_restarts`` times, or raise ``ActorFailure``.
+The backend's event source (``seams.ActorEvents``: a local ``supervise.WorkerGroup`` or Ray's ``RayGroup``)
+reports what happened (a rollout, a heartbeat, ``Failed`` with the actor's traceback, ``Exited`` for one that
+died without a word, e.g. SIGKILL, ``Unresponsive`` for a silent one, ``Unplaced`` for one no machine took
+within ``actor_timeout_s``); this pool maps its indices to actor slots and applies ``on_actor_failure``: restart
+the slot as a new generation (fresh, recorded seed) up to ``max_restarts`` times, or raise ``ActorFailure``. An
+unplaced actor is left out: the run goes on without that slot and stops only when no actor is left.
 
-The event source is the backend's (``backends.py``): a local ``WorkerGroup`` or Ray's ``RayGroup``, which also
-names each actor's node (``placements``, per generation) and reports an actor it could place on no node within
-``actor_timeout_s`` (``Unplaced``): the run goes on without that slot, and stops only when no actor is left.
+Each actor starts with the weights transport's current handle (``seams.WeightsTransport``), so a restarted
+actor never acts with weights older than the version current at its start. ``placements`` names the machine of
+every actor generation where the event source names one (Ray).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING
 
 from rltrain.trainers.actors.actor import ActorSpec, Credit, RolloutMsg, actor_main
-from rltrain.trainers.messages import Unplaced
-from rltrain.trainers.supervise import Done, Exited, Failed, Heartbeat, Started, Unresponsive, WorkerGroup
+from rltrain.trainers.actors.seams import ActorEvents, WeightsHandle, WeightsTransport
+from rltrain.trainers.messages import Done, Exited, Failed, Heartbeat, Started, Unplaced, Unresponsive
+
+if TYPE_CHECKING:
+    import torch
 
 log = logging.getLogger("rltrain.actors")
+SpecMaker = Callable[[WeightsHandle, int, int], ActorSpec]  # (weights handle, actor id, generation) -> its spec
 
 
 class ActorFailure(RuntimeError):
@@ -36,54 +42,73 @@ class ActorSlot:
     actor_id: int
     generation: int = 0
     restarts: int = 0
-    index: int = -1  # its current WorkerGroup index
-    last_seen: float = 0.0
+    index: int = -1  # its current event-source index
     steps: int = 0
     episodes: int = 0
     sps: float = 0.0  # collection SPS of its last rollout
     version: int = -1
-    node: str = ""  # where it runs (Ray backend: node IP, host name, node id); '' locally
-    dropped: bool = False  # no node could take it (Ray): the run goes on without it
+    node: str = ""  # where it runs, where the event source names it (Ray: node IP, host name, node id)
+    dropped: bool = False  # no machine could take it: the run goes on without it
 
 
 class ActorPool:
-    def __init__(self, make_spec: Callable[[int, int], ActorSpec], num_actors: int, *, start_method: str,
-                 on_failure: str, max_restarts: int, actor_timeout_s: float,
-                 on_restart: Callable[[ActorSpec], None] | None = None, group: Any = None):
-        # daemon=False: an actor may start env processes of its own (env.vectorization=async)
-        self.group = group or WorkerGroup(start_method=start_method, heartbeat_s=1.0,
-                                          heartbeat_timeout_s=actor_timeout_s, name="rltrain-actor", daemon=False)
-        self.placements: dict[str, dict] = {}  # actor_<k>_gen_<g> -> its node (Ray backend)
-        self.make_spec, self.on_restart = make_spec, on_restart
-        self.on_failure, self.max_restarts = on_failure, max_restarts
+    def __init__(self, events: ActorEvents, num_actors: int, *, on_failure: str, max_restarts: int,
+                 actor_timeout_s: float, on_restart: Callable[[ActorSpec], None] | None = None):
+        self.events, self.on_restart = events, on_restart
+        self.on_failure, self.max_restarts, self.actor_timeout_s = on_failure, max_restarts, actor_timeout_s
         self.slots = [ActorSlot(k) for k in range(num_actors)]
         self.by_index: dict[int, ActorSlot] = {}
+        self.placements: dict[str, dict] = {}  # actor_<k>_gen_<g> -> its node (where the event source names it)
         self.total_restarts = 0
+        self.failure: str | None = None  # why the actors stopped the run (ActorFailure's message)
         self.stopping = False
+        self.weights: WeightsTransport | None = None
+        self._make_spec: SpecMaker | None = None
 
-    def start(self, generations: list[int] | None = None) -> None:
+    @property
+    def generations(self) -> list[int]:
+        return [s.generation for s in self.slots]
+
+    def resume(self, generations: list[int]) -> None:
+        """Continue a run whose actors had these generations: a resumed actor is a new process, hence a fresh
+        generation (and seed)."""
         for slot in self.slots:
-            slot.generation = generations[slot.actor_id] if generations else 0
+            slot.generation = generations[slot.actor_id] + 1 if slot.actor_id < len(generations) else 0
+
+    def start(self, make_spec: SpecMaker, weights: WeightsTransport) -> None:
+        """Start every actor; the pool owns ``weights`` from now on (``stop`` closes it)."""
+        self._make_spec, self.weights = make_spec, weights
+        for slot in self.slots:
             self._spawn(slot)
 
     def _spawn(self, slot: ActorSlot) -> None:
-        spec = self.make_spec(slot.actor_id, slot.generation)
-        slot.index = self.group.start(actor_main, spec)
-        slot.last_seen = time.monotonic()
+        assert self._make_spec is not None and self.weights is not None
+        spec = self._make_spec(self.weights.handle, slot.actor_id, slot.generation)
+        slot.index = self.events.start(actor_main, spec)
         self.by_index[slot.index] = slot
         if self.on_restart and slot.generation > 0:
             self.on_restart(spec)
 
+    def publish(self, state: dict[str, torch.Tensor], *, version: int, env_steps: int) -> None:
+        assert self.weights is not None
+        self.weights.publish(state, version=version, env_steps=env_steps)
+
     def stop(self) -> None:
-        """Stop message, join, then terminate / kill: no actor outlives this call."""
+        """Closing flag, stop message, join, then terminate / kill: no actor outlives this call; the weights are
+        released."""
         self.stopping = True
-        self.group.shutdown(grace_s=10.0, term_s=5.0)
+        if self.weights is not None:
+            self.weights.mark_closing()
+        self.events.shutdown(grace_s=10.0, term_s=5.0)
+        if self.weights is not None:
+            self.weights.close()
+            self.weights = None
 
     # -- reading ----------------------------------------------------------------------------------------------
     def poll(self, timeout_s: float) -> list[RolloutMsg]:
         """Rollouts that arrived within ``timeout_s``; failures are handled (restart) or raised (abort)."""
         out: list[RolloutMsg] = []
-        for ev in list(self.group.poll(timeout_s)):
+        for ev in list(self.events.poll(timeout_s)):
             if isinstance(ev, RolloutMsg):
                 slot: ActorSlot | None = self.slots[ev.actor_id]
                 if ev.generation != slot.generation:  # type: ignore[union-attr]
@@ -92,7 +117,6 @@ class ActorPool:
                 slot = self.by_index.get(ev.index)
                 if slot is None or slot.index != ev.index:
                     continue
-            slot.last_seen = time.monotonic()
             if isinstance(ev, RolloutMsg):
                 slot.steps += ev.num_steps
                 slot.episodes = ev.episodes
@@ -105,9 +129,9 @@ class ActorPool:
             elif isinstance(ev, Exited):
                 self._failed(slot, f"actor {slot.actor_id} {ev.description}")
             elif isinstance(ev, Unresponsive):
-                self.group.kill(ev.index)
+                self.events.kill(ev.index)
                 self._failed(slot, f"actor {slot.actor_id} sent nothing for {ev.silent_s:.0f}s "
-                                   f"(trainer.actor_timeout_s={self.group.heartbeat_timeout_s:g}); killed")
+                                   f"(trainer.actor_timeout_s={self.actor_timeout_s:g}); killed")
             elif isinstance(ev, Done):
                 self._failed(slot, f"actor {slot.actor_id} returned before it was asked to stop")
             elif isinstance(ev, Unplaced):
@@ -131,14 +155,15 @@ class ActorPool:
             return
         why = "on_actor_failure=abort" if self.on_failure == "abort" else \
             f"trainer.max_restarts={self.max_restarts} reached"
-        raise ActorFailure(f"{reason}; stopping ({why})")
+        self.failure = f"{reason}; stopping ({why})"
+        raise ActorFailure(self.failure)
 
     def _placed(self, slot: ActorSlot) -> None:
-        node_of = getattr(self.group, "node_of", None)
-        if node_of is None:
+        node = self.events.placement(slot.index)
+        if node is None:  # on this machine: nothing to name
             return
-        slot.node = node_of(slot.index)
-        self.placements[f"actor_{slot.actor_id}_gen_{slot.generation}"] = self.group.placement(slot.index)
+        slot.node = node.describe()
+        self.placements[f"actor_{slot.actor_id}_gen_{slot.generation}"] = dataclasses.asdict(node)
         log.info("actor %d (generation %d) runs on %s", slot.actor_id, slot.generation, slot.node)
 
     def _unplaced(self, slot: ActorSlot, waited_s: float) -> None:
@@ -147,23 +172,15 @@ class ActorPool:
         slot.dropped = True
         left = sum(not s.dropped for s in self.slots)
         if not left:
-            raise ActorFailure(f"no node could take actor {slot.actor_id} within {waited_s:.0f}s "
-                               f"(trainer.actor_timeout_s) and no actor is left; stopping")
+            self.failure = (f"no node could take actor {slot.actor_id} within {waited_s:.0f}s "
+                            f"(trainer.actor_timeout_s) and no actor is left; stopping")
+            raise ActorFailure(self.failure)
         log.warning("no node could take actor %d within %.0fs (trainer.actor_timeout_s): going on with %d of %d "
                     "actors", slot.actor_id, waited_s, left, len(self.slots))
-
-    @property
-    def active(self) -> list[ActorSlot]:
-        return [s for s in self.slots if not s.dropped]
 
     def grant(self, msg: RolloutMsg) -> None:
         """``msg`` left the learner's queue: its actor (if still that generation) may send one more."""
         slot = self.slots[msg.actor_id]
         if slot.generation == msg.generation:
-            self.group.send(slot.index, Credit(1))  # False if it died: its Exited event reports that
+            self.events.send(slot.index, Credit(1))  # False if it died: its Exited event reports that
 
-    # -- display ----------------------------------------------------------------------------------------------
-    def rows(self) -> list[str]:
-        now = time.monotonic()
-        return [f"actor {s.actor_id}: {s.sps:,.0f} sps  episodes {s.episodes}  v{s.version}  "
-                f"heartbeat {now - s.last_seen:.1f}s ago  restarts {s.restarts}" for s in self.slots]

@@ -1,19 +1,22 @@
 """The Ray event source of ``trainer=subprocess_actors`` (``trainer.backend=ray``): actors as Ray actors.
 
-``RayGroup`` has the interface of ``supervise.WorkerGroup`` that ``pool.ActorPool`` uses (``start``, ``poll``,
-``send``, ``kill``, ``shutdown``) and reports the same events, so the pool's restart / abort policy, the
-learner, the loop and the algorithms run unchanged:
+``RayGroup`` is a ``seams.ActorEvents`` like the local ``supervise.WorkerGroup`` and reports the same events, so
+the pool's restart / abort policy, the learner, the loop and the algorithms run unchanged:
 
-- each actor is one Ray actor (``ActorHost``, a threaded actor) on any node with ``trainer.ray.actor_resources``
-  free; its ``run`` call runs the very ``actor_main`` a local actor process runs, with a ``RayContext`` in
-  place of the pipe: what the actor ``send``s (``Started``, rollouts, heartbeats) waits in its outbox, and the
-  learner long-polls it with one ``take`` call in flight per actor. A rollout comes back as that call's
-  return value, i.e. through Ray's object store (numpy arrays, read in place on the learner's node);
-- what the learner sends (credits, ``WeightsNote``s, ``Stop``) goes by ``deliver`` calls into its inbox;
-- ``run`` returning gives ``Done`` or ``Failed`` (the actor's traceback); a Ray actor error (the worker
-  process died, its node was lost) gives ``Exited`` naming the cause; an actor that sends nothing for
-  ``heartbeat_timeout_s`` is ``Unresponsive``; one that Ray could not place on any node within that time
-  (no node has its resources free) is ``Unplaced``, and the pool goes on without it.
+- each actor is one Ray actor (``ActorHost``, a threaded actor) in a placement group of its own: one bundle of
+  ``trainer.ray.actor_resources``, the groups spread over the nodes that can take them. Its ``run`` call runs
+  the very ``actor_main`` a local actor process runs, with a ``WorkerContext`` whose channel is an outbox instead
+  of a pipe: what the actor ``send``s (``Placed``, rollouts, heartbeats) waits there, and the learner long-polls
+  it with one ``take`` call in flight per actor. A rollout comes back as that call's return value, i.e. through
+  Ray's object store (numpy arrays, read in place on the learner's node);
+- what the learner sends (credits, the weights transport's notes, ``Stop``) goes by ``deliver`` calls to the
+  context's ``deliver``, as the local pipe listener hands it what the pipe brings;
+- ``run`` returning gives ``Done`` or ``Failed`` (the actor's traceback; ``worker.run_target`` as locally); a Ray
+  actor error (the worker process died, its node was lost) gives ``Exited`` naming the cause; an actor that sends
+  nothing for ``heartbeat_timeout_s`` is ``Unresponsive``; one whose placement group no node reserved within that
+  time (no node has its resources free) is ``Unplaced``, and the pool goes on without it. A reserved one that is
+  still starting (a fresh Ray worker importing torch on a loaded node) is given ``START_TIMEOUT_S``, as a local
+  worker is.
 
 The credits bound the rollouts in flight exactly as locally: an actor only collects while it holds one.
 """
@@ -23,17 +26,14 @@ from __future__ import annotations
 import os
 import queue
 import socket
-import threading
 import time
-import traceback
-from collections.abc import Iterator
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from typing import Any
 
-from rltrain.errors import ConfigError
-from rltrain.trainers.actors.ray_weights import _MAILBOX, Closing, WeightsNote
+from rltrain.trainers.actors.seams import WorkerNode
 from rltrain.trainers.messages import Done, Exited, Failed, Heartbeat, Started, Stop, Unplaced, Unresponsive
-from rltrain.trainers.supervise import WorkerContext
+from rltrain.trainers.worker import WorkerContext, run_target
 
 TAKE_WAIT_S = 0.5  # a take call returns after this long without messages (the learner re-issues it)
 START_TIMEOUT_S = 300.0  # placed, but torch, the algorithm and the envs not loaded yet (as WorkerGroup's start)
@@ -44,10 +44,7 @@ class Placed:
     """actor -> learner, first message: where Ray placed it."""
 
     index: int
-    pid: int
-    node_ip: str
-    hostname: str
-    node_id: str
+    node: WorkerNode
 
 
 @dataclass(frozen=True)
@@ -61,122 +58,93 @@ class Lost(Exited):
         return self.reason
 
 
-class _Outbox:
-    """The 'pipe' of a ``RayContext``: messages wait here until the learner's next ``take``."""
-
-    def __init__(self) -> None:
-        self.queue: queue.Queue[Any] = queue.Queue()
-
-    def send(self, msg: Any) -> None:
-        self.queue.put(msg)
-
-
-class RayContext(WorkerContext):
-    """``WorkerContext`` over an outbox and an inbox instead of a pipe (no listener thread: ``deliver`` fills
-    the inbox); the heartbeat thread is the supervision layer's own."""
-
-    def __init__(self, index: int):
-        self.outbox = _Outbox()
-        super().__init__(index, self.outbox)  # type: ignore[arg-type]
-
-
 class ActorHost:
     """The Ray actor class (made remote by ``RayGroup``); lives in a Ray worker process on some node."""
 
     def __init__(self, index: int, heartbeat_s: float):
         import ray
 
-        self.ctx = RayContext(index)
+        self.outbox: queue.Queue[Any] = queue.Queue()  # the context's channel: emptied by the learner's take calls
+        self.ctx = WorkerContext(index, self.outbox.put)
         self.heartbeat_s = heartbeat_s
         # placed: said at once (torch and the envs load later, with the target; the heartbeat covers that)
-        node = ray.get_runtime_context().get_node_id()
-        self.ctx.send(Placed(index, os.getpid(), ray.util.get_node_ip_address(), socket.gethostname(), node))
+        node = WorkerNode(ray.util.get_node_ip_address(), socket.gethostname(),
+                          ray.get_runtime_context().get_node_id(), os.getpid())
+        self.ctx.send(Placed(index, node))
 
-    def run(self, target, payload, note: WeightsNote) -> tuple:
-        """``target(ctx, payload)`` as ``supervise._bootstrap`` runs it; ('done', result) or ('failed', ...)."""
-        ctx = self.ctx
-        _MAILBOX.offer(note)
-        threading.Thread(target=ctx._heartbeat, args=(self.heartbeat_s,), name="rltrain-heartbeat",
-                         daemon=True).start()
-        try:
-            return ("done", target(ctx, payload))
-        except BaseException as err:  # noqa: BLE001 - reported to the learner as Failed
-            one_line = isinstance(err, ConfigError)
-            return ("failed", str(err) if one_line else f"{type(err).__name__}: {err}", traceback.format_exc(),
-                    one_line)
-        finally:
-            ctx._stop.set()  # ends the heartbeat thread
+    def run(self, target: Callable[[WorkerContext, Any], Any], payload: Any) -> Done | Failed:
+        """``target(ctx, payload)`` as a local worker runs it (heartbeats while it makes progress)."""
+        self.ctx.start_heartbeat(self.heartbeat_s)
+        return run_target(self.ctx, target, payload)
 
     def take(self, wait_s: float) -> list:
         """The outbox's messages; waits up to ``wait_s`` for the first."""
         out = []
         try:
-            out.append(self.ctx.outbox.queue.get(timeout=wait_s))
+            out.append(self.outbox.get(timeout=wait_s))
             while True:
-                out.append(self.ctx.outbox.queue.get_nowait())
+                out.append(self.outbox.get_nowait())
         except queue.Empty:
             return out
 
     def deliver(self, msgs: list) -> None:
         for msg in msgs:
-            if isinstance(msg, WeightsNote):
-                _MAILBOX.offer(msg)
-            elif isinstance(msg, Closing):
-                _MAILBOX.closing = True
-            elif isinstance(msg, Stop):
-                self.ctx.request_stop(msg.reason)
-            else:
-                self.ctx._inbox.put(msg)
+            self.ctx.deliver(msg)
 
 
 @dataclass(eq=False)
 class _Remote:
     index: int
     handle: Any
+    group: Any  # its placement group (None: it asks for no resource, any node takes it)
     run_ref: Any
     take_ref: Any
+    ready_ref: Any  # resolves once a node reserved its placement group (None once it did)
     created: float
     last_seen: float
-    placed: Placed | None = None
+    placed: WorkerNode | None = None
     running: bool = False  # its target sent something: from now on, silence is judged by the heartbeat timeout
-    extra: dict = field(default_factory=dict)
 
 
 class RayGroup:
-    """Learner side: see the module docstring. ``options`` are the Ray actor options (resources, strategy)."""
+    """Learner side: see the module docstring. ``options`` are the Ray actor options (resources, and the
+    ``scheduling_strategy`` its placement groups follow)."""
 
-    def __init__(self, *, options: dict, heartbeat_s: float = 1.0, heartbeat_timeout_s: float = 60.0,
-                 weights=None):
+    def __init__(self, *, options: dict, bundle: dict[str, float], heartbeat_s: float = 1.0,
+                 heartbeat_timeout_s: float = 60.0):
         import ray
 
         self.ray = ray
-        self.remote_cls = ray.remote(ActorHost).options(max_concurrency=4, max_restarts=0, **options)
+        self.options = {k: v for k, v in options.items() if k != "scheduling_strategy"}
+        self.strategy = options.get("scheduling_strategy", "SPREAD")
+        self.bundle = bundle  # the same resources under Ray's names (empty: it asks for none)
+        self.remote_cls = ray.remote(ActorHost)
         self.heartbeat_s, self.heartbeat_timeout_s = heartbeat_s, heartbeat_timeout_s
-        self.weights = weights  # ray_weights.RayWeights: the current note goes out with every start
-        if weights is not None:
-            weights.broadcast = self.broadcast
         self.live: dict[int, _Remote] = {}
-        self.placed: dict[int, Placed] = {}
         self._next = 0
 
-    # -- WorkerGroup's interface --------------------------------------------------------------------------------
-    def start(self, target, payload) -> int:
+    # -- seams.ActorEvents ------------------------------------------------------------------------------------
+    def start(self, target: Callable[[WorkerContext, Any], Any], payload: Any) -> int:
+        from ray.util.placement_group import placement_group
+        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
         index, self._next = self._next, self._next + 1
-        handle = self.remote_cls.remote(index, self.heartbeat_s)
-        note = self.weights.note if self.weights is not None else None
+        group, ready = None, None
+        strategy: Any = self.strategy
+        if self.bundle:  # reserved on a node before the actor starts: ``ready`` tells placed from still waiting
+            group = placement_group([self.bundle], strategy=self.strategy)
+            ready = group.ready()
+            strategy = PlacementGroupSchedulingStrategy(group, placement_group_bundle_index=0)
+        handle = self.remote_cls.options(max_concurrency=4, max_restarts=0, scheduling_strategy=strategy,
+                                         **self.options).remote(index, self.heartbeat_s)
         now = time.monotonic()
-        self.live[index] = _Remote(index, handle, handle.run.remote(target, payload, note),
-                                   handle.take.remote(TAKE_WAIT_S), now, now)
+        self.live[index] = _Remote(index, handle, group, handle.run.remote(target, payload),
+                                   handle.take.remote(TAKE_WAIT_S), ready, now, now)
         return index
 
-    def node_of(self, index: int) -> str:
-        """``ip`` (``hostname``, node id prefix) where the actor runs; '' before it was placed."""
-        p = self.placed.get(index)
-        return f"{p.node_ip} ({p.hostname}, node {p.node_id[:8]})" if p else ""
-
-    def placement(self, index: int) -> dict:
-        p = self.placed[index]
-        return {"node_ip": p.node_ip, "hostname": p.hostname, "node_id": p.node_id, "pid": p.pid}
+    def placement(self, index: int) -> WorkerNode | None:
+        w = self.live.get(index)
+        return w.placed if w is not None else None
 
     def send(self, index: int, msg: Any) -> bool:
         w = self.live.get(index)
@@ -186,6 +154,7 @@ class RayGroup:
         return True
 
     def broadcast(self, msg: Any) -> None:
+        """``msg`` to every live actor (the weights transport's version notes)."""
         for w in self.live.values():
             w.handle.deliver.remote([msg])
 
@@ -193,6 +162,10 @@ class RayGroup:
         w = self.live.pop(index, None)
         if w is not None:
             self.ray.kill(w.handle, no_restart=True)
+            if w.group is not None:
+                from ray.util.placement_group import remove_placement_group
+
+                remove_placement_group(w.group)  # frees its reservation on its node
 
     def poll(self, timeout: float = 0.5) -> Iterator[Any]:
         refs = {}
@@ -200,6 +173,8 @@ class RayGroup:
             refs[w.run_ref] = ("run", w)
             if w.take_ref is not None:
                 refs[w.take_ref] = ("take", w)
+            if w.ready_ref is not None:
+                refs[w.ready_ref] = ("ready", w)
         ready = []
         if refs:
             ready, _ = self.ray.wait(list(refs), num_returns=1, timeout=timeout)
@@ -213,7 +188,10 @@ class RayGroup:
             kind, w = refs[ref]
             if w.index not in self.live:
                 continue
-            yield from (self._took(w, ref, now) if kind == "take" else self._ran(w, ref))
+            if kind == "ready":
+                w.ready_ref, w.last_seen = None, now  # reserved: from now on it is starting
+            else:
+                yield from (self._took(w, ref, now) if kind == "take" else self._ran(w, ref))
         yield from self._check_silent(now)
 
     def _took(self, w: _Remote, ref, now: float) -> Iterator[Any]:
@@ -228,8 +206,8 @@ class RayGroup:
         for msg in msgs:
             w.last_seen = now
             if isinstance(msg, Placed):
-                w.placed = self.placed[w.index] = msg
-                yield Started(w.index, msg.pid)
+                w.placed, w.ready_ref = msg.node, None
+                yield Started(w.index, msg.node.pid)
             else:
                 w.running = True
                 yield msg
@@ -246,38 +224,22 @@ class RayGroup:
             yield from self._lost(w, err)
             return
         self.kill(w.index)  # frees its resources on its node
-        if outcome[0] == "done":
-            yield Done(w.index, outcome[1])
-        else:
-            yield Failed(w.index, *outcome[1:])
+        yield outcome
 
     def _lost(self, w: _Remote, err: BaseException) -> Iterator[Any]:
         self.kill(w.index)
-        where = f" on {self.node_of(w.index)}" if w.placed else ""
+        where = f" on {w.placed.describe()}" if w.placed else ""
         first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
         yield Lost(w.index, None, f"was lost{where} (Ray: {first[:200]})")
 
     def _check_silent(self, now: float) -> Iterator[Any]:
         for w in list(self.live.values()):
-            if w.placed is None and now - w.created > self.heartbeat_timeout_s:
-                if self._has_worker(w):  # placed, its process still starting (a loaded node): keep waiting
-                    w.created = now
-                    continue
-                self.kill(w.index)
-                yield Unplaced(w.index, now - w.created)
-            elif w.placed is not None and now - w.last_seen > (self.heartbeat_timeout_s if w.running
-                                                                 else START_TIMEOUT_S):
+            if w.ready_ref is not None:  # no node reserved its resources yet
+                if now - w.created > self.heartbeat_timeout_s:
+                    self.kill(w.index)
+                    yield Unplaced(w.index, now - w.created)
+            elif now - w.last_seen > (self.heartbeat_timeout_s if w.running else START_TIMEOUT_S):
                 yield Unresponsive(w.index, now - w.last_seen)
-
-    def _has_worker(self, w: _Remote) -> bool:
-        """Whether Ray leased a worker process to the actor (the GCS actor table has its pid): then it was
-        placed and is starting; an actor no node can take has none."""
-        try:
-            from ray._private import state
-
-            return bool(state.actors(w.handle._actor_id.hex()).get("Pid"))
-        except Exception:  # noqa: BLE001 - an internal table that moved in another Ray version: not placed
-            return False
 
     def shutdown(self, *, grace_s: float = 30.0, term_s: float = 5.0) -> None:
         """Stop message, wait up to ``grace_s`` for the run calls, then kill every actor of this group."""

@@ -155,11 +155,17 @@ class RayCluster:
         custom = {k: v * self.num_actors for k, v in self.options.get("resources", {}).items()}
         return {"num_cpus": cpus, **({"resources": custom} if custom else {})}
 
+    @property
+    def bundle(self) -> dict[str, float]:
+        """One actor's resources under Ray's names (its placement group's bundle; zeros left out)."""
+        need = {RESERVED.get(k, k): float(v) for k, v in self.resources.items()}
+        need.setdefault("CPU", float(self.options["num_cpus"]))
+        return {k: v for k, v in need.items() if v > 0}
+
     def _check_resources(self) -> None:
         import ray
 
-        need = {RESERVED.get(k, k): float(v) for k, v in self.resources.items() if float(v) > 0}
-        need.setdefault("CPU", float(self.options["num_cpus"]))
+        need = self.bundle
         nodes = [n for n in ray.nodes() if n.get("Alive")]
         if any(all(n["Resources"].get(k, 0.0) >= v for k, v in need.items()) for n in nodes):
             return

@@ -1,26 +1,27 @@
 """The Ray weights transport of ``trainer=subprocess_actors`` (``trainer.backend=ray``): publish / read-if-newer.
 
-The same two sides as ``shared_weights.SharedWeights``, across machines:
+The same two sides as ``shared_weights.SharedWeights`` (``seams.WeightsTransport`` / ``WeightsReader``), across
+machines:
 
 - the learner ``publish``es a version once: ``ray.put`` of the flattened ``policy_state()`` as numpy arrays
   (one object; Ray copies it at most once to each node that asks, and the actors of a node share that copy),
-  then hands every live actor a small ``WeightsNote`` (version, learner env steps, the object's reference
-  nested in a list, so Ray does not fetch it on delivery);
-- an actor's reader keeps only the newest note it was handed and ``ray.get``s the weights only when that
-  version is newer than the one it acts with (``read_if_newer``): a slow actor that was handed ten versions
-  while it collected fetches one.
+  then ``announce``s a small ``WeightsNote`` (version, learner env steps, the object's reference nested in a
+  list, so Ray does not fetch it on delivery) to every live actor. ``announce`` is the event source's public
+  ``RayGroup.broadcast``, handed over by the backend: the notes ride the actors' message stream, in order with
+  the learner's credits and its stop;
+- an actor's reader keeps only the newest note it was handed (``receive``, from its actor loop) and
+  ``ray.get``s the weights only when that version is newer than the one it acts with (``read_if_newer``): a slow
+  actor that was handed ten versions while it collected fetches one.
 
-Notes reach an actor through its host's mailbox (``ray_actors.ActorHost.deliver``), in the same call stream as
-the learner's credits and its stop; the first note travels with the actor's start, so a restarted actor never
+The note current at an actor's start travels in its handle (``ActorSpec.weights``), so a restarted actor never
 acts with weights older than the version current at its start.
 """
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # numpy and torch load with the actor's target, not with its host (placement is seen sooner)
     import torch
@@ -35,59 +36,38 @@ class WeightsNote:
     refs: list = field(repr=False)
 
 
-@dataclass
-class Closing:
-    """learner -> actor: the run is ending (the reader's ``closing`` turns true, as the shared block's flag)."""
-
-
-class Mailbox:
-    """Actor side: the newest note and the closing flag, written by the host's ``deliver`` thread."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self.note: WeightsNote | None = None
-        self.closing = False
-
-    def offer(self, note: WeightsNote) -> None:
-        with self._lock:  # deliveries may run concurrently (a threaded actor): keep the newest only
-            if self.note is None or note.version >= self.note.version:
-                self.note = note
-
-
-_MAILBOX = Mailbox()  # one actor per Ray worker process: its host and its reader meet here
-
-
 @dataclass(frozen=True)
 class RayWeightsHandle:
-    """What ``ActorSpec.weights`` carries under the Ray backend; ``attach()`` gives the actor's reader."""
+    """What ``ActorSpec.weights`` carries under the Ray backend: the note current at the actor's start."""
+
+    note: WeightsNote
 
     def attach(self) -> RayWeightsReader:
-        return RayWeightsReader(_MAILBOX)
+        return RayWeightsReader(self.note)
 
 
 class RayWeightsReader:
-    """The actor's side, with ``SharedWeights``' reader interface (``read_if_newer``, ``env_steps``, ``closing``)."""
+    """The actor's side: the newest note it was handed, fetched when the actor asks for a newer version."""
 
-    def __init__(self, mailbox: Mailbox):
-        self.mailbox = mailbox
-
-    @property
-    def version(self) -> int:
-        note = self.mailbox.note
-        return note.version if note else -1
+    def __init__(self, note: WeightsNote):
+        self.note = note
 
     @property
     def env_steps(self) -> int:
-        note = self.mailbox.note
-        return note.env_steps if note else 0
+        return self.note.env_steps
 
     @property
     def closing(self) -> bool:
-        return self.mailbox.closing
+        return False  # the group's Stop arrives through the same stream as any closing word would
+
+    def receive(self, msg: Any) -> None:
+        # the host runs several deliveries at once (a threaded actor): notes may arrive out of order
+        if isinstance(msg, WeightsNote) and msg.version >= self.note.version:
+            self.note = msg
 
     def read_if_newer(self, last_version: int) -> tuple[int, dict[str, torch.Tensor]] | None:
-        note = self.mailbox.note
-        if note is None or note.version == last_version:
+        note = self.note
+        if note.version == last_version:
             return None
         import numpy as np
         import ray
@@ -101,34 +81,33 @@ class RayWeightsReader:
 
 
 class RayWeights:
-    """The learner's side, with ``SharedWeights``' writer interface (``publish``, ``mark_closing``, ``close``).
+    """The learner's side. ``announce(note)`` hands a note to every live actor (``RayGroup.broadcast``)."""
 
-    ``broadcast`` is the event source's (``ray_actors.RayGroup.broadcast``): it hands a message to every live
-    actor; the group asks ``note`` for the current version when it starts an actor."""
-
-    def __init__(self, state: dict[str, torch.Tensor], *, version: int, env_steps: int):
-        self.handle = RayWeightsHandle()
-        self.broadcast: Callable[[object], None] | None = None
-        self.note: WeightsNote | None = None
+    def __init__(self, state: dict[str, torch.Tensor], *, version: int, env_steps: int,
+                 announce: Callable[[WeightsNote], None]):
+        self._announce = announce
+        self._note: WeightsNote | None = None
         self.publish(state, version=version, env_steps=env_steps)
+
+    @property
+    def handle(self) -> RayWeightsHandle:
+        assert self._note is not None, "closed"
+        return RayWeightsHandle(self._note)
+
+    @property
+    def version(self) -> int:
+        assert self._note is not None, "closed"
+        return self._note.version
 
     def publish(self, state: dict[str, torch.Tensor], *, version: int, env_steps: int) -> None:
         import ray
 
         arrays = {k: v.detach().cpu().numpy() for k, v in state.items()}
-        self.note = WeightsNote(version, env_steps, [ray.put(arrays)])  # the previous object is freed with its note
-        if self.broadcast is not None:
-            self.broadcast(self.note)
-
-    def set_env_steps(self, env_steps: int) -> None:
-        assert self.note is not None
-        self.note = WeightsNote(self.note.version, env_steps, self.note.refs)
-        if self.broadcast is not None:
-            self.broadcast(self.note)
+        self._note = WeightsNote(version, env_steps, [ray.put(arrays)])  # the previous object goes with its note
+        self._announce(self._note)
 
     def mark_closing(self) -> None:
-        if self.broadcast is not None:
-            self.broadcast(Closing())
+        pass  # nothing faster than the group's Stop, which follows on the same stream
 
     def close(self) -> None:
-        self.note = None
+        self._note = None

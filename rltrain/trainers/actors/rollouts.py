@@ -1,16 +1,24 @@
-"""The rollouts the ``subprocess_actors`` learner consumes: several actors' rollouts merged along the env
-axis into one batch (``merge_rollouts``), and the episode statistics of what it consumed (``EpisodeStats``,
-the learner's stand-in for a collector's)."""
+"""The rollouts the ``subprocess_actors`` learner consumes: ``ActorSource``, the loop's rollout source (what a
+``RolloutCollector`` is for the other trainers), takes the next batch out of the actors' queue (``batches.py``)
+and merges its rollouts along the env axis (``merge_rollouts``); it keeps the episode statistics of what it
+consumed, as a collector does of what it collected."""
 
 from __future__ import annotations
 
 import functools
+import logging
 from collections import deque
 
 import numpy as np
 import torch
 
 from rltrain.data.structs import Rollout, obs_map
+from rltrain.run.signals import StopFlag
+from rltrain.trainers.actors.batches import BatchQueue
+from rltrain.trainers.actors.pool import ActorFailure
+from rltrain.trainers.actors.stats import ActorStats
+
+log = logging.getLogger("rltrain.actors")
 
 
 def merge_rollouts(rollouts: list[Rollout]) -> Rollout:
@@ -37,18 +45,32 @@ def merge_rollouts(rollouts: list[Rollout]) -> Rollout:
                          for parts in zip(*(r.core_state for r in rollouts), strict=True)))
 
 
-class EpisodeStats:
-    """The learner's stand-in for a collector: episode statistics of the rollouts it consumed."""
+class ActorSource:
+    """Batches from the actors' queue, merged along the env axis; None once stopped or when the actors failed
+    (the failure is logged and the run asked to stop: the loop checkpoints and ends)."""
 
-    def __init__(self, window: int = 100):
+    def __init__(self, queue: BatchQueue, stats: ActorStats, stop: StopFlag, window: int = 100):
+        self.queue, self.stats, self.stop = queue, stats, stop
         self.recent_returns: deque[float] = deque(maxlen=window)
         self.recent_lengths: deque[int] = deque(maxlen=window)
         self.episodes = 0
 
-    def add(self, rollout: Rollout) -> None:
+    def collect(self, rollout_len: int, *, policy_version: int, random_actions: bool) -> Rollout | None:
+        """The next batch (``rollout_len`` and ``random_actions`` are the actors' business: their spec says)."""
+        try:
+            batch = self.queue.next_batch(policy_version, self.stop)
+        except ActorFailure as err:
+            log.error("%s", err)
+            self.stop.request("actor_failure")
+            return None
+        if not batch:
+            return None
+        self.stats.batch([policy_version - m.version for m in batch])
+        rollout = merge_rollouts([m.rollout() for m in batch])
         self.recent_returns.extend(rollout.episode_returns)
         self.recent_lengths.extend(rollout.episode_lengths)
         self.episodes += len(rollout.episode_returns)
+        return rollout
 
     def state_dict(self) -> dict:
         return {"recent_returns": list(self.recent_returns), "recent_lengths": list(self.recent_lengths),
@@ -58,3 +80,9 @@ class EpisodeStats:
         self.recent_returns.extend(state["recent_returns"])
         self.recent_lengths.extend(state["recent_lengths"])
         self.episodes = int(state["episodes"])
+
+    def env_state(self) -> bytes | None:
+        return None  # the envs live in the actors; a resumed actor is a new generation with fresh episodes
+
+    def close(self) -> None:
+        pass  # the trainer stops the actors (ActorPool.stop) after the loop, also when it failed

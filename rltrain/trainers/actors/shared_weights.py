@@ -1,4 +1,5 @@
-"""Policy weights broadcast through one shared-memory block with a version counter.
+"""The local weights transport (``seams.WeightsTransport`` / ``WeightsReader``): policy weights broadcast
+through one shared-memory block with a version counter.
 
 The learner owns the block: it creates it, ``publish``es a flattened ``policy_state()`` after every
 update, and closes and unlinks it at shutdown. Actors ``attach`` by name and copy the weights out only
@@ -56,9 +57,13 @@ def _layout(state: dict[str, torch.Tensor]) -> tuple[tuple[tuple[str, tuple[int,
 class SharedWeights:
     """One writer (the learner, ``create``) and any number of readers (actors, ``attach``)."""
 
+    handle: WeightsHandle  # what an actor attaches to: the block's name and layout
+
     def __init__(self, shm: shared_memory.SharedMemory, handle: WeightsHandle, *, owner: bool):
         self._shm, self.handle, self.owner = shm, handle, owner
         self._header = np.ndarray((_HEADER,), np.int64, buffer=shm.buf)
+        if owner:  # a new block: sequence even, not closing
+            self._header[:] = 0
         self._views = {key: np.ndarray(shape, np.dtype(dt), buffer=shm.buf, offset=off)
                        for key, shape, dt, off in handle.layout}
         self._closed = False
@@ -70,7 +75,6 @@ class SharedWeights:
         layout, nbytes = _layout(state)
         shm = shared_memory.SharedMemory(create=True, size=nbytes)
         weights = cls(shm, WeightsHandle(shm.name, nbytes, layout), owner=True)
-        weights._header[:] = 0
         weights.publish(state, version=version, env_steps=env_steps)
         return weights
 
@@ -127,6 +131,9 @@ class SharedWeights:
             return None
         version, state = self.read()
         return None if version == last_version else (version, state)
+
+    def receive(self, msg: object) -> None:
+        """Nothing of this transport rides the actor's messages: the block is its channel."""
 
     # -- teardown ---------------------------------------------------------------------------------------
     def close(self) -> None:
