@@ -27,7 +27,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import resource
 import statistics
 import subprocess
 import sys
@@ -86,12 +85,42 @@ ROWS = [
 ]
 
 
+# Runs the command as a child subreaper (Linux prctl PR_SET_CHILD_SUBREAPER): a process that its parent leaves
+# behind (multiprocessing's forkserver with rltrain's actors below it, Ray's workers) is re-parented to this one
+# instead of init, and is waited for here, so the CPU of every process the command started adds up in this
+# process's children's rusage, which it writes to the file named first. Whatever is still running 60 s after the
+# command exits is terminated (it was started by this run).
+REAPER = """
+import ctypes, json, os, resource, signal, subprocess, sys, time
+ctypes.CDLL(None).prctl(36, 1)
+code = subprocess.call(sys.argv[2:])
+deadline = time.monotonic() + 60
+while True:
+    try:
+        pid, _ = os.waitpid(-1, os.WNOHANG)
+    except ChildProcessError:
+        break
+    if pid == 0:
+        if time.monotonic() > deadline:
+            for left in open(f"/proc/{os.getpid()}/task/{os.getpid()}/children").read().split():
+                os.kill(int(left), signal.SIGTERM)
+            deadline = float("inf")
+        time.sleep(0.05)
+r = resource.getrusage(resource.RUSAGE_CHILDREN)
+json.dump({"cpu": r.ru_utime + r.ru_stime}, open(sys.argv[1], "w"))
+sys.exit(code)
+"""
+
+
 def timed(cmd: list[str], *, cwd: Path) -> tuple[float, subprocess.CompletedProcess]:
-    before = resource.getrusage(resource.RUSAGE_CHILDREN)
-    proc = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, timeout=4 * 3600,
-                          env={**os.environ, "PYTHONPATH": str(PEERS)})
-    after = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime), proc
+    """(CPU seconds of the command and of every process it started, its completed process)."""
+    with tempfile.NamedTemporaryFile(suffix=".json") as out:
+        proc = subprocess.run([sys.executable, "-c", REAPER, out.name, *cmd], cwd=cwd, capture_output=True, text=True,
+                              timeout=4 * 3600, env={**os.environ, "PYTHONPATH": str(PEERS)})
+        cpu = json.loads(Path(out.name).read_text() or "{}").get("cpu")
+    if cpu is None:
+        raise SystemExit(f"the CPU of {' '.join(cmd[:4])} ... was not recorded: {proc.stderr.strip()[-800:]}")
+    return cpu, proc
 
 
 def run_rltrain(row: Row, steps: int, seed: int, tmp: Path, *, algo: str | None = None,

@@ -38,7 +38,10 @@ class IMPALASettings:
     rollout_len: int = 20  # unroll length per env
     lr: float = 6e-4
     optimizer: str = "rmsprop"  # rmsprop (paper) | adam
-    optimizer_eps: float = 0.01  # paper, torchbeast
+    optimizer_eps: float = 1e-5  # RMSprop's eps (SB3's A2C value), not the paper's 0.01: that is TensorFlow's eps
+    # inside the square root, set for Atari's clipped rewards; in torch's RMSprop it is added to sqrt(v), which a small
+    # task's gradients keep far below 0.01, so every step shrinks ~10x (a cue-recall memory task stayed at the
+    # memoryless 0 over 200k steps). conf/experiment/impala_atari.yaml keeps the paper's 0.01.
     anneal_lr: bool = True  # linear decay to 0 over total_env_steps (paper)
     gamma: float = 0.99
     rho_bar: float = 1.0  # clip of the importance weights in the value targets
