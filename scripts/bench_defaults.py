@@ -194,6 +194,8 @@ def main() -> None:
         raise SystemExit(f"unknown --envs {unknown}; rows: {', '.join(r.name for r in ROWS)}")
     seeds = [int(s) for s in args.seeds.split(",")]
     pythons = {"sb3": args.sb3_python, "rllib": args.rllib_python}
+    head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True)
+    print(f"measured at commit {head.stdout.strip() or 'unknown'}", flush=True)  # figures quoted from it name it
     print(f"{'row':20} {'algo':6} {'peer':6} {'steps':>8}  {'rltrain det':>15} {'rltrain stoch':>15} {'peer det':>15} "
           f"{'peer stoch':>15} {'CPU s rl':>9} {'CPU s peer':>10} {'ratio':>6}", flush=True)
     totals: dict[str, list[float]] = {}

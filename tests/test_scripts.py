@@ -17,6 +17,7 @@ def test_bench_throughput_quick_prints_the_table():
     out = subprocess.run([sys.executable, "scripts/bench_throughput.py", "--quick", "--only", "env,train,sb3"],
                          cwd=REPO, capture_output=True, text=True, timeout=300, env=env)
     assert out.returncode == 0, out.stderr[-3000:]
+    assert out.stdout.startswith("measured at commit "), out.stdout[:200]  # a quoted figure names its tree
     rows = {line.split("|")[1].strip(): line for line in out.stdout.splitlines()
             if line.startswith("| ") and "---" not in line}
     assert {"env", "train", "sb3"} <= set(rows), out.stdout
