@@ -37,7 +37,7 @@ class RunResult:
 
     run_dir: Path
     summary: dict
-    policy: LoadedPolicy | None
+    policy: LoadedPolicy | dict[str, LoadedPolicy] | None  # a dict {agent: policy} for a multi-agent env
 
 
 def train(overrides: list[str] | Any = (), *, run_dir: str | Path | None = None) -> RunResult:
@@ -117,8 +117,11 @@ def _run(cfg: Any, run_dir: Path) -> RunResult:
     return RunResult(run_dir=run_dir, summary=summary, policy=policy)
 
 
-def load_policy(path: str | Path, *, device: str = "cpu", allow_import: bool = False) -> LoadedPolicy:
-    """The policy in a checkpoint file, or in a run dir (its final, else latest, checkpoint), ready to act.
+def load_policy(path: str | Path, *, device: str = "cpu",
+                allow_import: bool = False) -> LoadedPolicy | dict[str, LoadedPolicy]:
+    """The policy in a checkpoint file, or in a run dir (its final, else latest, checkpoint), ready to act; for a
+    multi-agent env a dict ``{agent: policy}``, each acting on that agent's own observation (agents that share
+    a policy share its weights; the agent's index is added inside).
 
     Only the acting network is built and loaded (no optimiser state, no replay buffer contents, no trainer),
     from the spaces the checkpoint records: a policy trained on your own env (``env.id=my_env:MyEnv``) loads
@@ -128,6 +131,9 @@ def load_policy(path: str | Path, *, device: str = "cpu", allow_import: bool = F
     from rltrain.cli.loading import load_policy as load
 
     loaded = load(Path(path), device=device, allow_import=allow_import, opt_in="allow_import=True")
+    if getattr(loaded.policy, "group_list", None) is not None:  # a multi-agent env's policies (models/agents.py)
+        return {agent: LoadedPolicy(policy, spec=policy.spec, config=loaded.config, checkpoint=loaded.checkpoint)
+                for agent, policy in loaded.policy.per_agent().items()}
     return LoadedPolicy(loaded.policy, spec=loaded.spec, config=loaded.config, checkpoint=loaded.checkpoint)
 
 

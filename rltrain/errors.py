@@ -10,6 +10,25 @@ class ConfigError(Exception):
     """Bad user input. The CLI prints ``rltrain: error: <message>`` and exits 2, without a traceback."""
 
 
+class UserCodeError(ConfigError):
+    """The user's own code (an env, its factory) raised: one line like any ``ConfigError``, raised ``from`` the
+    original exception so that its traceback can go to ``error.txt`` (and to the terminal with
+    ``HYDRA_FULL_ERROR=1``)."""
+
+
+def described(err: BaseException) -> str:
+    """``Type: message``; an exception without a message (a bare ``assert``) named by where it was raised."""
+    text = str(err).strip().splitlines()[0] if str(err).strip() else ""
+    if text:
+        return f"{type(err).__name__}: {text}"
+    import traceback
+
+    frames = traceback.extract_tb(err.__traceback__) if err.__traceback__ is not None else []
+    if frames:
+        return f"{type(err).__name__} at {frames[-1].filename}:{frames[-1].lineno} ({frames[-1].line or ''})"
+    return type(err).__name__
+
+
 def close_matches(word: str, candidates: Iterable[str], n: int = 3) -> str:
     """A ``; did you mean ...?`` suffix naming the closest candidates, or an empty string."""
     found = difflib.get_close_matches(word, list(candidates), n=n, cutoff=0.6)

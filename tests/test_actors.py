@@ -338,15 +338,17 @@ def test_sync_without_preemption_waits_for_full_batches(cli, tmp_path, orphan_wa
     assert sizes and min(sizes) == 4.0 and float(rows[-1]["actors/preempted_batches"]) == 0
 
 
-def test_raising_actor_traceback_reaches_learner_and_log(cli, tmp_path, orphan_watch):
+def test_raising_actor_traceback_reaches_learner_and_error_txt(cli, tmp_path, orphan_watch):
     out = cli(*FAST, "total_env_steps=100000", "hydra.run.dir=run", "trainer.on_actor_failure=abort",
               "trainer.start_method=fork", "env.id=tests.helpers.actor_envs:RaisingCartPole", timeout=180,
               env=TESTS_ON_PATH)
     assert out.returncode == 1, out.stderr[-3000:]
     console = out.stdout + out.stderr  # Hydra's console log handler writes to stdout
-    assert "RuntimeError: boom from the env" in console and "Traceback" in console
-    logs = "".join(p.read_text() for p in (tmp_path / "run").glob("*.log"))
-    assert "boom from the env" in logs and "Traceback" in logs
+    # one line names the actor, the env call and the exception; the traceback is the run dir's error.txt
+    assert "RuntimeError: boom from the env" in console and "Traceback" not in console
+    assert f"(traceback in {tmp_path / 'run' / 'error.txt'})" in out.stderr
+    trace = (tmp_path / "run" / "error.txt").read_text()
+    assert "boom from the env" in trace and "Traceback" in trace
     s = summary(tmp_path / "run")
     assert s["status"] == "failed" and "boom" in s["error"] and "on_actor_failure=abort" in s["error"]
     assert s["checkpoint"] and Path(s["checkpoint"]).exists()

@@ -7,6 +7,7 @@ MultiBinary key; optionally a Text key and a nested Dict), built through ``rltra
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import pickle
 
@@ -20,6 +21,7 @@ from rltrain.data.replay import ReplayBuffer
 from rltrain.data.structs import EnvSpec, Rollout, obs_leaves, obs_map
 from rltrain.envs.make import env_spec, make_env, make_vector_env
 from rltrain.errors import ConfigError
+from rltrain.models.encoders import make_encoder
 from rltrain.models.factory import ModelSettings, build
 from rltrain.models.q_networks import ContinuousQNetwork
 from rltrain.models.sac_networks import SeparateTwinQ
@@ -234,3 +236,39 @@ def test_sac_on_images_and_dicts_actor_reads_the_twin_critics_one_encoder(env_id
     for _ in range(3):
         sac.learn(r, progress=0.0)
     assert any(not torch.equal(a, b) for a, b in zip(before, sac.critic.q2.parameters(), strict=True))
+
+
+VECTOR_DICT = "tests.helpers.obs_envs:VectorDictEnv"
+
+
+def test_sac_reads_a_dict_of_vectors_concatenated_into_each_networks_mlp():
+    """No image: each critic's MLP reads obs ++ action with the Dict's keys flattened (Discrete one-hot) and
+    concatenated, no encoder weights before it (SB3's layout), and the actor's MLP the same concatenation.
+    model.shared=false keeps one encoder MLP per network (the layout before); a checkpoint of either layout is
+    refused by the other in one line naming the setting that resumes it."""
+    env = make_env(VECTOR_DICT)
+    spec = env_spec(env, VECTOR_DICT)
+    settings = SACSettings(learning_starts=0, batch_size=4, buffer_size=100)
+    model = ModelSettings(hidden_sizes=(16, 16))
+    sac = SAC(spec, settings, num_envs=1, device=CPU, model=model)
+    width = 6 + 3 + 3 + 2
+    assert sum(p.numel() for p in sac.critic.qf1.encoder.parameters()) == 0 and sac.critic.qf1.encoder.out_dim == width
+    assert sac.critic.qf1.q[0].in_features == width + 2 and sac.policy.encoder.mlp[0].in_features == width
+    obs = [env.reset(seed=0)[0]] + [env.step(env.action_space.sample())[0] for _ in range(4)]
+    batch = obs_map(lambda *xs: torch.from_numpy(np.stack(xs)), *obs)
+    keys = [k for k, _ in spec.observation.parts]
+    flat = torch.cat([torch.nn.functional.one_hot(batch[k], 2).float() if k == "phase" else batch[k] for k in keys], 1)
+    action = torch.rand(5, 2)
+    q1, q2 = sac.critic(batch, action)
+    torch.testing.assert_close(q1, sac.critic.qf1.q(torch.cat([flat, action], 1)).squeeze(-1))
+    torch.testing.assert_close(sac.policy.sample(batch, deterministic=True)[0],
+                               sac.policy.head(sac.policy.encoder.mlp(flat), deterministic=True)[0])
+    per_network = SAC(spec, settings, num_envs=1, device=CPU, model=dataclasses.replace(model, shared=False))
+    assert sum(p.numel() for p in per_network.critic.qf1.encoder.parameters()) > 0
+    with pytest.raises(ConfigError, match=r"each hold an encoder .* resume it with model.shared=false "):
+        sac.load_state_dict(per_network.state_dict())
+    with pytest.raises(ConfigError, match=r"hold no encoder .* resume it with model.shared=auto "):
+        per_network.load_state_dict(sac.state_dict())
+    # an image anywhere needs its encoder: asking for the flat input is a programming error
+    with pytest.raises(ValueError, match="not read flat"):
+        make_encoder(env_spec(make_env(DICT_ENV, KW), DICT_ENV).observation, model, flat=True)

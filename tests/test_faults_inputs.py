@@ -84,8 +84,10 @@ def test_legitimate_neighbours_of_the_refused_values_still_build(tmp_path):
 
 @pytest.mark.parametrize(("overrides", "line"), [
     (["algo.lr=nan"], "rltrain: error: algo.lr=nan: must be a finite number (nan and inf train nothing)"),
+    # the user's env raised: its traceback is kept in the run dir, which the line names
     ([f"{BAD_ENV}RaisingReset"], "rltrain: error: env.id=tests.helpers.bad_envs:RaisingReset: reset() raised "
-                                 "RuntimeError: simulator license server unreachable; fix the env or its env.kwargs"),
+                                 "RuntimeError: simulator license server unreachable; fix the env or its env.kwargs; "
+                                 "traceback in {run}/error.txt"),
     (["trainer=distributed_simulator", "trainer.master_addr=256.1.1.1"],
      "rltrain: error: trainer.master_addr=256.1.1.1: cannot listen on it for the rendezvous (Name or service not "
      "known); use 127.0.0.1 or an address of this machine"),
@@ -95,7 +97,7 @@ def test_legitimate_neighbours_of_the_refused_values_still_build(tmp_path):
 def test_bad_input_is_one_line_and_exit_2_from_the_cli(tmp_path, overrides, line):
     res = _train(tmp_path / "run", *overrides)
     assert res.returncode == 2, res.stderr[-3000:]
-    assert _stderr_lines(res) == [line]
+    assert _stderr_lines(res) == [line.format(run=tmp_path / "run")]
 
 
 # -- resuming a checkpoint of another run ----------------------------------------------------------------------

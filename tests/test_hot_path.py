@@ -39,6 +39,11 @@ def test_the_budget_names_what_grew():
     drift = {"ppo_cleanrl": {"collect": {"units": 512, "per_unit": {
         "rltrain/envs/vector.py:VecEnv.step": 0.25, "<numpy.array>": 2.05}}}}
     assert hot_path_counts.compare(drift, budget) == []
+    # a library's calls moved into rltrain (a module call inlined) with fewer calls in all: no slip
+    inlined = {"ppo_cleanrl": {"collect": {"units": 512, "per_unit": {
+        "rltrain/envs/vector.py:VecEnv.step": 0.25, "rltrain/models/layers.py:MLP.forward": 0.25,
+        "<numpy.array>": 1.5}}}}
+    assert hot_path_counts.compare(inlined, budget) == []
     missing = hot_path_counts.compare({"ppo_lstm": same["ppo_cleanrl"]}, budget)
     assert missing == ["ppo_lstm/collect: no budget recorded (run scripts/hot_path_counts.py --record)"]
 

@@ -390,11 +390,11 @@ def test_flat_adam_group_is_torch_adams_without_building_one():
     import subprocess
     import sys
 
-    from rltrain.algos.base import make_adam
+    from rltrain.algos.adam import make_adam
     from rltrain.models.numpy_mlp import adam_group
 
     params = [torch.nn.Parameter(torch.zeros(3))]
-    torch_group = {k: v for k, v in make_adam(params, 2e-3).param_groups[0].items() if k != "params"}
+    torch_group = {k: v for k, v in make_adam(params, 2e-3, eps=1e-5).param_groups[0].items() if k != "params"}
     assert adam_group(2e-3, 1e-5) == torch_group
     code = ("import sys, torch\nfrom rltrain.algos.ppo import PPO\nfrom rltrain.envs.make import EnvFactory\n"
             "PPO(EnvFactory(id='CartPole-v1').spec(), num_envs=4, device=torch.device('cpu'))\n"

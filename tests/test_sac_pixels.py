@@ -103,7 +103,7 @@ def test_the_actors_loss_leaves_the_encoder_untouched(env_id, kwargs):
     sac.learn(r, progress=0.0)  # 8 env steps: 8 updates
     for h in hooks:
         h.remove()
-    updates = sac.critic_steps
+    updates = sac.gradient_steps_taken
     assert updates == 8 and set(received.values()) == {updates}, received
 
 
@@ -120,7 +120,7 @@ def test_each_batch_goes_through_each_encoder_once(env_id, kwargs):
     sac.critic.encoder.register_forward_hook(hook("online"))
     sac.critic_target.encoder.register_forward_hook(hook("target"))
     sac.learn(r, progress=0.0)
-    assert sac.critic_steps == 8 and calls == {"online": 2 * 8, "target": 8}
+    assert sac.gradient_steps_taken == 8 and calls == {"online": 2 * 8, "target": 8}
 
 
 def test_the_target_encoder_is_polyak_averaged_at_tau():
@@ -128,7 +128,7 @@ def test_the_target_encoder_is_polyak_averaged_at_tau():
     sac.learn(r, progress=0.0)  # fills the buffer and runs 8 updates; then one more, watched
     online = dict(sac.critic.encoder.named_parameters())
     before = {n: p.detach().clone() for n, p in sac.critic_target.encoder.named_parameters()}
-    sac._update()
+    sac.update(sac.buffer.sample(sac.batch_size))
     for name, p in sac.critic_target.encoder.named_parameters():
         torch.testing.assert_close(p, before[name] + 0.25 * (online[name].detach() - before[name]))
 

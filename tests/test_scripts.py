@@ -93,3 +93,16 @@ def test_bench_defaults_lists_its_rows_and_refuses_an_unknown_one():
     bad = subprocess.run([sys.executable, "scripts/bench_defaults.py", "--envs", "taxy"], cwd=REPO,
                          capture_output=True, text=True, timeout=120)
     assert bad.returncode != 0 and "unknown --envs ['taxy']" in bad.stderr, bad.stderr
+
+
+def test_bench_multiagent_prints_its_table(tmp_path):
+    """One seed of IPPO on MPE simple_spread at a tiny budget; skrl's columns are skipped where the peers' python
+    has no skrl (CI), and filled where it has."""
+    pytest.importorskip("mpe2")
+    env = {**os.environ, "PYTHONPATH": str(REPO), "PEERS_PYTHON": str(tmp_path / "no-python")}
+    out = subprocess.run([sys.executable, "scripts/bench_multiagent.py", "--envs", "spread", "--algos", "ippo",
+                          "--seeds", "1", "--budget-scale", "0.025"], cwd=REPO, capture_output=True, text=True,
+                         timeout=300, env=env)
+    assert out.returncode == 0, out.stderr[-3000:]
+    row = next(line for line in out.stdout.splitlines() if line.startswith("| spread | ippo | 2500 |"))
+    assert "skipped (no skrl" in row

@@ -16,12 +16,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from rltrain.algos.adam import make_adam
 from rltrain.algos.base import (
     ActorCriticState,
     Algorithm,
     RewardScaler,
     Sync,
-    make_adam,
     positive,
     set_lr,
 )

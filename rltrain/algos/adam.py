@@ -1,5 +1,7 @@
-"""Adam for the off-policy learners: ``torch.optim.Adam(..., fused=True)``'s update through the same fused
-kernel, without constructing a ``torch.optim.Optimizer``.
+"""The one Adam factory of the torch update paths: ``make_adam`` gives ``FusedAdam``, which is
+``torch.optim.Adam(..., fused=True)``'s update through the same fused kernel, without constructing a
+``torch.optim.Optimizer``. (PPO's numpy update keeps its own ``FlatAdam`` over a flat buffer, models/numpy_mlp.py:
+a fused backend of the same rule, in the same checkpoint format.)
 
 Why: ``Optimizer.__init__`` runs ``add_param_group``, which is wrapped in ``torch._disable_dynamo``; the
 wrapper's first call imports ``torch._dynamo`` and with it the compiler stack (over a second of start-up on
@@ -10,22 +12,17 @@ hooks on every step, which a DQN doing thousands of tiny updates feels.
 counters are incremented with ``torch._foreach_add_`` and ``torch._fused_adam_`` updates parameters and
 moments in place, so the weights are bit for bit what torch's fused Adam gives. ``state_dict`` /
 ``load_state_dict`` use torch Adam's own format (per-parameter ``step`` / ``exp_avg`` / ``exp_avg_sq``, its
-``param_groups``), so checkpoints load into either. Where the fused kernel is missing (an old torch, an
-unusual device) ``make_adam`` falls back to ``torch.optim.Adam``.
+``param_groups``), so checkpoints load into either, and ``param_groups`` holds the one group as torch's does
+(``algos.base.set_lr`` anneals its ``lr``). Where the fused kernel is missing (an old torch, parameters that are
+not float32) ``make_adam`` falls back to ``torch.optim.Adam``.
 """
 
 from __future__ import annotations
 
-import inspect
-
 import torch
 from torch import Tensor
 
-
-def _adam_defaults() -> dict:
-    """``torch.optim.Adam``'s keyword defaults (lr, betas, eps, weight_decay, amsgrad, foreach, ...)."""
-    return {k: p.default for k, p in inspect.signature(torch.optim.Adam.__init__).parameters.items()
-            if k not in ("self", "params") and p.default is not inspect.Parameter.empty}
+from rltrain.models.numpy_mlp import adam_group
 
 
 class FusedAdam:
@@ -35,7 +32,8 @@ class FusedAdam:
         self.params = list(params)
         if not self.params:
             raise ValueError("optimizer got an empty parameter list")
-        self.group = {**_adam_defaults(), "lr": float(lr), "eps": float(eps), "betas": tuple(betas), "fused": True}
+        self.group = {**adam_group(lr, eps), "betas": tuple(betas), "params": self.params}
+        self.param_groups = [self.group]
         self.steps = [torch.zeros((), dtype=torch.float32, device=p.device) for p in self.params]
         self.exp_avgs = [torch.zeros_like(p, memory_format=torch.preserve_format) for p in self.params]
         self.exp_avg_sqs = [torch.zeros_like(p, memory_format=torch.preserve_format) for p in self.params]
@@ -50,15 +48,19 @@ class FusedAdam:
     @torch.no_grad()
     def step(self) -> None:
         """One Adam step on the parameters that have a gradient (as torch: the others keep their state)."""
-        live = [i for i, p in enumerate(self.params) if p.grad is not None]
-        if not live:
-            return
-        params = [self.params[i] for i in live]
-        steps = [self.steps[i] for i in live]
+        grads = [p.grad for p in self.params]
+        if all(g is not None for g in grads):  # the common case: no per-parameter lists to build
+            params, steps, exp_avgs, exp_avg_sqs = self.params, self.steps, self.exp_avgs, self.exp_avg_sqs
+        else:
+            live = [i for i, g in enumerate(grads) if g is not None]
+            if not live:
+                return
+            params, grads = [self.params[i] for i in live], [grads[i] for i in live]
+            steps, exp_avgs = [self.steps[i] for i in live], [self.exp_avgs[i] for i in live]
+            exp_avg_sqs = [self.exp_avg_sqs[i] for i in live]
         beta1, beta2 = self.group["betas"]
         torch._foreach_add_(steps, 1)
-        torch._fused_adam_(params, [p.grad for p in params], [self.exp_avgs[i] for i in live],
-                           [self.exp_avg_sqs[i] for i in live], [], steps, amsgrad=False, lr=self.group["lr"],
+        torch._fused_adam_(params, grads, exp_avgs, exp_avg_sqs, [], steps, amsgrad=False, lr=self.group["lr"],
                            beta1=beta1, beta2=beta2, weight_decay=0.0, eps=self.group["eps"], maximize=False,
                            grad_scale=None, found_inf=None)
 
@@ -96,8 +98,10 @@ class FusedAdam:
         self.group["betas"] = tuple(self.group["betas"])
 
 
-def make_adam(params, lr: float, eps: float) -> FusedAdam | torch.optim.Adam:
-    """``FusedAdam`` where torch has the fused CPU/GPU kernel, else ``torch.optim.Adam``."""
+def make_adam(params, lr: float, *, eps: float) -> FusedAdam | torch.optim.Adam:
+    """Adam over ``params`` (one group): ``FusedAdam`` where torch has the fused CPU/GPU kernel and the parameters
+    are float32, else ``torch.optim.Adam``. ``eps`` is each algorithm's published value (PPO 1e-5, CleanRL; DQN
+    and SAC 1e-8, SB3 / torch's default)."""
     params = list(params)
     if hasattr(torch, "_fused_adam_") and all(p.dtype == torch.float32 for p in params):
         return FusedAdam(params, lr=lr, eps=eps)
@@ -110,5 +114,7 @@ def clip_grad_norm(params: list[Tensor], max_norm: float) -> Tensor:
     dtype, with the same ops (so the same bits) and none of its per-call grouping; returns the total norm."""
     grads = [p.grad for p in params if p.grad is not None]
     norm = torch.linalg.vector_norm(torch.stack(torch._foreach_norm(grads, 2.0)), 2.0)
-    torch._foreach_mul_(grads, torch.clamp(float(max_norm) / (norm + 1e-6), max=1.0))
+    coef = torch.clamp(float(max_norm) / (norm + 1e-6), max=1.0)
+    if coef.device.type != "cpu" or float(coef) != 1.0:  # a product with exactly 1.0 changes no bit: skip it on CPU
+        torch._foreach_mul_(grads, coef)
     return norm

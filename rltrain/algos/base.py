@@ -17,6 +17,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from rltrain.data.streams import split_steps
 from rltrain.data.structs import EnvSpec, Metrics, Policy, Rollout
 from rltrain.errors import ConfigError
 
@@ -74,6 +75,14 @@ class Algorithm(ABC):
 
     policy: Policy
     rollout_len: int  # steps per env between two calls of learn()
+    # what the loop reads besides: the env steps of uniform-random warm-up before the first update (off-policy:
+    # acting is several times faster than training then, so the progress display measures its rate after it);
+    # K when observations are K-frame stacks stored once per frame (the replay); and a count of the writes to
+    # the weights (optimiser steps, target updates) where the algorithm keeps one, so that the loop checks
+    # the weights for NaN / inf only when they moved (None: any learn() may move them)
+    learning_starts: int = 0
+    frame_stack: int | None = None
+    weight_writes: int | None = None
 
     @classmethod
     def update_sizes(cls, settings, *, num_envs: int, recurrent: bool) -> UpdateSizes:
@@ -104,9 +113,26 @@ class Algorithm(ABC):
     def learn(self, rollout: Rollout, *, progress: float) -> Metrics:
         """Update from ``rollout``; ``progress`` in [0, 1] is the share of the budget spent (LR schedules)."""
 
+    def rollouts_to_collect(self, env_steps: int, *, until: int, total: int) -> int:
+        """How many ``rollout_len``-step rollouts the loop may collect in one go, calling ``learn()`` on each in
+        turn afterwards, given ``env_steps`` taken so far, the loop's next event at ``until`` env steps (a log,
+        evaluation or checkpoint, or the budget's end) and the budget ``total``: 1 here (an on-policy learner's
+        update changes the policy that acts next); an off-policy learner asks for more while no update would
+        fall due (algos/off_policy.py)."""
+        return 1
+
+    def learn_collected(self, rollout: Rollout, *, rollouts: int, progress: float) -> Metrics:
+        """``rollouts`` (> 1) consecutive ``rollout_len``-step rollouts that ``rollouts_to_collect`` let the loop
+        collect in one go, concatenated along time: what ``learn()`` on each in turn gives. ``progress`` is the
+        last one's (an algorithm asks for several only where its schedules do not matter before the last)."""
+        metrics: Metrics = {}
+        for piece in split_steps(rollout, self.rollout_len):
+            metrics = self.learn(piece, progress=progress) or metrics
+        return metrics
+
     def wants_random_actions(self, env_steps: int) -> bool:
-        """Off-policy warm-up: act uniformly at random before learning starts."""
-        return False
+        """Off-policy warm-up: act uniformly at random before ``learning_starts`` env steps."""
+        return env_steps < self.learning_starts
 
     def policy_state(self) -> dict[str, Tensor]:
         """CPU copy of the acting weights (and normaliser buffers) for actors."""
@@ -145,14 +171,6 @@ def set_lr(optimizer, lr: float, *, anneal: bool, progress: float) -> float:
     else:
         optimizer.lr = lr
     return lr
-
-
-def make_adam(params, lr: float, eps: float = 1e-5) -> torch.optim.Adam:
-    """Adam with the fused CPU/GPU kernel when this torch has it (~12% faster PPO updates here)."""
-    try:
-        return torch.optim.Adam(params, lr=lr, eps=eps, fused=True)
-    except (RuntimeError, TypeError):
-        return torch.optim.Adam(params, lr=lr, eps=eps)
 
 
 class RewardScaler:

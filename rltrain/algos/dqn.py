@@ -1,10 +1,10 @@
 """Deep Q-Network (Mnih et al. 2015) with an optional Double-DQN target (van Hasselt et al. 2016).
 
-Reads like CleanRL's dqn.py: epsilon-greedy acting with a linear schedule, a preallocated replay buffer,
-a target network (hard copy every ``target_network_frequency`` env steps, or Polyak with ``tau < 1``),
-``learning_starts`` uniform-random warm-up, ``gradient_steps`` updates every ``train_frequency`` env
-steps. Every step count here is in env steps over all envs (and all distributed workers), so a setting
-means the same whatever ``env.num_envs`` is.
+Reads like CleanRL's dqn.py: epsilon-greedy acting with a linear schedule and one TD step per update. The
+replay buffer, the ``learning_starts`` uniform-random warm-up, ``gradient_steps`` updates every
+``train_frequency`` env steps and the target network (hard copy every ``target_network_frequency`` env steps,
+or Polyak with ``tau < 1``) are the off-policy base's (algos/off_policy.py). Every step count here is in env
+steps over all envs (and all distributed workers), so a setting means the same whatever ``env.num_envs`` is.
 """
 
 from __future__ import annotations
@@ -18,9 +18,11 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from rltrain.algos.adam import clip_grad_norm, make_adam
-from rltrain.algos.base import Algorithm, Sync, positive, refuse_recurrent
-from rltrain.data.replay import ReplayBuffer, UnwrittenSteps
-from rltrain.data.structs import EnvSpec, Metrics, Rollout
+from rltrain.algos.base import Sync, positive, refuse_recurrent
+from rltrain.algos.off_policy import OffPolicy, TargetNetwork
+from rltrain.algos.td_numpy import NumpyTDStep
+from rltrain.data.replay import Batch
+from rltrain.data.structs import EnvSpec, Metrics
 from rltrain.errors import ConfigError
 from rltrain.models.factory import ModelSettings, build
 
@@ -49,6 +51,8 @@ class DQNSettings:
     hidden_sizes: tuple[int, ...] = (64, 64)  # SB3 MlpPolicy
     activation: str = "relu"
     checkpoint_buffer: bool = False  # put the replay buffer into state_dict (checkpoint.replay_buffer)
+    numpy_update: bool = True  # on CPU, a plain MLP over float vectors: the TD step in numpy (algos/td_numpy.py;
+    #                            the same loss and checkpoints); false: autograd (what CUDA and encoders run)
     frame_stack: int | None = None  # K: observations are K-frame stacks, stored once per frame; None: the
     #                                 env's (EnvSpec.frame_stack, from its FrameStackObservation); 0: off
 
@@ -68,97 +72,59 @@ class DQNSettings:
             raise ConfigError(f"algo.loss={self.loss!r}: choose mse or huber")
 
 
-class DQN(Algorithm):
+class DQN(OffPolicy):
+    """DQN's networks and TD step; replay, warm-up, updates owed and the target schedule are ``OffPolicy``'s."""
+
     name = "dqn"
-    on_policy = False
     action_kinds = ("discrete",)
     settings_class = DQNSettings
+    stat_names = ("loss/q", "train/q_mean")
+    settings: DQNSettings
 
     def __init__(self, spec: EnvSpec, settings: DQNSettings = DQNSettings(), *, num_envs: int,
                  device: torch.device, sync: Sync | None = None, model: ModelSettings | None = None):
         """``model``: the model group (encoder by observation space, cli/build.py); None: its defaults."""
-        super().__init__(spec, num_envs=num_envs, device=device, sync=sync)
         model = model or ModelSettings()
         refuse_recurrent("algo=dqn (off-policy)", model.core)
-        s = self.settings = settings
-        self.rollout_len = s.rollout_len
-        self.learning_starts = s.learning_starts  # read by the loop (uniform-random warm-up)
-        self.frame_stack = getattr(spec, "frame_stack", None) if s.frame_stack is None else (s.frame_stack or None)
+        s = settings
+        # the env's stack depth (EnvSpec.frame_stack, from its FrameStackObservation) unless the user sets one
+        frame_stack = getattr(spec, "frame_stack", None) if s.frame_stack is None else (s.frame_stack or None)
+        super().__init__(spec, s, num_envs=num_envs, device=device, sync=sync, frame_stack=frame_stack)
 
         # Q(s, .) from the model family: encoder by observation space + one output per action
         self.policy = build(spec, model.with_mlp(s.hidden_sizes, s.activation), "q").to(device)
         self.target = copy.deepcopy(self.policy).requires_grad_(False)
         self.params = list(self.policy.parameters())
-        self.optimizer = make_adam(self.params, s.lr, eps=1e-8)
-        # observations keep their dtype in the buffer (EnvSpec.obs_dtype where the spec has one; float32 is
-        # what the collector writes otherwise); frame stacks are stored one frame per step
-        self.buffer = ReplayBuffer(s.buffer_size, spec.obs_shape, spec.action_shape, spec.action_dtype,
-                                   device=device, obs_dtype=getattr(spec, "obs_dtype", np.dtype(np.float32)),
-                                   frame_stack=self.frame_stack, obs_space=spec.observation)
-        # counters in env steps over all workers; checkpointed so resume keeps the schedules
-        self.env_steps = 0
-        self.pending_updates = 0.0  # rounds of updates owed (train_frequency may not divide the batch)
-        self.last_target_sync = 0
-        self.unwritten = UnwrittenSteps(self.buffer)
-        self.weight_writes = 0  # optimiser steps (and target updates): the loop checks the weights when it moves
+        # the TD step: in numpy for a plain MLP on CPU (its parameters re-homed into one flat buffer; Adam in
+        # torch's checkpoint format), else autograd
+        self.numpy_step = NumpyTDStep(self.policy.mlp_layers, self.target.mlp_layers,
+                                      activation=self.policy.mlp_activation, lr=s.lr, gamma=s.gamma, loss=s.loss,
+                                      double_dqn=s.double_dqn, max_grad_norm=s.max_grad_norm, sync=self.sync) \
+            if s.numpy_update and device.type == "cpu" and self.policy.mlp_layers else None
+        self.optimizer = self.numpy_step.optimizer if self.numpy_step else make_adam(self.params, s.lr, eps=1e-8)
+        self.epsilon_set: float | None = None  # what explore() last wrote into the policy's epsilon buffer
+        # hard copy (tau = 1) or Polyak average every target_network_frequency env steps
+        self.sync_targets_every(s.target_network_frequency, TargetNetwork(self.policy, self.target, tau=s.tau))
 
-    def learn(self, rollout: Rollout, *, progress: float) -> Metrics:
-        """Stores the rollout, advances the schedules and runs the updates now due (none on most env steps:
-        then this returns at once, and the rollout waits to be written with the next ones)."""
+    def explore(self, progress: float) -> Metrics:
+        """Epsilon decays linearly over the first ``exploration_fraction`` of the budget (CleanRL); it is a
+        buffer of the policy, so actors receive it with the weights."""
         s = self.settings
-        steps = rollout.num_steps * self.sync.world_size
-        self.env_steps += steps
-        # linear epsilon schedule over the first exploration_fraction of the budget (CleanRL)
         frac = min(progress / s.exploration_fraction, 1.0)
-        self.policy.epsilon.fill_(s.start_e + frac * (s.end_e - s.start_e))
-        metrics: Metrics = {"train/epsilon": float(self.policy.epsilon)}
-        self.unwritten.add(rollout)
-        if self.env_steps < self.learning_starts:
-            return metrics
-        owed = steps / s.train_frequency
-        due = int(self.pending_updates + owed) >= 1 or \
-            self.env_steps - self.last_target_sync >= s.target_network_frequency
-        if due or self.buffer.ready < s.batch_size:
-            self.unwritten.write()  # the buffer now holds every transition so far, as if written one by one
-            return {**metrics, **self._learn(steps)}
-        # nothing due and the buffer holds a batch already (more once the unwritten steps are in): what
-        # _learn would have done
-        self.pending_updates += owed
-        return metrics
+        epsilon = float(np.float32(s.start_e + frac * (s.end_e - s.start_e)))  # as the float32 buffer holds it
+        if epsilon != self.epsilon_set:
+            self.policy.epsilon.fill_(epsilon)
+            self.epsilon_set = epsilon
+        return {"train/epsilon": epsilon}
 
-    def wants_random_actions(self, env_steps: int) -> bool:
-        return env_steps < self.learning_starts
+    def explore_settled(self, progress: float) -> bool:
+        return progress / self.settings.exploration_fraction >= 1.0  # explore()'s frac is 1 from here on
 
-    def _learn(self, steps: int) -> Metrics:
-        """The buffer holds every rollout so far: owe ``steps`` env steps' worth of updates and run them."""
-        s = self.settings
-        metrics: Metrics = {}
-        if self.env_steps < self.learning_starts or self.buffer.ready < s.batch_size:
-            return metrics
-        self.pending_updates += steps / s.train_frequency
-        rounds = int(self.pending_updates)
-        self.pending_updates -= rounds
-        stats: list[Tensor] = []
-        for _ in range(rounds * s.gradient_steps):
-            stats.append(self._update())
-
-        # target network: hard copy (tau = 1) or Polyak average, every target_network_frequency env steps
-        if self.env_steps - self.last_target_sync >= s.target_network_frequency:
-            self.last_target_sync = self.env_steps
-            self.weight_writes += 1
-            with torch.no_grad():
-                for p_t, p in zip(self.target.parameters(), self.policy.parameters(), strict=True):
-                    p_t.copy_(p) if s.tau == 1.0 else p_t.lerp_(p, s.tau)
-        if stats:
-            m = self.sync.mean(torch.stack(stats).mean(0).cpu().numpy())
-            metrics.update({"loss/q": float(m[0]), "train/q_mean": float(m[1]), "train/updates_per_learn":
-                            float(len(stats))})
-        return metrics
-
-    def _update(self) -> Tensor:
+    def update(self, batch: Batch) -> Tensor:
         """One TD step on a uniform minibatch; returns detached [td_loss, mean Q(s, a)]."""
-        s = self.settings
-        b = self.buffer.sample(s.batch_size)
+        if self.numpy_step is not None:
+            return self.numpy_step.step(batch)
+        s, b = self.settings, batch
         # the buffer hands observations out in their stored dtype (a dict of them for Dict spaces); the
         # Q-network converts them (the MLP casts to float, an encoder also scales uint8 pixels)
         obs, next_obs = b.obs, b.next_obs
@@ -179,26 +145,14 @@ class DQN(Algorithm):
         if s.max_grad_norm is not None:
             clip_grad_norm(self.params, s.max_grad_norm)
         self.optimizer.step()
-        self.weight_writes += 1
         return torch.stack([loss.detach(), q.detach().mean()])
 
-    def state_dict(self) -> dict:
-        self.unwritten.write()
-        state = {"policy": self.policy.state_dict(), "target": self.target.state_dict(),
-                 "optimizer": self.optimizer.state_dict(),
-                 "counters": {"env_steps": self.env_steps, "pending_updates": self.pending_updates,
-                              "last_target_sync": self.last_target_sync}}
-        if self.settings.checkpoint_buffer:
-            state["replay_buffer"] = self.buffer.state_dict()
-        return state
+    def networks_state(self) -> dict:
+        return {"policy": self.policy.state_dict(), "target": self.target.state_dict(),
+                "optimizer": self.optimizer.state_dict()}
 
-    def load_state_dict(self, state: dict) -> None:
+    def load_networks_state(self, state: dict) -> None:
+        self.epsilon_set = None  # the loaded buffer holds the checkpoint's epsilon
         self.policy.load_state_dict(state["policy"])
         self.target.load_state_dict(state["target"])
         self.optimizer.load_state_dict(state["optimizer"])
-        c = state["counters"]
-        self.env_steps, self.pending_updates = int(c["env_steps"]), float(c["pending_updates"])
-        self.last_target_sync = int(c["last_target_sync"])
-        self.unwritten.clear()
-        if "replay_buffer" in state:
-            self.buffer.load_state_dict(state["replay_buffer"])

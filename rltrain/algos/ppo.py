@@ -25,7 +25,8 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from rltrain.algos.base import ActorCriticState, Algorithm, RewardScaler, Sync, UpdateSizes, make_adam, positive, set_lr
+from rltrain.algos.adam import make_adam
+from rltrain.algos.base import ActorCriticState, Algorithm, RewardScaler, Sync, UpdateSizes, positive, set_lr
 from rltrain.algos.minibatches import ColumnMinibatches, Minibatch, RowMinibatches
 from rltrain.algos.sequences import join_successors, sequence_inputs, successor_rows, successor_values
 from rltrain.algos.surrogate_numpy import NumpyUpdate
@@ -256,7 +257,7 @@ class TorchUpdate:
     def __init__(self, policy: nn.Module, settings: PPOSettings, sync: Sync, device: torch.device):
         self.policy, self.settings, self.sync, self.device = policy, settings, sync, device
         self.params = policy.param_list()
-        self.optimizer = make_adam(self.params, settings.lr)
+        self.optimizer = make_adam(self.params, settings.lr, eps=1e-5)  # CleanRL's PPO
 
     def rows(self, obs: ObsArray) -> Tensor | dict:
         """[T, N, ...] -> [T * N, ...] on the device, pixels channels-last once (``batch_layout``)."""

@@ -2,9 +2,10 @@
 
 Reads like CleanRL's sac_continuous_action.py: twin Q networks with Polyak-averaged targets (clipped
 double-Q, Fujimoto et al. 2018), a squashed Gaussian actor (tanh, with the change-of-variables log-det
-correction), and automatic entropy tuning towards ``target_entropy = -dim(A)``. Updates are driven like
-DQN's: ``gradient_steps`` updates every ``train_frequency`` env steps after ``learning_starts`` steps of
-uniform-random warm-up (all counts in env steps over all envs and workers).
+correction), and automatic entropy tuning towards ``target_entropy = -dim(A)``. The replay buffer and the
+schedule are the off-policy base's (algos/off_policy.py), as DQN's: ``gradient_steps`` updates every
+``train_frequency`` env steps after ``learning_starts`` steps of uniform-random warm-up (all counts in env steps
+over all envs and workers).
 
 Any observation the model family encodes (``models.factory.build``: ``sac``, ``twin_q``): float vectors through
 CleanRL's MLPs (actor and each critic their own); observations holding an image through ONE critic encoder that
@@ -23,12 +24,14 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from rltrain.algos.adam import make_adam
-from rltrain.algos.base import Algorithm, Sync, positive, refuse_recurrent
-from rltrain.data.replay import ReplayBuffer, UnwrittenSteps
-from rltrain.data.structs import EnvSpec, Metrics, Rollout
+from rltrain.algos.base import Sync, positive, refuse_recurrent
+from rltrain.algos.off_policy import OffPolicy, TargetNetwork
+from rltrain.data.replay import Batch
+from rltrain.data.structs import EnvSpec
 from rltrain.errors import ConfigError
 from rltrain.models.factory import ModelSettings, build
 from rltrain.models.heads import OrnsteinUhlenbeckNoise
+from rltrain.models.sac_networks import holds_separate_encoders
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -68,92 +71,48 @@ class SACSettings:
         positive("algo.action_noise", self.action_noise, allow_zero=True)
 
 
-class SAC(Algorithm):
+class SAC(OffPolicy):
+    """SAC's networks and its update; replay, warm-up and updates owed are ``OffPolicy``'s."""
+
     name = "sac"
-    on_policy = False
     action_kinds = ("box",)
     settings_class = SACSettings
+    stat_names = ("loss/q", "loss/actor", "loss/alpha", "train/alpha", "train/entropy", "train/q_mean")
+    settings: SACSettings
 
     def __init__(self, spec: EnvSpec, settings: SACSettings = SACSettings(), *, num_envs: int,
                  device: torch.device, sync: Sync | None = None, model: ModelSettings | None = None):
         """``model``: the model group (encoders for images / Dict, cli/build.py); None: its defaults."""
-        super().__init__(spec, num_envs=num_envs, device=device, sync=sync)
         refuse_recurrent("algo=sac (off-policy)", (model or ModelSettings()).core)
-        s = self.settings = settings
-        self.rollout_len, self.learning_starts = s.rollout_len, s.learning_starts  # read by the loop
-        self.batch_size, self.gamma, self.tau = s.batch_size, s.gamma, s.tau
-        self.train_frequency, self.gradient_steps, self.policy_frequency = (s.train_frequency, s.gradient_steps,
-                                                                            s.policy_frequency)
-        self.checkpoint_buffer = s.checkpoint_buffer
-        hidden_sizes, activation, action_noise = s.hidden_sizes, s.activation, s.action_noise
-        noise_theta, noise_dt, q_lr, policy_lr, alpha = s.noise_theta, s.noise_dt, s.q_lr, s.policy_lr, s.alpha
-        autotune, target_entropy_scale, buffer_size = s.autotune, s.target_entropy_scale, s.buffer_size
+        super().__init__(spec, settings, num_envs=num_envs, device=device, sync=sync)
+        s = settings
+        self.gamma, self.policy_frequency, self.autotune = s.gamma, s.policy_frequency, s.autotune
 
-        model = (model or ModelSettings()).with_mlp(hidden_sizes, activation)
+        model = (model or ModelSettings()).with_mlp(s.hidden_sizes, s.activation)
         # the model family: actor + twin critic (models/sac_networks.py). On images one critic encoder, read by
         # both Q heads and, detached, by the actor (SAC-AE, DrQ); on float vectors CleanRL's separate MLPs.
         networks = build(spec, model, "sac").to(device)
         self.policy, self.critic = networks.actor, networks.critic
-        if action_noise > 0:  # the collector adds it while acting (evaluation stays noise-free)
-            self.policy.action_noise = OrnsteinUhlenbeckNoise(sigma=action_noise, theta=noise_theta, dt=noise_dt)
-        # the target critic, its encoder included, is Polyak-averaged at one rate, algo.tau, as DrQ's (its
-        # critic_tau 0.01 covers the encoder); SAC-AE moves the target encoder faster (0.05 vs 0.01)
+        if s.action_noise > 0:  # the collector adds it while acting (evaluation stays noise-free)
+            self.policy.action_noise = OrnsteinUhlenbeckNoise(sigma=s.action_noise, theta=s.noise_theta,
+                                                              dt=s.noise_dt)
+        # the target critic, its encoder included, is Polyak-averaged at one rate, algo.tau, after every critic
+        # step, as DrQ's (its critic_tau 0.01 covers the encoder); SAC-AE moves the target encoder faster
         self.critic_target = build(spec, model, "twin_q").to(device)
         self.critic_target.load_state_dict(self.critic.state_dict())
         self.critic_target.requires_grad_(False)
+        self.target = TargetNetwork(self.critic, self.critic_target, tau=s.tau)
         self.q_params = list(self.critic.parameters())
         self.actor_params = list(self.policy.actor_parameters())
-        self.q_optimizer = make_adam(self.q_params, q_lr, eps=1e-8)
-        self.actor_optimizer = make_adam(self.actor_params, policy_lr, eps=1e-8)
-        self.autotune = autotune
-        self.target_entropy = -target_entropy_scale * float(np.prod(spec.action_shape))
-        self.log_alpha = torch.tensor(math.log(alpha), device=device, requires_grad=autotune)
-        self.alpha_optimizer = make_adam([self.log_alpha], q_lr, eps=1e-8)
-        # observations keep their dtype in the buffer (EnvSpec.obs_dtype where the spec has one)
-        self.buffer = ReplayBuffer(buffer_size, spec.obs_shape, spec.action_shape, spec.action_dtype, device=device,
-                                   obs_dtype=getattr(spec, "obs_dtype", np.dtype(np.float32)),
-                                   obs_space=spec.observation)
-        self.env_steps = 0
-        self.pending_updates = 0.0
-        self.critic_steps = 0
-        self.unwritten = UnwrittenSteps(self.buffer)
-        self.weight_writes = 0  # optimiser steps (and target updates): the loop checks the weights when it moves
+        self.q_optimizer = make_adam(self.q_params, s.q_lr, eps=1e-8)
+        self.actor_optimizer = make_adam(self.actor_params, s.policy_lr, eps=1e-8)
+        self.target_entropy = -s.target_entropy_scale * float(np.prod(spec.action_shape))
+        self.log_alpha = torch.tensor(math.log(s.alpha), device=device, requires_grad=s.autotune)
+        self.alpha_optimizer = make_adam([self.log_alpha], s.q_lr, eps=1e-8)
 
-    def wants_random_actions(self, env_steps: int) -> bool:
-        return env_steps < self.learning_starts
-
-    def learn(self, rollout: Rollout, *, progress: float) -> Metrics:
-        """Stores the rollout and runs the updates now due; with ``train_frequency`` > 1 most env steps have
-        none: then this returns at once and the rollout waits to be written with the next ones."""
-        steps = rollout.num_steps * self.sync.world_size
-        self.env_steps += steps
-        self.unwritten.add(rollout)
-        if self.env_steps < self.learning_starts:
-            return {}
-        owed = steps / self.train_frequency
-        if int(self.pending_updates + owed) >= 1 or self.buffer.ready < self.batch_size:
-            self.unwritten.write()  # the buffer now holds every transition so far, as if written one by one
-            return self._learn(steps)
-        self.pending_updates += owed  # nothing due and the buffer holds a batch already: what _learn would do
-        return {}
-
-    def _learn(self, steps: int) -> Metrics:
-        """The buffer holds every rollout so far: owe ``steps`` env steps' worth of updates and run them."""
-        if self.env_steps < self.learning_starts or self.buffer.ready < self.batch_size:
-            return {}
-        self.pending_updates += steps / self.train_frequency
-        rounds = int(self.pending_updates)
-        self.pending_updates -= rounds
-        stats = [self._update() for _ in range(rounds * self.gradient_steps)]
-        if not stats:
-            return {}
-        s = self.sync.mean(torch.stack(stats).mean(0).cpu().numpy())
-        return {"loss/q": float(s[0]), "loss/actor": float(s[1]), "loss/alpha": float(s[2]),
-                "train/alpha": float(s[3]), "train/entropy": float(s[4]), "train/q_mean": float(s[5])}
-
-    def _update(self) -> Tensor:
+    def update(self, batch: Batch) -> Tensor:
         """One SAC step; returns detached [q_loss, actor_loss, alpha_loss, alpha, entropy, mean Q]."""
-        b = self.buffer.sample(self.batch_size)
+        b = batch
         obs, next_obs = b.obs, b.next_obs  # stored dtype (a dict of them for Dict spaces): encoders convert
         alpha = self.log_alpha.detach().exp()
 
@@ -171,8 +130,6 @@ class SAC(Algorithm):
         q_loss.backward()
         self.sync.grads(self.q_params)
         self.q_optimizer.step()
-        self.critic_steps += 1
-        self.weight_writes += 1
         # the actor reads the features this critic step computed, detached, as DrQ-v2 (Yarats et al. 2021)
         # does: no actor gradient reaches the encoder, and no second encoder forward. With separate encoders
         # they are the observation itself (no graph).
@@ -182,13 +139,15 @@ class SAC(Algorithm):
         # 2. Actor (and alpha), possibly delayed: maximise E[min Q(s, a~pi) - alpha log pi(a|s)].
         actor_loss = alpha_loss = torch.zeros((), device=self.device)
         entropy = torch.zeros((), device=self.device)
-        if self.critic_steps % self.policy_frequency == 0:
+        if self.gradient_steps_taken % self.policy_frequency == 0:
             for _ in range(self.policy_frequency):  # compensate the delay (CleanRL)
                 a, logp = self.policy.sample_from(features)
                 min_q = torch.min(*self.critic.heads(features, a))
                 actor_loss = (alpha * logp - min_q).mean()
                 self.actor_optimizer.zero_grad(set_to_none=True)
-                actor_loss.backward()
+                # gradients for the actor only: the critics' weight gradients of this loss (two of the largest
+                # matmuls of the update) would be computed and thrown away at the next critic step
+                actor_loss.backward(inputs=self.actor_params)
                 self.sync.grads(self.actor_params)
                 self.actor_optimizer.step()
                 entropy = -logp.detach().mean()
@@ -202,14 +161,11 @@ class SAC(Algorithm):
                     alpha = self.log_alpha.detach().exp()
 
         # 3. Polyak-average the target critic (its encoder too).
-        with torch.no_grad():
-            for p, p_t in zip(self.critic.parameters(), self.critic_target.parameters(), strict=True):
-                p_t.lerp_(p, self.tau)
+        self.target.update()
         return torch.stack([q_loss.detach(), actor_loss.detach(), alpha_loss.detach(), alpha, entropy,
                             q1.detach().mean()])
 
-    def state_dict(self) -> dict:
-        self.unwritten.write()
+    def networks_state(self) -> dict:
         state = {"policy": self.policy.state_dict()}
         # separate encoders: qf1, qf2, qf1_target, qf2_target (the names from before the layouts); shared: critic
         targets = self.critic_target.checkpoint_parts()
@@ -221,16 +177,19 @@ class SAC(Algorithm):
             "log_alpha": self.log_alpha.detach().clone(),
             "q_optimizer": self.q_optimizer.state_dict(), "actor_optimizer": self.actor_optimizer.state_dict(),
             "alpha_optimizer": self.alpha_optimizer.state_dict(),
-            "counters": {"env_steps": self.env_steps, "pending_updates": self.pending_updates,
-                         "critic_steps": self.critic_steps},
         })
-        if self.checkpoint_buffer:
-            state["replay_buffer"] = self.buffer.state_dict()
         return state
 
-    def load_state_dict(self, state: dict) -> None:
+    def load_networks_state(self, state: dict) -> None:
         self.policy.load_state_dict(state["policy"])  # refuses, in one line, a policy of the other layout
-        for name, part in self.critic.checkpoint_parts().items():
+        parts = self.critic.checkpoint_parts()
+        theirs = holds_separate_encoders(state)
+        if "qf1" in parts and theirs != holds_separate_encoders({"qf1": parts["qf1"].state_dict()}):
+            raise ConfigError(f"the checkpoint's SAC critics {'each hold an' if theirs else 'hold no'} encoder of "
+                              "their own (one per critic: model.shared=false, or a Dict / Discrete observation "
+                              "before SAC read them flat); resume it with "
+                              f"model.shared={'false' if theirs else 'auto'} resume_allow_changes=[model.shared]")
+        for name, part in parts.items():
             part.load_state_dict(state[name])
         for name, part in self.critic_target.checkpoint_parts().items():
             part.load_state_dict(state[f"{name}_target"])
@@ -238,9 +197,3 @@ class SAC(Algorithm):
             self.log_alpha.copy_(state["log_alpha"])
         for name in ("q_optimizer", "actor_optimizer", "alpha_optimizer"):
             getattr(self, name).load_state_dict(state[name])
-        c = state["counters"]
-        self.env_steps, self.pending_updates = int(c["env_steps"]), float(c["pending_updates"])
-        self.critic_steps = int(c["critic_steps"])
-        self.unwritten.clear()
-        if "replay_buffer" in state:
-            self.buffer.load_state_dict(state["replay_buffer"])

@@ -23,6 +23,7 @@ from typing import Any
 import torch
 import yaml
 
+from rltrain.cli.multiagent import check_agents
 from rltrain.envs.make import EnvFactory, ProbedEnv, probe_env
 from rltrain.errors import ConfigError, close_matches
 from rltrain.models.settings import ModelSettings
@@ -254,6 +255,8 @@ def settings_from(cfg: dict) -> RunSettings:
     if unknown:
         raise ConfigError(f"{unknown[0]}: unknown key{close_matches(unknown[0], TOP_LEVEL)} "
                           f"(top-level keys: {', '.join(k for k in TOP_LEVEL if k not in INTERNAL_KEYS)})")
+    # a PettingZoo env: algo=ppo is ippo there, single-agent algorithms refused (before any other line is said)
+    check_agents(cfg, group_settings(EnvFactory, cfg["env"], "env"))
     probed = env_settings(cfg)
     return RunSettings(
         seed=int(cfg["seed"]), seed_drawn=bool(cfg["seed_drawn"]), device=str(cfg["device"]),
@@ -322,7 +325,7 @@ def show_model(algo: Any, run_dir: Path | None, *, echo: bool) -> None:
     from rltrain.models.describe import describe_model, networks_of
 
     notes = [f"frame stack: {algo.frame_stack} frames (read from the env's FrameStackObservation; stored once "
-             "per frame in the replay)"] if getattr(algo, "frame_stack", None) else []
+             "per frame in the replay)"] if algo.frame_stack else []
     text = f"algo={algo.name}\n" + describe_model(networks_of(algo), notes)
     if run_dir is not None:
         Path(run_dir, "model.txt").write_text(text + "\n")

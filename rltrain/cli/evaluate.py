@@ -6,15 +6,20 @@ import argparse
 import sys
 from pathlib import Path
 
+from rltrain.cli.args import CHECKPOINT_CHOICES, OneLineParser, check_episodes_and_seed, pick_checkpoint
 from rltrain.errors import ConfigError
+from rltrain.run.signals import StopFlag, StopRequested
 
 DEFAULT_EPISODES = 10
 
 
 def main(argv: list[str] | None = None) -> int:
     """``rltrain-eval <checkpoint or run dir> [--episodes N] [--stochastic] [--video] [--seed S] [--allow-import]``."""
-    p = argparse.ArgumentParser(prog="rltrain-eval", description="Evaluate a trained rltrain policy.")
-    p.add_argument("path", help="a checkpoint file (.pt) or a run directory (its best, final or latest checkpoint)")
+    p = OneLineParser(prog="rltrain-eval", description="Evaluate a trained rltrain policy.")
+    p.add_argument("path", help="a checkpoint file (.pt) or a run directory (its checkpoint chosen by --checkpoint)")
+    p.add_argument("--checkpoint", choices=CHECKPOINT_CHOICES, default="final",
+                   help="for a run directory: final (default; the latest while it has none), best (the best "
+                        "periodic evaluation) or latest (the most env steps)")
     p.add_argument("--episodes", type=int, default=None,
                    help=f"episodes to run (default {DEFAULT_EPISODES}; a checkpoint whose env is stepped by importing "
                         "its module runs none unless --allow-import: the policy is then shown, not evaluated)")
@@ -45,22 +50,28 @@ def main(argv: list[str] | None = None) -> int:
                     "eval.seed=N)")
     if args.video:
         _private_runtime_dir()
+    stop = StopFlag().install()  # a stop signal ends the evaluation at once, in one line
     try:
-        return _evaluate(args)
+        return _evaluate(args, stop)
     except ConfigError as err:
         print(f"rltrain-eval: error: {err}", file=sys.stderr)
         return 2
+    except StopRequested as err:
+        print(f"rltrain-eval: stopped ({err.reason}) before the evaluation ended", file=sys.stderr)
+        return err.exit_code
+    finally:
+        stop.uninstall()
 
 
-def _evaluate(args: argparse.Namespace) -> int:
+def _evaluate(args: argparse.Namespace, stop: StopFlag) -> int:
     import torch
 
     from rltrain.cli.loading import load_policy, refuse_stepping
     from rltrain.trainers.episodes import evaluate
 
-    if args.episodes is not None and args.episodes <= 0:
-        raise ConfigError(f"--episodes={args.episodes} must be > 0")
-    loaded = load_policy(Path(args.path), device=args.device, allow_import=args.allow_import)
+    check_episodes_and_seed(DEFAULT_EPISODES if args.episodes is None else args.episodes, args.seed)
+    loaded = load_policy(pick_checkpoint(Path(args.path), args.checkpoint), device=args.device,
+                         allow_import=args.allow_import)
     if loaded.step_imports and args.episodes is None and not args.video:
         # nothing asked that steps the env: show the policy that loaded, and how to evaluate it
         spec = loaded.spec
@@ -75,15 +86,45 @@ def _evaluate(args: argparse.Namespace) -> int:
     episodes = args.episodes or DEFAULT_EPISODES
     video_dir = loaded.checkpoint.parent.parent / "videos" if args.video else None
     seed = loaded.eval_seed if args.seed is None else args.seed
-    rets = evaluate(loaded.policy, loaded.env.make, episodes=episodes, eval_seed=seed,
-                    deterministic=not args.stochastic, device=torch.device(args.device), video_dir=video_dir,
-                    real_scores=loaded.env.real_scores)
+    with stop.raising("the evaluation"):
+        if getattr(loaded.policy, "group_list", None) is not None:  # a multi-agent env's policies (models/agents.py)
+            if args.video:
+                raise ConfigError("--video records single-agent envs; this checkpoint is a multi-agent env's")
+            lines = evaluate_agents_lines(loaded.policy, loaded.env, episodes=episodes, eval_seed=seed,
+                                          deterministic=not args.stochastic, device=torch.device(args.device))
+            print(f"checkpoint: {loaded.checkpoint}")
+            print("\n".join(lines))
+            return 0
+        rets = evaluate(loaded.policy, loaded.env.make, episodes=episodes, eval_seed=seed,
+                        deterministic=not args.stochastic, device=torch.device(args.device), video_dir=video_dir,
+                        real_scores=loaded.env.real_scores)
     print(f"checkpoint: {loaded.checkpoint}")
     print(f"episodes: {episodes}  mean return: {rets.mean():.2f}  std: {rets.std():.2f}  "
           f"min: {rets.min():.2f}  max: {rets.max():.2f}")
     if video_dir is not None:
         print(f"videos: {video_dir}")
     return 0
+
+
+def evaluate_agents_lines(policies, env, *, episodes: int, eval_seed: int, deterministic: bool, device) -> list[str]:
+    """A multi-agent env's evaluation in words: the mean over agents and each agent's mean return; with
+    self-play, the learner against random legal moves (win / draw / loss) and against its latest pool version."""
+    from rltrain.trainers.matches import evaluate_agents, evaluate_match, outcomes
+
+    common = {"episodes": episodes, "eval_seed": eval_seed, "deterministic": deterministic, "device": device,
+              "max_steps": env.max_episode_steps}
+    if policies.pool is None:
+        rets = evaluate_agents(policies, env.make, **common)
+        per_agent = "  ".join(f"{a}: {r:.2f}" for a, r in zip(policies.spec.agents, rets.mean(0), strict=True))
+        return [f"episodes: {episodes}  mean return over agents: {rets.mean():.2f}  std: {rets.mean(1).std():.2f}",
+                f"per agent: {per_agent}"]
+    lines = []
+    for opponent in ("random", "latest"):
+        rets, _ = evaluate_match(policies, env.make, opponent=opponent, **common)
+        o = outcomes(rets)
+        lines.append(f"vs {opponent}: episodes: {episodes}  mean return: {rets.mean():.2f}  win {o['win']:.2f}  "
+                     f"draw {o['draw']:.2f}  loss {o['loss']:.2f}  (seats alternate)")
+    return lines
 
 
 def _private_runtime_dir() -> None:

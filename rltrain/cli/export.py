@@ -28,13 +28,13 @@ env's module is not imported; a ``model.imports`` module it names is imported on
 
 from __future__ import annotations
 
-import argparse
 import importlib.util
 import json
 import os
 import sys
 from pathlib import Path
 
+from rltrain.cli.args import OneLineParser
 from rltrain.errors import ConfigError
 
 FORMATS = {"export": ".pt2", "onnx": ".onnx", "torchscript": ".pt"}
@@ -62,9 +62,27 @@ def target_of(path: Path, fmt: str, out: Path | None, *, force: bool) -> Path:
     if target.suffix == ".json":
         raise ConfigError(f"{flag}: .json is the name of the description written beside the policy; "
                           f"name the policy file (e.g. {target.with_suffix(FORMATS[fmt])})")
+    for written in (target, target.with_suffix(".json")):
+        owner = run_file_owner(written)
+        if owner is not None:  # SQLite's rule: a tool never overwrites what it did not write, --force or not
+            raise ConfigError(f"{flag}: {written} is a file of the run in {owner} (a checkpoint, its summary or "
+                              "config); no tool writes over a run's files: pick another --out")
     if target.exists() and not force:
         raise ConfigError(f"{flag}: exists; pass --force to replace it, or another --out")
     return target
+
+
+def run_file_owner(path: Path) -> Path | None:
+    """The run dir ``path`` belongs to as one of its own files (anything in its ``checkpoints/``, or a file a run
+    writes at its top), else None. A run dir holds a ``config.yaml`` or ``summary.json`` (or the lock)."""
+    from rltrain.run.lock import LOCK_FILE, OWN_FILES
+
+    path = Path(os.path.abspath(path))
+    parent = path.parent
+    run_dir = parent.parent if parent.name == "checkpoints" else parent if path.name in OWN_FILES else None
+    if run_dir is not None and any((run_dir / n).exists() for n in ("config.yaml", "summary.json", LOCK_FILE)):
+        return run_dir
+    return None
 
 
 def leaf_names(space) -> list[tuple[str, ...]]:
@@ -164,13 +182,36 @@ def export(path: Path, *, fmt: str = DEFAULT_FORMAT, out: Path | None = None, fo
         missing = [m for m in ("onnx", "onnxscript") if importlib.util.find_spec(m) is None]
         if missing:
             raise ConfigError(f"--format=onnx needs {' and '.join(missing)}: pip install 'rltrain[export]'")
-    import torch
 
     from rltrain.cli.loading import load_policy
 
     loaded = load_policy(Path(path), device="cpu", allow_import=allow_import)  # no env built or imported
-    spec, cfg, ckpt_path = loaded.spec, loaded.config, loaded.checkpoint
-    actor = loaded.policy.export_module().eval().requires_grad_(False)
+    if getattr(loaded.policy, "group_list", None) is not None:  # a multi-agent env: one file per agent
+        return export_agents(loaded.policy, target, fmt=fmt, cfg=loaded.config, checkpoint=loaded.checkpoint,
+                             force=force)
+    return write_policy(loaded.policy.export_module(), loaded.spec, target, fmt=fmt, cfg=loaded.config,
+                        checkpoint=loaded.checkpoint)
+
+
+def export_agents(policies, target: Path, *, fmt: str, cfg: dict, checkpoint: Path, force: bool) -> Path:
+    """One file per agent of a multi-agent env, ``<target stem>_<agent><ext>`` (+ its ``.json``), each taking
+    that agent's own observation (its index in a shared policy is added inside); returns the first."""
+    written = []
+    for agent, policy in policies.per_agent().items():
+        each = target.with_name(f"{target.stem}_{agent}{target.suffix}")
+        if each.exists() and not force:
+            raise ConfigError(f"{each}: exists; pass --force to replace it, or another --out")
+        written.append(write_policy(policy.export_module(), policy.spec, each, fmt=fmt, cfg=cfg,
+                                    checkpoint=checkpoint))
+    return written[0]
+
+
+def write_policy(actor, spec, target: Path, *, fmt: str, cfg: dict, checkpoint: Path) -> Path:
+    """Trace ``actor`` (an export module) for observations of ``spec`` into ``target`` and its ``.json``."""
+    import torch
+
+    ckpt_path = checkpoint
+    actor = actor.eval().requires_grad_(False)
     for tensor in [*actor.parameters(), *actor.buffers()]:  # own storage each: fused weights share one buffer,
         tensor.data = tensor.data.clone()                     # which the .pt2 archive cannot split cleanly
     state_names = list(actor.state_names)
@@ -183,16 +224,21 @@ def export(path: Path, *, fmt: str = DEFAULT_FORMAT, out: Path | None = None, fo
     with torch.no_grad():
         outputs = module(*example)
     outputs = outputs if isinstance(outputs, tuple) else (outputs,)
-    target.parent.mkdir(parents=True, exist_ok=True)
     tmp = target.with_name(f".{target.name}.tmp-{os.getpid()}{FORMATS[fmt]}")  # the suffix torch expects
     try:
-        WRITERS[fmt](module, example, tmp, names, len(paths), len(outputs))
-        os.replace(tmp, target)
-    finally:
-        tmp.unlink(missing_ok=True)
-    record = describe(spec, fmt=fmt, target=target, cfg=cfg, checkpoint=ckpt_path, names=names,
-                      example=example, outputs=outputs, state_names=state_names)
-    target.with_suffix(".json").write_text(json.dumps(record, indent=2) + "\n")
+        target.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            WRITERS[fmt](module, example, tmp, names, len(paths), len(outputs))
+            os.replace(tmp, target)
+        finally:
+            tmp.unlink(missing_ok=True)
+        record = describe(spec, fmt=fmt, target=target, cfg=cfg, checkpoint=ckpt_path, names=names,
+                          example=example, outputs=outputs, state_names=state_names)
+        target.with_suffix(".json").write_text(json.dumps(record, indent=2) + "\n")
+    except OSError as err:  # an unwritable or missing place, a full disk: one line naming it
+        where = err.filename or target
+        raise ConfigError(f"--out={target}: cannot write {where} ({err.strerror or err}); pick a writable --out") \
+            from None
     return target
 
 
@@ -283,7 +329,7 @@ WRITERS = {"export": write_export, "onnx": write_onnx, "torchscript": write_torc
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="rltrain-export", description="a standalone policy file: a batch of "
+    p = OneLineParser(prog="rltrain-export", description="a standalone policy file: a batch of "
                                 "observations in, the deterministic actions out, no rltrain needed to run it")
     p.add_argument("path", help="a checkpoint file (.pt) or a run directory (its final or latest checkpoint)")
     p.add_argument("--format", default=DEFAULT_FORMAT,
@@ -303,6 +349,10 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as err:
         print(f"rltrain-export: error: {err}", file=sys.stderr)
         return 2
+    if not target.exists():  # a multi-agent env's: one file per agent
+        for each in sorted(target.parent.glob(f"{target.stem}_*{target.suffix}")):
+            print(f"wrote {each} and {each.with_suffix('.json')}")
+        return 0
     print(f"wrote {target} and {target.with_suffix('.json')}")
     return 0
 

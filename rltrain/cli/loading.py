@@ -145,7 +145,7 @@ def _policy_from(state: dict, path: Path, *, device: str, allow_import: bool, op
         probed = probe_env(env_factory(env), str((cfg.get("algo") or {}).get("action_mask", "auto")))
         spec, factory = probed.spec, probed.factory
     algo = algo_factory(cfg)(spec, num_envs=env["num_envs"], device=pick_device(device))
-    built = PolicySpaces.state_shapes(algo.policy.initial_state(1))
+    built = None if recorded is None else PolicySpaces.state_shapes(algo.policy.initial_state(1))
     if recorded is not None and built != recorded.core_state:
         raise ConfigError(f"checkpoint={path}: its recurrent state is {recorded.core_state}, but its settings "
                           f"build a network whose state is {built}")

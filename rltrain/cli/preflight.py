@@ -22,6 +22,7 @@ import numpy as np
 import torch
 
 from rltrain.algos.base import Algorithm
+from rltrain.data.agents import AgentsSpec
 from rltrain.data.memory import available_memory
 from rltrain.data.structs import EnvSpec, ObsSpace, storage_dtype
 from rltrain.errors import ConfigError
@@ -63,7 +64,7 @@ def obs_bytes(space: ObsSpace) -> int:
     return int(np.prod(space.shape or (1,))) * storage_dtype(space.dtype or "float32").itemsize
 
 
-def check_size(settings: RunSettings, size: UpdateSize, spec: EnvSpec) -> None:
+def check_size(settings: RunSettings, size: UpdateSize, spec: EnvSpec | AgentsSpec) -> None:
     """Env processes, and one update's rollout (``size``) in memory, each against this machine."""
     env = settings.env
     batch, text, processes = size.env_steps, size.text, size.env_processes
@@ -72,8 +73,9 @@ def check_size(settings: RunSettings, size: UpdateSize, spec: EnvSpec) -> None:
         raise ConfigError(f"env.vectorization=async would start {processes} env processes, more than "
                           f"{PROCESSES_PER_CORE} per core on this machine ({cap}); use env.vectorization=sync or "
                           "fewer envs")
-    # a transition stores obs and next_obs, the action, its log-prob, the reward and two flags
-    per_step = 2 * obs_bytes(spec.observation) + int(np.prod(spec.action_shape or (1,))) * 8 + 4 + 4 + 2
+    # a transition stores obs and next_obs, the action, its log-prob, the reward and two flags (every agent's)
+    per_step = sum(2 * obs_bytes(s.observation) + int(np.prod(s.action_shape or (1,))) * 8 + 4 + 4 + 2
+                   for s in (spec.specs if isinstance(spec, AgentsSpec) else (spec,)))
     need, avail = batch * per_step, available_memory()
     if need > avail:
         raise ConfigError(f"one update's rollout needs {need / 2**30:.1f} GiB: {text} = {batch} env steps x "
@@ -85,11 +87,12 @@ def check_size(settings: RunSettings, size: UpdateSize, spec: EnvSpec) -> None:
 BYTES_PER_PARAMETER = 4 * 6
 
 
-def check_network_size(settings: RunSettings, spec: EnvSpec) -> None:
+def check_network_size(settings: RunSettings, spec: EnvSpec | AgentsSpec) -> None:
     """MLP widths whose weights alone would not fit in memory (``hidden_sizes=[1000000,1000000]``): one line
     before anything is allocated (building them would end in the OOM killer or an allocator traceback)."""
     # the flat input width, bounded: pixels go through a conv encoder first, whose output is far narrower
-    inputs = min(max(obs_bytes(spec.observation), 1), 4096)
+    largest = max(spec.specs, key=lambda s: obs_bytes(s.observation)) if isinstance(spec, AgentsSpec) else spec
+    inputs = min(max(obs_bytes(largest.observation), 1), 4096)
     for key, widths in _width_lists(settings.config):
         layers = [inputs, *widths]
         params = sum(a * b for a, b in zip(layers, layers[1:], strict=False)) + sum(widths)

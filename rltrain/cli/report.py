@@ -12,13 +12,13 @@ axis; each run thin, the group mean with its band) is written from the runs' ``m
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 from pathlib import Path
 
 import yaml
 
+from rltrain.cli.args import OneLineParser
 from rltrain.run.plots import MIN_SEEDS_FOR_CI, plot_learning_curves, read_curve
 from rltrain.run.stats import aggregate
 
@@ -234,7 +234,7 @@ def plot(groups: dict[str, list[dict]], out: Path, column: str) -> Path | None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(prog="rltrain-report", description=__doc__.splitlines()[0])
+    ap = OneLineParser(prog="rltrain-report", description=__doc__.splitlines()[0])
     ap.add_argument("paths", nargs="+", type=Path, help="a multirun dir, run dirs, or parallel-trainer run dirs")
     ap.add_argument("--out", type=Path, help="write the table as markdown to this file (the PNG goes next to it)")
     ap.add_argument("--plot", type=Path, help="learning-curve PNG (default: next to --out, else in the first path)")

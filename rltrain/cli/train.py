@@ -13,12 +13,14 @@ import os
 import re
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import hydra
-from omegaconf import DictConfig
-
-from rltrain.errors import ConfigError
+from rltrain.errors import ConfigError, UserCodeError, described
+from rltrain.run.signals import StopFlag, StopRequested
 from rltrain.run.summary import FAILED_RETURN
+
+if TYPE_CHECKING:
+    from omegaconf import DictConfig
 
 WRITE_ERRNOS = (errno.EACCES, errno.EPERM, errno.EROFS, errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
 
@@ -42,6 +44,14 @@ def prepare_job(cfg: DictConfig, launch_dir: str) -> None:
             cfg.env.search_path = launch_dir
 
 
+def full_traceback(err: BaseException) -> None:
+    """The whole traceback on the terminal when the user set ``HYDRA_FULL_ERROR=1`` (the one line follows)."""
+    if _USER_FULL_ERROR if _USER_FULL_ERROR is not None else os.environ.get("HYDRA_FULL_ERROR") == "1":
+        import traceback
+
+        traceback.print_exception(err, file=sys.stderr)
+
+
 def announce_experiment(overrides: list[str]) -> list[str]:
     """``experiment=auto`` (the default) resolved to the preset made for this algo and env, or the generic
     defaults, announced in one line on stdout (stderr stays for errors); returns the overrides to compose."""
@@ -53,8 +63,9 @@ def announce_experiment(overrides: list[str]) -> list[str]:
     return resolved
 
 
-@hydra.main(config_path="../conf", config_name="train", version_base="1.3")
-def task(cfg: DictConfig) -> float:
+def run_task(cfg: DictConfig) -> float:
+    """One job: the body of the ``@hydra.main`` task (``task``, built on first use so that the console script
+    catches a stop before Hydra and torch are imported)."""
     if cfg.logger.progress not in ("off", False):  # within a second of launch, before torch & co. are imported
         print("[rltrain] starting ...", flush=True)
     from hydra.core.hydra_config import HydraConfig
@@ -72,24 +83,36 @@ def task(cfg: DictConfig) -> float:
     run_dir = Path(hc.runtime.output_dir)
     multirun = hc.mode == RunMode.MULTIRUN
     prepare_job(cfg, hc.runtime.cwd)
+    global _FINISHED
     try:
         summary = run(cfg, run_dir)
+        _FINISHED = not multirun
     except ConfigError as err:
         if not multirun:
-            if not (run_dir / "summary.json").exists():  # refused before anything ran: leave no files
+            note = ""
+            if isinstance(err, UserCodeError) and record_failure(run_dir, err):  # the user's code raised
+                note = f"; traceback in {run_dir / 'error.txt'}"
+            elif not (run_dir / "summary.json").exists():  # refused before anything ran: leave no files
                 discard_fresh_run_dir(run_dir)
-            print(f"rltrain: error: {err}", file=sys.stderr)
+            full_traceback(err)
+            print(f"rltrain: error: {err}{note}", file=sys.stderr)
             sys.exit(2)
         # one bad job (e.g. a swept value out of range) must not end the sweep: record it, go on
         print(f"rltrain: job {hc.job.num} failed: {err}", file=sys.stderr)
         record_failure(run_dir, err)
         return FAILED_RETURN
+    except StopRequested:
+        if not multirun and not (run_dir / "summary.json").exists():  # stopped before anything ran
+            discard_fresh_run_dir(run_dir)
+        raise
     except Exception as err:
+        # anything else is rltrain's own failure: still one line, the traceback in error.txt
+        where = f" (traceback in {run_dir / 'error.txt'})" if record_failure(run_dir, err) else ""
+        full_traceback(err)
         if not multirun:
-            raise
-        print(f"rltrain: job {hc.job.num} failed: {type(err).__name__}: {err} (traceback in {run_dir}/error.txt)",
-              file=sys.stderr)
-        record_failure(run_dir, err)
+            print(f"rltrain: error: {described(err)}{where}", file=sys.stderr)
+            sys.exit(1)
+        print(f"rltrain: job {hc.job.num} failed: {described(err)}{where}", file=sys.stderr)
         return FAILED_RETURN
     if summary.get("exit_code") and (not multirun or stopped_by_signal(summary)):
         hand_over_signal(summary)  # exits (or, under submitit, requeues)
@@ -99,6 +122,7 @@ def task(cfg: DictConfig) -> float:
 # Hydra plugins behind optional extras: a missing one names the extra instead of listing the valid options.
 PLUGIN_EXTRAS = {"hydra/launcher/joblib": "joblib", "hydra/launcher/submitit_slurm": "slurm",
                  "hydra/launcher/submitit_local": "slurm", "hydra/sweeper/optuna": "sweep"}
+OUR_LAUNCHERS = {"JoblibLauncher": "joblib", "SlurmLauncher": "submitit_slurm", "LocalLauncher": "submitit_local"}
 
 
 def one_line(err: BaseException) -> str:
@@ -110,6 +134,10 @@ def one_line(err: BaseException) -> str:
     if plugin and plugin.group(1) in PLUGIN_EXTRAS:
         extra = PLUGIN_EXTRAS[plugin.group(1)]
         return f"{plugin.group(1).rpartition('/')[2]} needs the '{extra}' extra: pip install 'rltrain[{extra}]'"
+    ours = re.search(r"Unknown plugin class : 'hydra_plugins\.rltrain_plugins\.launchers\.(\w+)'", text)
+    if ours and f"hydra/launcher/{OUR_LAUNCHERS.get(ours.group(1))}" in PLUGIN_EXTRAS:  # defined with its extra only
+        extra = PLUGIN_EXTRAS[f"hydra/launcher/{OUR_LAUNCHERS[ours.group(1)]}"]
+        return f"{OUR_LAUNCHERS[ours.group(1)]} needs the '{extra}' extra: pip install 'rltrain[{extra}]'"
     if missing:
         group, _, option = missing.group(1).rpartition("/")
         options = re.findall(r"^\t(\S+)$", text, re.M)
@@ -131,15 +159,55 @@ def one_line(err: BaseException) -> str:
     return " ".join(lines)
 
 
+_TASK = None
+_USER_FULL_ERROR: bool | None = None  # HYDRA_FULL_ERROR=1 set by the user (main() sets it for Hydra too)
+_FINISHED = False  # the single run's trainer returned its summary
+
+
+def task() -> None:
+    """The ``@hydra.main`` app (composes the config from the command line, then ``run_task``)."""
+    global _TASK
+    if _TASK is None:
+        import hydra
+
+        _TASK = hydra.main(config_path="../conf", config_name="train", version_base="1.3")(run_task)
+    _TASK()
+
+
 def main() -> None:
-    """Console entry point: runs the Hydra app, turning composition errors into one line."""
+    """Console entry point: runs the Hydra app, turning composition errors into one line. A stop request
+    (SIGINT, SIGTERM, SIGHUP, SIGUSR1/2) is honoured in every phase: before training starts it ends the
+    command at once in one line (``StopFlag.raising``); the trainer's own flag takes over while it trains."""
+    startup = StopFlag().install()
+    try:
+        with startup.raising("start-up"):
+            _main()
+    except StopRequested as err:
+        startup.ignore()
+        # loaded only if Hydra got as far as the run dir (a stop may have cut an import short: import nothing)
+        callbacks = sys.modules.get("rltrain.sweeps.callbacks")
+        if _FINISHED:
+            line = f"stopped ({err.reason}) after the run had ended; its summary.json stands"
+        elif callbacks is None:
+            line = f"stopped ({err.reason} during start-up) before training began; no run dir was made"
+        else:
+            line = callbacks.stopped_before_training(err, removed=callbacks.discard_fresh_run_dir(None))
+        print(f"rltrain: {line}", file=sys.stderr, flush=True)
+        sys.exit(err.exit_code)
+    finally:
+        startup.uninstall()
+
+
+def _main() -> None:
     if sys.argv[1:] == ["--version"]:  # Hydra's own --version would name Hydra's version
         from rltrain import __version__
 
         print(f"rltrain {__version__}")
         return
+    global _USER_FULL_ERROR
     sys.argv[1:] = announce_experiment(sys.argv[1:])  # once per command line, before Hydra composes
-    if os.environ.get("HYDRA_FULL_ERROR") == "1":
+    _USER_FULL_ERROR = os.environ.get("HYDRA_FULL_ERROR") == "1"
+    if _USER_FULL_ERROR:
         task()
         return
     # Let Hydra raise instead of printing a multi-line report, so we can condense it.
@@ -157,7 +225,7 @@ def main() -> None:
         from hydra.errors import HydraException
         from omegaconf.errors import OmegaConfBaseException
 
-        if isinstance(err, (HydraException, OmegaConfBaseException)):
+        if isinstance(err, (HydraException, OmegaConfBaseException)) or "Unknown plugin class" in str(err):
             print(f"rltrain: error: {one_line(err)}", file=sys.stderr)
             sys.exit(2)
         if isinstance(err, OSError) and err.errno in WRITE_ERRNOS:  # e.g. Hydra writing .hydra/ into a read-only dir

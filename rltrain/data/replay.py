@@ -108,15 +108,20 @@ class ReplayBuffer:
         return rows - int(np.count_nonzero(self.final[:rows]))
 
     # -- adding ------------------------------------------------------------------------------------------
-    def add_rollouts(self, rollouts: list[Rollout]) -> None:
+    def add_rollouts(self, rollouts: list[Rollout], *, pieces: list[int] | None = None) -> None:
         """``add_rollout`` for each of ``rollouts`` in order, with the same rows in the same slots, but a run
         of consecutive rollouts of the same streams is written in one go (an off-policy learner that gathers
-        single env steps and writes them when an update is due pays the per-call cost once per run)."""
+        single env steps and writes them when an update is due pays the per-call cost once per run).
+        ``pieces[i]``: rollout i is that many consecutive rollouts of equal length collected as one (rows laid
+        out as if added one by one); not with frame stacks (split those first: ``streams.split_steps``)."""
+        pieces = pieces or [1] * len(rollouts)
+        done = 0
         for run in streams.runs(rollouts, frame_stack=self.frame_stack):
-            if len(run) == 1:
+            counts, done = pieces[done:done + len(run)], done + len(run)
+            if counts == [1]:
                 self.add_rollout(run[0])
             else:
-                merged, segments = streams.glue(run)
+                merged, segments = streams.glue(run, counts)
                 self.add_rollout(merged, segments=segments)
 
     def add_rollout(self, rollout: Rollout, *, segments: np.ndarray | None = None) -> None:
@@ -298,7 +303,7 @@ class ReplayBuffer:
 
     def batch(self, slots: np.ndarray) -> Batch:
         """The transitions at sampleable ``slots`` [B] (see ``sampleable``), observations in their dtype."""
-        to = lambda x: torch.from_numpy(x).to(self.device)  # noqa: E731
+        to = torch.from_numpy if self.device.type == "cpu" else lambda x: torch.from_numpy(x).to(self.device)
         return Batch(obs=obs_map(to, self._rows_obs(self._gids(slots))), actions=to(self.actions[slots]),
                      rewards=to(self.rewards[slots]), next_obs=obs_map(to, self._rows_obs(self.next_gid[slots])),
                      terminated=to(self.terminated[slots].astype(np.float32)))
@@ -356,20 +361,27 @@ class UnwrittenSteps:
     def __init__(self, buffer: ReplayBuffer, *, max_rollouts: int = 256):
         self.buffer, self.max_rollouts = buffer, max_rollouts
         self.rollouts: list[Rollout] = []
+        self.pieces: list[int] = []
 
-    def add(self, rollout: Rollout) -> None:
+    def add(self, rollout: Rollout, *, rollouts: int = 1) -> None:
+        """``rollouts``: ``rollout`` is that many consecutive rollouts of equal length, collected as one."""
+        if rollouts > 1 and self.buffer.frame_stack is not None:  # stacks are verified per rollout as added
+            for piece in streams.split_steps(rollout, rollout.shape[0] // rollouts):
+                self.add(piece)
+            return
         self.rollouts.append(rollout)
+        self.pieces.append(rollouts)
         if len(self.rollouts) >= self.max_rollouts:
             self.write()
 
     def write(self) -> None:
         if self.rollouts:
-            rollouts, self.rollouts = self.rollouts, []
-            self.buffer.add_rollouts(rollouts)
+            rollouts, pieces, self.rollouts, self.pieces = self.rollouts, self.pieces, [], []
+            self.buffer.add_rollouts(rollouts, pieces=pieces)
 
     def clear(self) -> None:
         """Forget the waiting rollouts (the learner's state was replaced, e.g. by a resume)."""
-        self.rollouts = []
+        self.rollouts, self.pieces = [], []
 
 
 def _row_shapes(obs) -> tuple | dict:

@@ -3,7 +3,8 @@
 Consecutive rollouts of the same env streams are glued into one write (``runs``, ``glue``): an off-policy
 learner that gathers single env steps pays the per-call cost once per run, and the rows land in the same
 slots as one write per rollout. A learner batch that holds one stream twice side by side (an actor that
-delivered twice) is split into column groups of distinct streams (``unique_id_groups``, ``columns``).
+delivered twice) is split into column groups of distinct streams (``unique_id_groups``, ``columns``). A rollout
+collected in one go for several learner calls is cut back into its rollouts along time (``split_steps``).
 """
 
 from __future__ import annotations
@@ -29,16 +30,22 @@ def runs(rollouts: list[Rollout], *, frame_stack: int | None) -> list[list[Rollo
     return out
 
 
-def glue(run: list[Rollout]) -> tuple[Rollout, np.ndarray]:
+def glue(run: list[Rollout], pieces: list[int] | None = None) -> tuple[Rollout, np.ndarray]:
     """One rollout of the run's steps in order, and ``segments`` [T]: step t belongs to the k-th rollout
-    (the buffer lays its rows out per segment)."""
+    (the buffer lays its rows out per segment). ``pieces[i]``: run[i] is that many consecutive rollouts of
+    equal length collected as one, each its own segment. A run of one rollout is not copied."""
+    pieces = pieces or [1] * len(run)
+    segments = np.concatenate([np.repeat(np.arange(p), r.shape[0] // p) for r, p in zip(run, pieces, strict=True)])
+    segments += np.repeat(np.cumsum([0, *pieces[:-1]]), [r.shape[0] for r in run])
+    if len(run) == 1:
+        return run[0], segments
     cat = lambda *xs: np.concatenate(xs)  # noqa: E731
     merged = Rollout(obs=obs_map(cat, *[r.obs for r in run]), actions=cat(*[r.actions for r in run]),
                      log_probs=cat(*[r.log_probs for r in run]), rewards=cat(*[r.rewards for r in run]),
                      terminated=cat(*[r.terminated for r in run]), truncated=cat(*[r.truncated for r in run]),
                      next_obs=obs_map(cat, *[r.next_obs for r in run]), policy_version=np.zeros(0, np.int64),
                      env_ids=run[0].env_ids)
-    return merged, np.repeat(np.arange(len(run)), [r.shape[0] for r in run])
+    return merged, segments
 
 
 def continues(a: Rollout, b: Rollout) -> bool:
@@ -83,3 +90,22 @@ def columns(rollout: Rollout, cols: np.ndarray) -> Rollout:
 def _ends_an_episode(rollout: Rollout) -> bool:
     """Some env of ``rollout`` ends an episode at its last step."""
     return bool((rollout.terminated[-1] | rollout.truncated[-1]).any())
+
+
+def split_steps(rollout: Rollout, length: int) -> list[Rollout]:
+    """A time-major rollout of k * ``length`` steps as its k consecutive rollouts of ``length`` steps (views). The
+    episode statistics go with the last one (bookkeeping: no learner reads them from a rollout it learns from)."""
+    T = rollout.shape[0]
+    out = []
+    for t0 in range(0, T, length):
+        part, last = slice(t0, t0 + length), t0 + length >= T
+        out.append(Rollout(obs=obs_map(lambda x, part=part: x[part], rollout.obs), actions=rollout.actions[part],
+                           log_probs=rollout.log_probs[part], rewards=rollout.rewards[part],
+                           terminated=rollout.terminated[part], truncated=rollout.truncated[part],
+                           next_obs=obs_map(lambda x, part=part: x[part], rollout.next_obs),
+                           policy_version=rollout.policy_version[part],
+                           episode_returns=rollout.episode_returns if last else [],
+                           episode_lengths=rollout.episode_lengths if last else [], env_ids=rollout.env_ids,
+                           core_state=rollout.core_state if t0 == 0 else None,
+                           values=None if rollout.values is None else rollout.values[part]))
+    return out

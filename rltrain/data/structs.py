@@ -328,6 +328,8 @@ class Rollout:
     values:         [T, N] float32 V(obs) from the acting forward, or None. Only a collector acting with the
                     learner's own policy object records it (TrainLoop's), so they are the learner's current
                     values: an actor's lagged copy never fills it
+    valid:          [T, N] bool, or None (every row is a transition). False marks a padding row: a multi-agent
+                    slot whose agent was done while its env went on (data/agents.py); learners leave it out
     """
 
     obs: ObsArray
@@ -343,6 +345,7 @@ class Rollout:
     env_ids: np.ndarray | None = None
     core_state: tuple[torch.Tensor, ...] | None = None
     values: np.ndarray | None = None
+    valid: np.ndarray | None = None
 
     @property
     def num_steps(self) -> int:

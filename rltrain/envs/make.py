@@ -31,20 +31,25 @@ from dataclasses import dataclass, field, fields
 from typing import Any
 
 import gymnasium as gym
-import numpy as np
 
-from rltrain.data.structs import MASK_KEY, EnvSpec, ObsSpace
-from rltrain.envs.spaces import (
+from rltrain.data.agents import AgentsSpec
+from rltrain.data.structs import MASK_KEY, EnvSpec
+from rltrain.envs import multiagent as pz  # PettingZoo envs
+from rltrain.envs.multiagent import AgentVecEnv
+from rltrain.envs.spaces import (  # noqa: F401  env_spec, _describe_obs, stacked_frames: re-exported
     MASK_SOURCES,
     ActionMaskObservation,
     TupleAsDict,
+    _describe_obs,
+    env_spec,
     has_tuple,
     mask_size,
     mask_source,
+    stacked_frames,
 )
 from rltrain.envs.vector import AsyncVecEnv, VecEnv
 from rltrain.envs.wrappers import apply_wrappers
-from rltrain.errors import ConfigError, close_matches
+from rltrain.errors import ConfigError, UserCodeError, close_matches, described
 
 # id namespace -> (module that registers it, pip extra of rltrain that installs it)
 NAMESPACES: dict[str, tuple[str, str]] = {"ALE": ("ale_py", "atari"), "MinAtar": ("minatar.gym", "minatar")}
@@ -66,6 +71,11 @@ def make_env(env_id: str, kwargs: dict[str, Any] | None = None, *, wrappers: lis
         add_search_path(search_path)
     try:
         env = _make_base(env_id, kwargs, max_episode_steps, search_path)
+        if pz.is_multiagent(env):  # its agents' spaces and turns are read as they are (envs/multiagent.py)
+            if wrappers:
+                raise ConfigError(f"env.wrappers apply to a Gymnasium env; env.id={env_id} is a PettingZoo multi-agent "
+                                  "env: wrap it in your factory (e.g. with SuperSuit) and set env.wrappers=[]")
+            return env
         env = apply_wrappers(env, wrappers) if wrappers else env
         if has_tuple(env.observation_space):
             env = TupleAsDict(env)
@@ -73,6 +83,10 @@ def make_env(env_id: str, kwargs: dict[str, Any] | None = None, *, wrappers: lis
     except gym.error.DependencyNotInstalled as err:  # from gymnasium, a wrapper or a user factory
         raise ConfigError(f"env.id={env_id} needs a package that is not installed: "
                           f"{_install_hint(str(err))}") from None
+    except ImportError as err:  # an optional simulator imported (by us, Gymnasium or a factory), not installed
+        if (top := (getattr(err, "name", None) or "").split(".")[0]) not in _EXTRAS:
+            raise
+        raise ConfigError(f"env.id={env_id} needs {top}, which is not installed: {_install_hint(top)}") from None
 
 
 def add_search_path(path: str) -> None:
@@ -94,7 +108,9 @@ def _make_base(env_id: str, kwargs: dict[str, Any], max_episode_steps: int | Non
             raise ConfigError(f"env.id={env_id}: {module_name!r} registers no env {name!r} and has no "
                               f"factory {name!r}{close_matches(name, gym.registry.keys())}")
         env = _call_factory(getattr(module, name), env_id, kwargs)
-        return gym.wrappers.TimeLimit(env, max_episode_steps) if max_episode_steps else env
+        if pz.is_multiagent(env) or not max_episode_steps:  # a multi-agent env counts its own (envs/multiagent.py)
+            return env
+        return gym.wrappers.TimeLimit(env, max_episode_steps)
     _register_namespace(env_id)
     if env_id not in gym.registry:
         raise ConfigError(f"env.id: unknown Gymnasium env {env_id!r}{close_matches(env_id, gym.registry.keys())}"
@@ -176,76 +192,18 @@ def _call_factory(factory, env_id: str, kwargs: dict[str, Any]) -> gym.Env:
     except ImportError as err:  # a factory importing an optional simulator
         raise ConfigError(f"env.id={env_id} needs a package that is not installed: "
                           f"{_install_hint(str(err))}") from None
-    if not isinstance(env, gym.Env):
-        raise ConfigError(f"env.id: {env_id!r} returned {type(env).__name__}, not a gymnasium.Env")
+    if not isinstance(env, gym.Env) and not pz.is_multiagent(env):
+        raise ConfigError(f"env.id: {env_id!r} returned {type(env).__name__}, not a gymnasium.Env (nor a PettingZoo "
+                          "ParallelEnv or AECEnv)")
     return env
 
 
-def _describe_obs(space: gym.Space) -> ObsSpace:
-    """A picklable description of an observation space; spaces no model reads are kept as ``unsupported``
-    so the model factory can name the key (or the user can drop it with ``model.ignore_keys``)."""
-    if isinstance(space, gym.spaces.Box):
-        high = int(np.max(space.high)) if np.issubdtype(space.dtype, np.integer) and space.shape else None
-        return ObsSpace("box", tuple(space.shape), space.dtype.name, name=str(space), high=high)
-    if isinstance(space, gym.spaces.Discrete):
-        return ObsSpace("discrete", (), space.dtype.name, n=int(space.n), start=int(space.start),
-                        name=str(space))
-    if isinstance(space, gym.spaces.MultiBinary):
-        return ObsSpace("multi_binary", tuple(space.shape), space.dtype.name, name=str(space))
-    if isinstance(space, gym.spaces.MultiDiscrete):
-        if int(np.min(space.start)) != 0:
-            return ObsSpace("unsupported", (), "", name=f"{space} with start={space.start.tolist()}")
-        return ObsSpace("multi_discrete", tuple(space.shape), space.dtype.name, name=str(space),
-                        nvec=tuple(int(n) for n in space.nvec.ravel()))
-    if isinstance(space, (gym.spaces.Dict, gym.spaces.Tuple)):  # a Tuple keyed "0", "1", ... (TupleAsDict)
-        items = space.spaces.items() if isinstance(space, gym.spaces.Dict) else enumerate(space.spaces)
-        parts = tuple((str(k), _describe_obs(sub)) for k, sub in items)
-        return ObsSpace("dict", (), "", parts=parts, name=str(space))
-    return ObsSpace("unsupported", (), "", name=type(space).__name__)  # Text's repr spells out its charset
 def _install_hint(message: str) -> str:
     lowered = message.lower()
     extra = next((v for k, v in _EXTRAS.items() if k.lower() in lowered), None)
     if extra:
         return f"pip install 'rltrain[{extra}]'"
     return message.splitlines()[0] if message else "see the env's docs"
-
-
-def stacked_frames(env: gym.Env, obs: ObsSpace) -> int | None:
-    """K when the observation is a K-frame stack along its first axis: a reset-padded ``FrameStackObservation``
-    among the env's wrappers whose stack axis is still the first one (what the replay buffer rebuilds stacks
-    from, storing each frame once: data/frames.py), else None."""
-    while env is not None:
-        if isinstance(env, gym.wrappers.FrameStackObservation):
-            k = int(env.stack_size)
-            fits = obs.kind == "box" and len(obs.shape) >= 2 and obs.shape[0] == k >= 2
-            return k if fits and env.padding_type == "reset" else None
-        env = getattr(env, "env", None)
-    return None
-
-
-def env_spec(env: gym.Env, env_id: str) -> EnvSpec:
-    obs_space, act_space = env.observation_space, env.action_space
-    obs = _describe_obs(obs_space)
-    if obs.kind == "unsupported":
-        raise ConfigError(f"env.id={env_id}: observation space {obs.name} is not supported (Box, Discrete, "
-                          "MultiDiscrete, MultiBinary or a Dict / Tuple of them); wrap the env to return one of "
-                          "those (e.g. env.wrappers=[FlattenObservation] for a space of fixed size)")
-    common = {"obs_dtype": obs.dtype, "obs_space": obs, "frame_stack": stacked_frames(env, obs)}
-    if isinstance(act_space, gym.spaces.Discrete):
-        return EnvSpec(env_id, obs.shape, "discrete", (), n_actions=int(act_space.n), **common)
-    if isinstance(act_space, gym.spaces.MultiDiscrete):
-        return EnvSpec(env_id, obs.shape, "multi_discrete", tuple(act_space.shape),
-                       nvec=tuple(int(n) for n in act_space.nvec.ravel()),
-                       action_start=tuple(int(x) for x in act_space.start.ravel()), **common)
-    if isinstance(act_space, gym.spaces.MultiBinary):
-        return EnvSpec(env_id, obs.shape, "multi_binary", tuple(act_space.shape), **common)
-    if isinstance(act_space, gym.spaces.Box):
-        return EnvSpec(env_id, obs.shape, "box", tuple(act_space.shape),
-                       action_low=tuple(float(x) for x in act_space.low.ravel()),
-                       action_high=tuple(float(x) for x in act_space.high.ravel()), **common)
-    raise ConfigError(f"env.id={env_id}: action space {act_space} is not supported (Discrete, MultiDiscrete, "
-                      "MultiBinary or Box); wrap the env to take one of those (e.g. a Tuple of Discretes as "
-                      "one MultiDiscrete)")
 
 
 def make_vector_env(env_id: str, num_envs: int, seeds: list[int] | tuple[int, ...], *,
@@ -297,6 +255,11 @@ class EnvFactory:
         if t is not None and (isinstance(t, bool) or not isinstance(t, (int, float)) or not 0 < t < 1e9):
             raise ConfigError(f"env.step_timeout_s={t!r} must be a number of seconds > 0, or null for no limit")
 
+    @functools.cached_property
+    def multiagent(self) -> bool:
+        """The env is a PettingZoo ``ParallelEnv`` / ``AECEnv`` (envs/multiagent.py); found by building one."""
+        return pz.builds_multiagent(self.make)
+
     @property
     def real_scores(self) -> bool:
         """Whether episodes are scored by the game's real score (any ``env.wrappers`` list records it)."""
@@ -307,15 +270,20 @@ class EnvFactory:
         return make_env(self.id, self.kwargs, wrappers=self.wrappers, max_episode_steps=self.max_episode_steps,
                         render_mode=render_mode, search_path=self.search_path, action_mask=self.action_mask)
 
-    def spec(self) -> EnvSpec:
+    def spec(self) -> EnvSpec | AgentsSpec:
+        """The env's spaces: an ``EnvSpec``, or an ``AgentsSpec`` for a PettingZoo multi-agent env."""
         env = self.make()
         try:
-            return env_spec(env, self.id)
+            multi = pz.is_multiagent(env)
+            return pz.agents_spec(env, self.id, masks=self.action_mask != "drop") if multi else env_spec(env, self.id)
         finally:
             env.close()
 
-    def vector(self, seeds: list[int] | tuple[int, ...], *, num_envs: int | None = None) -> VecEnv | AsyncVecEnv:
+    def vector(self, seeds: list[int] | tuple[int, ...], *,
+               num_envs: int | None = None) -> VecEnv | AsyncVecEnv | AgentVecEnv:
         """``num_envs`` (default ``self.num_envs``) envs seeded with ``seeds``."""
+        if self.multiagent:
+            return pz.agent_vector(self, seeds, num_envs or self.num_envs)
         return make_vector_env(self.id, num_envs or self.num_envs, seeds, kwargs=self.kwargs, wrappers=self.wrappers,
                                max_episode_steps=self.max_episode_steps, vectorization=self.vectorization,
                                search_path=self.search_path, step_timeout_s=self.step_timeout_s,
@@ -334,16 +302,16 @@ def probed_env(factory: EnvFactory):
         env = factory.make()
     except ConfigError:
         raise
-    except Exception as err:
-        raise ConfigError(f"env.id={factory.id}: building the env raised {type(err).__name__}: {err}; fix the env "
-                          "or its env.kwargs") from None
+    except Exception as err:  # the user's code: the traceback is kept (error.txt)
+        raise UserCodeError(f"env.id={factory.id}: building the env raised {described(err)}; fix the env or its "
+                            "env.kwargs") from err
     try:
         yield env
     except ConfigError:
         raise
     except Exception as err:
-        raise ConfigError(f"env.id={factory.id}: reset() raised {type(err).__name__}: {err}; fix the env or its "
-                          "env.kwargs") from None
+        raise UserCodeError(f"env.id={factory.id}: reset() raised {described(err)}; fix the env or its env.kwargs") \
+            from err
     finally:
         env.close()
 
@@ -353,7 +321,8 @@ class ProbedEnv:
     """What one env of a run says about itself, read once before the run starts (``probe_env``)."""
 
     factory: EnvFactory  # the run's factory, its action mask resolved from algo.action_mask
-    spec: EnvSpec  # the env as the run builds it: what the networks are built for, in every process of the run
+    spec: EnvSpec | AgentsSpec  # the env as the run builds it (a multi-agent env's agents): what the networks are
+    #                             built for, in every process of the run
     line: str | None  # the action-mask line to tell the user (None: nothing to say)
 
 
@@ -364,6 +333,9 @@ def probe_env(factory: EnvFactory, mask_mode: str = "auto") -> ProbedEnv:
     into one line naming the env; ``on`` without a mask, or a mask on actions that take none, is one line too."""
     if mask_mode not in ("auto", "on", "off"):
         raise ConfigError(f"algo.action_mask={mask_mode!r}: one of auto, on, off")
+    if factory.multiagent:  # a PettingZoo env: its agents' masks and spaces (envs/multiagent.py)
+        resolved, line = pz.with_agent_masks(factory, mask_mode)
+        return ProbedEnv(resolved, resolved.spec(), line)  # type: ignore[arg-type]
     with probed_env(dataclasses.replace(factory, action_mask="off")) as env:
         _, info = env.reset(seed=0)
         resolved, line = _mask_choice(factory, mask_mode, mask_source(env, info), env.action_space)

@@ -14,6 +14,8 @@ and an env's action mask as a Dict observation key.
   it in one line naming the env index and its step.
 
 ``mask_source`` finds which way an env offers its mask (building on a throwaway env: ``info`` needs a reset).
+``env_spec`` describes an env's spaces for the model factory (an ``EnvSpec``); the multi-agent adapter
+(envs/multiagent.py) describes each agent's with it.
 """
 
 from __future__ import annotations
@@ -23,7 +25,8 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 
-from rltrain.data.structs import MASK_KEY
+from rltrain.data.structs import MASK_KEY, EnvSpec, ObsSpace
+from rltrain.errors import ConfigError
 
 MASK_SOURCES = ("key", "info", "method")
 
@@ -150,3 +153,64 @@ class ActionMaskObservation(gym.Wrapper):
                 raise ValueError(f"action mask has no legal action{where}")
             at += n
         return mask
+
+
+def _describe_obs(space: gym.Space) -> ObsSpace:
+    """A picklable description of an observation space; spaces no model reads are kept as ``unsupported``
+    so the model factory can name the key (or the user can drop it with ``model.ignore_keys``)."""
+    if isinstance(space, gym.spaces.Box):
+        high = int(np.max(space.high)) if np.issubdtype(space.dtype, np.integer) and space.shape else None
+        return ObsSpace("box", tuple(space.shape), space.dtype.name, name=str(space), high=high)
+    if isinstance(space, gym.spaces.Discrete):
+        return ObsSpace("discrete", (), space.dtype.name, n=int(space.n), start=int(space.start),
+                        name=str(space))
+    if isinstance(space, gym.spaces.MultiBinary):
+        return ObsSpace("multi_binary", tuple(space.shape), space.dtype.name, name=str(space))
+    if isinstance(space, gym.spaces.MultiDiscrete):
+        if int(np.min(space.start)) != 0:
+            return ObsSpace("unsupported", (), "", name=f"{space} with start={space.start.tolist()}")
+        return ObsSpace("multi_discrete", tuple(space.shape), space.dtype.name, name=str(space),
+                        nvec=tuple(int(n) for n in space.nvec.ravel()))
+    if isinstance(space, (gym.spaces.Dict, gym.spaces.Tuple)):  # a Tuple keyed "0", "1", ... (TupleAsDict)
+        items = space.spaces.items() if isinstance(space, gym.spaces.Dict) else enumerate(space.spaces)
+        parts = tuple((str(k), _describe_obs(sub)) for k, sub in items)
+        return ObsSpace("dict", (), "", parts=parts, name=str(space))
+    return ObsSpace("unsupported", (), "", name=type(space).__name__)  # Text's repr spells out its charset
+
+
+def stacked_frames(env: gym.Env, obs: ObsSpace) -> int | None:
+    """K when the observation is a K-frame stack along its first axis: a reset-padded ``FrameStackObservation``
+    among the env's wrappers whose stack axis is still the first one (what the replay buffer rebuilds stacks
+    from, storing each frame once: data/frames.py), else None."""
+    while env is not None:
+        if isinstance(env, gym.wrappers.FrameStackObservation):
+            k = int(env.stack_size)
+            fits = obs.kind == "box" and len(obs.shape) >= 2 and obs.shape[0] == k >= 2
+            return k if fits and env.padding_type == "reset" else None
+        env = getattr(env, "env", None)
+    return None
+
+
+def env_spec(env: gym.Env, env_id: str) -> EnvSpec:
+    obs_space, act_space = env.observation_space, env.action_space
+    obs = _describe_obs(obs_space)
+    if obs.kind == "unsupported":
+        raise ConfigError(f"env.id={env_id}: observation space {obs.name} is not supported (Box, Discrete, "
+                          "MultiDiscrete, MultiBinary or a Dict / Tuple of them); wrap the env to return one of "
+                          "those (e.g. env.wrappers=[FlattenObservation] for a space of fixed size)")
+    common = {"obs_dtype": obs.dtype, "obs_space": obs, "frame_stack": stacked_frames(env, obs)}
+    if isinstance(act_space, gym.spaces.Discrete):
+        return EnvSpec(env_id, obs.shape, "discrete", (), n_actions=int(act_space.n), **common)
+    if isinstance(act_space, gym.spaces.MultiDiscrete):
+        return EnvSpec(env_id, obs.shape, "multi_discrete", tuple(act_space.shape),
+                       nvec=tuple(int(n) for n in act_space.nvec.ravel()),
+                       action_start=tuple(int(x) for x in act_space.start.ravel()), **common)
+    if isinstance(act_space, gym.spaces.MultiBinary):
+        return EnvSpec(env_id, obs.shape, "multi_binary", tuple(act_space.shape), **common)
+    if isinstance(act_space, gym.spaces.Box):
+        return EnvSpec(env_id, obs.shape, "box", tuple(act_space.shape),
+                       action_low=tuple(float(x) for x in act_space.low.ravel()),
+                       action_high=tuple(float(x) for x in act_space.high.ravel()), **common)
+    raise ConfigError(f"env.id={env_id}: action space {act_space} is not supported (Discrete, MultiDiscrete, "
+                      "MultiBinary or Box); wrap the env to take one of those (e.g. a Tuple of Discretes as "
+                      "one MultiDiscrete)")

@@ -30,6 +30,7 @@ import gymnasium as gym
 import numpy as np
 
 from rltrain.data.structs import obs_map, obs_put
+from rltrain.envs.bounds import IntegerBounds, ObsOutOfSpace, checked_env, put_checked
 from rltrain.envs.lifetime import die_with_parent
 from rltrain.errors import ConfigError
 
@@ -149,10 +150,14 @@ class VecEnv:
         self.seeds = list(seeds)
         self.num_envs = len(self.envs)
         space = self.envs[0].observation_space
+        self._space = space
         self._dict = isinstance(space, gym.spaces.Dict)  # a dict of per-key batches instead of one array
+        # integer Box parts narrower than their dtype, checked per batch; None (no call per step) when there are none
+        self._bounds = IntegerBounds(space) or None
         self._obs = _batch_of(space, self.num_envs)
         self._final = _batch_of(space, self.num_envs)
-        self._shape = None if self._dict else self._obs.shape[1:]  # one observation's shape
+        self._shape = None if self._dict else self._obs.shape[1:]  # one observation's shape (None: a Dict)
+        self._dtype = None if self._dict else self._obs.dtype
         self._rew = np.zeros(self.num_envs, np.float32)
         self._term = np.zeros(self.num_envs, bool)
         self._trunc = np.zeros(self.num_envs, bool)
@@ -168,14 +173,22 @@ class VecEnv:
                 try:
                     env.action_space.seed(self.seeds[i])
                     o, _ = env.reset(seed=self.seeds[i])
-                    obs_put(self._obs, i, o)
+                    put_checked(self._obs, i, o, self._space)
                 except (EnvFault, EnvCallAbandoned):
                     raise
                 except Exception as err:  # the user's env: one line naming it (the traceback is chained)
                     raise env_fault(err, i, self.steps, "reset()") from err
         finally:
             watch.end()
+        self._check_bounds(self._obs, "reset()")
         return obs_map(np.copy, self._obs)
+
+    def _check_bounds(self, batch, call: str) -> None:
+        """One vectorised look at the batch for integer observations outside their declared bounds."""
+        if self._bounds:
+            bad = self._bounds.first_outside(batch)
+            if bad is not None:
+                raise env_fault(ObsOutOfSpace(bad[1]), bad[0], self.steps, call)
 
     def step(self, actions: np.ndarray, *, copy: bool = True) -> tuple[np.ndarray, np.ndarray, np.ndarray,
                                                                        np.ndarray, np.ndarray]:
@@ -184,43 +197,44 @@ class VecEnv:
         caller that copies them into its buffers at once: the collector)."""
         obs, final, rew, term, trunc = self._obs, self._final, self._rew, self._term, self._trunc
         acts = actions.tolist() if self._discrete else actions
-        real, put, shape = self._real, obs_put if self._dict else None, self._shape
+        real, space, shape, dtype = self._real, self._space, self._shape, self._dtype
         watch = self.watch
         self.steps += 1
         watch.begin(self.steps)
         try:
             for i, env in enumerate(self.envs):
                 watch.env = i
+                call = "step()"
                 try:
                     o, r, te, tr, info = env.step(acts[i])
                     if real is not None and "real_score" in info:
                         real.append((i, info["real_score"], info["real_length"]))
-                    if put is not None:
-                        put(final, i, o)
-                    elif o.__class__ is np.ndarray and o.shape == shape:  # the common case, checked inline
-                        final[i] = o
+                    if o.__class__ is np.ndarray and o.shape == shape and o.dtype == dtype:
+                        final[i] = o  # the common case, checked inline: nothing to cast, nothing to broadcast
                     else:
-                        _put_exact(final, i, o)
+                        put_checked(final, i, o, space)
                     rew[i] = r
                     term[i] = te
                     trunc[i] = tr
                     if te or tr:
+                        call = "reset() (its episode had ended)"
                         o, _ = env.reset()
-                    if put is not None:
-                        put(obs, i, o)
-                    elif o.__class__ is np.ndarray and o.shape == shape:
+                    if o.__class__ is np.ndarray and o.shape == shape and o.dtype == dtype:
                         obs[i] = o
                     else:
-                        _put_exact(obs, i, o)
+                        put_checked(obs, i, o, space)
                 except (EnvFault, EnvCallAbandoned):
                     raise
                 except Exception as err:  # raised, or returned what does not fit the spaces: one line
-                    raise env_fault(err, i, self.steps, "step()") from err
+                    raise env_fault(err, i, self.steps, call) from err
         finally:
             watch.end()
+        if self._bounds is not None:
+            self._check_bounds(final, "step()")
+            self._check_bounds(obs, "reset()")
         if not copy:
             return obs, rew, term, trunc, final
-        if put is not None:
+        if self._dict:
             return obs_map(np.copy, obs), rew.copy(), term.copy(), trunc.copy(), obs_map(np.copy, final)
         return obs.copy(), rew.copy(), term.copy(), trunc.copy(), final.copy()
 
@@ -248,16 +262,6 @@ class VecEnv:
         self.watch.close()
         for env in self.envs:
             env.close()
-
-
-def _put_exact(batch: np.ndarray, i: int, o) -> None:
-    """``batch[i] = o`` without numpy's broadcasting: an observation of another shape is an env fault, not
-    something to spread over the row."""
-    if getattr(o, "shape", None) != batch.shape[1:]:
-        o = np.asarray(o)
-        if o.shape != batch.shape[1:]:
-            raise ValueError(f"observation of shape {o.shape}, but the observation space says {batch.shape[1:]}")
-    batch[i] = o
 
 
 def _batch_of(space: gym.Space, n: int):
@@ -291,6 +295,7 @@ class AsyncVecEnv:
         self.watch = CallWatch(step_timeout_s)
         self.steps = 0
         self._broken = False
+        self._bounds = IntegerBounds(self.venv.single_observation_space)
 
     def _call(self, fn, call: str):
         """``fn()`` (a reset or step of all workers) with the deadline, and its faults as one ``EnvFault``."""
@@ -326,7 +331,15 @@ class AsyncVecEnv:
     def reset(self) -> np.ndarray:
         self.venv.action_space.seed(self.seeds[0])
         obs, _ = self._call(lambda: self.venv.reset(seed=self.seeds), "reset()")
+        self._check_bounds(obs, "reset()")
         return obs
+
+    def _check_bounds(self, batch, call: str) -> None:
+        if self._bounds:
+            bad = self._bounds.first_outside(batch)
+            if bad is not None:
+                self._broken = True
+                raise env_fault(ObsOutOfSpace(bad[1]), bad[0], self.steps, call)
 
     def step(self, actions: np.ndarray, *, copy: bool = True):
         """``VecEnv.step``; its arrays are new every step, whatever ``copy`` says."""
@@ -339,6 +352,7 @@ class AsyncVecEnv:
                 obs_put(final, i, info["final_obs"][i])
         if self._real is not None:
             self._gather_real(info, done)
+        self._check_bounds(final, "step()")
         return obs, rew.astype(np.float32), term, trunc, final
 
     def _gather_real(self, info: dict, done: np.ndarray) -> None:
@@ -383,5 +397,7 @@ class _WorkerEnv:
             return self.fn()
         die_with_parent(self.parent_pid, direct=False)  # the default start method may put a fork server between
         signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole group; the parent decides
-        signal.signal(signal.SIGTERM, signal.SIG_DFL)  # not the handler a forked worker inherited
-        return self.fn()
+        for signum in (signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2):
+            signal.signal(signum, signal.SIG_DFL)  # not the handler a forked worker inherited
+        # checked here, one by one: Gymnasium's shared-memory write would cast what does not fit the dtype
+        return checked_env(self.fn())

@@ -18,6 +18,7 @@ Checkpoints written before the two torsos were one class still load (``load_stat
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import numpy as np
@@ -79,8 +80,14 @@ class EncoderTorso(nn.Module):
 
     def __init__(self, obs: ObsSpace, param_dim: int, settings: ModelSettings):
         super().__init__()
-        shared = shares_torso(settings.shared, obs)
-        self.actor_encoder: Encoder = make_encoder(obs, settings)
+        keys = [k for k, _ in obs.parts]
+        missing = [k for k in settings.critic_keys if k not in keys]
+        if missing:
+            raise ConfigError(f"model.critic_keys: {missing[0]!r} is not a key of the observation {obs.name}")
+        shared = shares_torso(settings.shared, obs) and not settings.critic_keys
+        # the actor never reads ``critic_keys`` (a centralised critic's global state): they are dropped for it
+        actor_settings = dataclasses.replace(settings, ignore_keys=settings.ignore_keys + settings.critic_keys)
+        self.actor_encoder: Encoder = make_encoder(obs, actor_settings)
         self.critic_encoder: Encoder | None = None if shared else make_encoder(obs, settings, warn=False)
         width = self.actor_encoder.out_dim
         self.actor_core = make_core(settings.core, width, settings.core_size)

@@ -94,5 +94,8 @@ def describe_model(networks: dict[str, nn.Module], notes: list[str] | tuple[str,
 
 
 def networks_of(algo: object) -> dict[str, nn.Module]:
-    """An algorithm's trained networks (its ``nn.Module`` attributes; target copies left out)."""
+    """An algorithm's trained networks (its ``nn.Module`` attributes; target copies left out), or what its
+    ``networks()`` names (a multi-agent algorithm's: one per policy group)."""
+    if callable(getattr(algo, "networks", None)):
+        return algo.networks()
     return {k: v for k, v in vars(algo).items() if isinstance(v, nn.Module) and "target" not in k}

@@ -3,12 +3,12 @@
 - Box vectors, Discrete (one-hot) and MultiBinary observations -> an MLP (``hidden_sizes``, ``activation``).
 - Box images (3-D, channels first or last) -> a CNN: ``nature`` (Mnih et al. 2015), ``impala`` (Espeholt
   et al. 2018) or ``minatar`` (Young & Tian 2019); ``auto`` picks nature for frames >= 36x36, minatar below.
-- Dict -> one encoder per key (CNN for images, flattened / one-hot for the rest), concatenated, then the MLP.
+- Dict -> one encoder per key (CNN for images, flattened / one-hot for the rest), concatenated, then the MLP;
+  ``flat=True`` without an image: no MLP, for a network whose own MLP comes next (SAC's critics).
 
-Observations arrive in their stored dtype (uint8 / bool pixels, int Discrete values, float vectors).
-Every encoder moves them to its own device first and converts there, so pixels cross to an accelerator
-as bytes: uint8 -> float / 255, bool and ints -> float. Init is orthogonal with gain sqrt(2) in every
-hidden layer, as CleanRL's Atari PPO (Engstrom et al. 2020 list it among the details that matter).
+Observations arrive in their stored dtype (uint8 / bool pixels, int Discrete values, float vectors). Every encoder
+moves them to its own device and converts there, so pixels cross to an accelerator as bytes: uint8 -> float / 255,
+bool and ints -> float. Init: ``layers.layer_init`` (orthogonal, gain sqrt(2) in hidden layers, as CleanRL's).
 """
 
 from __future__ import annotations
@@ -27,19 +27,13 @@ from torch import Tensor, nn
 
 from rltrain.data.structs import MASK_KEY, ObsSpace
 from rltrain.errors import ConfigError, close_matches
-from rltrain.models.layers import ACTIVATIONS
+from rltrain.models.layers import hidden_mlp, layer_init
 
 if TYPE_CHECKING:
     from rltrain.models.settings import ModelSettings
 
 MAX_CHANNELS = 16  # an image's channel axis is its first or last one, and small (frame stacks, RGB, MinAtar)
 Obs = Tensor | dict[str, "Obs"]
-
-
-def ortho(layer: nn.Linear | nn.Conv2d, gain: float = math.sqrt(2)) -> nn.Module:
-    nn.init.orthogonal_(layer.weight, gain)
-    nn.init.zeros_(layer.bias)
-    return layer
 
 
 def to_float(x: Tensor) -> Tensor:
@@ -129,19 +123,6 @@ class FlatInput(Encoder):
         return to_float(obs.flatten(1))
 
 
-def hidden_mlp(in_dim: int, hidden_sizes: Sequence[int], activation: str, *,
-               last_gain: float = math.sqrt(2)) -> tuple[nn.Sequential, int]:
-    """Linear + activation per hidden size (orthogonal, gain sqrt(2); ``last_gain`` for the last hidden layer);
-    returns (net, output width)."""
-    layers: list[nn.Module] = []
-    last = in_dim
-    for i, width in enumerate(hidden_sizes):
-        gain = last_gain if i == len(hidden_sizes) - 1 else math.sqrt(2)
-        layers += [ortho(nn.Linear(last, width), gain), ACTIVATIONS[activation]()]
-        last = width
-    return nn.Sequential(*layers), last
-
-
 class MLPEncoder(Encoder):
     """Flattened (or one-hot) observation -> MLP features [B, hidden_sizes[-1]]."""
 
@@ -169,7 +150,7 @@ class ImageEncoder(Encoder):
         self.convs = self.conv_stack(c)
         with torch.no_grad():
             flat = self.convs(torch.zeros(1, c, h, w)).flatten(1).shape[1]
-        self.fc = ortho(nn.Linear(flat, features))
+        self.fc = layer_init(nn.Linear(flat, features))
         self.out_dim = features
 
     @abstractmethod
@@ -194,9 +175,9 @@ class NatureCNN(ImageEncoder):
     default_features = 512
 
     def conv_stack(self, channels: int) -> nn.Sequential:
-        return nn.Sequential(ortho(nn.Conv2d(channels, 32, 8, stride=4)), nn.ReLU(),
-                             ortho(nn.Conv2d(32, 64, 4, stride=2)), nn.ReLU(),
-                             ortho(nn.Conv2d(64, 64, 3, stride=1)), nn.ReLU())
+        return nn.Sequential(layer_init(nn.Conv2d(channels, 32, 8, stride=4)), nn.ReLU(),
+                             layer_init(nn.Conv2d(32, 64, 4, stride=2)), nn.ReLU(),
+                             layer_init(nn.Conv2d(64, 64, 3, stride=1)), nn.ReLU())
 
 
 class ResidualBlock(nn.Module):
@@ -204,8 +185,8 @@ class ResidualBlock(nn.Module):
 
     def __init__(self, channels: int):
         super().__init__()
-        self.conv0 = ortho(nn.Conv2d(channels, channels, 3, padding=1))
-        self.conv1 = ortho(nn.Conv2d(channels, channels, 3, padding=1))
+        self.conv0 = layer_init(nn.Conv2d(channels, channels, 3, padding=1))
+        self.conv1 = layer_init(nn.Conv2d(channels, channels, 3, padding=1))
 
     def forward(self, x: Tensor) -> Tensor:
         return x + self.conv1(torch.relu(self.conv0(torch.relu(x))))
@@ -220,7 +201,7 @@ class ImpalaCNN(ImageEncoder):
     def conv_stack(self, channels: int) -> nn.Sequential:
         layers: list[nn.Module] = []
         for out in (16, 32, 32):
-            layers += [ortho(nn.Conv2d(channels, out, 3, padding=1)), nn.MaxPool2d(3, stride=2, padding=1),
+            layers += [layer_init(nn.Conv2d(channels, out, 3, padding=1)), nn.MaxPool2d(3, stride=2, padding=1),
                        ResidualBlock(out), ResidualBlock(out)]
             channels = out
         return nn.Sequential(*layers, nn.ReLU())
@@ -233,7 +214,7 @@ class MinAtarCNN(ImageEncoder):
     default_features = 128
 
     def conv_stack(self, channels: int) -> nn.Sequential:
-        return nn.Sequential(ortho(nn.Conv2d(channels, 16, 3, stride=1)), nn.ReLU())
+        return nn.Sequential(layer_init(nn.Conv2d(channels, 16, 3, stride=1)), nn.ReLU())
 
 
 CNNS: dict[str, type[ImageEncoder]] = {"nature": NatureCNN, "impala": ImpalaCNN, "minatar": MinAtarCNN}
@@ -278,7 +259,8 @@ class MultiInputEncoder(Encoder):
     Dict keyed "0", "1", ... (``envs/spaces.py``). The top-level action mask key (``MASK_KEY``) is no input:
     the policy applies it to its logits."""
 
-    def __init__(self, obs: ObsSpace, settings: ModelSettings, *, warn: bool, prefix: str = ""):
+    def __init__(self, obs: ObsSpace, settings: ModelSettings, *, warn: bool, prefix: str = "",
+                 last_gain: float = math.sqrt(2)):
         super().__init__()
         keys, parts = [], []
         for key, sub in obs.parts:
@@ -293,7 +275,7 @@ class MultiInputEncoder(Encoder):
         self.parts = nn.ModuleList(parts)
         width = sum(p.out_dim for p in parts)
         hidden = () if prefix else settings.hidden_sizes  # a nested Dict feeds its parent's MLP
-        self.mlp, self.out_dim = hidden_mlp(width, hidden, settings.activation)
+        self.mlp, self.out_dim = hidden_mlp(width, hidden, settings.activation, last_gain=last_gain)
 
     def encode(self, obs: dict[str, Obs]) -> Tensor:  # type: ignore[override]
         return self.mlp(torch.cat([p.encode(obs[k]) for k, p in zip(self.keys, self.parts, strict=True)], 1))
@@ -361,13 +343,23 @@ def _check_ignore_keys(obs: ObsSpace, ignore_keys: Sequence[str]) -> None:
                               f"(keys: {', '.join(paths)})")
 
 
-def make_encoder(obs: ObsSpace, settings: ModelSettings, *, warn: bool = True) -> Encoder:
+def reads_flat(obs: ObsSpace, settings: ModelSettings) -> bool:
+    """Whether the default encoders read ``obs`` with no weights before the MLP (vectors, Discrete, MultiBinary,
+    Dicts of them; no image, no per-key or registered encoder): then it can go flattened, a Dict's keys
+    concatenated, straight into a network's own MLP (``make_encoder(flat=True)``), as SB3's CombinedExtractor."""
+    return settings.encoder in ("auto", "mlp") and not settings.key_encoders and not has_image(obs)
+
+
+def make_encoder(obs: ObsSpace, settings: ModelSettings, *, warn: bool = True, last_gain: float = math.sqrt(2),
+                 flat: bool = False) -> Encoder:
     """The encoder for an observation space: obs [B, *shape] (or a dict of them) -> features [B, out_dim].
 
     ``settings.encoder``: auto (by space and frame size), mlp, nature, impala or minatar. A top-level image
     goes through the CNN alone (its Linear is the torso; ``hidden_sizes`` are unused); vectors, Discrete
-    and MultiBinary observations through the MLP; Dicts as ``MultiInputEncoder``. ``warn``: emit the
-    MLP-on-frames warning (off for the second torso of an unshared actor-critic).
+    and MultiBinary observations through the MLP (``last_gain``: the init gain of its last layer); Dicts as
+    ``MultiInputEncoder``. ``warn``: emit the MLP-on-frames warning (off for the second torso of an unshared
+    actor-critic). ``flat`` (where ``reads_flat``): no MLP, the observation flattened, a Dict's keys
+    concatenated: float [B, D], for a network whose own MLP comes next (SAC's critics over obs ++ action).
     """
     if settings.ignore_keys:
         _check_ignore_keys(obs, settings.ignore_keys)
@@ -375,11 +367,16 @@ def make_encoder(obs: ObsSpace, settings: ModelSettings, *, warn: bool = True) -
         if obs.kind != "dict" or key not in _key_paths(obs):
             raise ConfigError(f"model.key_encoders: {key!r} is not an observation key ({obs.name}); keys: "
                               f"{', '.join(_key_paths(obs)) if obs.kind == 'dict' else 'none (not a Dict)'}")
+    if flat:
+        if not reads_flat(obs, settings):
+            raise ValueError(f"make_encoder(flat=True): {obs.name} is not read flat (see reads_flat)")
+        return MultiInputEncoder(obs, dataclasses.replace(settings, hidden_sizes=()), warn=warn) \
+            if obs.kind == "dict" else FlatInput(obs)
     custom = REGISTERED.get(settings.encoder)
     if custom is not None and not custom.images_only:
         return custom.factory(obs, settings)
     if obs.kind == "dict":
-        return MultiInputEncoder(obs, settings, warn=warn)
+        return MultiInputEncoder(obs, settings, warn=warn, last_gain=last_gain)
     if obs.kind == "unsupported":
         raise ConfigError(f"model: observation space {obs.name} has no encoder (Box, Discrete, MultiBinary or Dict)")
     if obs.kind == "box" and image_layout(obs.shape) is not None:
@@ -389,4 +386,4 @@ def make_encoder(obs: ObsSpace, settings: ModelSettings, *, warn: bool = True) -
     elif settings.encoder in CNNS or settings.encoder in REGISTERED:
         raise ConfigError(f"model.encoder={settings.encoder} needs image observations (3-D, channels <= "
                           f"{MAX_CHANNELS} first or last); got {obs.name}: use model.encoder=mlp")
-    return MLPEncoder(obs, hidden_sizes=settings.hidden_sizes, activation=settings.activation)
+    return MLPEncoder(obs, hidden_sizes=settings.hidden_sizes, activation=settings.activation, last_gain=last_gain)

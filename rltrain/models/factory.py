@@ -8,7 +8,8 @@ Roles:
     q               DQN: ``QPolicy`` (Q-values per discrete action, epsilon-greedy acting)
     sac             SAC's actor and twin critic together: ``SACNetworks`` (``.actor``, ``.critic``); on
                     observations holding an image one critic encoder read by both Q heads and, detached, by
-                    the actor (SAC-AE / DrQ: models/sac_networks.py), else one encoder each
+                    the actor (SAC-AE / DrQ: models/sac_networks.py); vectors and Dicts of them go flattened
+                    into each network's own MLP (``_sac_flat``)
     twin_q          a twin critic alone in the layout ``sac`` picks (SAC's target critic)
     squashed_actor  SAC's actor with its own encoder: ``SquashedGaussianActor``
 
@@ -28,7 +29,7 @@ from torch import nn
 from rltrain.data.structs import EnvSpec
 from rltrain.errors import ConfigError
 from rltrain.models.actor_critic import ActorCritic, EncoderTorso, TwinMLPTorso, is_float_vector
-from rltrain.models.encoders import shares_torso
+from rltrain.models.encoders import reads_flat, shares_torso
 from rltrain.models.q_networks import QPolicy
 from rltrain.models.sac_networks import CriticEncoderActor, SACNetworks, SeparateTwinQ, SharedEncoderTwinQ
 from rltrain.models.settings import DEFAULT_ACTIVATION, DEFAULT_MLP, ModelSettings
@@ -49,8 +50,11 @@ def _actor_critic(spec: EnvSpec, settings: ModelSettings, *, norm_obs: bool = Fa
     """Float vectors with separate MLP torsos run as one ``TwinMLPTorso`` (the numpy backend's); anything
     else (images, Dicts, a shared torso, a recurrent core) as ``EncoderTorso``. Same maths either way."""
     settings = settings.with_mlp(DEFAULT_MLP, DEFAULT_ACTIVATION)
-    settings = dataclasses.replace(settings, shared=shares_torso(settings.shared, spec.observation))
-    twin = _plain_vector(spec, settings) and not settings.shared and settings.core == "identity"
+    # a critic reading keys the actor must not (model.critic_keys) has a torso of its own
+    shared = shares_torso(settings.shared, spec.observation) and not settings.critic_keys
+    settings = dataclasses.replace(settings, shared=shared)
+    twin = _plain_vector(spec, settings) and not settings.shared and settings.core == "identity" and \
+        not settings.critic_keys
     return ActorCritic(spec, settings, norm_obs=norm_obs, init_log_std=init_log_std,
                        torso=TwinMLPTorso if twin else EncoderTorso)
 
@@ -59,9 +63,17 @@ def _q(spec: EnvSpec, settings: ModelSettings) -> QPolicy:
     return QPolicy(spec, settings.with_mlp(DEFAULT_MLP, DEFAULT_ACTIVATION))
 
 
+def _sac_flat(spec: EnvSpec, settings: ModelSettings) -> bool:
+    """SAC's actor and critics read the observation flattened straight into their MLPs wherever the encoders have
+    no weights before the MLP (``reads_flat``: CleanRL's networks on float vectors, SB3's on Dicts of vectors,
+    which concatenates them) under ``model.shared=auto``; ``model.shared=false`` keeps one encoder with its MLP
+    per network on Dict and Discrete observations (the layout of rltrain up to ``SEPARATE_ENCODERS_UNTIL``)."""
+    return reads_flat(spec.observation, settings) if settings.shared == "auto" else _plain_vector(spec, settings)
+
+
 def _squashed_actor(spec: EnvSpec, settings: ModelSettings) -> SquashedGaussianActor:
     settings = settings.with_mlp(SAC_MLP, SAC_ACTIVATION)
-    return SquashedGaussianActor(spec, settings, flat_input=_plain_vector(spec, settings))
+    return SquashedGaussianActor(spec, settings, flat_input=_sac_flat(spec, settings))
 
 
 def _twin_q(spec: EnvSpec, settings: ModelSettings) -> SeparateTwinQ | SharedEncoderTwinQ:
@@ -69,7 +81,7 @@ def _twin_q(spec: EnvSpec, settings: ModelSettings) -> SeparateTwinQ | SharedEnc
     settings = settings.with_mlp(SAC_MLP, SAC_ACTIVATION)
     if shares_torso(settings.shared, spec.observation):
         return SharedEncoderTwinQ(spec, settings)
-    return SeparateTwinQ(spec, settings, flat_input=_plain_vector(spec, settings))
+    return SeparateTwinQ(spec, settings, flat_input=_sac_flat(spec, settings))
 
 
 def _sac(spec: EnvSpec, settings: ModelSettings) -> SACNetworks:

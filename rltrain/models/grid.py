@@ -22,7 +22,8 @@ import torch
 from torch import Tensor, nn
 
 from rltrain.data.structs import ObsSpace
-from rltrain.models.encoders import Encoder, image_layout, ortho, register_encoder
+from rltrain.models.encoders import Encoder, image_layout, register_encoder
+from rltrain.models.layers import layer_init
 
 if TYPE_CHECKING:
     from rltrain.models.settings import ModelSettings
@@ -61,10 +62,10 @@ class GridEncoder(Encoder):
         layers: list[nn.Module] = []
         last = c * EMBED_DIM
         for width in CONV_CHANNELS:
-            layers += [ortho(nn.Conv2d(last, width, 3, padding=1)), nn.ReLU()]
+            layers += [layer_init(nn.Conv2d(last, width, 3, padding=1)), nn.ReLU()]
             last = width
         self.convs = nn.Sequential(*layers)
-        self.fc = ortho(nn.Linear(last * h * w, features))
+        self.fc = layer_init(nn.Linear(last * h * w, features))
         self.out_dim = features
 
     def encode(self, obs: Tensor) -> Tensor:  # type: ignore[override]

@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from rltrain.models.encoders import ortho
+from rltrain.models.layers import layer_init
 
 LOG_STD_MIN, LOG_STD_MAX = -5.0, 2.0  # SAC's log-std range (CleanRL, SpinningUp)
 _LOG_SQRT_2PI = 0.5 * math.log(2 * math.pi)
@@ -24,7 +24,7 @@ class ValueHead(nn.Module):
 
     def __init__(self, in_dim: int):
         super().__init__()
-        self.linear = ortho(nn.Linear(in_dim, 1), 1.0)
+        self.linear = layer_init(nn.Linear(in_dim, 1), 1.0)
 
     def forward(self, features: Tensor) -> Tensor:
         return self.linear(features).squeeze(-1)
@@ -35,7 +35,7 @@ class QHead(nn.Module):
 
     def __init__(self, in_dim: int, n_actions: int):
         super().__init__()
-        self.linear = ortho(nn.Linear(in_dim, n_actions), 1.0)
+        self.linear = layer_init(nn.Linear(in_dim, n_actions), 1.0)
 
     def forward(self, features: Tensor) -> Tensor:
         return self.linear(features)

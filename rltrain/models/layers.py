@@ -35,23 +35,50 @@ NUMPY_ACTIVATIONS: dict[str, Callable[[np.ndarray], np.ndarray]] = {
 }
 
 
-def layer_init(layer: nn.Linear, std: float = math.sqrt(2), bias: float = 0.0) -> nn.Linear:
-    """Orthogonal init (Engstrom et al. 2020, "Implementation Matters"): a PPO detail that matters."""
-    nn.init.orthogonal_(layer.weight, std)
-    nn.init.constant_(layer.bias, bias)
+def layer_init(layer: nn.Module, gain: float = math.sqrt(2)) -> nn.Module:
+    """Orthogonal weights with ``gain`` and zero biases (Saxe et al. 2014), for a Linear or a Conv2d: the init of
+    every layer the model family builds, as CleanRL's (Engstrom et al. 2020, "Implementation Matters", list it
+    among the details that matter). Returns the layer."""
+    nn.init.orthogonal_(layer.weight, gain)
+    nn.init.zeros_(layer.bias)
     return layer
 
 
-def mlp(in_dim: int, hidden: Sequence[int], out_dim: int, *, activation: str = "tanh",
-        out_std: float = 1.0) -> nn.Sequential:
-    act = ACTIVATIONS[activation]
+class MLP(nn.Sequential):
+    """Linear and activation layers: an ``nn.Sequential`` (the same parameters, ``state_dict`` keys and printout)
+    whose forward calls ``F.linear`` and the activation function itself, the ops the layers' own forwards run,
+    so the results are bit for bit theirs. One module call per MLP instead of one per layer: on CPU the cost of a
+    module call is that of a small layer's arithmetic, and off-policy learners run thousands of small forwards.
+    (Hooks registered on the layers inside are therefore not called; register them on the MLP.)"""
+
+    def forward(self, x: Tensor) -> Tensor:
+        for layer in self:
+            x = F.linear(x, layer.weight, layer.bias) if type(layer) is nn.Linear else _LAYER_FNS[type(layer)](x)
+        return x
+
+
+_LAYER_FNS: dict[type, Callable[[Tensor], Tensor]] = {ACTIVATIONS[name]: fn for name, fn in TORCH_ACTIVATIONS.items()}
+
+
+def hidden_mlp(in_dim: int, hidden_sizes: Sequence[int], activation: str, *,
+               last_gain: float = math.sqrt(2)) -> tuple[MLP, int]:
+    """Linear + activation per hidden size (orthogonal, gain sqrt(2); ``last_gain`` for the last hidden layer);
+    returns (net, output width)."""
     layers: list[nn.Module] = []
     last = in_dim
-    for h in hidden:
-        layers += [layer_init(nn.Linear(last, h)), act()]
-        last = h
-    layers.append(layer_init(nn.Linear(last, out_dim), std=out_std))
-    return nn.Sequential(*layers)
+    for i, width in enumerate(hidden_sizes):
+        gain = last_gain if i == len(hidden_sizes) - 1 else math.sqrt(2)
+        layers += [layer_init(nn.Linear(last, width), gain), ACTIVATIONS[activation]()]
+        last = width
+    return MLP(*layers), last
+
+
+def mlp(in_dim: int, hidden: Sequence[int], out_dim: int, *, activation: str = "tanh",
+        out_std: float = 1.0) -> MLP:
+    """``hidden_mlp`` and an output Linear (gain ``out_std``)."""
+    net, last = hidden_mlp(in_dim, hidden, activation)
+    net.append(layer_init(nn.Linear(last, out_dim), out_std))
+    return net
 
 
 class RunningNorm(nn.Module):

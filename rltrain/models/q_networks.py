@@ -7,15 +7,18 @@ Checkpoints written before these lived here (DQN's flat ``q.<i>`` MLP over float
 
 from __future__ import annotations
 
+import numpy as np
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 
 from rltrain.data.structs import MASK_KEY, ActOutput, EnvSpec, Policy, action_mask_of
 from rltrain.errors import ConfigError
+from rltrain.models.actor_critic import is_float_vector
 from rltrain.models.distributions import mask_logits
-from rltrain.models.encoders import Encoder, FlatInput, Obs, make_encoder
+from rltrain.models.encoders import Encoder, MLPEncoder, Obs, make_encoder
 from rltrain.models.heads import QHead
-from rltrain.models.layers import mlp
+from rltrain.models.layers import ACTIVATIONS, NumpyActor, mlp
 from rltrain.models.settings import ModelSettings
 
 
@@ -32,7 +35,8 @@ class QNetwork(nn.Module):
         self.head = QHead(self.encoder.out_dim, spec.n_actions)
 
     def forward(self, obs: Obs) -> Tensor:
-        return self.head(self.encoder(obs))
+        linear = self.head.linear  # QHead's one Linear, called as a function: DQN runs thousands of small forwards
+        return F.linear(self.encoder(obs), linear.weight, linear.bias)
 
 
 class QPolicy(Policy):
@@ -45,6 +49,14 @@ class QPolicy(Policy):
         self.q = QNetwork(spec, settings)
         self.masked = spec.masked
         self.register_buffer("epsilon", torch.tensor(1.0))
+        # a plain MLP over float vectors, no mask: numpy acting (numpy_actor) and DQN's numpy TD step apply.
+        # mlp_layers: its Linear layers in order (encoder MLP, then the head), mlp_activation: between them
+        plain = not self.masked and is_float_vector(spec.observation) and isinstance(self.q.encoder, MLPEncoder)
+        self.mlp_layers = [m for m in self.q.encoder.mlp if isinstance(m, nn.Linear)] + [self.q.head.linear] \
+            if plain else []
+        self.mlp_activation = next((name for name, cls in ACTIVATIONS.items() for m in self.q.encoder.mlp
+                                    if isinstance(m, cls)), "relu") if plain else ""
+        self._actor: tuple[tuple[int, ...], EpsilonGreedyActor] | None = None  # (weight addresses, actor)
 
     def forward(self, obs: Obs) -> Tensor:
         """obs [B, *obs_shape] (stored dtype) -> Q-values [B, n_actions]; with an action mask in the observation
@@ -55,6 +67,8 @@ class QPolicy(Policy):
 
     def act(self, obs: Obs, state=None, *, deterministic: bool = False,
             generator: torch.Generator | None = None) -> ActOutput:
+        """Epsilon-greedy: with probability epsilon a uniform action (among the legal ones), else argmax Q. (The
+        collector acts on CPU through ``numpy_actor`` where it applies.)"""
         greedy = self(obs).argmax(-1)
         device = greedy.device
         if deterministic:
@@ -74,11 +88,57 @@ class QPolicy(Policy):
         prob = eps / n_legal + (1.0 - eps) * (action == greedy).float()
         return ActOutput(action, prob.log())
 
+    def numpy_actor(self) -> EpsilonGreedyActor | None:
+        """Q(s, .) over float vectors on CPU in numpy, acting epsilon-greedily at this epsilon, for the collector's
+        fast path (a torch forward of a small MLP on one observation is mostly per-op overhead); None for
+        anything else (encoders with weights before the MLP, action masks, an accelerator). The actor holds views
+        of the weights, so it follows every update in place; it is rebuilt when they move (``to``, ``assign``)."""
+        linears = self.mlp_layers
+        if not linears or self.epsilon.device.type != "cpu":
+            return None
+        where = tuple(p.data_ptr() for m in linears for p in (m.weight, m.bias))
+        if self._actor is None or self._actor[0] != where:
+            layers = [(m.weight.detach().numpy().T, m.bias.detach().numpy()) for m in linears]
+            self._actor = where, EpsilonGreedyActor(layers, activation=self.mlp_activation, epsilon=0.0)
+        actor = self._actor[1]
+        actor.epsilon = np.float32(float(self.epsilon))
+        return actor
+
+    def __getstate__(self) -> dict:
+        return {**self.__dict__, "_actor": None}  # pickled (to actors) or deep-copied (the target): rebuilt there
+
     def export_module(self) -> nn.Module:
         return GreedyActor(self)
 
     def load_state_dict(self, state_dict, strict: bool = True, assign: bool = False):
         return super().load_state_dict(upgrade_flat_q_keys(state_dict), strict=strict, assign=assign)
+
+
+class EpsilonGreedyActor(NumpyActor):
+    """Epsilon-greedy over a numpy copy of Q(s, .) (``QPolicy.numpy_actor``), in ``NumpyActor``'s protocol: the
+    collector's uniform noise [..., A] per step decides, its first column whether to explore (< epsilon) and its
+    last which action then (uniform over the A)."""
+
+    def __init__(self, layers: list[tuple[np.ndarray, np.ndarray]], *, activation: str, epsilon: float):
+        super().__init__(layers, activation=activation, discrete=True)
+        self.epsilon = np.float32(epsilon)
+
+    def forward(self, obs: np.ndarray) -> np.ndarray:
+        return super().forward(obs.astype(np.float32, copy=False))  # as the torch path, which casts first
+
+    def perturb(self, noise: np.ndarray) -> list[tuple[np.ndarray, np.ndarray]]:
+        """noise [T, N, A] -> per step (explore [N] bool, the uniform action [N]), for the whole rollout at once."""
+        explore = noise[..., 0] < self.epsilon
+        uniform = np.minimum((noise[..., -1] * self.out_dim).astype(np.int64), self.out_dim - 1)
+        return list(zip(explore, uniform, strict=True))
+
+    def action(self, out: np.ndarray, perturbation: tuple[np.ndarray, np.ndarray]) -> np.ndarray:
+        explore, uniform = perturbation
+        return np.where(explore, uniform, out.argmax(-1))
+
+    def log_prob(self, out: np.ndarray, action: np.ndarray, noise: np.ndarray) -> np.ndarray:
+        greedy = action == out.argmax(-1)
+        return np.log(self.epsilon / self.out_dim + (1 - self.epsilon) * greedy).astype(np.float32)
 
 
 class GreedyActor(nn.Module):
@@ -112,14 +172,13 @@ def upgrade_flat_q_keys(state: dict) -> dict:
 
 
 class ContinuousQNetwork(nn.Module):
-    """Q(s, a): encoder(obs) ++ action -> MLP -> Q [B] (SAC's critic). Float vectors go in flattened, as in
-    CleanRL's SAC (the MLP is the whole network); images and Dicts through their encoder first, one per
-    critic, as the SAC-AE / DrQ critics do, so the twin estimates stay independent."""
+    """Q(s, a): encoder(obs) ++ action -> MLP -> Q [B] (SAC's critic). With ``flat_input`` vectors go in
+    flattened, a Dict of them concatenated, as in CleanRL's and SB3's SAC (the MLP is the whole network);
+    otherwise through an encoder of its own first (``model.shared=false`` on images: one per critic)."""
 
     def __init__(self, spec: EnvSpec, settings: ModelSettings, *, flat_input: bool):
         super().__init__()
-        self.encoder: Encoder = FlatInput(spec.observation) if flat_input else \
-            make_encoder(spec.observation, settings, warn=False)
+        self.encoder: Encoder = make_encoder(spec.observation, settings, warn=False, flat=flat_input)
         act_dim = torch.Size(spec.action_shape).numel()
         self.q = mlp(self.encoder.out_dim + act_dim, settings.hidden_sizes, 1, activation=settings.activation)
 

@@ -25,9 +25,9 @@ from torch import Tensor, nn
 
 from rltrain.data.structs import EnvSpec
 from rltrain.errors import ConfigError
-from rltrain.models.encoders import Encoder, Obs, hidden_mlp, make_encoder
+from rltrain.models.encoders import Encoder, Obs, make_encoder
 from rltrain.models.heads import SquashedGaussianHead
-from rltrain.models.layers import mlp
+from rltrain.models.layers import hidden_mlp, mlp
 from rltrain.models.q_networks import ContinuousQNetwork
 from rltrain.models.settings import ModelSettings
 from rltrain.models.squashed_actor import SquashedGaussianActor, check_box_actions

@@ -35,6 +35,8 @@ class ModelSettings:
     core_size:    the hidden width of an lstm / gru core
     imports:      modules imported (in every process) before a model is built: where your own
                   ``register_encoder`` / ``register_action_distribution`` calls live (README "Extending")
+    critic_keys:  Dict observation keys that only the critic reads, never the actor (privileged information:
+                  an asymmetric actor-critic, Pinto et al. 2018; MAPPO's global state, Yu et al. 2022)
     """
 
     encoder: str = "auto"
@@ -47,6 +49,7 @@ class ModelSettings:
     core: str = "identity"
     core_size: int = 128
     imports: tuple[str, ...] = ()
+    critic_keys: tuple[str, ...] = ()  # Dict keys only the critic reads (the actor never). Source: rltrain
 
     def __post_init__(self) -> None:
         # YAML lists arrive as lists: store tuples so the settings stay hashable and immutable
@@ -55,6 +58,10 @@ class ModelSettings:
         object.__setattr__(self, "ignore_keys", tuple(self.ignore_keys))
         object.__setattr__(self, "key_encoders", tuple(sorted(dict(self.key_encoders).items())))
         object.__setattr__(self, "imports", tuple(self.imports))
+        object.__setattr__(self, "critic_keys", tuple(self.critic_keys))
+        if self.critic_keys and self.shared is True:
+            raise ConfigError(f"model.critic_keys={list(self.critic_keys)} needs separate actor and critic torsos "
+                              "(the actor must not read them); set model.shared=false")
         self.load_imports()
         one_of("model.encoder", self.encoder, encoder_names())
         for key, name in dict(self.key_encoders).items():

@@ -6,23 +6,27 @@ Checkpoints written before the model family built it (a float-vector ``torso.<i>
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator
 
+import numpy as np
 import torch
 from torch import Tensor, nn
 
 from rltrain.data.structs import ActOutput, EnvSpec, Policy
 from rltrain.errors import ConfigError
+from rltrain.models.actor_critic import is_float_vector
 from rltrain.models.encoders import MLPEncoder, Obs, make_encoder
-from rltrain.models.heads import SquashedGaussianHead
+from rltrain.models.heads import LOG_STD_MAX, LOG_STD_MIN, SquashedGaussianHead
+from rltrain.models.layers import ACTIVATIONS, NumpyActor
 from rltrain.models.settings import ModelSettings
 
 
 class SquashedGaussianActor(Policy):
     """pi(a|s) = scale * tanh(u) + bias with u ~ N(mu(s), sigma(s)); log-probs include the tanh Jacobian.
 
-    ``flat_input``: float vectors through an MLP whose last hidden layer has gain 1 (the init of CleanRL's
-    and our first SAC actor); otherwise the encoder the observation space calls for."""
+    ``flat_input``: vectors (or a Dict of them, concatenated) through an MLP whose last hidden layer has gain 1
+    (the init of CleanRL's and our first SAC actor); otherwise the encoder the observation space calls for."""
 
     detached_encoder = False  # its encoder is its own (models/sac_networks.py: one that reads the critic's)
 
@@ -30,9 +34,9 @@ class SquashedGaussianActor(Policy):
         super().__init__()
         check_box_actions(spec)
         self.spec = spec
-        self.encoder = MLPEncoder(spec.observation, hidden_sizes=settings.hidden_sizes,
-                                  activation=settings.activation, last_gain=1.0) if flat_input else \
-            make_encoder(spec.observation, settings)
+        # flat: the MLP reads the flattened observation (a Dict's keys concatenated); its last hidden layer has
+        # gain 1, as CleanRL's SAC actor
+        self.encoder = make_encoder(spec.observation, settings, last_gain=1.0 if flat_input else math.sqrt(2))
         low, high = torch.tensor(spec.action_low), torch.tensor(spec.action_high)
         self.head = SquashedGaussianHead(self.encoder.out_dim, torch.Size(spec.action_shape).numel(),
                                          low.reshape(-1), high.reshape(-1))
@@ -56,11 +60,57 @@ class SquashedGaussianActor(Policy):
             generator: torch.Generator | None = None) -> ActOutput:
         return ActOutput(*self.sample(obs, deterministic=deterministic, generator=generator))
 
+    def numpy_actor(self) -> SquashedNumpyActor | None:
+        """This actor in numpy over float vectors on CPU, for the collector's fast path (a torch forward on one
+        observation is mostly per-op overhead); None for anything else (an encoder before the MLP, an
+        accelerator, action noise, which the torch path adds)."""
+        enc = self.encoder
+        if not isinstance(enc, MLPEncoder) or not is_float_vector(self.spec.observation) or \
+                self.action_noise is not None or self.head.scale.device.type != "cpu":
+            return None
+        hidden = [(m.weight.detach().numpy().T, m.bias.detach().numpy()) for m in enc.mlp if isinstance(m, nn.Linear)]
+        activation = next((n for n, cls in ACTIVATIONS.items() for m in enc.mlp if isinstance(m, cls)), "relu")
+        return SquashedNumpyActor(hidden, self.head, activation=activation)
+
     def export_module(self) -> nn.Module:
         return SquashedMeanActor(self)
 
     def load_state_dict(self, state_dict, strict: bool = True, assign: bool = False):
         return super().load_state_dict(upgrade_flat_actor_keys(state_dict), strict=strict, assign=assign)
+
+
+class SquashedNumpyActor(NumpyActor):
+    """``squashed_gaussian_sample`` in numpy (``SquashedGaussianActor.numpy_actor``), in ``NumpyActor``'s protocol:
+    ``forward`` gives [N, 2A] (the mean, then the raw log-std), the collector's standard-normal noise [..., 2A]
+    moves the action by its first A columns. Views of the weights: one collect, while nothing updates."""
+
+    def __init__(self, hidden: list[tuple[np.ndarray, np.ndarray]], head: SquashedGaussianHead, *, activation: str):
+        mean, log_std = head.mean, head.log_std
+        out = (np.concatenate([mean.weight.detach().numpy(), log_std.weight.detach().numpy()]).T,
+               np.concatenate([mean.bias.detach().numpy(), log_std.bias.detach().numpy()]))
+        super().__init__([*hidden, out], activation=activation, discrete=False)
+        self.act_dim = mean.out_features
+        self.scale, self.bias = head.scale.numpy(), head.bias.numpy()
+
+    def forward(self, obs: np.ndarray) -> np.ndarray:
+        return super().forward(obs.astype(np.float32, copy=False))  # as the torch path, which casts first
+
+    def perturb(self, noise: np.ndarray) -> np.ndarray:
+        return noise[..., : self.act_dim]
+
+    def _u(self, out: np.ndarray, eps: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        mu, raw = out[..., : self.act_dim], out[..., self.act_dim:]
+        log_std = LOG_STD_MIN + 0.5 * (LOG_STD_MAX - LOG_STD_MIN) * (np.tanh(raw) + 1)
+        return mu + np.exp(log_std) * eps, log_std
+
+    def action(self, out: np.ndarray, perturbation: np.ndarray) -> np.ndarray:
+        return (np.tanh(self._u(out, perturbation)[0]) * self.scale + self.bias).astype(np.float32)
+
+    def log_prob(self, out: np.ndarray, action: np.ndarray, noise: np.ndarray) -> np.ndarray:
+        eps = self.perturb(noise)
+        u, log_std = self._u(out, eps)
+        log_det = (2.0 * (math.log(2.0) - u - np.logaddexp(0.0, -2.0 * u))).sum(-1) + np.log(self.scale).sum()
+        return ((-0.5 * eps**2 - log_std - 0.5 * math.log(2 * math.pi)).sum(-1) - log_det).astype(np.float32)
 
 
 def check_box_actions(spec: EnvSpec) -> None:

@@ -33,6 +33,7 @@ from pathlib import Path
 import torch
 
 from rltrain.errors import ConfigError
+from rltrain.run.trust import first_non_finite, not_regular
 
 _STEP_RE = re.compile(r"^step_(\d+)\.pt$")
 KEY_BYTES = 32
@@ -173,13 +174,27 @@ def sweep_temp_files(run_dir: Path) -> list[Path]:
     """
     run_dir = Path(run_dir)
     ckdir = run_dir / "checkpoints"
-    found = [p for p in run_dir.glob(".*.tmp*") if p.is_file()]  # summary.json's, the key's
+    # only the temp names rltrain itself makes (``_tmp_name``, summary.json's, metrics.csv's rewrite): a user's
+    # own ``notes.tmp`` in a reused dir is not ours to delete
+    found = [p for p in run_dir.iterdir() if _OWN_TEMP.match(p.name) and _regular(p)] if run_dir.is_dir() else []
     if ckdir.is_dir():
-        found += [p for p in ckdir.glob(".*.tmp*") if p.is_file()]
-        found += [p for p in ckdir.glob("*.envs.pkl") if not p.with_name(p.name[: -len(".envs.pkl")] + ".pt").exists()]
+        found += [p for p in ckdir.iterdir() if _OWN_CHECKPOINT_TEMP.match(p.name) and _regular(p)]
+        found += [p for p in ckdir.glob("*.envs.pkl")
+                  if _CHECKPOINT.match(p.name[: -len(".envs.pkl")] + ".pt") and _regular(p)
+                  and not p.with_name(p.name[: -len(".envs.pkl")] + ".pt").exists()]
     for p in found:
         p.unlink(missing_ok=True)
     return found
+
+
+_CHECKPOINT = re.compile(r"^(step_\d{12}|best|final)\.pt$")
+# (``..rltrain-key.tmp<pid>``: the key's temp file of versions that kept the key in the run dir)
+_OWN_TEMP = re.compile(r"^(\.summary\.json\.tmp\d+|metrics\.csv\.tmp|\.\.rltrain-key\.tmp\d+)$")
+_OWN_CHECKPOINT_TEMP = re.compile(r"^\.(step_\d{12}|best|final)\.(pt|envs\.pkl)\.tmp\d+$")
+
+
+def _regular(path: Path) -> bool:
+    return path.is_file() and not path.is_symlink()
 
 
 class CheckpointManager:
@@ -235,6 +250,10 @@ class CheckpointManager:
         best_path, best_steps = None, -1
         corrupt: list[str] = []
         for p in sorted(self.dir.glob("*.pt")):
+            kind = not_regular(p)
+            if kind:  # never opened: a FIFO would block the read
+                corrupt.append(f"{p.name} ({kind})")
+                continue
             try:
                 steps = int(torch.load(p, weights_only=True, map_location="cpu", mmap=True)["counters"]["env_steps"])
             except Exception:
@@ -273,12 +292,19 @@ def load_checkpoint(path: Path, *, key: str = "resume", run_dir: Path | None = N
         path = found
     if not path.exists():
         raise ConfigError(f"{key}={path}: no such file or directory")
+    kind = not_regular(path)
+    if kind:  # a FIFO would block the read forever, a device read without end
+        raise ConfigError(f"{key}={path}: {kind}, not a regular file: not a checkpoint")
     try:
         state = torch.load(path, weights_only=True, map_location="cpu")
     except Exception as err:
         raise ConfigError(f"{key}={path}: not an rltrain checkpoint ({type(err).__name__})") from None
     if not isinstance(state, dict) or "algo" not in state or "counters" not in state:
         raise ConfigError(f"{key}={path}: not an rltrain checkpoint (missing 'algo'/'counters')")
+    bad = first_non_finite(state["algo"], "algo")
+    if bad:  # rltrain never writes one (the non-finite guard checks before every save): an altered file
+        raise ConfigError(f"{key}={path}: its weights are not finite: {bad}; a checkpoint rltrain writes never "
+                          "holds one (this file was altered or written by other code): use another checkpoint")
     sidecar = path.with_suffix(".envs.pkl")
     if (run_dir is None and not trust_envs) or not sidecar.exists():
         return state, None
@@ -314,7 +340,11 @@ PLACEMENT_KEYS = ("trainer._partial_", "trainer.start_method", "trainer.heartbea
                   "model._target_", "env.search_path")
 # a trainer that checks its own layout on resume: distributed ranks may change while the global batch stays
 TRAINER_PLACEMENT = {"rltrain.trainers.distributed.DistributedSimulatorTrainer": ("env.num_envs",
-                                                                                  "trainer.world_size")}
+                                                                                  "trainer.world_size"),
+                     # where the actors run and how many: a fresh cluster (another Ray head address, other node
+                     # resources) or another actor count continues the same learner
+                     "rltrain.trainers.actors.learner.SubprocessActorsTrainer": ("trainer.ray", "trainer.backend",
+                                                                                 "trainer.num_actors")}
 ALLOW_KEY = "resume_allow_changes"
 _ABSENT = object()
 
@@ -343,7 +373,8 @@ def config_changes(saved: dict, current: dict, allow: tuple[str, ...] | list[str
         for key in sorted(set(was) | set(now)):
             old, new = was.get(key, _ABSENT), now.get(key, _ABSENT)
             field = key.split(".")[1]
-            if old == new or key in placement or field not in saved[group]:  # or an older checkpoint's gap
+            placed = any(key == p or key.startswith(f"{p}.") for p in placement)  # a key or a group of them
+            if old == new or placed or field not in saved[group]:  # or an older checkpoint's gap
                 continue
             before, after = ("(unset)" if v is _ABSENT else repr(v) for v in (old, new))
             line = f"{key}: {before} -> {after}"

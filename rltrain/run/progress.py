@@ -65,10 +65,14 @@ class ProgressDisplay:
             self._task = self._bar.add_task(title, total=total, completed=initial, info="", eta="-")
             self._bar.start()
 
-    def update(self, env_steps: int, *, sps: float, episode_return: float | None) -> None:
+    def update(self, env_steps: int, *, sps: float, episode_return: float | None,
+               per_agent: dict[str, float] | None = None) -> None:
+        """``per_agent``: a multi-agent env's recent return of each agent (shown after the mean)."""
         if self.mode == "off":
             return
         ret = "-" if episode_return is None or math.isnan(episode_return) else f"{episode_return:.1f}"
+        if per_agent:
+            ret += " (" + ", ".join(f"{a} {v:.1f}" for a, v in per_agent.items()) + ")"
         now = time.monotonic()
         self.eta.add(now, env_steps)
         if self.mode == "rich":

@@ -4,12 +4,14 @@ value a failed run reports to sweepers."""
 from __future__ import annotations
 
 import contextlib
+import csv
 import json
 import math
 import numbers
 import os
 import re
 import shlex
+import stat
 import sys
 from pathlib import Path
 from typing import Any
@@ -80,3 +82,52 @@ def resume_command(run_dir: Path) -> str:
     override grammar, then every argument quoted for a POSIX shell."""
     args = [a for a in sys.argv[1:] if not a.startswith(("resume=", "hydra.run.dir="))]
     return shlex.join(["rltrain", *args, f"hydra.run.dir={hydra_quote(str(run_dir))}", "resume=auto"])
+
+
+def last_logged_step(run_dir: Path) -> int | None:
+    """The last ``env_steps`` in the run's ``metrics.csv`` (for trainer=parallel: the most any agent logged)."""
+    steps = []
+    for path in [run_dir / "metrics.csv", *sorted(run_dir.glob("agent_*/metrics.csv"))]:
+        try:
+            with open(path, newline="") as f:
+                rows = list(csv.DictReader(f))
+            if rows:
+                steps.append(int(float(rows[-1]["env_steps"])))
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+    return max(steps) if steps else None
+
+
+def newest_checkpoint(run_dir: Path) -> Path | None:
+    """The most recently written checkpoint file of the run dir, by name and time only (nothing is opened: a
+    stop must not wait on a file)."""
+    found = []
+    for p in Path(run_dir, "checkpoints").glob("*.pt"):
+        try:
+            st = p.lstat()
+        except OSError:
+            continue
+        if stat.S_ISREG(st.st_mode):
+            found.append((st.st_mtime, p))
+    return max(found)[1] if found else None
+
+
+def record_lost(run_dir: Path, why: str, *, only_running: bool = True) -> bool:
+    """Rewrite ``summary.json`` as ``failed`` because of ``why`` (the run, or what it ran on, was lost), with the
+    last checkpoint and the last env step it logged; ``only_running``: not over a summary that says how the run
+    ended. False when it says so already or cannot be written."""
+    run_dir = Path(run_dir)
+    try:
+        summary = json.loads((run_dir / "summary.json").read_text())
+    except (OSError, ValueError):
+        summary = {}
+    if not isinstance(summary, dict) or (only_running and summary.get("status") not in (None, "running")):
+        return False
+    ckpt = newest_checkpoint(run_dir)
+    summary.update(status="failed", error=why, final_eval_return=None,
+                   last_checkpoint=str(ckpt) if ckpt else None, total_env_steps=last_logged_step(run_dir))
+    try:
+        write_summary(run_dir, summary)
+    except OSError:
+        return False
+    return True

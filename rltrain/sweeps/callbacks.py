@@ -20,7 +20,7 @@ from typing import Any
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig
 
-from rltrain.errors import ConfigError
+from rltrain.errors import ConfigError, described
 
 # Trainers that start processes of their own; running several of them at once under a local parallel launcher
 # multiplies the process count (jobs x workers) on the same cores.
@@ -32,8 +32,9 @@ def in_submitit_job() -> bool:
     return bool(os.environ.get("SUBMITIT_EXECUTOR"))
 
 
-def record_failure(run_dir: Path, err: BaseException) -> None:
-    """Mark the job ``failed`` in its ``summary.json`` (keeping what the train loop wrote) + ``error.txt``.
+def record_failure(run_dir: Path, err: BaseException) -> bool:
+    """Mark the job ``failed`` in its ``summary.json`` (keeping what the train loop wrote) + ``error.txt``;
+    True when written.
 
     Only under the run-dir lock: a job refused because another run owns its dir (a live run, e.g. a requeued
     copy of the job) must not write that run's summary; its failure is the line already printed."""
@@ -44,9 +45,12 @@ def record_failure(run_dir: Path, err: BaseException) -> None:
         lock.acquire()
     except (ConfigError, OSError):
         SweepCallback.refused_jobs.append(f"{run_dir.name}: {err}")  # counted at the end (same process only)
-        return
+        return False
     try:
         _write_failure(run_dir, err)
+        return True
+    except OSError:
+        return False
     finally:
         lock.release()
 
@@ -60,20 +64,43 @@ def _write_failure(run_dir: Path, err: BaseException) -> None:
     except ValueError:
         summary = {}
     summary["status"] = "failed"
-    summary.setdefault("error", f"{type(err).__name__}: {err}")
+    summary.setdefault("error", str(err) if isinstance(err, ConfigError) else described(err))
     summary.setdefault("final_eval_return", None)
     (run_dir / "error.txt").write_text("".join(traceback.format_exception(err)))
     write_summary(run_dir, summary)
 
 
-def discard_fresh_run_dir(run_dir: Path) -> None:
+def discard_fresh_run_dir(run_dir: Path | None) -> bool:
     """A refused command leaves no files: remove the run dir if this very command created it (Hydra's
-    ``.hydra/`` and log, our config and lock). A dir that existed before is another run's: left alone."""
+    ``.hydra/`` and log, our config and lock) and no run wrote its summary there (``None``: the single run's
+    dir, whichever it is). A dir that existed before is another run's: left alone. True when removed."""
     import shutil
 
     fresh = SweepCallback.fresh_run_dir
-    if fresh is not None and Path(run_dir).resolve() == fresh:
-        shutil.rmtree(fresh, ignore_errors=True)
+    if fresh is None or (run_dir is not None and Path(run_dir).resolve() != fresh):
+        return False
+    if (fresh / "summary.json").exists():
+        return False
+    shutil.rmtree(fresh, ignore_errors=True)
+    SweepCallback.fresh_run_dir = None
+    return not fresh.exists()
+
+
+def stopped_before_training(err: BaseException, *, removed: bool) -> str:
+    """The one line of a command stopped before its run had begun (``StopRequested`` out of start-up);
+    ``removed``: the run dir this command had created is gone again."""
+    from rltrain.run.signals import during
+
+    reason = getattr(err, "reason", type(err).__name__)
+    if SweepCallback.sweep_dir is not None:
+        return (f"stopped ({reason}) during the sweep {SweepCallback.sweep_dir}: its running jobs were stopped "
+                "(each checkpoints); each job's summary.json says how it ended")
+    run_dir = SweepCallback.run_dir
+    if removed or run_dir is None or not run_dir.exists():
+        note = "nothing was trained and no run dir was left"
+    else:
+        note = f"nothing was trained; {run_dir} holds what it held before (its summary.json is unchanged)"
+    return f"stopped ({reason}{during(err)}) before training began; {note}"
 
 
 def hand_over_signal(summary: dict) -> None:
@@ -91,7 +118,7 @@ def hand_over_signal(summary: dict) -> None:
         signal.raise_signal(signal.SIGUSR2)
         return  # only a non-zero rank gets here (submitit requeues from rank 0)
     if summary.get("resume_command"):
-        print(f"rltrain: stopped ({reason}); {checkpoint_note(summary)}. Resume with:\n  {summary['resume_command']}",
+        print(f"rltrain: stopped ({reason}); {checkpoint_note(summary)}; resume with: {summary['resume_command']}",
               file=sys.stderr)
     sys.exit(summary["exit_code"])
 
@@ -101,13 +128,17 @@ def checkpoint_note(summary: dict) -> str:
     trainer=parallel) that wrote none."""
     agents = summary.get("agents")
     if isinstance(agents, list):
-        wrote = [str(a.get("index")) for a in agents if isinstance(a, dict) and a.get("checkpoint")]
-        missing = [str(a.get("index")) for a in agents if isinstance(a, dict) and not a.get("checkpoint")]
-        if not missing:
-            return "every agent wrote a checkpoint"
+        agents = [a for a in agents if isinstance(a, dict)]
+        wrote = [f"agent {a.get('index')}: {Path(str(a['checkpoint'])).name}" for a in agents if a.get("checkpoint")]
+        missing = [str(a.get("index")) for a in agents if not a.get("checkpoint")]
+        killed = [f"agent {a.get('index')} {a['error']}" for a in agents
+                  if str(a.get("error", "")).startswith("killed")]
+        why = f" ({'; '.join(killed)})" if killed else ""
         if not wrote:
-            return "no agent had a checkpoint yet (a resume starts them from step 0)"
-        return f"checkpoints of agents {', '.join(wrote)}; agents {', '.join(missing)} had none (they restart)"
+            return f"no agent had a checkpoint yet (a resume starts them from step 0){why}"
+        had = f"checkpoints: {', '.join(wrote)}"
+        return had + (f"; agent{'s' if len(missing) > 1 else ''} {', '.join(missing)} had none (a resume restarts "
+                      f"{'them' if len(missing) > 1 else 'it'} from step 0)" if missing else "") + why
     if summary.get("checkpoint"):
         return f"checkpoint {summary['checkpoint']}"
     return "no checkpoint had been written yet (a resume starts from step 0)"
@@ -158,6 +189,8 @@ class SweepCallback(Callback):
     failed_jobs: int = 0  # read by cli.main to set the exit code of the submitting process
     refused_jobs: list[str] = []  # jobs whose dir another run held: no summary of theirs to count
     fresh_run_dir: Path | None = None  # the single run's dir, when this command created it
+    run_dir: Path | None = None  # the single run's dir
+    sweep_dir: Path | None = None  # a multirun's
 
     def on_run_start(self, config: DictConfig, **kwargs: Any) -> None:
         # Hydra creates the run dir itself, before the task starts: an unwritable one (hydra.run.dir=/proc/x)
@@ -166,6 +199,7 @@ class SweepCallback(Callback):
         try:
             # a dir this command creates is removed again if the command is refused (discard_fresh_run_dir)
             SweepCallback.fresh_run_dir = None if run_dir.exists() else run_dir.resolve()
+            SweepCallback.run_dir = run_dir.resolve()
             run_dir.mkdir(parents=True, exist_ok=True)
         except OSError as err:
             print(f"rltrain: error: hydra.run.dir={run_dir}: cannot create it ({err.strerror or err}); pick a "
@@ -173,6 +207,7 @@ class SweepCallback(Callback):
             sys.exit(2)
 
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
+        SweepCallback.sweep_dir = Path(str(config.hydra.sweep.dir))
         launcher = str(config.hydra.launcher.get("_target_", ""))
         task_overrides = list(config.hydra.overrides.task)
         choices = [str(config.hydra.runtime.choices.get("trainer"))] + _sweep_values(task_overrides, "trainer")
@@ -183,8 +218,12 @@ class SweepCallback(Callback):
             sys.exit(2)
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
+        from rltrain.sweeps.jobs import lost_if_dead
+
         sweep_dir = Path(str(config.hydra.sweep.dir))
         rows = collect_summaries(sweep_dir)
+        if any(lost_if_dead(d, s) for d, s in rows):  # a job killed without a word still says running
+            rows = collect_summaries(sweep_dir)
         for line in SweepCallback.refused_jobs:
             print(f"  refused: {line}", file=sys.stderr)
         SweepCallback.failed_jobs = len(SweepCallback.refused_jobs)

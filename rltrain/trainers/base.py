@@ -22,7 +22,6 @@ with the last env step it logged, warns in one line, and keeps that record in it
 
 from __future__ import annotations
 
-import csv
 import json
 import os
 import socket
@@ -37,8 +36,8 @@ from rltrain.algos.base import Algorithm, UpdateSizes
 from rltrain.data.structs import EnvSpec
 from rltrain.errors import ConfigError
 from rltrain.run.seeding import SeedTree, write_seeds
-from rltrain.run.signals import StopFlag
-from rltrain.run.summary import write_summary
+from rltrain.run.signals import StopFlag, StopRequested, during
+from rltrain.run.summary import last_logged_step, newest_checkpoint, resume_command, write_summary
 from rltrain.trainers.settings import RunSettings
 
 
@@ -75,13 +74,17 @@ class Trainer(ABC):
 
     def fit(self) -> dict:
         """Train; returns the run summary (also written to ``summary.json`` by the process that owns the run)."""
-        crashed = self.mark_running() if self.writes_summary() else None
         stop = StopFlag().install()
+        crashed = None
         try:
-            trees = self.seed_trees()
-            if trees:
-                self.record_seeds(trees)
+            with stop.raising("start-up"):
+                crashed = self.mark_running() if self.writes_summary() else None
+                trees = self.seed_trees()
+                if trees:
+                    self.record_seeds(trees)
             summary = self.train(stop)
+        except StopRequested as err:  # where the run had no safe point to stop at (or a second Ctrl-C)
+            summary = self.stopped_at_once(err)
         except BaseException as err:
             if self.writes_summary():
                 self.never_left_running(err)
@@ -95,6 +98,16 @@ class Trainer(ABC):
             summary["crashed_before"] = crashed
         if self.writes_summary():
             write_summary(self.run_dir, summary)
+        return summary
+
+    def stopped_at_once(self, err: StopRequested) -> dict:
+        """The summary of a run stopped where it could not wait for a safe point (building its envs, loading a
+        checkpoint, connecting, the rendezvous) or by a second Ctrl-C: ``interrupted``, with the checkpoint
+        that exists already (none is written now: nothing is in a state worth saving)."""
+        ckpt = newest_checkpoint(self.run_dir)
+        summary = {"status": "interrupted", "stop_reason": f"{err.reason}{during(err)}", "checkpoint":
+                   str(ckpt) if ckpt else None, "resume_command": resume_command(self.run_dir),
+                   "exit_code": err.exit_code}
         return summary
 
     def never_left_running(self, err: BaseException) -> None:
@@ -199,17 +212,3 @@ def crashed_record(run_dir: Path) -> dict | None:
         return None
     return {"status": "crashed", "pid": old.get("pid"), "host": old.get("host"), "started_at": old.get("started_at"),
             "last_env_steps": last_logged_step(Path(run_dir))}
-
-
-def last_logged_step(run_dir: Path) -> int | None:
-    """The last ``env_steps`` in the run's ``metrics.csv`` (for trainer=parallel: the most any agent logged)."""
-    steps = []
-    for path in [run_dir / "metrics.csv", *sorted(run_dir.glob("agent_*/metrics.csv"))]:
-        try:
-            with open(path, newline="") as f:
-                rows = list(csv.DictReader(f))
-            if rows:
-                steps.append(int(float(rows[-1]["env_steps"])))
-        except (OSError, ValueError, KeyError, TypeError):
-            continue
-    return max(steps) if steps else None

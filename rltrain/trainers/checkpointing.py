@@ -39,8 +39,9 @@ class Checkpointing:
         self.s, self.place, self.state = settings, place, state
         self.algo, self.source, self.env_id, self.hooks, self.guard = algo, source, spec.env_id, hooks, guard
         # the spaces the tools build the acting network from, with no env built or imported (run/checkpoint.py)
-        self.spaces = PolicySpaces(spec, settings.env.action_mask,
-                                   PolicySpaces.state_shapes(algo.policy.initial_state(1))).to_record()
+        # (a multi-agent env's agents are not recorded yet: its checkpoints load through its env, as older ones do)
+        self.spaces = None if not isinstance(spec, EnvSpec) else PolicySpaces(
+            spec, settings.env.action_mask, PolicySpaces.state_shapes(algo.policy.initial_state(1))).to_record()
         self.ckpt = CheckpointManager(place.run_dir / "checkpoints", keep_last=settings.checkpoint.keep_last)
         self._resume_done = False
 

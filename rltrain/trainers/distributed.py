@@ -12,6 +12,7 @@ Ranks come from our own local spawn (``trainer.world_size``), from torchrun or f
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -31,18 +32,27 @@ from rltrain.errors import ConfigError
 from rltrain.run.checkpoint import CheckpointManager, load_checkpoint
 from rltrain.run.device import pick_device
 from rltrain.run.seeding import SeedTree, derive, write_seeds
-from rltrain.run.signals import StopFlag
+from rltrain.run.signals import StopFlag, StopRequested
+from rltrain.run.summary import last_logged_step, newest_checkpoint, resume_command
 from rltrain.trainers.base import Capabilities, Trainer
 from rltrain.trainers.hooks import LoopHooks, Placement, TrainerParts
 from rltrain.trainers.loop import TrainLoop
-from rltrain.trainers.ranks import PeerFailure, failure_of, primary_failure, report_failure, spawn_ranks
-from rltrain.trainers.rendezvous import (
-    LaunchInfo,
-    detect_launch,
+from rltrain.trainers.ranks import (
+    PeerFailure,
+    RankFailure,
+    failure_of,
+    primary_failure,
+    report_failure,
+    spawn_ranks,
 )
+from rltrain.trainers.rendezvous import LaunchInfo, detect_launch, join_group
 from rltrain.trainers.settings import RunSettings
 
 BACKENDS = ("auto", "gloo", "nccl")
+
+
+BEAT_KEY = "rltrain/heartbeat"  # + "/<rank>": a counter each rank's watchdog thread adds 1 to every 0.5 s
+BEAT_CHECK_S = 2.0
 
 
 class TorchDistSync(Sync):
@@ -54,10 +64,30 @@ class TorchDistSync(Sync):
     """
 
     def __init__(self, *, rank: int, world_size: int, timeout_s: float, grad_device: torch.device,
-                 grad_group=None, backend: str = "gloo"):
+                 grad_group=None, backend: str = "gloo", store=None):
         self.rank, self.world_size, self.timeout_s = rank, world_size, timeout_s
         self.grad_device, self.grad_group, self.backend = grad_device, grad_group, backend
+        self.store = store  # the rendezvous store: each rank's heartbeat counter (``gone_peers``)
         self._busy: tuple[str, float] | None = None
+
+    def _beats(self) -> dict[int, int]:
+        out = {}
+        for r in range(self.world_size):
+            try:
+                out[r] = int(self.store.add(f"{BEAT_KEY}/{r}", 0))
+            except Exception:  # noqa: BLE001 - the store's host is gone too
+                out[r] = -1
+        return out
+
+    def gone_peers(self) -> list[int]:
+        """After a collective failed: the other ranks whose heartbeat stopped (killed or crashed), read twice
+        ``BEAT_CHECK_S`` apart; [] when unknown (no store)."""
+        if self.store is None:
+            return []
+        before = self._beats()
+        time.sleep(BEAT_CHECK_S)
+        after = self._beats()
+        return [r for r in range(self.world_size) if r != self.rank and after[r] <= before[r]]
 
     def _collective(self, name: str, fn):
         self._busy = (name, time.monotonic())
@@ -120,6 +150,9 @@ class TorchDistSync(Sync):
         def watch() -> None:
             while True:
                 time.sleep(0.5)
+                if self.store is not None:  # this rank lives (``gone_peers``); a gone store: the collectives say so
+                    with contextlib.suppress(Exception):
+                        self.store.add(f"{BEAT_KEY}/{self.rank}", 1)
                 busy = self._busy
                 if busy and time.monotonic() - busy[1] > self.timeout_s + 10:
                     print(f"rltrain: rank {self.rank}: {busy[0]} waited more than trainer.timeout_s="
@@ -131,14 +164,14 @@ class TorchDistSync(Sync):
         threading.Thread(target=watch, name="rltrain-watchdog", daemon=True).start()
 
 
-def init_distributed(launch: LaunchInfo, *, backend: str, device: torch.device, timeout_s: float) -> TorchDistSync:
-    """Join the process group (gloo for scalars and objects; nccl for gradients when chosen)."""
+def init_distributed(launch: LaunchInfo, *, backend: str, device: torch.device, timeout_s: float,
+                     stop: StopFlag | None = None) -> TorchDistSync:
+    """Join the process group (gloo for scalars and objects; nccl for gradients when chosen) within a bounded
+    time, ``stop`` honoured while waiting (``rendezvous.join_group``)."""
     timeout = timedelta(seconds=timeout_s)
-    launch.export()  # env:// also reuses torchrun's own store (TORCHELASTIC_USE_AGENT_STORE)
-    dist.init_process_group("gloo", init_method="env://", rank=launch.rank, world_size=launch.world_size,
-                            timeout=timeout)
+    store = join_group(launch, backend="gloo", timeout_s=timeout_s, stop=stop)
     sync = TorchDistSync(rank=launch.rank, world_size=launch.world_size, timeout_s=timeout_s,
-                         grad_device=torch.device("cpu"))
+                         grad_device=torch.device("cpu"), store=store)
     devices = sync.gather_object(str(device))
     cpu_ranks = [r for r, d in enumerate(devices) if not d.startswith("cuda")]
     if backend == "nccl" and cpu_ranks:
@@ -208,7 +241,7 @@ def run_rank(launch: LaunchInfo, settings: RunSettings, run_dir: Path, *, backen
     device = pick_device(settings.device, local_rank=launch.local_rank)
     if device.type == "cuda":
         torch.cuda.set_device(device)
-    sync = init_distributed(launch, backend=backend, device=device, timeout_s=timeout_s)
+    sync = init_distributed(launch, backend=backend, device=device, timeout_s=timeout_s, stop=stop)
     sync.start_watchdog(parent_pid=os.getppid() if launch.source == "local" else None)
     try:
         if launch.source != "local":  # ranks started by others agree on rank 0's root seed (seed=null draws)
@@ -223,6 +256,9 @@ def run_rank(launch: LaunchInfo, settings: RunSettings, run_dir: Path, *, backen
         hooks = DistributedHooks(launch, sync, num_envs=settings.env.num_envs)
         loop = TrainLoop(settings, place, stop, TrainerParts(hooks=hooks))
         return loop.run()
+    except PeerFailure as err:
+        err.gone = sync.gone_peers()  # which rank died first, for the line and the summary
+        raise
     finally:
         if dist.is_initialized():
             dist.destroy_process_group()
@@ -271,19 +307,32 @@ class DistributedSimulatorTrainer(Trainer):
             summaries, failures = spawn_ranks(run_rank, self.settings, self.run_dir, stop, world_size=self.world_size,
                                               backend=self.backend, timeout_s=self.timeout_s,
                                               master_addr=self.master_addr)
+            if failures and stop.requested and all(f.kind == "peer" for f in failures):
+                # stopped before the ranks could agree on it (joining, building envs): none of them failed
+                ckpt = newest_checkpoint(self.run_dir)
+                return {"status": "interrupted", "stop_reason": f"{stop.reason} (the ranks were starting)",
+                        "checkpoint": str(ckpt) if ckpt else None, "resume_command": resume_command(self.run_dir)}
             if failures:
-                return self._failed(report_failure(primary_failure(failures)), primary_failure(failures).rank)
+                first = primary_failure(failures)
+                return self._failed(report_failure(first, self.run_dir), first.rank)
             return summaries[0]
         try:
             return run_rank(launch, self.settings, self.run_dir, backend=self.backend, timeout_s=self.timeout_s,
                             stop=stop)
         except ConfigError:
             raise
+        except StopRequested:
+            raise
         except BaseException as err:  # noqa: B036 - name the rank, exit non-zero (torchrun / srun stop the rest)
             failure = failure_of(launch.rank, err)
-            print(failure.traceback, file=sys.stderr)
-            print(f"rltrain: rank {launch.rank} failed: {failure.message}", file=sys.stderr, flush=True)
-            return {"status": "failed", "error": failure.message, "failed_rank": launch.rank, "exit_code": 1}
+            gone = getattr(err, "gone", None) or getattr(err.__cause__, "gone", None) or []
+            if gone:  # a peer was killed or crashed: it failed first, this rank only lost it
+                failure = RankFailure(gone[0], "died", f"stopped answering (killed or crashed: its heartbeat "
+                                      f"stopped); rank {launch.rank}: {failure.message}", failure.traceback)
+            if not launch.is_main:  # rank 0 writes the run's files; this rank's one line is in its own log
+                return {"status": "failed", "error": report_failure(failure, None), "failed_rank": failure.rank,
+                        "exit_code": 1}
+            return self._failed(report_failure(failure, self.run_dir), failure.rank)
 
     def _precheck_resume(self) -> None:
         """Refuse a mismatched resume before spawning anything (rank 0 checks again when joined)."""
@@ -305,5 +354,9 @@ class DistributedSimulatorTrainer(Trainer):
             summary = json.loads(path.read_text()) if path.exists() else {}
         except ValueError:
             summary = {}
-        summary.update(status="failed", error=message, failed_rank=rank, world_size=self.world_size)
+        ckpt = newest_checkpoint(self.run_dir)
+        summary.update(status="failed", error=message, failed_rank=rank, world_size=self.world_size,
+                       last_checkpoint=str(ckpt) if ckpt else None)
+        if summary.get("total_env_steps") is None:  # rank 0 never wrote its own: the last step it logged
+            summary["total_env_steps"] = last_logged_step(self.run_dir)
         return {**summary, "exit_code": 1}

@@ -18,11 +18,26 @@ from rltrain.data.structs import Policy, obs_buffer, obs_map
 from rltrain.envs.make import env_spec
 from rltrain.errors import ConfigError
 from rltrain.models.cores import put_state, reset_state, select_state
+from rltrain.run.signals import StopFlag
+
+# the step cap of an evaluation episode on an env without a time limit of its own (some of Gymnasium's own
+# envs register none: a greedy policy that walks into a wall would evaluate forever)
+NO_LIMIT_CAP = 100_000
+
+
+def time_limit(env: gym.Env) -> int | None:
+    """The env's own episode step limit: a ``TimeLimit`` among its wrappers, or its registered one."""
+    while env is not None:
+        if isinstance(env, gym.wrappers.TimeLimit):
+            return int(env._max_episode_steps)
+        env = getattr(env, "env", None)
+    return None
 
 
 def evaluate(policy: Policy, make_env: Callable[..., gym.Env], *, episodes: int, eval_seed: int,
              deterministic: bool = True, device: torch.device | None = None, video_dir: Path | None = None,
-             max_parallel: int = 16, real_scores: bool = False) -> np.ndarray:
+             max_parallel: int = 16, real_scores: bool = False, max_episode_steps: int | None = None,
+             stop: StopFlag | None = None, capped: list[int] | None = None) -> np.ndarray:
     """Run ``episodes`` full episodes on envs from ``make_env(render_mode=...)``; returns their returns
     [episodes] (float64), episode j from seed ``eval_seed + j``. Up to ``max_parallel`` episodes run side by
     side and act as one batch (one forward pass per step instead of one per episode: evaluation was a third of
@@ -31,7 +46,11 @@ def evaluate(policy: Policy, make_env: Callable[..., gym.Env], *, episodes: int,
     ``real_scores`` (an ``env.wrappers`` list is applied): an episode is a whole game, scored by the
     unclipped ``info["real_score"]`` (envs/wrappers.py), not a learning episode that a life loss ended.
 
-    A recurrent policy acts with its core state, one per env, zeroed whenever that env starts an episode."""
+    A recurrent policy acts with its core state, one per env, zeroed whenever that env starts an episode.
+
+    Every episode ends: one longer than ``max_episode_steps`` (None: the env's own time limit, or
+    ``NO_LIMIT_CAP`` steps when it has none) is cut there like a truncation, and its index appended to
+    ``capped``. ``stop`` is checked every step: a stop request raises ``StopRequested``."""
     device = device or torch.device("cpu")
     width = 1 if video_dir is not None else max(1, min(episodes, max_parallel))
     envs = []
@@ -45,8 +64,10 @@ def evaluate(policy: Policy, make_env: Callable[..., gym.Env], *, episodes: int,
     low = high = None
     if hasattr(space, "low") and space.dtype != np.int64:
         low, high = space.low, space.high
+    cap = max_episode_steps or (None if time_limit(envs[0]) else NO_LIMIT_CAP)
     returns = np.zeros(episodes)
-    totals = [0.0] * width
+    totals = [0.0] * width  # Python floats: one add per step, no numpy scalar
+    lengths = [0] * width  # steps of each env's current game (real_scores: across its lives)
     episode_of = [-1] * width  # which episode each env is playing
     obs: list = [None] * width
     started = 0
@@ -60,6 +81,8 @@ def evaluate(policy: Policy, make_env: Callable[..., gym.Env], *, episodes: int,
     try:
         with torch.inference_mode():
             while active:
+                if stop is not None and stop.signum is not None:  # the poll without a call per batch
+                    stop.check("evaluation")
                 batch = obs_map(lambda t, *xs: torch.as_tensor(np.array(xs, t.dtype), device=device), template,
                                 *[obs[i] for i in active])
                 if state is None:
@@ -75,12 +98,19 @@ def evaluate(policy: Policy, make_env: Callable[..., gym.Env], *, episodes: int,
                 for k, i in enumerate(active):
                     o, rew, term, trunc, info = envs[i].step(acts[k])
                     totals[i] += float(rew)
+                    lengths[i] += 1
+                    if cap is not None and lengths[i] >= cap and not (term or trunc):
+                        # cut like a time limit: the whole game ends, its rewards so far are its return
+                        trunc, info = True, {"real_score": totals[i]}
+                        if capped is not None:
+                            capped.append(episode_of[i])
                     if state is not None and (term or trunc):  # a new episode (or life) starts from zero
                         state = reset_state(state, np.arange(width) == i)
                     if real_scores and (term or trunc) and "real_score" not in info:
                         o, _ = envs[i].reset()  # a learning episode (a life) ended, the game goes on
                     elif term or trunc or "real_score" in info:  # with env.wrappers: the real game score
                         returns[episode_of[i]], totals[i] = info.get("real_score", totals[i]), 0.0
+                        lengths[i] = 0
                         if started == episodes:
                             continue  # this env is done
                         o, _ = envs[i].reset(seed=eval_seed + started)

@@ -4,10 +4,11 @@ as success").
 
 A NaN spreads: one NaN reward gives NaN advantages, NaN gradients, then NaN weights in every later checkpoint,
 while the run still counts env steps and ends ``completed``. The checks are cheap on purpose: learner metrics
-are floats already; parameters and gradients are summed per tensor (a sum is NaN / inf when any element is,
-barring overflow of values ~1e38, which is itself a broken run) and read back once per update; rollout arrays
-get one ``np.isfinite`` each, and integer / bool arrays (pixels, discrete actions, done flags) are skipped,
-they cannot hold a NaN.
+are floats already; parameters get one L1 norm per tensor in one foreach call (NaN / inf when any element is,
+barring overflow of values ~1e38, which is itself a broken run), read back once per update, and only when one is
+not finite are the gradients (first) and parameters searched for the one to name;
+rollout arrays get one ``np.isfinite`` each, and integer / bool arrays (pixels, discrete actions, done flags)
+are skipped, they cannot hold a NaN.
 """
 
 from __future__ import annotations
@@ -60,7 +61,12 @@ def _fields(value, name: str) -> Iterator[tuple[str, np.ndarray]]:
 
 
 def rollout_problem(rollout: Rollout) -> str | None:
-    """The first non-finite observation or reward of a rollout ([T, N, ...], index = step, env), or None."""
+    """The first non-finite observation or reward of a rollout ([T, N, ...], index = step, env), or None. A
+    multi-agent rollout's groups are checked in turn (``env`` is then the group's slot)."""
+    groups = getattr(rollout, "groups", None)
+    if groups is not None:
+        found = ((name, rollout_problem(r)) for name, r in groups.items())
+        return next((f"{p} (policy group {name})" for name, p in found if p), None)
     arrays = (rollout.obs, rollout.rewards, rollout.next_obs)
     if all(isinstance(a, np.ndarray) and (a.dtype.kind != "f" or np.isfinite(a).all()) for a in arrays):
         return None  # the common case in one pass per array (a single-step rollout is checked every step)
@@ -90,13 +96,14 @@ def metrics_problem(metrics: Metrics) -> str | None:
 
 def named_tensors(owner) -> list[tuple[str, torch.Tensor]]:
     """Every trainable tensor an algorithm owns: the parameters of its ``nn.Module`` attributes (policy,
-    critics, target networks) and its bare leaf tensors (e.g. SAC's ``log_alpha``), each named once."""
+    critics) and its bare leaf tensors (e.g. SAC's ``log_alpha``) that take gradients, each named once. Target
+    networks (frozen copies) are left out: they only ever receive the online weights, which are checked first."""
     seen: set[int] = set()
     out: list[tuple[str, torch.Tensor]] = []
     for attr, value in vars(owner).items():
         if isinstance(value, nn.Module):
-            pairs = [(f"{attr}.{n}", p) for n, p in value.named_parameters()]
-        elif isinstance(value, torch.Tensor) and value.is_floating_point() and value.is_leaf:
+            pairs = [(f"{attr}.{n}", p) for n, p in value.named_parameters() if p.requires_grad]
+        elif isinstance(value, torch.Tensor) and value.is_floating_point() and value.is_leaf and value.requires_grad:
             pairs = [(attr, value)]
         else:
             continue
@@ -107,15 +114,21 @@ def named_tensors(owner) -> list[tuple[str, torch.Tensor]]:
     return out
 
 
+@torch.no_grad()
+def _all_finite(tensors: list[torch.Tensor]) -> bool:
+    """Whether every element is finite: each tensor's L1 norm (inf / NaN when any element is) in one foreach
+    call, summed, read back once. Off-policy learners check after thousands of small updates: one call, not
+    three ops per tensor."""
+    return not tensors or math.isfinite(float(torch.stack(torch._foreach_norm(tensors, 1)).sum()))
+
+
 def tensors_problem(tensors: list[tuple[str, torch.Tensor]]) -> str | None:
     """The first non-finite gradient or parameter, as ``gradient/<name>=nan``; one read-back when all are fine."""
+    params = [t for _, t in tensors]
+    if _all_finite([t.grad for t in params if t.grad is not None] + params):
+        return None
     grads = [(n, t.grad) for n, t in tensors if t.grad is not None]
     for kind, group in (("gradient", grads), ("parameter", tensors)):
-        if not group:
-            continue
-        total = torch.stack([t.detach().sum().float() for _, t in group]).sum()
-        if math.isfinite(float(total)):
-            continue
         for name, t in group:
             t = t.detach()
             bad = ~torch.isfinite(t)
@@ -132,6 +145,7 @@ class FiniteGuard:
     def __init__(self, algo: Algorithm, sync: Sync, state: LoopState):
         self.algo, self.sync, self.state = algo, sync, state
         self.tensors = named_tensors(algo)
+        self.params = [t for _, t in self.tensors]
         self._checked_writes: int | None = None  # the algorithm's weight_writes when last found finite
 
     def check_rollout(self, rollout: Rollout, update: int, env_step: int) -> None:
@@ -142,9 +156,12 @@ class FiniteGuard:
     def check_update(self, metrics: Metrics, update: int, env_step: int) -> None:
         # the weights are checked only when they changed: an algorithm that counts its weight writes
         # (off-policy learners update on a fraction of the env steps) says so; others are checked every time
-        writes = getattr(self.algo, "weight_writes", None)
+        writes = self.algo.weight_writes
         stale = writes is None or writes != self._checked_writes
-        self._stop_if(metrics_problem(metrics) or (tensors_problem(self.tensors) if stale else None), update,
+        # the weights first: a non-finite gradient reaches them in the same step (Adam's moments, clipping's
+        # norm), so finite weights clear the gradients too; the named search (gradients first) runs only then
+        moved = stale and not _all_finite(self.params)
+        self._stop_if(metrics_problem(metrics) or (tensors_problem(self.tensors) if moved else None), update,
                       env_step)
         self._checked_writes = writes
 

@@ -18,6 +18,7 @@ The loop only loops. What it calls:
 
 from __future__ import annotations
 
+import math
 import time
 import traceback
 from pathlib import Path
@@ -25,17 +26,20 @@ from pathlib import Path
 import numpy as np
 
 from rltrain.algos.base import Algorithm
+from rltrain.data.agents import AgentsSpec
 from rltrain.data.structs import Metrics
 from rltrain.envs.vector import EnvCallAbandoned, EnvFault
 from rltrain.errors import ConfigError
 from rltrain.run.seeding import seed_process
-from rltrain.run.signals import StopFlag
+from rltrain.run.signals import StopFlag, StopRequested, during
 from rltrain.trainers.cadence import Cadence
 from rltrain.trainers.checkpointing import Checkpointing
 from rltrain.trainers.collector import RolloutCollector
 from rltrain.trainers.evaluation import Evaluation
 from rltrain.trainers.finite import FiniteGuard
 from rltrain.trainers.hooks import Placement, TrainerParts
+from rltrain.trainers.matches import AgentsEvaluation
+from rltrain.trainers.multiagent import MultiAgentCollector
 from rltrain.trainers.rows import RECENT_EPISODES, MetricRows
 from rltrain.trainers.settings import RunSettings
 from rltrain.trainers.state import LoopState
@@ -53,22 +57,25 @@ class TrainLoop:
         parts = parts or TrainerParts()
         self.sync, self.is_main = place.sync, place.is_main
         self.progress_factory, self.hooks = parts.progress_factory, parts.hooks
-        self.spec = settings.env_spec or settings.env.spec()  # probed here only when nobody handed it on
-        if algo is None:
-            seed_process(place.seeds.torch_seed)  # before the weights are drawn: same seed, same weights
-            algo = settings.algo(self.spec, num_envs=parts.num_envs or settings.env.num_envs, device=place.device,
-                                 sync=self.sync)
-        self.algo: Algorithm = algo
-        self.source = (parts.source_factory or self._collector)(self.algo)
+        with stop.raising("env construction"):  # an env constructor that never returns must not hold a stop
+            self.spec = settings.env_spec or settings.env.spec()  # probed here only when nobody handed it on
+            if algo is None:
+                seed_process(place.seeds.torch_seed)  # before the weights are drawn: same seed, same weights
+                algo = settings.algo(self.spec, num_envs=parts.num_envs or settings.env.num_envs,
+                                     device=place.device, sync=self.sync)
+            self.algo: Algorithm = algo
+            self.own_collector = parts.source_factory is None
+            self.source = (parts.source_factory or self._collector)(self.algo)
         self.state = LoopState()
         self.counters = self.state.counters
         self.last_learn: Metrics = {}
         self.guard = FiniteGuard(self.algo, self.sync, self.state)  # checked after every update
         self.checkpoints = Checkpointing(settings, place, self.state, algo=self.algo, source=self.source,
                                          spec=self.spec, hooks=self.hooks, guard=self.guard)
-        self.evaluate = Evaluation(settings, self.state, algo=self.algo, eval_seed=place.seeds.eval_seed,
+        evaluation = AgentsEvaluation if isinstance(self.spec, AgentsSpec) else Evaluation
+        self.evaluate = evaluation(settings, self.state, algo=self.algo, eval_seed=place.seeds.eval_seed,
                                    device=place.device, run_dir=place.run_dir,
-                                   save_best=lambda: self.checkpoints.save(kind="best"))
+                                   save_best=lambda: self.checkpoints.save(kind="best"), stop=stop)
         self.rows = MetricRows(settings, place, counters=self.counters, source=self.source, hooks=self.hooks)
         self.summary = LoopSummary(place, self.state, algo=self.algo, env_id=self.spec.env_id,
                                    source=self.source, stop=stop, hooks=self.hooks, rows=self.rows,
@@ -77,8 +84,11 @@ class TrainLoop:
         if watch is not None:  # a stop signal abandons an env call that is stuck (trainers/../envs/vector.py)
             stop.on_stop(watch.abandon)
 
-    def _collector(self, algo: Algorithm) -> RolloutCollector:
+    def _collector(self, algo: Algorithm) -> RolloutCollector | MultiAgentCollector:
         venv = self.s.env.vector(self.place.seeds.env_seeds)
+        if isinstance(self.spec, AgentsSpec):  # a PettingZoo env: its agents' slots (trainers/multiagent.py)
+            return MultiAgentCollector(venv, algo.policy, self.spec, device=self.place.device,  # type: ignore[arg-type]
+                                       sampling=algo.settings.self_play_sampling)
         return RolloutCollector(venv, algo.policy, self.spec, device=self.place.device, record_values=True)
 
     def resume(self) -> Path | None:
@@ -91,7 +101,12 @@ class TrainLoop:
     # -- the loop -----------------------------------------------------------------------------------------
     def run(self) -> dict:
         s, state = self.s, self.state
-        resumed_from = self.resume()
+        try:
+            with self.stop.raising("checkpoint loading"):
+                resumed_from = self.resume()
+        except StopRequested:
+            self.source.close()
+            raise
         start_steps = self.counters["env_steps"]
         if self.is_main:
             self.rows.open(resumed=resumed_from is not None)
@@ -101,7 +116,7 @@ class TrainLoop:
         progress = self.progress_factory(total, mode=s.logger.progress if self.is_main else "off",
                                          interval_s=s.logger.progress_interval_s, initial=start_steps,
                                          title=self.place.title,
-                                         rate_from=getattr(self.algo, "learning_starts", 0))
+                                         rate_from=self.algo.learning_starts)
         t0, wall0 = time.perf_counter(), self.counters["wall_time"]
         sps_t, sps_steps = t0, start_steps
         learn_metrics: Metrics = {}
@@ -116,7 +131,7 @@ class TrainLoop:
                         self.stop.request("max_wall_time" if over_wall else "peer_stopped")
                     status = "interrupted"
                     break
-                learn_metrics = self._iterate(total) or learn_metrics
+                learn_metrics = self._iterate(total, until=min(total, *cadence.next.values())) or learn_metrics
                 self.counters["wall_time"] = wall0 + time.perf_counter() - t0
                 steps = self.counters["env_steps"]
                 recent = self._recent_return()
@@ -139,7 +154,7 @@ class TrainLoop:
                     cadence.done("log", steps)
                 if self.is_main:
                     progress.update(steps, sps=(steps - start_steps) / max(now - t0 - state.eval_s, 1e-9),
-                                    episode_return=recent)
+                                    episode_return=recent, per_agent=self.rows.agent_recent() or None)
                 if cadence.due("checkpoint", steps):
                     self.save()
                     cadence.done("checkpoint", steps)
@@ -153,6 +168,10 @@ class TrainLoop:
             # on
             progress.close()
             self.stop.reason = f"{self.stop.reason or 'stop'}: {err}"
+            return self._finish("interrupted", start_steps=start_steps, t0=t0, checkpoint=False)
+        except StopRequested as err:  # a second Ctrl-C: now, mid-update (no checkpoint of a half-done state)
+            progress.close()
+            self.stop.reason = f"{err.reason}{during(err)}"
             return self._finish("interrupted", start_steps=start_steps, t0=t0, checkpoint=False)
         except BaseException as err:
             progress.close()
@@ -173,23 +192,33 @@ class TrainLoop:
         progress.close(summary if self.is_main else None)
         return summary
 
-    def _iterate(self, total: int) -> Metrics:
-        """One collect -> learn step; advances the counters. Returns the learner's metrics."""
+    def _iterate(self, total: int, *, until: int) -> Metrics:
+        """One collect -> learn step; advances the counters. Returns the learner's metrics. ``until``: the env
+        step of the loop's next log / evaluation / checkpoint, or the budget's end."""
         steps = self.counters["env_steps"]
-        rollout = self.source.collect(self.algo.rollout_len, policy_version=self.counters["updates"],
+        # an off-policy learner may let the loop collect the rollouts up to its next update in one go, then learn
+        # from them as from each in turn (Algorithm.rollouts_to_collect, learn_collected): only this loop's own
+        # collector collects so, and not where a training return may end the run at any step (target_return)
+        rollouts = 1 if self.s.target_return is not None or not self.own_collector else \
+            self.algo.rollouts_to_collect(steps, until=until, total=total)
+        rollout = self.source.collect(self.algo.rollout_len * rollouts, policy_version=self.counters["updates"],
                                       random_actions=self.algo.wants_random_actions(steps))
         if rollout is None:  # the source stopped (e.g. an actor failure requested the stop)
             return {}
-        update, at_step = self.counters["updates"] + 1, steps + rollout.num_steps * self.sync.world_size
+        update, at_step = self.counters["updates"] + rollouts, steps + rollout.num_steps * self.sync.world_size
         self.guard.check_rollout(rollout, update, at_step)
         t0 = time.perf_counter()
         # an overflow is reported by the guard below, in one line, not as warnings
         with np.errstate(all="ignore"):
-            learn_metrics = self.algo.learn(rollout, progress=steps / total)
+            if rollouts == 1:
+                learn_metrics = self.algo.learn(rollout, progress=steps / total)
+            else:  # at the progress of the last of them, where its own learn() would have been called
+                last = steps + (at_step - steps) // rollouts * (rollouts - 1)
+                learn_metrics = self.algo.learn_collected(rollout, rollouts=rollouts, progress=last / total)
         learn_s = time.perf_counter() - t0
         self.guard.check_update(learn_metrics, update, at_step)
         self.counters["env_steps"] += rollout.num_steps * self.sync.world_size
-        self.counters["updates"] += 1
+        self.counters["updates"] += rollouts  # rollouts learned from
         self.counters["episodes"] = self.source.episodes
         self.hooks.after_learn(rollout, learn_s, algo=self.algo, counters=self.counters)
         return learn_metrics
@@ -198,7 +227,7 @@ class TrainLoop:
         """``eval.target_return``: the first evaluation that reaches it ends the run (as ``target_return``
         does for the training return); the final evaluation repeats it (same weights, same eval seeds)."""
         target = self.s.eval.target_return
-        if target is not None and self.state.solved is None and row["eval/return_mean"] >= target:
+        if target is not None and self.state.solved is None and row.get("eval/return_mean", -math.inf) >= target:
             self.state.solved = {"env_steps": steps, "seconds": self.counters["wall_time"]}
 
     def _recent_return(self) -> float | None:
@@ -226,21 +255,27 @@ class TrainLoop:
         # it
         elapsed = (time.perf_counter() - t0 - state.eval_s) if t0 is not None else float("nan")
         sps = (steps - start_steps) / elapsed if elapsed and elapsed > 0 else float("nan")
-        final = state.last_eval
-        if status == "completed" and self.is_main:
-            # the final evaluation always runs (also after an early stop at target_return); its row is the
-            # last
-            row = self.evaluate(final=True)
-            final = (row["eval/return_mean"], row["eval/return_std"])
-            self.rows.log(steps, {**self.rows.row(self.last_learn, sps), **row})
-        elif self.is_main and status == "interrupted" and self.last_learn:
-            self.rows.log(steps, self.rows.row(self.last_learn, sps))
         ckpt = None
         if self.is_main and status in ("completed", "interrupted") and checkpoint:
+            # before the final evaluation: a stop (or an env that never ends) there must not cost the training
             ckpt = self.save(kind="final" if status == "completed" else "step")
         elif self.is_main and status == "interrupted":
             # what a resume continues from (none written now: the envs were stuck)
             ckpt = state.last_checkpoint
+        final = state.last_eval
+        if status == "completed" and self.is_main:
+            # the final evaluation always runs (also after an early stop at target_return); its row is the
+            # last
+            try:
+                row = self.evaluate(final=True)
+            except StopRequested as err:  # trained and checkpointed: a resume=auto evaluates it again
+                status, final = "interrupted", None
+                self.stop.reason = f"{err.reason}{during(err)}"
+            else:
+                final = (row["eval/return_mean"], row["eval/return_std"])
+                self.rows.log(steps, {**self.rows.row(self.last_learn, sps), **row})
+        elif self.is_main and status == "interrupted" and self.last_learn:
+            self.rows.log(steps, self.rows.row(self.last_learn, sps))
         summary = self.summary.build(status, sps=sps, final=final, start_steps=start_steps, checkpoint=ckpt,
                                      error=error)
         self.summary.write(summary)

@@ -27,9 +27,9 @@ from rltrain.run.agents_display import AgentsDisplay, prefix_agent_output
 from rltrain.run.device import pick_device
 from rltrain.run.plots import few_seeds_note
 from rltrain.run.seeding import SeedTree, derive, write_seeds
-from rltrain.run.signals import StopFlag
+from rltrain.run.signals import StopFlag, StopRequested, during
 from rltrain.run.stats import aggregate
-from rltrain.run.summary import resume_command
+from rltrain.run.summary import newest_checkpoint, resume_command
 from rltrain.trainers.base import Capabilities, Trainer
 from rltrain.trainers.hooks import Placement, TrainerParts
 from rltrain.trainers.loop import TrainLoop
@@ -78,7 +78,8 @@ class _MessageProgress:
         self._last = 0.0
         self._latest = AgentProgress(ctx.index, initial, total, 0.0, None)
 
-    def update(self, env_steps: int, *, sps: float, episode_return: float | None) -> None:
+    def update(self, env_steps: int, *, sps: float, episode_return: float | None,
+               per_agent: dict[str, float] | None = None) -> None:
         self._latest = AgentProgress(self.ctx.index, env_steps, self.total, sps, episode_return)
         now = time.monotonic()
         if now - self._last >= self.send_every_s:
@@ -107,6 +108,10 @@ def agent_main(ctx: WorkerContext, job: AgentJob) -> dict:
         parts = TrainerParts(progress_factory=partial(_MessageProgress, ctx, job.progress_interval_s))
         loop = TrainLoop(s, place, ContextStop(ctx), parts)
         return loop.run()
+    except StopRequested as err:  # stopped while it built its envs or loaded its checkpoint: nothing failed
+        ckpt = newest_checkpoint(run_dir)
+        return {"status": "interrupted", "stop_reason": f"{err.reason}{during(err)}",
+                "checkpoint": str(ckpt) if ckpt else None}
     finally:
         for stream in streams:
             stream.finish()
@@ -190,27 +195,48 @@ class ParallelTrainer(Trainer):
             rec = records[ev.index]
             rec.update({k: ev.result.get(k) for k in ("status", "final_eval_return", "final_eval_return_std",
                                                         "best_eval_return", "total_env_steps", "sps", "wall_time_s",
-                                                        "solved_at_env_steps", "checkpoint", "stop_reason")})
+                                                        "solved_at_env_steps", "checkpoint", "stop_reason",
+                                                        "final_eval_return_per_agent", "eval_vs_random")
+                        if k in ev.result or k not in ("final_eval_return_per_agent", "eval_vs_random")})
             display.set_status(ev.index, rec["status"])
         elif isinstance(ev, (Failed, Exited)):
+            rec = records[ev.index]
             error = ev.error if isinstance(ev, Failed) else ev.description
-            records[ev.index].update(status="failed", error=error)
+            if isinstance(ev, Exited) and rec.get("killed_because"):  # we killed it: say why, not just the signal
+                error = f"killed by rltrain: {rec['killed_because']}"
+            rec.update(status="failed", error=error)
             if isinstance(ev, Failed):
-                records[ev.index]["traceback"] = ev.traceback
+                rec["traceback"] = ev.traceback
             display.set_status(ev.index, "failed")
-            # a one-line kind (an env fault, bad input) says it all; its traceback is in agent_<k>/error.txt
-            detail = ev.traceback.rstrip() if isinstance(ev, Failed) and not ev.one_line else ""
-            print(f"rltrain: agent {ev.index} failed: {error}" + (f"\n{detail}" if detail else ""), file=sys.stderr,
-                  flush=True)
+            # one line; the traceback goes to agent_<k>/error.txt (an env fault's loop wrote it already)
+            where = self._keep_traceback(ev.index, ev.traceback) if isinstance(ev, Failed) else ""
+            print(f"rltrain: agent {ev.index} failed: {error}{where}", file=sys.stderr, flush=True)
             return ev.index
         elif isinstance(ev, Unresponsive):
-            print(f"rltrain: agent {ev.index} sent nothing for {ev.silent_s:.0f}s; killing it", file=sys.stderr)
+            why = (f"no heartbeat for {ev.silent_s:.0f} s (trainer.heartbeat_timeout_s="
+                   f"{self.heartbeat_timeout_s:g}: stuck or hung)")
+            records[ev.index]["killed_because"] = why
+            print(f"rltrain: agent {ev.index}: {why}; killing it", file=sys.stderr, flush=True)
             group.kill(ev.index)  # its Exited event follows and marks it failed
         return None
+
+    def _keep_traceback(self, index: int, text: str) -> str:
+        """Agent ``index``'s traceback in its ``error.txt`` (unless its loop wrote one); the note naming it."""
+        path = self.run_dir / f"agent_{index}" / "error.txt"
+        try:
+            if not path.exists():
+                path.write_text(text)
+        except OSError:
+            return ""
+        return f" (traceback in {path})"
 
     def _summarize(self, records: list[dict], stop: StopFlag, aborted: str | None, wall: float) -> dict:
         from rltrain.run.plots import plot_learning_curves, read_curve
 
+        for r in records:  # what a resume continues from: also for an agent that failed or was killed
+            if not r.get("checkpoint"):
+                found = newest_checkpoint(self.run_dir / r["run_dir"])
+                r["checkpoint"] = str(found) if found else None
         finals = [r.get("final_eval_return") for r in records if r["status"] == "completed"]
         agg = aggregate(finals)
         n_failed = sum(r["status"] == "failed" for r in records)
@@ -241,6 +267,7 @@ class ParallelTrainer(Trainer):
             "env_id": self.settings.env.id,
             "final_eval_return": agg["mean"],  # what the CLI returns to sweepers (aggregate mean)
             "aggregate": agg,
+            **per_agent_means(records),
             "agents": records,
             "failed_agents": [r["index"] for r in records if r["status"] == "failed"],
             "wall_time_s": wall,
@@ -253,3 +280,13 @@ class ParallelTrainer(Trainer):
         elif aborted:
             summary["stop_reason"] = aborted
         return summary
+
+
+def per_agent_means(records: list[dict]) -> dict:
+    """A multi-agent env's teams: each agent's final return, averaged over the teams that completed ({} for a
+    single-agent env)."""
+    teams = [r["final_eval_return_per_agent"] for r in records
+             if r["status"] == "completed" and r.get("final_eval_return_per_agent")]
+    if not teams:
+        return {}
+    return {"final_eval_return_per_agent": {a: float(sum(t[a] for t in teams) / len(teams)) for a in teams[0]}}

@@ -12,7 +12,6 @@ before terminating them, so a dead peer never hangs the job.
 from __future__ import annotations
 
 import functools
-import sys
 import time
 import traceback
 from collections.abc import Callable
@@ -21,7 +20,7 @@ from pathlib import Path
 
 from rltrain.envs.vector import EnvFault
 from rltrain.errors import ConfigError
-from rltrain.run.signals import StopFlag
+from rltrain.run.signals import StopFlag, StopRequested
 from rltrain.trainers.rendezvous import LaunchInfo, free_port
 from rltrain.trainers.settings import RunSettings
 from rltrain.trainers.supervise import (
@@ -36,7 +35,10 @@ from rltrain.trainers.supervise import (
 
 
 class PeerFailure(RuntimeError):
-    """A collective failed or timed out: another rank is gone, hung or crashed."""
+    """A collective failed or timed out: another rank is gone, hung or crashed (``gone``: the ranks whose
+    heartbeat had stopped, when known)."""
+
+    gone: list[int] = []
 
 
 @dataclass(frozen=True)
@@ -63,9 +65,10 @@ class RankFailure:
 
 
 def failure_of(rank: int, err: BaseException) -> RankFailure:
-    # an env fault is this rank's failure (its line names the env and step), not bad input for the whole job
+    # an env fault is this rank's failure (its line names the env and step), not bad input for the whole job; a
+    # rank stopped because another failed (the parent's Stop during the rendezvous) is not the cause either
     kind = "error" if isinstance(err, EnvFault) else "config" if isinstance(err, ConfigError) else \
-        "peer" if isinstance(err, PeerFailure) else "error"
+        "peer" if isinstance(err, (PeerFailure, StopRequested)) else "error"
     return RankFailure(rank, kind, str(err) if isinstance(err, ConfigError) else f"{type(err).__name__}: {err}",
                        "".join(traceback.format_exception(type(err), err, err.__traceback__)))
 
@@ -88,19 +91,25 @@ def spawned_rank(run_rank: Callable[..., dict], ctx: WorkerContext, job: RankJob
         raise
 
 
+# after one rank fails, how long the others get to notice (a collective with a gone peer fails at once; a rank
+# stuck in a call, e.g. a rendezvous with a peer that does not answer, does not) before they are terminated
+RANK_GRACE_S = 10.0
+
+
 def supervise_ranks(group: WorkerGroup, stop: StopFlag, *, timeout_s: float
                     ) -> tuple[dict[int, dict], list[RankFailure]]:
-    """Wait for every rank; pass a stop request on; after the first failure give the others ``timeout_s``
-    to notice (their collectives fail), then terminate whatever is left.
+    """Wait for every rank; pass a stop request on; after the first failure stop the others and give them
+    ``min(timeout_s, RANK_GRACE_S)`` to end (their collectives fail), then terminate whatever is left.
     Returns the summaries by rank and the failures in the order they happened."""
     summaries: dict[int, dict] = {}
     failures: dict[int, RankFailure] = {}
     first_failure: float | None = None
     stopping = False
+    grace_s = min(timeout_s, RANK_GRACE_S)
     while group.alive:
-        if stop.requested and not stopping:
+        if (stop.requested or failures) and not stopping:
             stopping = True
-            group.stop_all(stop.reason or "stop")
+            group.stop_all(stop.reason or "stop" if stop.requested else "another rank failed")
         for ev in group.poll(timeout=0.25):
             if isinstance(ev, Done):
                 summaries[ev.index] = ev.result
@@ -114,11 +123,11 @@ def supervise_ranks(group: WorkerGroup, stop: StopFlag, *, timeout_s: float
                                                           ev.description))
         if failures and first_failure is None:
             first_failure = time.monotonic()
-        if first_failure is not None and time.monotonic() - first_failure > timeout_s:
+        if first_failure is not None and time.monotonic() - first_failure > grace_s:
             for w in group.workers:
                 if not w.finished:
-                    failures.setdefault(w.index, RankFailure(w.index, "peer", "did not stop within "
-                                                             f"trainer.timeout_s={timeout_s:g}"))
+                    failures.setdefault(w.index, RankFailure(w.index, "peer", f"did not stop within {grace_s:g} s "
+                                                             "of another rank's failure; terminated"))
             group.shutdown(grace_s=0.0)  # SIGTERM, then SIGKILL
             break
     return summaries, list(failures.values())
@@ -143,14 +152,17 @@ def spawn_ranks(run_rank: Callable[..., dict], settings: RunSettings, run_dir: P
         return supervise_ranks(group, stop, timeout_s=timeout_s)
 
 
-def report_failure(failure: RankFailure) -> str:
-    """Print the failing rank's traceback and one line; returns that line (a ConfigError is re-raised)."""
+def report_failure(failure: RankFailure, run_dir: Path | None) -> str:
+    """The one line of the rank that failed first (a ConfigError is re-raised as it is); its traceback goes to
+    ``<run dir>/error.txt``, never to the terminal."""
     if failure.kind == "config":
         raise ConfigError(failure.message)
-    if failure.traceback:
-        print("".join(f"[rank {failure.rank}] {ln}\n" for ln in failure.traceback.splitlines()),
-              file=sys.stderr, end="", flush=True)
     message = f"rank {failure.rank} {failure.message}" if failure.kind == "died" else \
         f"rank {failure.rank} failed: {failure.message}"
-    print(f"rltrain: {message}", file=sys.stderr, flush=True)
+    if failure.traceback and run_dir is not None:
+        try:
+            (Path(run_dir) / "error.txt").write_text(f"rank {failure.rank}:\n{failure.traceback}")
+            message += f" (traceback in {Path(run_dir) / 'error.txt'})"
+        except OSError:
+            pass
     return message

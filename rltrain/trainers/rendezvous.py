@@ -4,6 +4,11 @@
 MASTER_ADDR / MASTER_PORT; a SLURM step (srun, or submitit's ``tasks_per_node``) exports SLURM_PROCID /
 SLURM_NTASKS / SLURM_LOCALID / SLURM_NODELIST, from which the rendezvous address is derived (first host of
 the node list, a port from the job id) so every task finds the same one without talking first.
+
+``join_group`` joins the process group within a bounded time and honours a stop while it waits: torch's own
+rendezvous blocks inside C++ (no signal handler runs), and a client whose address answers but is no
+``torch.distributed`` store (another service on ``MASTER_PORT``) waits there forever. It runs in a thread the
+rank watches: a stop request raises at once, a taken port or a peer that is not a store is one line.
 """
 
 from __future__ import annotations
@@ -13,9 +18,13 @@ import re
 import shutil
 import socket
 import subprocess
+import threading
+import time
 from dataclasses import dataclass
+from datetime import timedelta
 
 from rltrain.errors import ConfigError
+from rltrain.run.signals import StopFlag
 
 SLURM_PORT_BASE, SLURM_PORT_SPAN = 15000, 20000  # job ids map into [15000, 35000): below the ephemeral range
 
@@ -127,3 +136,65 @@ def free_port(host: str = "127.0.0.1") -> int:
             raise ConfigError(f"trainer.master_addr={host}: cannot listen on it for the rendezvous ({reason}); "
                               "use 127.0.0.1 or an address of this machine") from None
         return int(s.getsockname()[1])
+
+
+# a port that accepts connections but whose store has not answered the handshake this long is not a store
+NOT_A_STORE_S = 10.0
+
+
+def join_group(launch: LaunchInfo, *, backend: str, timeout_s: float, stop: StopFlag | None):
+    """``torch.distributed.init_process_group`` for ``launch`` (its env:// variables exported first), waited for in
+    this thread with ``stop`` checked, refused in one line when the rendezvous port is another process's or the
+    peer there does not answer as a store (``NOT_A_STORE_S``), or nobody came within ``timeout_s``. Returns the
+    rendezvous store (the ranks' heartbeats use it)."""
+    import torch.distributed as dist
+
+    launch.export()  # env:// also reuses torchrun's own store (TORCHELASTIC_USE_AGENT_STORE)
+    where = f"{launch.master_addr}:{launch.master_port}"
+    outcome: dict = {}
+
+    def join() -> None:
+        try:
+            timeout = timedelta(seconds=timeout_s)
+            store, rank, world_size = next(dist.rendezvous("env://", launch.rank, launch.world_size, timeout=timeout))
+            outcome["store"] = store  # the handshake with the store is done: what follows waits for the peers
+            dist.init_process_group(backend, store=store, rank=rank, world_size=world_size, timeout=timeout)
+            outcome["ok"] = True
+        except BaseException as err:  # noqa: BLE001 - handed to the waiting thread
+            outcome["error"] = err
+
+    thread = threading.Thread(target=join, name="rltrain-rendezvous", daemon=True)
+    thread.start()
+    started, answering = time.monotonic(), None
+    serves_store = launch.is_main and os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True"
+    while thread.is_alive():
+        thread.join(0.2)
+        if stop is not None:
+            stop.check("the rendezvous")
+        now = time.monotonic()
+        if not serves_store and answering is None and "store" not in outcome and \
+                _accepts(launch.master_addr, launch.master_port):
+            answering = now
+        if answering is not None and "store" not in outcome and thread.is_alive() and now - answering > NOT_A_STORE_S:
+            raise ConfigError(f"rendezvous: {where} (MASTER_ADDR:MASTER_PORT) accepts connections but has not "
+                              f"answered as a torch.distributed store for {NOT_A_STORE_S:g} s: another service "
+                              "listens there; pick a free MASTER_PORT")
+        if thread.is_alive() and now - started > timeout_s:
+            raise ConfigError(f"rendezvous: rank {launch.rank} found no peers at {where} within trainer.timeout_s="
+                              f"{timeout_s:g} (is every rank started, with the same MASTER_ADDR / MASTER_PORT?)")
+    err = outcome.get("error")
+    if err is None:
+        return outcome["store"]
+    text = str(err)
+    if "EADDRINUSE" in text or "address already in use" in text.lower():
+        raise ConfigError(f"rendezvous: the port {where} is taken by another process; rerun (a local spawn picks a "
+                          "free one) or set MASTER_PORT to a free port") from None
+    raise err
+
+
+def _accepts(host: str, port: int) -> bool:
+    try:
+        with socket.create_connection((host, port), timeout=1.0):
+            return True
+    except OSError:
+        return False

@@ -67,9 +67,15 @@ class MetricRows:
             "rollout/episode_return_max": float(np.max(rets)) if rets else math.nan,
             "rollout/episode_length": float(np.mean(lengths)) if rets else math.nan,
         }
+        row.update({f"rollout/episode_return/{a}": v for a, v in self.agent_recent().items()})
         row.update(learn_metrics)
         row.update(self.hooks.log_row())
         return row
+
+    def agent_recent(self) -> dict[str, float]:
+        """A multi-agent env's recent training return of each agent (the last ``RECENT_EPISODES``); {} else."""
+        recent = getattr(self.source, "agent_returns", None) or {}
+        return {a: float(np.mean(list(r)[-RECENT_EPISODES:])) for a, r in recent.items() if len(r)}
 
     def log(self, steps: int, row: Metrics) -> None:
         # a resumed run that had already finished (or stopped right after its last row) has this row already

@@ -28,6 +28,14 @@ class EvalSettings:
     both_modes: bool = True  # also evaluate the other mode and record both (a policy can be good in one only)
     video: bool = False  # record the final evaluation's episodes to <run dir>/videos
     target_return: float | None = None  # stop at the first periodic evaluation whose mean return reaches it
+    max_episode_steps: int | None = None  # evaluation episodes end (truncated) after this many steps; null: the
+    # env's own time limit, else 100000 (an env without one would evaluate forever). Source: rltrain
+
+    def __post_init__(self) -> None:
+        steps = self.max_episode_steps
+        if steps is not None and (isinstance(steps, bool) or not isinstance(steps, int) or steps <= 0):
+            raise ConfigError(f"eval.max_episode_steps={steps!r} must be a positive integer, or null for the env's "
+                              "own time limit")
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -55,6 +55,8 @@ class LoopSummary:
             "resumed_from_env_steps": start_steps or None,
             "checkpoint": str(checkpoint) if checkpoint else None,
         }
+        if final and state.eval_summary:  # multi-agent: each agent's return, self-play's win / draw / loss
+            summary.update(state.eval_summary)
         if state.resume_changes:
             summary["resume_changes"] = state.resume_changes
         if status == "interrupted":

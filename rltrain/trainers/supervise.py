@@ -64,6 +64,7 @@ from multiprocessing.connection import Connection, wait
 from typing import Any
 
 from rltrain.errors import ConfigError
+from rltrain.run.signals import StopRequested
 from rltrain.trainers.messages import Done, Exited, Failed, Heartbeat, Started, Stop, Unresponsive
 from rltrain.trainers.worker import ContextStop, WorkerContext, _bootstrap
 
@@ -265,7 +266,7 @@ class WorkerGroup:
 
     def __exit__(self, *exc) -> None:
         # an error in the parent: no grace; a second Ctrl-C: a short one (the agents are already stopping)
-        grace = 30.0 if exc[0] is None else 5.0 if exc[0] is KeyboardInterrupt else 0.0
+        grace = 30.0 if exc[0] is None else 5.0 if exc[0] in (KeyboardInterrupt, StopRequested) else 0.0
         self.shutdown(grace_s=grace)
 
 

@@ -168,7 +168,7 @@ def _bootstrap(target: Callable[..., Any], index: int, conn: Connection, payload
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     ctx = WorkerContext(index, conn.send)
     if graceful_sigterm:  # also replaces the handlers a forked child inherited from its parent
-        for signum in (signal.SIGTERM, signal.SIGUSR2):
+        for signum in (signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2):
             signal.signal(signum, lambda s, f: ctx.request_stop(signal.Signals(s).name))
     if "torch" in sys.modules:  # the target's module (unpickled before we run) imported it
         # small nets on few cores: more threads only contend with the other workers

@@ -1,6 +1,7 @@
-"""Envs for scripts/bench_defaults.py and scripts/bench_sac_pixels.py that Gymnasium does not register: a Dict
-image + vector task, a memory task, MiniGrid with only its image, and a point mass steered from pixels (rltrain,
-as ``env.id=bench_envs:<name>``, SB3 and RLlib build them from here)."""
+"""Envs for scripts/bench_defaults.py, scripts/bench_sac_pixels.py and scripts/bench_offpolicy.py that Gymnasium
+does not register: a Dict image + vector task, a memory task, MiniGrid with only its image, a point mass steered
+from pixels and a goal-conditioned reaching task with a Dict of three small vectors (rltrain, as
+``env.id=bench_envs:<name>``, SB3 and RLlib build them from here)."""
 
 from __future__ import annotations
 
@@ -127,3 +128,49 @@ class PointMassPixels(gym.Env):
         dist = float(np.linalg.norm(self.pos - self.goal))
         done = dist < 0.1
         return self.render(), -dist, done, self.t >= self.max_steps and not done, {}
+
+
+class PointReach(gym.Env):
+    """A goal-conditioned reaching task shaped like Gymnasium-Robotics' FetchReach, without a simulator: a point in
+    3-D moved by a velocity command in [-1, 1]^3 (0.05 per unit per step, as Fetch's end-effector action) inside
+    the box [-0.3, 0.3]^3, starting within 0.02 of the origin, toward a goal drawn uniformly within 0.15 of it
+    on each axis (Fetch's target range). The observation is the robotics Dict of three small float vectors:
+    ``observation`` (position and last velocity, 6), ``achieved_goal`` (the position, 3) and ``desired_goal`` (3).
+    The reward is sparse, ``compute_reward``: 0 within 0.05 of the goal, else -1 (Fetch's threshold); episodes
+    never terminate and are truncated at 50 steps; ``info["is_success"]`` says whether the point is at the goal."""
+
+    threshold, step_size, bound = 0.05, 0.05, 0.3
+
+    def __init__(self, max_steps: int = 50):
+        self.max_steps = max_steps
+        vec = lambda n: gym.spaces.Box(-np.inf, np.inf, (n,), np.float32)  # noqa: E731
+        self.observation_space = gym.spaces.Dict({"observation": vec(6), "achieved_goal": vec(3),
+                                                  "desired_goal": vec(3)})
+        self.action_space = gym.spaces.Box(-1.0, 1.0, (3,), np.float32)
+
+    def compute_reward(self, achieved_goal, desired_goal, info) -> np.ndarray:
+        """Vectorised over leading axes, as Gymnasium-Robotics' GoalEnv (hindsight relabelling calls it)."""
+        dist = np.linalg.norm(np.asarray(achieved_goal) - np.asarray(desired_goal), axis=-1)
+        return -(dist > self.threshold).astype(np.float32)
+
+    def _obs(self) -> dict:
+        return {"observation": np.concatenate([self.pos, self.vel]).astype(np.float32),
+                "achieved_goal": self.pos.astype(np.float32), "desired_goal": self.goal.astype(np.float32)}
+
+    def reset(self, *, seed: int | None = None, options: dict | None = None):
+        super().reset(seed=seed)
+        self.pos = self.np_random.uniform(-0.02, 0.02, 3)
+        self.vel = np.zeros(3)
+        self.goal = self.np_random.uniform(-0.15, 0.15, 3)
+        self.t = 0
+        return self._obs(), {"is_success": False}
+
+    def step(self, action):
+        before = self.pos
+        move = np.clip(np.asarray(action, np.float64).reshape(3), -1.0, 1.0) * self.step_size
+        self.pos = np.clip(self.pos + move, -self.bound, self.bound)
+        self.vel = self.pos - before
+        self.t += 1
+        obs = self._obs()
+        reward = float(self.compute_reward(obs["achieved_goal"], obs["desired_goal"], None))
+        return obs, reward, False, self.t >= self.max_steps, {"is_success": reward == 0.0}

@@ -2,13 +2,16 @@
 
 Runs under a Python that has ``stable-baselines3`` installed (it is not an rltrain dependency):
 
-    python scripts/peers/sb3_offpolicy.py dqn SEED STEPS   # DQN on CartPole-v1 at SB3's DQN settings
+    python scripts/peers/sb3_offpolicy.py dqn SEED STEPS         # DQN on CartPole-v1 at SB3's DQN settings
     python scripts/peers/sb3_offpolicy.py sac SEED STEPS WIDTH   # SAC on Pendulum-v1 at SB3's SAC settings
+    python scripts/peers/sb3_offpolicy.py sac-goal SEED STEPS    # SAC's defaults on bench_envs:PointReach
 
-Both build one env, train for STEPS env steps and print JSON (the mean of the last 100 training episodes and
+Each builds one env, trains for STEPS env steps and prints JSON (the mean of the last 100 training episodes and
 the loop's seconds). The caller times the whole process (its rusage), as it does for ``rltrain``; the
 settings are spelled out here rather than left to SB3's defaults so that the rltrain side can name the same
-values (``bench_offpolicy.py`` holds both lists).
+values (``bench_offpolicy.py`` holds both lists). ``sac-goal`` is the exception: each library with nothing set
+(SB3's ``MultiInputPolicy`` concatenates the Dict's vectors into its MLPs). ``bench_envs`` must be importable
+(``scripts/peers`` on PYTHONPATH, as the caller sets it).
 """
 
 from __future__ import annotations
@@ -40,6 +43,13 @@ def sac(seed: int, steps: int, width: int) -> dict:
     return _learn(model, steps)
 
 
+def sac_goal(seed: int, steps: int) -> dict:
+    from bench_envs import PointReach
+
+    env = make_vec_env(PointReach, n_envs=1, seed=seed)
+    return _learn(SAC("MultiInputPolicy", env, seed=seed, device="cpu"), steps)
+
+
 def _learn(model, steps: int) -> dict:
     t0 = time.perf_counter()
     model.learn(steps)
@@ -50,5 +60,11 @@ def _learn(model, steps: int) -> dict:
 
 if __name__ == "__main__":
     torch.set_num_threads(1)  # as rltrain's torch_threads=1
-    algo, seed, steps = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
-    print(json.dumps(dqn(seed, steps) if algo == "dqn" else sac(seed, steps, int(sys.argv[4]))))
+    case, seed, steps = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+    if case == "dqn":
+        out = dqn(seed, steps)
+    elif case == "sac":
+        out = sac(seed, steps, int(sys.argv[4]))
+    else:
+        out = sac_goal(seed, steps)
+    print(json.dumps(out))

@@ -60,6 +60,17 @@ class DictEnv(_RandomObsEnv):
         super().__init__(spaces.Dict(parts), continuous=continuous)
 
 
+class VectorDictEnv(_RandomObsEnv):
+    """A goal-conditioned Dict with no image: ``observation``, ``achieved_goal`` and ``desired_goal`` float vectors
+    (Gymnasium-Robotics' layout) and a Discrete ``phase``."""
+
+    def __init__(self, continuous: bool = True):
+        super().__init__(spaces.Dict({"observation": spaces.Box(-1.0, 1.0, (6,), np.float32),
+                                      "achieved_goal": spaces.Box(-1.0, 1.0, (3,), np.float32),
+                                      "desired_goal": spaces.Box(-1.0, 1.0, (3,), np.float32),
+                                      "phase": spaces.Discrete(2)}), continuous=continuous)
+
+
 class TextEnv(_RandomObsEnv):
     """A bare Text observation space: no model reads it."""
 

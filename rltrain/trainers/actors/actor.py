@@ -29,6 +29,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from rltrain.data.agents import AgentsSpec
 from rltrain.data.structs import EnvSpec, Rollout
 from rltrain.envs.make import EnvFactory
 from rltrain.envs.vector import EnvCallAbandoned
@@ -119,6 +120,7 @@ def actor_main(ctx: WorkerContext, spec: ActorSpec) -> dict:
 class _ActorLoop:
     def __init__(self, ctx: WorkerContext, spec: ActorSpec):
         from rltrain.trainers.collector import RolloutCollector
+        from rltrain.trainers.multiagent import MultiAgentCollector
 
         self.ctx, self.spec = ctx, spec
         seed_process(spec.seeds.torch_seed)
@@ -129,7 +131,11 @@ class _ActorLoop:
         self.version = -1
         self._reload()
         venv = spec.env.vector(spec.seeds.env_seeds, num_envs=spec.num_envs)
-        self.collector = RolloutCollector(venv, self.algo.policy, espec, device=device)
+        if isinstance(espec, AgentsSpec):  # an actor steps whole multi-agent envs: every agent's slots
+            self.collector = MultiAgentCollector(venv, self.algo.policy, espec, device=device,
+                                                 sampling=self.algo.settings.self_play_sampling)
+        else:
+            self.collector = RolloutCollector(venv, self.algo.policy, espec, device=device)
         ctx.stop_listeners.append(venv.watch.abandon)  # the learner's stop also ends an env call that is stuck
         self.credits = spec.credits
         self.env_ids = spec.actor_id * spec.num_envs + np.arange(spec.num_envs, dtype=np.int64)

@@ -13,6 +13,8 @@ and the algorithms are the same code for both.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from rltrain.envs.make import EnvFactory
@@ -24,6 +26,7 @@ if TYPE_CHECKING:
     import torch
 
     from rltrain.trainers.actors.ray_actors import RayGroup
+    from rltrain.trainers.actors.ray_watch import RunWatcher
     from rltrain.trainers.actors.ray_weights import RayWeights
 
 BACKENDS = ("local", "ray")
@@ -35,8 +38,10 @@ class LocalBackend:
     def __init__(self, *, start_method: str):
         self.start_method = start_method
 
-    def connect(self, *, actor_timeout_s: float) -> WorkerGroup:
-        # daemon=False: an actor may start env processes of its own (env.vectorization=async)
+    def connect(self, *, actor_timeout_s: float, on_lost: Callable[[str], None] | None = None,
+                run_dir: Path | None = None) -> WorkerGroup:
+        # daemon=False: an actor may start env processes of its own (env.vectorization=async); this machine is
+        # never lost under its own run (on_lost is never called)
         return WorkerGroup(start_method=self.start_method, heartbeat_s=1.0, heartbeat_timeout_s=actor_timeout_s,
                            name="rltrain-actor", daemon=False)
 
@@ -60,11 +65,20 @@ class RayBackend:
         self.cluster = RayCluster(address=self.settings["address"], actor_resources=self.settings["actor_resources"],
                                   num_actors=num_actors, env=env)
         self.group: RayGroup | None = None
+        self.watcher: RunWatcher | None = None
 
-    def connect(self, *, actor_timeout_s: float) -> RayGroup:
+    def connect(self, *, actor_timeout_s: float, on_lost: Callable[[str], None] | None = None,
+                run_dir: Path | None = None) -> RayGroup:
         from rltrain.trainers.actors.ray_actors import RayGroup
+        from rltrain.trainers.actors.ray_watch import RunWatcher
 
         self.cluster.connect()
+        head = self.cluster.head
+        if head is not None:  # a cluster we joined: its head can be lost under the run
+            if on_lost is not None:
+                self.cluster.watch_head(on_lost)
+            if run_dir is not None:  # Ray may end this process without a word: a watcher records the end
+                self.watcher = RunWatcher(run_dir, head)
         self.group = RayGroup(options=self.cluster.options, bundle=self.cluster.bundle,
                               heartbeat_timeout_s=actor_timeout_s)
         return self.group
@@ -78,6 +92,9 @@ class RayBackend:
 
     def close(self) -> None:
         self.cluster.close()
+        if self.watcher is not None:  # the run ended by itself: the watcher has nothing to record
+            self.watcher.done()
+            self.watcher = None
 
 
 def make_backend(name: str, *, ray: dict | None, start_method: str, num_actors: int,

@@ -19,12 +19,16 @@ run continues it.
 from __future__ import annotations
 
 import functools
+import sys
+import threading
+import time
 from pathlib import Path
 
 from rltrain.errors import ConfigError
 from rltrain.run.device import pick_device
 from rltrain.run.seeding import SeedTree, derive
-from rltrain.run.signals import StopFlag
+from rltrain.run.signals import StopFlag, exit_now
+from rltrain.run.summary import newest_checkpoint, record_lost
 from rltrain.trainers.actors.actor import ActorSpec
 from rltrain.trainers.actors.backends import make_backend
 from rltrain.trainers.actors.batches import BatchPlan, BatchQueue
@@ -38,6 +42,7 @@ from rltrain.trainers.hooks import Placement, TrainerParts
 from rltrain.trainers.loop import TrainLoop
 from rltrain.trainers.settings import RunSettings
 
+LOST_GRACE_S = 30.0  # after the machines are lost: how long the run may take to stop before it exits at once
 _ACTOR_BRANCH = 7  # actor seeds hang below spawn key (7, actor, generation): disjoint from the learner's
 
 
@@ -116,8 +121,13 @@ class SubprocessActorsTrainer(Trainer):
         device = pick_device(self.learner_device)
         pick_device(self.actor_device)  # fail now, with the key's message, not inside an actor
         trees: dict[str, SeedTree] = {"learner": derive(s.seed, 1)}
-        # Ray: refuses (one line) before the loop writes anything into the run dir
-        events = self.backend.connect(actor_timeout_s=self.actor_timeout_s)
+        # Ray: refuses (one line) before the loop writes anything into the run dir; a stop is honoured meanwhile
+        lost: list[str] = []
+        ended = threading.Event()
+        with stop.raising("the Ray connection"):
+            events = self.backend.connect(actor_timeout_s=self.actor_timeout_s,
+                                          on_lost=functools.partial(self._lost, lost, ended, stop),
+                                          run_dir=self.run_dir)
 
         def record(spec: ActorSpec) -> None:
             trees[f"actor_{spec.actor_id}_gen_{spec.generation}"] = spec.seeds
@@ -125,7 +135,8 @@ class SubprocessActorsTrainer(Trainer):
 
         plan = self._batch_plan()
         pool = ActorPool(events, self.num_actors, on_failure=self.on_actor_failure, max_restarts=self.max_restarts,
-                         actor_timeout_s=self.actor_timeout_s, on_restart=record)
+                         actor_timeout_s=self.actor_timeout_s, on_restart=record,
+                         traceback_file=self.run_dir / "error.txt")
         stats = ActorStats()
         queue = BatchQueue(plan, pool, stats)
         parts = TrainerParts(hooks=ActorHooks(pool, stats), source_factory=lambda algo: ActorSource(queue, stats, stop),
@@ -147,9 +158,31 @@ class SubprocessActorsTrainer(Trainer):
         finally:
             pool.stop()
             self.backend.close()  # Ray: disconnect; a private instance is stopped
+            ended.set()
         if pool.failure:
             summary["exit_code"] = 1
+        if lost:  # the machines went away: a failed run, whatever checkpoint the stop wrote
+            summary.update(status="failed", error=lost[0], last_checkpoint=summary.get("checkpoint"), exit_code=1)
         return summary
+
+    def _lost(self, lost: list[str], ended: threading.Event, stop: StopFlag, why: str) -> None:
+        """The backend lost the machines (a Ray head), from its watch thread: ``failed`` in summary.json at once
+        (Ray may end this process any moment), the loop stopped at its next safe point (it checkpoints; ``train``
+        then returns a failed summary, whose one line the CLI prints). Calls into the dead cluster may never
+        return: if the run has not ended ``LOST_GRACE_S`` later, the summary is made failed again (over the
+        loop's own) and this thread says the one line and exits; if it ended but the process lingers in Ray's
+        own shutdown, it exits too."""
+        lost.append(why)
+        record_lost(self.run_dir, why)
+        stop.request(why)
+        if ended.wait(LOST_GRACE_S):
+            time.sleep(LOST_GRACE_S)  # the CLI prints the line and exits; Ray's exit hook may wait on the head
+            exit_now(1)
+        record_lost(self.run_dir, why, only_running=False)
+        ckpt = newest_checkpoint(self.run_dir)
+        print(f"rltrain: error: {why}; the run could not stop within {LOST_GRACE_S:g} s and exits; its last "
+              f"checkpoint: {ckpt or 'none'} (summary.json says failed)", file=sys.stderr, flush=True)
+        exit_now(1)
 
     def _batch_plan(self) -> BatchPlan:
         return BatchPlan(num_actors=self.num_actors, batch_rollouts=self.batch_rollouts,

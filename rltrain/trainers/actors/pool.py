@@ -18,6 +18,7 @@ import dataclasses
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from rltrain.trainers.actors.actor import ActorSpec, Credit, RolloutMsg, actor_main
@@ -53,8 +54,10 @@ class ActorSlot:
 
 class ActorPool:
     def __init__(self, events: ActorEvents, num_actors: int, *, on_failure: str, max_restarts: int,
-                 actor_timeout_s: float, on_restart: Callable[[ActorSpec], None] | None = None):
+                 actor_timeout_s: float, on_restart: Callable[[ActorSpec], None] | None = None,
+                 traceback_file: Path | None = None):
         self.events, self.on_restart = events, on_restart
+        self.traceback_file = traceback_file  # where an actor's traceback goes (the terminal gets one line)
         self.on_failure, self.max_restarts, self.actor_timeout_s = on_failure, max_restarts, actor_timeout_s
         self.slots = [ActorSlot(k) for k in range(num_actors)]
         self.by_index: dict[int, ActorSlot] = {}
@@ -124,8 +127,7 @@ class ActorPool:
                 slot.version = ev.version
                 out.append(ev)
             elif isinstance(ev, Failed):
-                log.error("actor %d (generation %d) raised:\n%s", slot.actor_id, slot.generation, ev.traceback)
-                self._failed(slot, f"actor {slot.actor_id} raised {ev.error}")
+                self._failed(slot, f"actor {slot.actor_id}: {ev.error}{self._keep_traceback(slot, ev.traceback)}")
             elif isinstance(ev, Exited):
                 self._failed(slot, f"actor {slot.actor_id} {ev.description}")
             elif isinstance(ev, Unresponsive):
@@ -141,6 +143,17 @@ class ActorPool:
             elif isinstance(ev, Heartbeat):
                 pass
         return out
+
+    def _keep_traceback(self, slot: ActorSlot, text: str) -> str:
+        """Append an actor's traceback to ``traceback_file``; the note naming it (empty if it cannot be written)."""
+        if self.traceback_file is None:
+            return ""
+        try:
+            with open(self.traceback_file, "a") as f:
+                f.write(f"actor {slot.actor_id} (generation {slot.generation}):\n{text}\n")
+        except OSError:
+            return ""
+        return f" (traceback in {self.traceback_file})"
 
     def _failed(self, slot: ActorSlot, reason: str) -> None:
         if self.stopping:

@@ -23,6 +23,9 @@ import logging
 import os
 import signal
 import socket
+import threading
+import time
+from collections.abc import Callable
 from pathlib import Path
 
 from rltrain.envs.make import EnvFactory
@@ -34,6 +37,8 @@ RESERVED = {"num_cpus": "CPU", "num_gpus": "GPU", "memory": "memory"}  # actor_r
 # the probe: tens of seconds on a loaded small machine (30 s proved too short beside other jobs on 2 cores)
 PROBE_TIMEOUT_S = 120.0
 PRIVATE_OBJECT_STORE_BYTES = 1 << 30  # a private instance's object store (Ray's default takes 30% of RAM)
+HEAD_ANSWER_S = 10.0  # a head's GCS completes the gRPC (HTTP/2) handshake at once; another service never does
+HEAD_LOST_AFTER = 3  # failed checks of the head's port in a row (one a second) that mean the head is gone
 
 
 def ray_missing() -> str | None:
@@ -85,11 +90,12 @@ class RayCluster:
         self.options = actor_options(actor_resources)
         self.private = address is None
         self.connected = False
+        self._target: str | None = None  # the head's host:port once connected (None: a private instance)
 
     def connect(self) -> None:
         import ray
 
-        target = self._head_address()
+        target = self._target = self._head_address()
         # Ray's driver installs its own fatal-signal handlers (SIGTERM aborts the process): the run's stop flag
         # (checkpoint, then stop the actors) must keep them
         handlers = {s: signal.getsignal(s) for s in STOP_SIGNALS}
@@ -126,6 +132,34 @@ class RayCluster:
             self.close()
             raise
 
+    @property
+    def head(self) -> str | None:
+        """``host:port`` of the head of a cluster this run joined (None: a private instance, which dies with us)."""
+        return self._target
+
+    def watch_head(self, on_lost: Callable[[str], None]) -> None:
+        """Call ``on_lost(why)`` (from a thread) once the head of a cluster we joined stops answering: its GCS
+        port refuses ``HEAD_LOST_AFTER`` checks in a row, one a second."""
+        target = self._target
+        hp = _split(target.removeprefix("ray://")) if target else None
+        if hp is None:
+            return
+
+        def watch() -> None:
+            misses = 0
+            while self.connected:
+                time.sleep(1.0)
+                try:
+                    with socket.create_connection(hp, timeout=2.0):
+                        misses = 0
+                except OSError:
+                    misses += 1
+                if misses >= HEAD_LOST_AFTER and self.connected:
+                    on_lost(f"the Ray head at {target} stopped answering (lost: its node died or was stopped)")
+                    return
+
+        threading.Thread(target=watch, name="rltrain-ray-head", daemon=True).start()
+
     def _head_address(self) -> str | None:
         if self.private:
             return None
@@ -145,6 +179,10 @@ class RayCluster:
         except OSError as err:
             raise ConfigError(f"cannot reach the Ray head at {address} ({err.strerror or err}); start it there with "
                               "`ray start --head --port=PORT` or fix trainer.ray.address") from None
+        if not answers_grpc(hp, HEAD_ANSWER_S):  # ray.init would retry a port that is not a head's for minutes
+            raise ConfigError(f"{address} accepts connections but is not a Ray head (no gRPC answer within "
+                              f"{HEAD_ANSWER_S:g}s): trainer.ray.address takes the head's GCS port (`ray start "
+                              "--head --port=PORT`, 6379 by default)")
         return address
 
     def _private_resources(self) -> dict:
@@ -212,6 +250,21 @@ class RayCluster:
 
             ray.shutdown()
             self.connected = False
+
+
+def answers_grpc(hp: tuple[str, int], timeout_s: float) -> bool:
+    """Whether ``host:port`` completes a gRPC channel's handshake (HTTP/2) within ``timeout_s``: what a Ray head's
+    GCS does at once, and a server of anything else (or a silent one) never does. Needs no token."""
+    import grpc  # a dependency of Ray
+
+    channel = grpc.insecure_channel(f"{hp[0]}:{hp[1]}")
+    try:
+        grpc.channel_ready_future(channel).result(timeout=timeout_s)
+        return True
+    except grpc.FutureTimeoutError:
+        return False
+    finally:
+        channel.close()
 
 
 def _token_given() -> str | None:

@@ -6,25 +6,32 @@ consumed, as a collector does of what it collected."""
 from __future__ import annotations
 
 import functools
-import logging
 from collections import deque
 
 import numpy as np
 import torch
 
+from rltrain.data.agents import MultiRollout
 from rltrain.data.structs import Rollout, obs_map
 from rltrain.run.signals import StopFlag
 from rltrain.trainers.actors.batches import BatchQueue
 from rltrain.trainers.actors.pool import ActorFailure
 from rltrain.trainers.actors.stats import ActorStats
 
-log = logging.getLogger("rltrain.actors")
 
-
-def merge_rollouts(rollouts: list[Rollout]) -> Rollout:
-    """Concatenate along the env axis: k rollouts [T, N] -> [T, k*N]; ``policy_version`` becomes [T, k*N]."""
+def merge_rollouts(rollouts: list[Rollout] | list[MultiRollout]) -> Rollout | MultiRollout:
+    """Concatenate along the env axis: k rollouts [T, N] -> [T, k*N]; ``policy_version`` becomes [T, k*N]. A
+    multi-agent env's rollouts are merged group by group (each actor's slots side by side)."""
     if len(rollouts) == 1:
         return rollouts[0]
+    if isinstance(rollouts[0], MultiRollout):
+        multi: list[MultiRollout] = rollouts  # type: ignore[assignment]
+        agents = {a for m in multi for a in m.agent_returns}
+        return MultiRollout({name: merge_rollouts([m.groups[name] for m in multi]) for name in multi[0].groups},
+                            sum(m.env_steps for m in multi),
+                            episode_returns=[x for m in multi for x in m.episode_returns],
+                            episode_lengths=[x for m in multi for x in m.episode_lengths],
+                            agent_returns={a: [x for m in multi for x in m.agent_returns.get(a, [])] for a in agents})
     cat = functools.partial(np.concatenate, axis=1)
     T = rollouts[0].shape[0]
     versions = [np.broadcast_to(r.policy_version.reshape(T, -1), r.shape) for r in rollouts]
@@ -37,6 +44,9 @@ def merge_rollouts(rollouts: list[Rollout]) -> Rollout:
                    next_obs=obs_cat(*[r.next_obs for r in rollouts]), policy_version=cat(versions),
                    env_ids=None if any(r.env_ids is None for r in rollouts)
                    else np.concatenate([r.env_ids for r in rollouts]),
+                   # padding rows of multi-agent slots (data/agents.py): every row of a rollout without any is valid
+                   valid=None if all(r.valid is None for r in rollouts) else
+                   cat([np.ones(r.shape, bool) if r.valid is None else r.valid for r in rollouts]),
                    episode_returns=[x for r in rollouts for x in r.episode_returns],
                    episode_lengths=[x for r in rollouts for x in r.episode_lengths],
                    # recurrent policies: each actor's start state [1, N, H] per tensor, joined like the envs
@@ -53,14 +63,14 @@ class ActorSource:
         self.queue, self.stats, self.stop = queue, stats, stop
         self.recent_returns: deque[float] = deque(maxlen=window)
         self.recent_lengths: deque[int] = deque(maxlen=window)
-        self.episodes = 0
+        self.agent_returns: dict[str, deque[float]] = {}  # a multi-agent env's: each agent's recent returns
+        self.episodes, self.window = 0, window
 
     def collect(self, rollout_len: int, *, policy_version: int, random_actions: bool) -> Rollout | None:
         """The next batch (``rollout_len`` and ``random_actions`` are the actors' business: their spec says)."""
         try:
             batch = self.queue.next_batch(policy_version, self.stop)
-        except ActorFailure as err:
-            log.error("%s", err)
+        except ActorFailure:  # the run ends failed: its one line is the summary's error (ActorPool.failure)
             self.stop.request("actor_failure")
             return None
         if not batch:
@@ -70,6 +80,8 @@ class ActorSource:
         self.recent_returns.extend(rollout.episode_returns)
         self.recent_lengths.extend(rollout.episode_lengths)
         self.episodes += len(rollout.episode_returns)
+        for agent, returns in getattr(rollout, "agent_returns", {}).items():
+            self.agent_returns.setdefault(agent, deque(maxlen=self.window)).extend(returns)
         return rollout
 
     def state_dict(self) -> dict:

@@ -32,6 +32,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 if TYPE_CHECKING:  # annotations only: the Ray actor host imports this module before torch is loaded
+    from pathlib import Path
+
     import torch
 
     from rltrain.trainers.worker import WorkerContext
@@ -149,8 +151,11 @@ class ActorBackend(Protocol):
 
     name: str
 
-    def connect(self, *, actor_timeout_s: float) -> ActorEvents:
-        """Reach the machines (refusing in one line what cannot work); the run's event source."""
+    def connect(self, *, actor_timeout_s: float, on_lost: Callable[[str], None] | None = None,
+                run_dir: Path | None = None) -> ActorEvents:
+        """Reach the machines (refusing in one line what cannot work); the run's event source. ``on_lost(why)``
+        is called (from a thread) if the machines the run depends on are lost (a cluster's head); ``run_dir``:
+        where the run's end is recorded should they take this process with them."""
         ...
 
     def weights(self, state: dict[str, torch.Tensor], *, version: int, env_steps: int) -> WeightsTransport:

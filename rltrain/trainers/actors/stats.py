@@ -116,8 +116,8 @@ class ActorsProgress(ProgressDisplay):
         super().__init__(*args, **kwargs)
         self._rows_of, self._last_rows = rows, 0.0
 
-    def update(self, env_steps: int, *, sps: float, episode_return: float | None) -> None:
-        super().update(env_steps, sps=sps, episode_return=episode_return)
+    def update(self, env_steps: int, **kwargs) -> None:
+        super().update(env_steps, **kwargs)
         if self.mode == "rich":
             self.set_rows(self._rows_of())  # rich redraws at most 4 times a second
             return

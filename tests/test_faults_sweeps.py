@@ -1,0 +1,103 @@
+"""A sweep survives a job killed from outside: the job is recorded failed, the others run, the sweep counts it.
+
+Real multiruns under the basic, joblib and submitit-local launchers; the job (or, under the basic launcher,
+which runs jobs in its own process, the job's agent process) is SIGKILLed as the OOM killer would, while it
+trains. Each job's ``summary.json`` must tell how it ended, and the sweep must exit non-zero with the count.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import child_pids
+from tests.helpers.sweeps import ENV, by_job_num, send, wait_for
+from tests.test_faults import _pythonpath
+
+SLOW = ["debug=smoke", "logger=quiet", "env.id=tests.helpers.faulty_envs:SlowEnv", "eval.every_env_steps=0",
+        "eval.episodes=1", "total_env_steps=1024"]
+
+
+def _sweep(tmp_path: Path, *args: str) -> subprocess.Popen:
+    env = {**os.environ, **ENV, "PYTHONPATH": _pythonpath(), "PYTHONUNBUFFERED": "1"}
+    env.pop("HYDRA_FULL_ERROR", None)
+    return subprocess.Popen([sys.executable, "-m", "rltrain", "-m", *args, f"hydra.sweep.dir={tmp_path / 'sweep'}"],
+                            cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def _running_pid(job_dir_glob, sweep: Path) -> int | None:
+    for path in sweep.glob(f"{job_dir_glob}/summary.json"):
+        try:
+            summary = json.loads(path.read_text())
+        except (OSError, ValueError):
+            continue
+        if summary.get("status") == "running":
+            return int(summary["pid"])
+    return None
+
+
+def _check_counted(proc: subprocess.Popen, sweep: Path, *, killed: int, jobs: int, why: str) -> dict[int, dict]:
+    _, err = proc.communicate(timeout=300)
+    assert proc.returncode == 1, err[-3000:]
+    assert "Traceback" not in err and "TerminatedWorkerError" not in err, err[-3000:]
+    assert f"{jobs - 1}/{jobs} jobs completed, 1 failed" in err, err[-3000:]
+    done = by_job_num(sweep)
+    assert sorted(done) == list(range(jobs)), done
+    assert done[killed]["status"] == "failed" and why in done[killed]["error"], done[killed]
+    assert all(done[k]["status"] == "completed" for k in done if k != killed), done
+    return done
+
+
+@pytest.mark.skipif(importlib.util.find_spec("hydra_plugins.hydra_joblib_launcher") is None,
+                    reason="needs the 'joblib' extra")
+def test_joblib_a_job_killed_from_outside_fails_alone(tmp_path):
+    sweep = tmp_path / "sweep"
+    proc = _sweep(tmp_path, "hydra/launcher=joblib", "hydra.launcher.n_jobs=2", "seed=1,2,3", *SLOW)
+    try:
+        pid = wait_for(lambda: _running_pid("0_*", sweep), timeout=120, what="job 0 training")
+        send(pid, signal.SIGKILL)
+        done = _check_counted(proc, sweep, killed=0, jobs=3, why="killed by SIGKILL")
+    finally:
+        proc.kill()
+    assert done[0]["last_checkpoint"] is None or Path(done[0]["last_checkpoint"]).exists()
+
+
+@pytest.mark.skipif(importlib.util.find_spec("hydra_plugins.hydra_submitit_launcher") is None,
+                    reason="needs the 'slurm' extra")
+def test_submitit_local_a_job_killed_from_outside_fails_alone(tmp_path):
+    sweep = tmp_path / "sweep"
+    proc = _sweep(tmp_path, "hydra/launcher=local", "seed=1,2", *SLOW)
+    try:
+        pid = wait_for(lambda: _running_pid("0_*", sweep), timeout=180, what="job 0 training")
+        send(pid, signal.SIGKILL)
+        # submitit sees its task end without a result; how it ended is not its to say
+        _check_counted(proc, sweep, killed=0, jobs=2, why="ended without a result")
+    finally:
+        proc.kill()
+
+
+def test_basic_launcher_a_job_whose_process_is_killed_fails_alone(tmp_path):
+    """The basic launcher runs each job in the sweep's own process: what can be killed from outside is a
+    process of the job (here its one agent); the job fails, the next job runs, the sweep counts it."""
+    sweep = tmp_path / "sweep"
+    proc = _sweep(tmp_path, "trainer=parallel", "trainer.num_agents=1", "seed=1,2", *SLOW)
+    try:
+        wait_for(lambda: list(sweep.glob("0_*/agent_0/metrics.csv")), timeout=120, what="job 0's agent training")
+        agents = wait_for(lambda: child_pids(proc.pid), timeout=30, what="the agent process")
+        for pid in agents:
+            send(pid, signal.SIGKILL)
+        _, err = proc.communicate(timeout=300)
+    finally:
+        proc.kill()
+    assert proc.returncode == 1, err[-3000:]
+    assert "Traceback" not in err and "1/2 jobs completed, 1 failed" in err, err[-3000:]
+    done = by_job_num(sweep)
+    assert done[0]["status"] == "failed" and "killed by signal SIGKILL" in done[0]["agents"][0]["error"], done[0]
+    assert done[1]["status"] == "completed"
