@@ -1,4 +1,5 @@
-"""The spaces of issue 24 side by side: rltrain PPO against Stable-Baselines3 at their defaults.
+"""Action masks, MultiDiscrete / MultiBinary actions and Tuple observations side by side: rltrain PPO against
+Stable-Baselines3 at their defaults.
 
     python scripts/bench_spaces.py                      # every row, 3 seeds each
     python scripts/bench_spaces.py --only masked --seeds 1 --steps 4000

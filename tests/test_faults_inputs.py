@@ -1,4 +1,4 @@
-"""Every bad input is one line and a non-zero exit, or works where it is legitimate (issue 15, item 5).
+"""Every bad input is one line and a non-zero exit, or works where it is legitimate.
 
 Build-time refusals run in-process through ``build.run`` (what ``rltrain`` calls) and ``check.check`` (what
 ``rltrain-check`` calls), so both say the same; a few run as real ``rltrain`` subprocesses to check the line on

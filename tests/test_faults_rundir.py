@@ -1,4 +1,4 @@
-"""The run dir tells the truth at all times (issue 25, items 1, 3 and 4), provoked with real runs.
+"""The run dir tells the truth at all times, provoked with real runs.
 
 ``summary.json`` says ``running`` while a run is live and ``crashed`` is recorded on the next start after a
 SIGKILL; no step appears twice in ``metrics.csv`` or TensorBoard after any resume; a refused command leaves

@@ -1,4 +1,4 @@
-"""Tracebacks instead of one line, in the tools around a run (issue 25): a checkpoint write that the kernel
+"""Tracebacks instead of one line, in the tools around a run: a checkpoint write that the kernel
 refuses inside torch.save's zip writer, absurd network widths, crafted checkpoints given to rltrain-eval and
 rltrain-export, rltrain-report on malformed files and on a symlink loop, and rltrain-check agreeing with rltrain.
 """

@@ -1,4 +1,4 @@
-"""SAC and DQN on images: one encoder per network family (issue 23).
+"""SAC and DQN on images: one encoder per network family.
 
 SAC on an image, or a Dict holding one, builds two CNNs: the critic's (read by both Q heads and, detached, by
 the actor) and the target critic's copy; the actor's loss never reaches the encoder; each batch goes through

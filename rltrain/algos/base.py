@@ -18,7 +18,7 @@ import torch
 from torch import Tensor
 
 from rltrain.data.streams import split_steps
-from rltrain.data.structs import EnvSpec, Metrics, Policy, Rollout
+from rltrain.data.structs import EnvSpec, Metrics, Policy, PolicySpaces, Rollout
 from rltrain.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -134,6 +134,11 @@ class Algorithm(ABC):
         """Off-policy warm-up: act uniformly at random before ``learning_starts`` env steps."""
         return env_steps < self.learning_starts
 
+    def policy_spaces(self, action_mask: str) -> PolicySpaces:
+        """What its checkpoints record of the spaces its policy acts on (structs.py ``PolicySpaces``), from which
+        the tools build the acting network again with no env; ``action_mask``: the run's resolved mask source."""
+        return PolicySpaces(self.spec, action_mask, PolicySpaces.state_shapes(self.policy.initial_state(1)))
+
     def policy_state(self) -> dict[str, Tensor]:
         """CPU copy of the acting weights (and normaliser buffers) for actors."""
         return {k: v.detach().cpu().clone() for k, v in self.policy.state_dict().items()}
@@ -197,7 +202,9 @@ class RewardScaler:
             self.disc = self.disc * self.gamma + rollout.rewards[t]
             disc_seq[t] = self.disc
             self.disc[done[t]] = 0.0
-        self.norm.update_from_moments(sync.sum(self.norm.moments(disc_seq, 0)))
+        # a multi-agent rollout's padding rows (``Rollout.valid`` False) hold no reward anyone received: left out
+        seen = disc_seq if rollout.valid is None else disc_seq[rollout.valid]
+        self.norm.update_from_moments(sync.sum(self.norm.moments(seen, 0)))
         std = float(np.sqrt(self.norm.var.item() + 1e-8))
         # clipped at +-10 as Gymnasium's NormalizeReward + TransformReward in CleanRL's continuous PPO
         return np.clip(rollout.rewards / std, -10.0, 10.0).astype(np.float32)

@@ -106,9 +106,10 @@ class MAPPO(IPPO):
     def learner_class(self) -> type[GroupPPO]:  # type: ignore[override]
         return ValueNormPPO if self.settings.norm_value else GroupPPO
 
-    def global_state(self, spec: AgentsSpec) -> tuple[str, ObsSpace] | None:
+    @classmethod
+    def global_state(cls, spec: AgentsSpec, settings: MAPPOSettings) -> tuple[str, ObsSpace] | None:  # type: ignore[override]
         """(``env`` | ``joined``, its space) as ``algo.global_state`` asks, or one line where it cannot be had."""
-        mode = self.settings.global_state
+        mode = settings.global_state
         if mode in ("auto", "env") and spec.state is not None:
             return "env", spec.state
         if mode == "env":

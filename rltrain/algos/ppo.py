@@ -177,12 +177,15 @@ class PPO(ActorCriticState, Algorithm):
                 if approx_kl > s.target_kl:
                     break
 
-        # 4. Metrics out; observation statistics move after the update, so this update's ratios start at 1.
+        # 4. Metrics out; observation statistics move after the update, so this update's ratios start at 1. The
+        #    padding rows of a multi-agent rollout (``Rollout.valid`` False: an agent done while its env went on)
+        #    repeat an observation that was not seen again: they count in neither the statistics nor the metrics.
+        rows = slice(None) if rollout.valid is None else rollout.valid
         if self.policy.obs_norm.enabled:
-            moments = RunningNorm.moments(rollout.obs, len(self.spec.obs_shape))
+            moments = RunningNorm.moments(obs_map(lambda x: x[rows], rollout.obs), len(self.spec.obs_shape))
             self.policy.obs_norm.update_from_moments(self.sync.sum(moments))
-        y, var_y = ret.reshape(-1), float(np.var(ret))
-        explained = float("nan") if var_y == 0 else 1.0 - float(np.var(y - values.reshape(-1))) / var_y
+        y, var_y = ret[rows].reshape(-1), float(np.var(ret[rows]))
+        explained = float("nan") if var_y == 0 else 1.0 - float(np.var(y - values[rows].reshape(-1))) / var_y
         m = self.sync.mean(np.append(self.update.mean(stats), explained))
         return {"loss/policy": float(m[0]), "loss/value": float(m[1]), "loss/entropy": float(m[2]),
                 "train/approx_kl": float(m[3]), "train/clip_frac": float(m[4]),

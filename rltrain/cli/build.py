@@ -58,7 +58,7 @@ def resolve_target(node: dict, group: str) -> type:
 
 
 # keys of a group that rltrain reads itself rather than passing to the group's class: algo.action_mask
-# (train.yaml, merged into every algo) decides how the envs are wrapped (``env_settings``)
+# (train.yaml, merged into every algo) decides how the envs are wrapped (``settings_from``'s probe)
 NOT_HPARAMS = ("action_mask",)
 
 
@@ -255,9 +255,11 @@ def settings_from(cfg: dict) -> RunSettings:
     if unknown:
         raise ConfigError(f"{unknown[0]}: unknown key{close_matches(unknown[0], TOP_LEVEL)} "
                           f"(top-level keys: {', '.join(k for k in TOP_LEVEL if k not in INTERNAL_KEYS)})")
+    probed = probe_env(group_settings(EnvFactory, cfg["env"], "env"),
+                       str((cfg.get("algo") or {}).get("action_mask", "auto")))
     # a PettingZoo env: algo=ppo is ippo there, single-agent algorithms refused (before any other line is said)
-    check_agents(cfg, group_settings(EnvFactory, cfg["env"], "env"))
-    probed = env_settings(cfg)
+    check_agents(cfg, probed.factory)
+    _say_mask_line(probed)
     return RunSettings(
         seed=int(cfg["seed"]), seed_drawn=bool(cfg["seed_drawn"]), device=str(cfg["device"]),
         torch_threads=int(cfg["torch_threads"]), total_env_steps=int(cfg["total_env_steps"]),
@@ -274,16 +276,10 @@ def settings_from(cfg: dict) -> RunSettings:
 _MASK_LINES: set[str] = set()  # said once per build (parallel agents build one env factory each)
 
 
-def env_settings(cfg: dict) -> ProbedEnv:
-    """The run's env factory and spec from ONE env built and reset (``probe_env``), the run's only look at its
-    env before it starts; its action mask resolved from ``algo.action_mask`` (auto | on | off) against what the
-    env offers, which it says in one line."""
-    probed = probe_env(group_settings(EnvFactory, cfg["env"], "env"),
-                       str((cfg.get("algo") or {}).get("action_mask", "auto")))
+def _say_mask_line(probed: ProbedEnv) -> None:
     if probed.line and probed.line not in _MASK_LINES:
         _MASK_LINES.add(probed.line)
         print(f"rltrain: {probed.line}", file=sys.stderr)
-    return probed
 
 
 def env_factory(node: dict, *, action_mask: str = "off") -> EnvFactory:

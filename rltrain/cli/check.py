@@ -79,6 +79,23 @@ def validate_job(cfg):
 def batch_rows(plain: dict, trainer) -> list[tuple[str, str]]:
     """The batch arithmetic of one update, as the trainer consumes it (``Trainer.update_size``: the sizes the
     run itself works out, PPO's nulls resolved)."""
+    from rltrain.cli.multiagent import agent_batch_rows
+    from rltrain.data.agents import AgentsSpec
+
+    spec = trainer.settings.env_spec
+    if isinstance(spec, AgentsSpec):  # agents, policy groups, slots, rows and bytes: what a multi-agent update holds
+        rows = agent_batch_rows(plain, trainer, spec)
+    else:
+        rows = single_batch_rows(plain, trainer)
+    for key in ("eval", "log", "checkpoint"):
+        rows.append((f"{key}.every_env_steps", str(plain[key]["every_env_steps"])))
+    if plain.get("max_wall_time"):
+        rows.append(("max_wall_time", f"{plain['max_wall_time']} ({plain['max_wall_time_s']:.0f} s)"))
+    return rows
+
+
+def single_batch_rows(plain: dict, trainer) -> list[tuple[str, str]]:
+    """One agent per env: envs x rollout_len (x ranks) env steps per update, the updates, PPO's minibatches."""
     size, workers, envs = trainer.update_size(), trainer.replicas(), plain["env"]["num_envs"]
     total = int(plain["total_env_steps"])
     text = size.text if trainer.capabilities.batched_rollouts else \
@@ -89,10 +106,6 @@ def batch_rows(plain: dict, trainer) -> list[tuple[str, str]]:
         per_rank, n = size.env_steps // workers, size.num_minibatches
         rows.append(("minibatch", f"{per_rank} / {n} minibatches = {per_rank // n} samples, "
                      f"{plain['algo'].get('update_epochs', 1)} epochs"))
-    for key in ("eval", "log", "checkpoint"):
-        rows.append((f"{key}.every_env_steps", str(plain[key]["every_env_steps"])))
-    if plain.get("max_wall_time"):
-        rows.append(("max_wall_time", f"{plain['max_wall_time']} ({plain['max_wall_time_s']:.0f} s)"))
     return rows
 
 

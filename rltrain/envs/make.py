@@ -257,8 +257,15 @@ class EnvFactory:
 
     @functools.cached_property
     def multiagent(self) -> bool:
-        """The env is a PettingZoo ``ParallelEnv`` / ``AECEnv`` (envs/multiagent.py); found by building one."""
+        """The env is a PettingZoo ``ParallelEnv`` / ``AECEnv`` (envs/multiagent.py); found by building one unless
+        ``probe_env`` already looked (``known``)."""
         return pz.builds_multiagent(self.make)
+
+    def known(self, *, multiagent: bool) -> EnvFactory:
+        """This factory with what ``probe_env``'s one build found: the answer travels with it (pickled to actor
+        processes too), so nothing builds an env again to ask."""
+        self.__dict__["multiagent"] = multiagent  # functools.cached_property's own slot: no rebuild, no setattr
+        return self
 
     @property
     def real_scores(self) -> bool:
@@ -333,15 +340,17 @@ def probe_env(factory: EnvFactory, mask_mode: str = "auto") -> ProbedEnv:
     into one line naming the env; ``on`` without a mask, or a mask on actions that take none, is one line too."""
     if mask_mode not in ("auto", "on", "off"):
         raise ConfigError(f"algo.action_mask={mask_mode!r}: one of auto, on, off")
-    if factory.multiagent:  # a PettingZoo env: its agents' masks and spaces (envs/multiagent.py)
-        resolved, line = pz.with_agent_masks(factory, mask_mode)
-        return ProbedEnv(resolved, resolved.spec(), line)  # type: ignore[arg-type]
     with probed_env(dataclasses.replace(factory, action_mask="off")) as env:
-        _, info = env.reset(seed=0)
-        resolved, line = _mask_choice(factory, mask_mode, mask_source(env, info), env.action_space)
-        # the wrapper make_env puts outermost, put around this env: its spaces are the run's
-        shown = ActionMaskObservation(env, resolved.action_mask) if resolved.action_mask != "off" else env
-        return ProbedEnv(resolved, env_spec(shown, factory.id), line)
+        if not pz.is_multiagent(env):
+            _, info = env.reset(seed=0)
+            resolved, line = _mask_choice(factory, mask_mode, mask_source(env, info), env.action_space)
+            # the wrapper make_env puts outermost, put around this env: its spaces are the run's
+            shown = ActionMaskObservation(env, resolved.action_mask) if resolved.action_mask != "off" else env
+            return ProbedEnv(resolved.known(multiagent=False), env_spec(shown, factory.id), line)
+    # a PettingZoo env: its agents' masks and spaces (envs/multiagent.py)
+    resolved, line = pz.with_agent_masks(factory.known(multiagent=True), mask_mode)
+    resolved = resolved.known(multiagent=True)
+    return ProbedEnv(resolved, resolved.spec(), line)  # type: ignore[arg-type]
 
 
 def _mask_choice(factory: EnvFactory, mode: str, source: str | None,

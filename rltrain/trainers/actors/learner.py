@@ -37,7 +37,7 @@ from rltrain.trainers.actors.pool import ActorPool
 from rltrain.trainers.actors.rollouts import ActorSource
 from rltrain.trainers.actors.seams import WeightsHandle
 from rltrain.trainers.actors.stats import ActorsProgress, ActorStats
-from rltrain.trainers.base import Capabilities, Trainer, UpdateSize
+from rltrain.trainers.base import Capabilities, Trainer, UpdateSize, agent_turns
 from rltrain.trainers.hooks import Placement, TrainerParts
 from rltrain.trainers.loop import TrainLoop
 from rltrain.trainers.settings import RunSettings
@@ -110,8 +110,9 @@ class SubprocessActorsTrainer(Trainer):
     def update_size(self) -> UpdateSize:  # the learner merges batch_rollouts rollouts of envs_per_actor envs
         sizes, envs, batches = self.algo_sizes(), self.envs_per_actor, self.batch_rollouts
         steps = self.rollout_len or sizes.rollout_len
-        text = f"trainer.batch_rollouts ({batches}) x envs per actor ({envs}) x rollout_len ({steps})"
-        return UpdateSize(batches * envs * steps, text, self.num_actors * envs, steps, sizes.num_minibatches)
+        turns, said = agent_turns(self.settings.env_spec)
+        text = f"trainer.batch_rollouts ({batches}) x envs per actor ({envs}) x rollout_len ({steps}){said}"
+        return UpdateSize(batches * envs * steps * turns, text, self.num_actors * envs, steps, sizes.num_minibatches)
 
     def seed_trees(self) -> dict[str, SeedTree]:
         return {}  # recorded in train(): the actors' generations are known only after the resume
