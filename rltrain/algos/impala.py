@@ -41,7 +41,11 @@ class IMPALASettings(AlgoSettings):
     rollout_len: int = 20  # unroll length per env. Source: paper
     lr: float = 6e-4  # learning rate. Source: paper
     optimizer: str = "rmsprop"  # rmsprop (momentum 0, decay 0.99) | adam. Source: paper
-    optimizer_eps: float = 0.01  # the optimiser's epsilon. Source: paper, torchbeast
+    optimizer_eps: float = 1e-5  # the optimiser's epsilon. Source: SB3's A2C (RMSprop eps), not the paper's
+    #                              0.01: that is TensorFlow's eps inside the square root, set for Atari's clipped
+    #                              rewards; torch adds it to sqrt(v), which a small task's gradients keep far below
+    #                              0.01, so every step shrank ~10x (a cue-recall memory task stayed at the
+    #                              memoryless 0). experiment=impala_atari keeps the paper's 0.01
     anneal_lr: bool = True  # linear decay of lr to 0 over total_env_steps. Source: paper
     gamma: float = 0.99  # discount. Source: paper
     rho_bar: float = 1.0  # clip of the importance weights in the value targets. Source: paper
