@@ -7,6 +7,7 @@ from __future__ import annotations
 import ast
 import dataclasses
 import importlib
+import re
 from pathlib import Path
 
 import pytest
@@ -282,3 +283,16 @@ def test_a_config_recorded_before_the_one_schema_resumes_unchanged():
     with pytest.raises(Exception, match="algo.hidden_sizes: unknown key; the MLP width is model.hidden_sizes"):
         check_config({**plain(["experiment=none"]), "algo": {**plain(["experiment=none"])["algo"],
                                                               "hidden_sizes": [64, 64]}})
+
+
+def test_the_config_reference_has_a_generated_table_for_every_algorithm_and_trainer():
+    """docs/reference/config.md cannot drift: each ``algo=<name>`` and ``trainer=<name>`` the schema finds has a
+    table generated from its settings class (a new algorithm without one fails here)."""
+    page = (Path(__file__).resolve().parent.parent / "docs" / "reference" / "config.md").read_text()
+    marked = set(re.findall(r"<!-- settings: ([\w.]+) ", page))
+    for layer in ("algos", "trainers"):
+        for name, info in schema.options(layer).items():
+            module, cls = info["settings"]
+            if not schema.defaults(module, cls):
+                continue  # trainer=sequential has no settings of its own (the page says so)
+            assert f"{module}.{cls}" in marked, f"{layer[:-1]}={name}: no table for {module}.{cls} in config.md"
