@@ -37,7 +37,7 @@ CASES = {
     # the actor on the critic's shared encoder (models/sac_networks.py)
     "sac_image": ["algo=sac", "env.id=tests.helpers.obs_envs:ImageEnv", "+env.kwargs.continuous=true",
                   "+env.kwargs.shape=[10,10,3]", "model.encoder=minatar", "model.cnn_features=16",
-                  "algo.hidden_sizes=[16]", "algo.learning_starts=448", "algo.batch_size=32", "algo.buffer_size=1000"],
+                  "model.hidden_sizes=[16]", "algo.learning_starts=448", "algo.batch_size=32", "algo.buffer_size=1000"],
     "ppo_image": ["algo=ppo", "env=minatar", "env.num_envs=2"],
 }
 RECURRENT = {core: ["algo=ppo", "env=cartpole_novel", f"model.core={core}", "model.core_size=16",

@@ -52,7 +52,7 @@ def test_resume_auto_of_a_finished_run_logs_no_step_twice(tmp_path, trainer):
     for d in dirs:
         assert _repeated(_steps(d)) == [], _steps(d)
         assert _repeated(_tensorboard_steps(d)) == [], _tensorboard_steps(d)
-        assert _steps(d)[-1] == 2048
+        assert _steps(d)[-1] == 2048 // len(dirs)  # parallel's agents share total_env_steps
 
 
 def test_resume_after_an_interruption_logs_no_step_twice(tmp_path):

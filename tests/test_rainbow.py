@@ -220,9 +220,8 @@ def test_each_option_takes_the_torch_path_and_lowers_its_loss(options):
     """Repeated TD steps on one fixed batch fit it: the option's loss falls (a broken target or sign would not)."""
     torch.manual_seed(0)
     np.random.seed(0)
-    settings = DQNSettings(learning_starts=0, batch_size=32, buffer_size=1000, lr=3e-3, hidden_sizes=(32,),
-                           **options)
-    dqn = DQN(CARTPOLE, settings, num_envs=2, device=CPU)
+    settings = DQNSettings(learning_starts=0, batch_size=32, buffer_size=1000, lr=3e-3, **options)
+    dqn = DQN(CARTPOLE, settings, num_envs=2, device=CPU, model=ModelSettings(hidden_sizes=(32,)))
     assert dqn.numpy_step is None
     streams = Streams(2, seed=1)
     r = streams.rollout(60)

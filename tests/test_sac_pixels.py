@@ -48,8 +48,8 @@ def sac_and_rollout(env_id: str, kwargs: dict, *, discrete: bool = False, **hpar
     env = make_env(env_id, {**kwargs, "continuous": not discrete})
     spec = env_spec(env, env_id)
     cls = DQN if discrete else SAC
-    model = ModelSettings(**hparams.pop("model", {}))
-    settings = cls.settings_class(hidden_sizes=(16,), learning_starts=0, batch_size=4, buffer_size=100, **hparams)
+    model = ModelSettings(**{"hidden_sizes": (16,), **hparams.pop("model", {})})
+    settings = cls.settings_class(learning_starts=0, batch_size=4, buffer_size=100, **hparams)
     algo = cls(spec, settings, num_envs=1, device=CPU, model=model)
     obs = [env.reset(seed=0)[0]] + [env.step(env.action_space.sample())[0] for _ in range(8)]
     stacked = obs_map(lambda *xs: np.stack(xs), *obs)
@@ -149,7 +149,7 @@ def test_sac_learns_a_task_only_the_pixels_solve(tmp_path):
     """PixelSign: the frame's lit half says which way to act; random acting scores 0 on average, a policy that
     ignores the frame cannot beat 0 either. The shared-encoder SAC must reach 0.5 (best: 1) in 640 steps."""
     summary = run(compose_cfg(["debug=smoke", "algo=sac", "env.id=tests.helpers.obs_envs:PixelSign", "seed=1",
-                               "env.num_envs=1", "model.cnn_features=16", "algo.hidden_sizes=[32]",
+                               "env.num_envs=1", "model.cnn_features=16", "model.hidden_sizes=[32]",
                                "algo.learning_starts=64", "algo.batch_size=32", "algo.buffer_size=1000",
                                "algo.q_lr=1e-3", "algo.policy_lr=1e-3", "total_env_steps=640", "logger=quiet",
                                "eval.every_env_steps=0", "eval.episodes=20", "checkpoint.every_env_steps=0"]),
@@ -160,7 +160,7 @@ def test_sac_learns_a_task_only_the_pixels_solve(tmp_path):
 
 
 LEGACY_RUN = ["debug=smoke", "algo=sac", "env.id=tests.helpers.obs_envs:ImageEnv", "+env.kwargs.continuous=true",
-              "+env.kwargs.shape=[5,5,3]", "model.encoder=minatar", "model.cnn_features=8", "algo.hidden_sizes=[8]",
+              "+env.kwargs.shape=[5,5,3]", "model.encoder=minatar", "model.cnn_features=8", "model.hidden_sizes=[8]",
               "algo.learning_starts=32", "algo.batch_size=16", "algo.buffer_size=200", "env.num_envs=1",
               "logger=quiet", "eval.episodes=1"]  # the overrides the legacy file was written with
 

@@ -23,15 +23,16 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from rltrain.algos.base import Algorithm, Sync, positive, refuse_recurrent, set_lr
+from rltrain.algos.base import Algorithm, AlgoSettings, Sync, positive, refuse_recurrent, set_lr
 from rltrain.data.returns import q_lambda_returns
 from rltrain.data.structs import EnvSpec, Metrics, Rollout, obs_map
 from rltrain.errors import ConfigError
 from rltrain.models.factory import ModelSettings, build
+from rltrain.models.settings import MLP
 
 
 @dataclass(frozen=True, kw_only=True)
-class PQNSettings:
+class PQNSettings(AlgoSettings):
     """PQN's hyper-parameters (``algo=pqn``): CleanRL's pqn.py for every key unless said."""
 
     rollout_len: int = 128  # steps per env per update (CleanRL num_steps). Source: CleanRL pqn.py
@@ -45,12 +46,9 @@ class PQNSettings:
     start_e: float = 1.0  # epsilon at the start ... Source: CleanRL pqn.py
     end_e: float = 0.05  # ... and after exploration_fraction of the budget. Source: CleanRL pqn.py
     exploration_fraction: float = 0.5  # share of the budget over which epsilon decays. Source: CleanRL pqn.py
-    hidden_sizes: tuple[int, ...] = (120, 84)  # MLP widths, each Linear followed by LayerNorm. Source: CleanRL
-    activation: str = "relu"  # Source: CleanRL pqn.py
     layer_norm: bool = True  # LayerNorm in the network (the paper's key ingredient). Source: Gallici et al. 2024
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "hidden_sizes", tuple(self.hidden_sizes))
         for key in ("rollout_len", "lr", "update_epochs", "num_minibatches", "max_grad_norm",
                     "exploration_fraction"):
             positive(f"algo.{key}", getattr(self, key))
@@ -67,6 +65,7 @@ class PQN(Algorithm):
     name = "pqn"
     action_kinds = ("discrete",)
     settings_class = PQNSettings
+    mlp = MLP((120, 84), "relu")  # CleanRL's pqn.py: Linear -> LayerNorm -> ReLU per width
     settings: PQNSettings
 
     def __init__(self, spec: EnvSpec, settings: PQNSettings = PQNSettings(), *, num_envs: int,
@@ -79,7 +78,7 @@ class PQN(Algorithm):
         if (num_envs * s.rollout_len) % s.num_minibatches:
             raise ConfigError(f"algo.num_minibatches={s.num_minibatches} must divide env.num_envs x algo.rollout_len"
                               f" = {num_envs} x {s.rollout_len}")
-        self.policy = build(spec, model.with_mlp(s.hidden_sizes, s.activation), "q",
+        self.policy = build(spec, model.with_mlp(*self.mlp), "q",
                             layer_norm=s.layer_norm).to(device)
         self.params = list(self.policy.parameters())
         # RAdam (Liu et al. 2020) as CleanRL's pqn.py: no warm-up schedule needed without a target network

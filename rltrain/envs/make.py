@@ -228,26 +228,30 @@ def make_vector_env(env_id: str, num_envs: int, seeds: list[int] | tuple[int, ..
 
 @dataclass(frozen=True, kw_only=True)
 class EnvFactory:
-    """How this run builds its environments (the ``env`` config group, typed). Picklable: it travels to
-    parallel agents, distributed ranks and actor processes, each of which builds its own envs from it."""
+    """How this run builds its environments (the ``env`` config group, typed; conf/env/*.yaml are presets that
+    set what differs from these defaults). Picklable: it travels to parallel agents, distributed ranks and actor
+    processes, each of which builds its own envs from it."""
 
-    id: str
-    num_envs: int = 4
-    vectorization: str = "sync"  # sync (one process, a plain list) | async (one subprocess per env)
-    max_episode_steps: int | None = None  # None keeps the env's registered time limit
-    kwargs: dict = field(default_factory=dict)  # passed to gymnasium.make / the user's factory
-    wrappers: list = field(default_factory=list)  # env.wrappers: applied in order inside every env
-    solved_return: float | None = None  # the conventional "solved" score, for reference only
-    search_path: str | None = None  # where a module:Attr env.id is also looked for: the launch directory
-    # a step or reset of the vector env that takes longer fails the run naming the env (null: no limit). A
-    # minute is far above any legitimate step (simulators step in ms; a reset that loads assets takes seconds)
-    # and below the parallel trainer's heartbeat_timeout_s, so a hung env is named, not just found silent
-    step_timeout_s: float | None = 60.0
-    # where the env's action mask comes from (envs/spaces.py): off | key | info | method | drop (off but the
-    # Dict observation's mask key removed); set from algo.action_mask by ``probe_env``
-    action_mask: str = "off"
+    id: str  # a Gymnasium id, module:EnvId or package.module:Factory; set by an env preset. Source: rltrain
+    num_envs: int = 4  # envs stepped by each process (each worker). Source: CleanRL ppo.py (num_envs=4)
+    vectorization: str = "sync"  # sync (one process, a plain list) | async (a subprocess per env). Source: rltrain
+    max_episode_steps: int | None = None  # null keeps the env's registered time limit. Source: Gymnasium
+    kwargs: dict = field(default_factory=dict)  # passed to gymnasium.make / your factory. Source: Gymnasium
+    wrappers: list = field(default_factory=list)  # applied in order in every env, first innermost. Source: rltrain
+    solved_return: float | None = None  # the conventional "solved" score, for reference. Source: env presets
+    search_path: str | None = None  # where a module:Attr env.id is also looked for (the launch dir). Source: rltrain
+    step_timeout_s: float | None = 60.0  # a step or reset slower than this fails the run naming the env (null:
+    #                    no limit); far above a legitimate step, below parallel's heartbeat_timeout_s. Source: rltrain
+    action_mask: str = field(default="off", metadata={"internal": True})  # where the env's mask comes from:
+    #                    off | key | info | method | drop; set from algo.action_mask by ``probe_env``
 
     def __post_init__(self) -> None:
+        if isinstance(self.num_envs, bool) or not isinstance(self.num_envs, int) or self.num_envs <= 0:
+            raise ConfigError(f"env.num_envs={self.num_envs!r} must be a positive integer")
+        steps = self.max_episode_steps
+        if steps is not None and (isinstance(steps, bool) or not isinstance(steps, int) or steps <= 0):
+            raise ConfigError(f"env.max_episode_steps={steps!r} must be a positive integer, or null for the env's "
+                              "own time limit")
         if self.action_mask not in ("off", "drop", *MASK_SOURCES):
             raise ConfigError(f"env.action_mask={self.action_mask!r}: one of off, drop, {', '.join(MASK_SOURCES)} "
                               "(set algo.action_mask=auto|on|off instead)")
