@@ -105,7 +105,8 @@ class OffPolicy(Algorithm):
     """Base of the replay learners (see the module docstring). A subclass calls ``super().__init__`` first,
     then builds its networks and optimisers, and defines ``update``, ``stat_names``, ``networks_state`` and
     ``load_networks_state``; ``explore`` and ``explore_settled`` where its exploration follows a schedule (DQN's
-    epsilon)."""
+    epsilon); ``sample`` and a ``buffer_class`` where its minibatches are not uniform one-step transitions (DQN's
+    n-step and prioritised replay)."""
 
     on_policy = False
     stat_names: ClassVar[tuple[str, ...]]  # the metrics ``update`` returns, in order
