@@ -84,11 +84,17 @@ def _episode_min_returns(run_dir) -> list[float]:
 
 
 @pytest.mark.parametrize("algo,trainer", [("ppo", "sequential"), ("impala", "subprocess_actors"),
-                                          ("dqn", "sequential"), ("a2c", "subprocess_actors")])
+                                          ("dqn", "sequential"), ("a2c", "subprocess_actors"),
+                                          ("rainbow", "sequential"), ("pqn", "sequential")])
 def test_training_never_takes_an_illegal_action(tmp_path, algo, trainer):
     extra = ["trainer.num_actors=2"] if trainer == "subprocess_actors" else []
     if algo == "dqn":  # random warm-up and epsilon-greedy exploration are masked too
         extra += ["algo.learning_starts=128", "algo.train_frequency=4", "algo.batch_size=32"]
+    if algo == "rainbow":  # masked noisy acting, and the masked argmax picking the target distribution
+        extra += ["algo.learning_starts=128", "algo.train_frequency=4", "algo.batch_size=32", "algo.v_min=0",
+                  "algo.v_max=20"]
+    if algo == "pqn":
+        extra += ["algo.rollout_len=32"]
     summary = run(compose_cfg([*TINY, f"env.id={MASKED}", f"algo={algo}", f"trainer={trainer}",
                                "total_env_steps=1024", *extra]), tmp_path / "run")
     assert summary["status"] == "completed"

@@ -41,7 +41,11 @@ def _train(tmp_path: Path, *overrides: str, name: str = "run", env: dict | None 
     ["algo=dqn", "algo.learning_starts=256", "algo.buffer_size=4096"],
     ["algo=sac", "env=pendulum", "algo.learning_starts=256", "algo.buffer_size=4096", "total_env_steps=1024",
      "eval.every_env_steps=512", "checkpoint.every_env_steps=512"],
-], ids=["ppo", "ppo-lstm", "a2c", "impala", "dqn", "sac"])
+    ["algo=rainbow", "algo.learning_starts=256", "algo.buffer_size=4096", "algo.v_min=0", "algo.v_max=50"],
+    ["algo=dqn", "algo.learning_starts=256", "algo.buffer_size=4096", "algo.distributional=qr", "algo.n_step=3",
+     "algo.prioritized=true", "algo.dueling=true"],
+    ["algo=pqn", "algo.rollout_len=64"],
+], ids=["ppo", "ppo-lstm", "a2c", "impala", "dqn", "sac", "rainbow", "qrdqn-nstep-per", "pqn"])
 def test_each_algorithm_family_trains_in_process_on_cuda(tmp_path, overrides):
     """In-process (``rltrain.train``, sequential trainer), so the device memory this process allocated shows
     the networks and the update really ran on the GPU."""

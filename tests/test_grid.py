@@ -28,8 +28,8 @@ from tests.conftest import REPO, compose_cfg, run_cli
 
 torch.set_num_threads(1)
 
-ALGOS = ("ppo", "a2c", "impala", "dqn", "sac")
-ON_POLICY = ("ppo", "a2c", "impala")
+ALGOS = ("ppo", "a2c", "impala", "dqn", "sac", "rainbow", "pqn")
+ON_POLICY = ("ppo", "a2c", "impala", "pqn")
 HELPERS = "tests.helpers.obs_envs"
 TINY = ["total_env_steps=256", "env.num_envs=2", "eval.every_env_steps=0", "eval.episodes=1",
         "log.every_env_steps=128", "checkpoint.every_env_steps=0", "logger=quiet", "logger.progress=off",
@@ -40,6 +40,9 @@ PER_ALGO = {
     "impala": ["algo.rollout_len=16"],
     "dqn": ["algo.rollout_len=8", "algo.learning_starts=64", "algo.buffer_size=1000", "algo.batch_size=16",
             "algo.train_frequency=32", "algo.target_network_frequency=64"],
+    "rainbow": ["algo.rollout_len=8", "algo.learning_starts=64", "algo.buffer_size=1000", "algo.batch_size=16",
+                "algo.train_frequency=32", "algo.target_network_frequency=64"],
+    "pqn": ["algo.rollout_len=16", "algo.num_minibatches=2", "algo.update_epochs=1"],
     "sac": ["algo.rollout_len=8", "algo.learning_starts=64", "algo.buffer_size=1000", "algo.batch_size=16",
             "algo.train_frequency=32", "model.hidden_sizes=[16]"],
 }

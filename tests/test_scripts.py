@@ -106,3 +106,25 @@ def test_bench_multiagent_prints_its_table(tmp_path):
     assert out.returncode == 0, out.stderr[-3000:]
     row = next(line for line in out.stdout.splitlines() if line.startswith("| spread | ippo | 2500 |"))
     assert "skipped (no skrl" in row
+
+
+def test_bench_algorithms_prints_its_rows_at_a_tiny_budget():
+    """scripts/bench_algorithms.py at a tiny budget: every row of the DQN family and PQN runs rltrain and prints
+    its CPU and return; the peer column is sb3-contrib's where it is importable, else skipped in one line; C51's
+    peer is CleanRL's published number, quoted with its source."""
+    out = subprocess.run([sys.executable, "scripts/bench_algorithms.py", "--seeds", "1", "--scale", "0.001",
+                          "--only", "qrdqn-cartpole,c51-cartpole,pqn-cartpole", "--budget", "c51-cartpole=1000"],
+                         cwd=REPO, capture_output=True, text=True, timeout=600,
+                         env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert out.returncode == 0, out.stderr[-3000:]
+    rows = {k: v for k, v in _table(out.stdout).items() if k != "row"}  # the header aside
+    assert [k.split(",")[0] for k in rows] == ["QR-DQN CartPole-v1", "C51 CartPole-v1", "PQN CartPole-v1"], out.stdout
+    for cells in rows.values():
+        assert int(cells[0]) >= 1000 and float(cells[4].split()[0]) > 0  # env steps run, rltrain's CPU seconds
+    assert "huggingface.co/cleanrl/CartPole-v1-c51-seed1" in rows["C51 CartPole-v1, CleanRL c51.py settings"][3]
+    assert "same-run ratios; shared VM" in out.stdout
+    if "peer column is skipped" not in out.stderr:
+        assert float(rows["QR-DQN CartPole-v1, rl-zoo3 settings"][5].split()[0]) > 0  # sb3-contrib's CPU
+    bad = subprocess.run([sys.executable, "scripts/bench_algorithms.py", "--only", "qr-dqn"], cwd=REPO,
+                         capture_output=True, text=True, timeout=120)
+    assert bad.returncode != 0 and "unknown rows ['qr-dqn']" in bad.stderr

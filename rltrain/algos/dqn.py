@@ -1,4 +1,9 @@
-"""Deep Q-Network (Mnih et al. 2015) with an optional Double-DQN target (van Hasselt et al. 2016).
+"""Deep Q-Network (Mnih et al. 2015) with an optional Double-DQN target (van Hasselt et al. 2016), and the
+Rainbow family's options (Hessel et al. 2018), each one setting: n-step returns (``n_step``), proportional
+prioritised replay (``prioritized``, Schaul et al. 2016), dueling streams (``dueling``, Wang et al. 2016),
+distributional Q-learning (``distributional``: C51, Bellemare et al. 2017; QR-DQN, Dabney et al. 2018) and noisy
+nets (``noisy``, Fortunato et al. 2018); ``algo=rainbow`` (``Rainbow``, at the end) is all of them at Hessel et
+al.'s values.
 
 Reads like CleanRL's dqn.py: epsilon-greedy acting with a linear schedule and one TD step per update. The
 replay buffer, the ``learning_starts`` uniform-random warm-up, ``gradient_steps`` updates every
@@ -11,6 +16,7 @@ from __future__ import annotations
 
 import copy
 from dataclasses import dataclass, field
+from functools import partial
 
 import numpy as np
 import torch
@@ -19,12 +25,16 @@ from torch import Tensor
 
 from rltrain.algos.adam import clip_grad_norm, make_adam
 from rltrain.algos.base import AlgoSettings, Sync, positive, refuse_recurrent
+from rltrain.algos.distributional import c51_projection, quantile_huber_loss
 from rltrain.algos.off_policy import OffPolicy, TargetNetwork
 from rltrain.algos.td_numpy import NumpyTDStep
-from rltrain.data.replay import Batch
+from rltrain.data.nstep import nstep_batch
+from rltrain.data.prioritized import PrioritizedReplayBuffer
+from rltrain.data.replay import Batch, ReplayBuffer
 from rltrain.data.structs import EnvSpec, Metrics
 from rltrain.errors import ConfigError
 from rltrain.models.factory import ModelSettings, build
+from rltrain.models.q_heads import QHeadOptions
 from rltrain.models.settings import MLP
 
 
@@ -60,6 +70,23 @@ class DQNSettings(AlgoSettings):
     #                               Source: rltrain (an implementation choice; the results are autograd's)
     checkpoint_buffer: bool = field(default=False, metadata={"internal": True})  # put the replay buffer into
     #                               state_dict: set by the CLI from checkpoint.replay_buffer
+    n_step: int = 1  # n-step returns read from the replay at sampling time (data/nstep.py). Source: SB3 n_steps
+    prioritized: bool = False  # proportional prioritised replay (data/prioritized.py). Source: SB3 (uniform)
+    priority_alpha: float = 0.6  # how much priorities count (0: uniform). Source: Schaul et al. 2016, proportional
+    priority_beta0: float = 0.4  # importance-weight exponent at the start, annealed linearly to 1 over the
+    #                              budget. Source: Schaul et al. 2016, proportional
+    priority_eps: float = 1e-6  # added to |TD error| so that no priority is 0. Source: rltrain
+    dueling: bool = False  # value and advantage streams (Wang et al. 2016). Source: SB3 (none)
+    distributional: str = "none"  # none | c51 (Bellemare et al. 2017) | qr (QR-DQN, Dabney et al. 2018); these
+    #                               replace algo.loss by cross-entropy / the quantile Huber loss. Source: SB3
+    n_atoms: int = 51  # C51's atoms. Source: Bellemare et al. 2017
+    v_min: float = -10.0  # lower end of C51's support; set it to the task's return range. Source: Bellemare
+    #                       et al. 2017 (Atari, clipped rewards)
+    v_max: float = 10.0  # upper end of C51's support. Source: Bellemare et al. 2017
+    n_quantiles: int = 200  # QR-DQN's quantiles. Source: sb3-contrib QR-DQN (Dabney et al. 2018: 200)
+    noisy: bool = False  # factorised noisy layers in the head (Fortunato et al. 2018). Source: SB3 (none)
+    noisy_sigma0: float = 0.5  # their initial noise scale. Source: Fortunato et al. 2018 (factorised)
+    adam_eps: float = 1e-8  # Adam's epsilon. Source: PyTorch / SB3
 
     def __post_init__(self) -> None:
         for key in ("rollout_len", "lr", "batch_size", "tau", "target_network_frequency", "train_frequency",
@@ -74,6 +101,23 @@ class DQNSettings(AlgoSettings):
                               "(inferred)")
         if self.loss not in ("mse", "huber"):
             raise ConfigError(f"algo.loss={self.loss!r}: choose mse or huber")
+        for key in ("n_step", "n_atoms", "n_quantiles", "priority_eps", "adam_eps"):
+            positive(f"algo.{key}", getattr(self, key))
+        if not 0 <= self.priority_alpha <= 1 or not 0 <= self.priority_beta0 <= 1:
+            raise ConfigError(f"algo.priority_alpha={self.priority_alpha}, algo.priority_beta0="
+                              f"{self.priority_beta0} must lie in [0, 1]")
+        self.head_options()  # validates distributional, atoms and the support
+
+    def head_options(self) -> QHeadOptions:
+        """What the Q-network outputs (models/q_heads.py)."""
+        return QHeadOptions(dueling=self.dueling, distributional=self.distributional, noisy=self.noisy,
+                            atoms=self.n_quantiles if self.distributional == "qr" else self.n_atoms,
+                            v_min=self.v_min, v_max=self.v_max, noisy_sigma0=self.noisy_sigma0)
+
+    @property
+    def plain(self) -> bool:
+        """DQN as Mnih et al.: none of the Rainbow options on (what the numpy TD step computes)."""
+        return self.n_step == 1 and not self.prioritized and self.head_options().plain and self.adam_eps == 1e-8
 
 
 class DQN(OffPolicy):
@@ -94,10 +138,15 @@ class DQN(OffPolicy):
         s = settings
         # the env's stack depth (EnvSpec.frame_stack, from its FrameStackObservation) unless the user sets one
         frame_stack = getattr(spec, "frame_stack", None) if s.frame_stack is None else (s.frame_stack or None)
-        super().__init__(spec, s, num_envs=num_envs, device=device, sync=sync, frame_stack=frame_stack)
+        buffer = partial(PrioritizedReplayBuffer, alpha=s.priority_alpha, eps=s.priority_eps) if s.prioritized \
+            else ReplayBuffer
+        super().__init__(spec, s, num_envs=num_envs, device=device, sync=sync, frame_stack=frame_stack,
+                         buffer_class=buffer)
 
-        # Q(s, .) from the model family: encoder by observation space + one output per action
-        self.policy = build(spec, model.with_mlp(*self.mlp), "q").to(device)
+        # Q(s, .) from the model family: encoder by observation space + a head (plain, dueling, distributional,
+        # noisy: models/q_heads.py)
+        head = s.head_options()
+        self.policy = build(spec, model.with_mlp(*self.mlp), "q", **vars(head)).to(device)
         self.target = copy.deepcopy(self.policy).requires_grad_(False)
         self.params = list(self.policy.parameters())
         # the TD step: in numpy for a plain MLP on CPU (its parameters re-homed into one flat buffer; Adam in
@@ -105,8 +154,10 @@ class DQN(OffPolicy):
         self.numpy_step = NumpyTDStep(self.policy.mlp_layers, self.target.mlp_layers,
                                       activation=self.policy.mlp_activation, lr=s.lr, gamma=s.gamma, loss=s.loss,
                                       double_dqn=s.double_dqn, max_grad_norm=s.max_grad_norm, sync=self.sync) \
-            if s.numpy_update and device.type == "cpu" and self.policy.mlp_layers else None
-        self.optimizer = self.numpy_step.optimizer if self.numpy_step else make_adam(self.params, s.lr, eps=1e-8)
+            if s.numpy_update and s.plain and device.type == "cpu" and self.policy.mlp_layers else None
+        self.optimizer = self.numpy_step.optimizer if self.numpy_step else make_adam(self.params, s.lr,
+                                                                                      eps=s.adam_eps)
+        self.beta = s.priority_beta0  # prioritised replay's importance exponent, annealed in sample()
         self.epsilon_set: float | None = None  # what explore() last wrote into the policy's epsilon buffer
         # hard copy (tau = 1) or Polyak average every target_network_frequency env steps
         self.sync_targets_every(s.target_network_frequency, TargetNetwork(self.policy, self.target, tau=s.tau))
@@ -125,31 +176,67 @@ class DQN(OffPolicy):
     def explore_settled(self, progress: float) -> bool:
         return progress / self.settings.exploration_fraction >= 1.0  # explore()'s frac is 1 from here on
 
+    def sample(self, progress: float) -> Batch:
+        """A minibatch: uniform or by priority (beta annealed linearly from ``priority_beta0`` to 1 over the
+        budget, Schaul et al. 2016), of one-step or n-step transitions."""
+        s, buffer = self.settings, self.buffer
+        if not s.prioritized and s.n_step == 1:
+            return buffer.sample(self.batch_size)
+        weights = None
+        if s.prioritized:
+            self.beta = s.priority_beta0 + min(progress, 1.0) * (1.0 - s.priority_beta0)
+            slots, weights = buffer.draw(self.batch_size, beta=self.beta)
+        else:
+            slots = buffer._draw(self.batch_size)
+        batch = nstep_batch(buffer, slots, n=s.n_step, gamma=s.gamma) if s.n_step > 1 else buffer.batch(slots)
+        if weights is not None:
+            batch.weights, batch.slots = torch.as_tensor(weights, device=self.device), slots
+        return batch
+
     def update(self, batch: Batch) -> Tensor:
-        """One TD step on a uniform minibatch; returns detached [td_loss, mean Q(s, a)]."""
+        """One TD step on a minibatch; returns detached [td_loss, mean Q(s, a)]."""
         if self.numpy_step is not None:
             return self.numpy_step.step(batch)
         s, b = self.settings, batch
         # the buffer hands observations out in their stored dtype (a dict of them for Dict spaces); the
         # Q-network converts them (the MLP casts to float, an encoder also scales uint8 pixels)
-        obs, next_obs = b.obs, b.next_obs
+        obs, next_obs, actions = b.obs, b.next_obs, b.actions.long()
+        rows = torch.arange(len(actions), device=actions.device)
+        # gamma^k (1 - terminated): the bootstrap's weight, k = 1 unless n-step
+        discounts = (s.gamma if b.discounts is None else b.discounts) * (1.0 - b.terminated)
         with torch.no_grad():
-            next_q_target = self.target(next_obs)
-            if s.double_dqn:
-                # Double DQN: the online net picks a', the target net values it (reduces overestimation)
-                next_a = self.policy(next_obs).argmax(-1, keepdim=True)
-                next_q = next_q_target.gather(-1, next_a).squeeze(-1)
-            else:
-                next_q = next_q_target.max(-1).values
-            td_target = b.rewards + s.gamma * next_q * (1.0 - b.terminated)
-        q = self.policy(obs).gather(-1, b.actions.long().unsqueeze(-1)).squeeze(-1)
-        loss = F.mse_loss(q, td_target) if s.loss == "mse" else F.smooth_l1_loss(q, td_target)
+            next_q_target, next_raw = self.target.q_and_raw(next_obs)
+            # Double DQN: the online net picks a', the target net values it (reduces overestimation)
+            next_a = (self.policy(next_obs) if s.double_dqn else next_q_target).argmax(-1)
+            next_raw = next_raw[rows, next_a]  # [B, K]: the target's outputs for a'
+        raw = self.policy.q.raw(obs)[rows, actions]  # [B, K]
+        if s.distributional == "c51":
+            # cross-entropy to the projected target distribution (Bellemare et al. 2017, algorithm 1)
+            target = c51_projection(next_raw.softmax(-1), b.rewards, discounts, self.policy.q.head.support)
+            per_sample = -(target * raw.log_softmax(-1)).sum(-1)
+            priority = per_sample  # Rainbow prioritises by this loss (Hessel et al. 2018)
+            q = self.policy.q.head.q_values(raw.unsqueeze(1)).squeeze(1)
+        elif s.distributional == "qr":
+            targets = b.rewards[:, None] + discounts[:, None] * next_raw
+            per_sample = quantile_huber_loss(raw, targets)
+            priority = per_sample
+            q = raw.mean(-1)
+        else:
+            q = raw.squeeze(-1)
+            td_target = b.rewards + discounts * next_raw.squeeze(-1)
+            per_sample = F.mse_loss(q, td_target, reduction="none") if s.loss == "mse" else \
+                F.smooth_l1_loss(q, td_target, reduction="none")
+            priority = q - td_target
+        # prioritised replay corrects its sampling bias with importance weights (Schaul et al. 2016, eq. 4)
+        loss = per_sample.mean() if b.weights is None else (per_sample * b.weights).mean()
         self.optimizer.zero_grad(set_to_none=True)
         loss.backward()
         self.sync.grads(self.params)
         if s.max_grad_norm is not None:
             clip_grad_norm(self.params, s.max_grad_norm)
         self.optimizer.step()
+        if b.slots is not None:
+            self.buffer.update_priorities(b.slots, priority.detach().cpu().numpy())
         return torch.stack([loss.detach(), q.detach().mean()])
 
     def networks_state(self) -> dict:
@@ -161,3 +248,37 @@ class DQN(OffPolicy):
         self.policy.load_state_dict(state["policy"])
         self.target.load_state_dict(state["target"])
         self.optimizer.load_state_dict(state["optimizer"])
+
+
+@dataclass(frozen=True, kw_only=True)
+class RainbowSettings(DQNSettings):
+    """Rainbow (``algo=rainbow``): DQN with every option on at Hessel et al. 2018's values (their table 1; step
+    counts there are in frames at action repeat 4, here in env steps). Every other field is DQN's."""
+
+    lr: float = 6.25e-5  # Adam learning rate. Source: Hessel et al. 2018
+    adam_eps: float = 1.5e-4  # Adam's epsilon. Source: Hessel et al. 2018
+    n_step: int = 3  # multi-step returns. Source: Hessel et al. 2018
+    prioritized: bool = True  # proportional prioritised replay. Source: Hessel et al. 2018
+    priority_alpha: float = 0.5  # priority exponent. Source: Hessel et al. 2018
+    priority_beta0: float = 0.4  # importance exponent, annealed to 1. Source: Hessel et al. 2018
+    dueling: bool = True  # dueling streams. Source: Hessel et al. 2018
+    distributional: str = "c51"  # distributional head. Source: Hessel et al. 2018 (C51, 51 atoms in [-10, 10])
+    double_dqn: bool = True  # the online net selects a' for the target distribution. Source: Hessel et al. 2018
+    noisy: bool = True  # noisy nets replace epsilon-greedy. Source: Hessel et al. 2018 (sigma0 0.5)
+    start_e: float = 0.0  # epsilon: greedy in the noisy net. Source: Hessel et al. 2018
+    end_e: float = 0.0  # epsilon at the end. Source: Hessel et al. 2018
+    learning_starts: int = 20_000  # env steps before learning. Source: Hessel et al. 2018 (80K frames)
+    target_network_frequency: int = 8_000  # env steps between target copies. Source: Hessel et al. 2018
+    #                                        (32K frames)
+
+
+class Rainbow(DQN):
+    """DQN with every Rainbow option on by default (``RainbowSettings``); the same class of network and TD step."""
+
+    name = "rainbow"
+    settings_class = RainbowSettings
+    mlp = MLP((64, 64), "relu")  # DQN's (SB3's DQN MlpPolicy); Hessel et al. 2018 used the Nature CNN on Atari
+    settings: RainbowSettings
+
+    def __init__(self, spec: EnvSpec, settings: RainbowSettings = RainbowSettings(), **kwargs):
+        super().__init__(spec, settings, **kwargs)

@@ -34,6 +34,7 @@ delays read it). Every count is checkpointed, so a resumed run owes exactly what
 from __future__ import annotations
 
 from abc import abstractmethod
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import ClassVar, Protocol
 
@@ -104,7 +105,8 @@ class OffPolicy(Algorithm):
     """Base of the replay learners (see the module docstring). A subclass calls ``super().__init__`` first,
     then builds its networks and optimisers, and defines ``update``, ``stat_names``, ``networks_state`` and
     ``load_networks_state``; ``explore`` and ``explore_settled`` where its exploration follows a schedule (DQN's
-    epsilon)."""
+    epsilon); ``sample`` and a ``buffer_class`` where its minibatches are not uniform one-step transitions (DQN's
+    n-step and prioritised replay)."""
 
     on_policy = False
     stat_names: ClassVar[tuple[str, ...]]  # the metrics ``update`` returns, in order
@@ -113,15 +115,17 @@ class OffPolicy(Algorithm):
     max_transitions_per_collect: ClassVar[int] = 256
 
     def __init__(self, spec: EnvSpec, settings: ReplaySettings, *, num_envs: int, device: torch.device,
-                 sync: Sync | None = None, frame_stack: int | None = None):
-        """``frame_stack``: K when observations are K-frame stacks to store one frame per row (data/frames.py)."""
+                 sync: Sync | None = None, frame_stack: int | None = None,
+                 buffer_class: Callable[..., ReplayBuffer] = ReplayBuffer):
+        """``frame_stack``: K when observations are K-frame stacks to store one frame per row (data/frames.py);
+        ``buffer_class``: the replay's (ReplayBuffer's arguments; DQN's prioritised replay)."""
         super().__init__(spec, num_envs=num_envs, device=device, sync=sync)
         self.settings = settings
         self.rollout_len, self.learning_starts = settings.rollout_len, settings.learning_starts
         self.batch_size, self.frame_stack = settings.batch_size, frame_stack
         # observations keep their dtype in the buffer (EnvSpec.obs_dtype; float32 is what the collector writes
         # where the spec has none); frame stacks are stored one frame per step
-        self.buffer = ReplayBuffer(settings.buffer_size, spec.obs_shape, spec.action_shape, spec.action_dtype,
+        self.buffer = buffer_class(settings.buffer_size, spec.obs_shape, spec.action_shape, spec.action_dtype,
                                    device=device, obs_dtype=getattr(spec, "obs_dtype", np.dtype(np.float32)),
                                    frame_stack=frame_stack, obs_space=spec.observation)
         self.unwritten = UnwrittenSteps(self.buffer)
@@ -146,6 +150,10 @@ class OffPolicy(Algorithm):
     def explore_settled(self, progress: float) -> bool:
         """Whether ``explore`` gives the same from ``progress`` on (no schedule: always)."""
         return True
+
+    def sample(self, progress: float) -> Batch:
+        """The minibatch of the next gradient step (uniform here; DQN's n-step and prioritised replay)."""
+        return self.buffer.sample(self.batch_size)
 
     @abstractmethod
     def update(self, batch: Batch) -> Tensor:
@@ -190,7 +198,7 @@ class OffPolicy(Algorithm):
         for _ in range(self.schedule.owe(steps)):
             self.gradient_steps_taken += 1
             self.weight_writes += 1
-            stats.append(self.update(self.buffer.sample(self.batch_size)))
+            stats.append(self.update(self.sample(progress)))
         if self._target_due():
             self.last_target_sync = self.env_steps
             self.weight_writes += 1

@@ -49,7 +49,9 @@ class Batch:
 
     obs [B, *obs_shape] and next_obs [B, *obs_shape] in the stored dtype (for a Dict observation space a
     dict of such tensors, one per key, each in its own dtype), actions [B, *action_shape],
-    rewards [B] float32, terminated [B] float32 (1.0 = no bootstrap)
+    rewards [B] float32, terminated [B] float32 (1.0 = no bootstrap); discounts [B] float32: gamma^k for
+    n-step transitions of k steps (data/nstep.py; None: one step, gamma); weights [B] float32 and slots [B]:
+    prioritised replay's importance weights and the rows drawn (data/prioritized.py; None: uniform)
     """
 
     obs: Tensor | dict
@@ -57,6 +59,9 @@ class Batch:
     rewards: Tensor
     next_obs: Tensor | dict
     terminated: Tensor
+    discounts: Tensor | None = None
+    weights: Tensor | None = None
+    slots: np.ndarray | None = None
 
 
 class ReplayBuffer:

@@ -78,3 +78,24 @@ def vtrace(log_rhos: np.ndarray, rewards: np.ndarray, values: np.ndarray, next_v
     vs_next[:-1] = np.where(not_done[:-1] > 0, vs[1:], next_values[:-1])
     pg_adv = np.minimum(pg_rho_bar, rhos) * (rewards + gamma * vs_next * not_term - values)
     return vs.astype(np.float32), pg_adv.astype(np.float32)
+
+
+def q_lambda_returns(rewards: np.ndarray, next_values: np.ndarray, terminated: np.ndarray,
+                     truncated: np.ndarray, *, gamma: float, lam: float) -> np.ndarray:
+    """Peng's Q(lambda) returns over a rollout (Peng & Williams 1996), PQN's targets (Gallici et al. 2024):
+    ``G_t = r_t + gamma (1 - terminated_t) [lam G_{t+1} + (1 - lam) max_a Q(s_{t+1}, a)]``, with
+    ``G_t = r_t + gamma (1 - terminated_t) max_a Q(s_{t+1}, a)`` at the rollout's last step and where the episode
+    ended (a truncation bootstraps from its true final observation).
+
+    rewards, next_values (max_a Q(next_obs_t, a)), terminated, truncated: [T, N] -> returns [T, N] float32.
+    """
+    not_term = 1.0 - terminated.astype(np.float32)
+    done = terminated | truncated
+    out = np.zeros_like(rewards, dtype=np.float32)
+    ret = np.zeros(rewards.shape[1], dtype=np.float32)  # G_{t+1}
+    for t in range(rewards.shape[0] - 1, -1, -1):
+        blend = next_values[t] if t == rewards.shape[0] - 1 else \
+            np.where(done[t], next_values[t], lam * ret + (1.0 - lam) * next_values[t])
+        ret = rewards[t] + gamma * not_term[t] * blend
+        out[t] = ret
+    return out

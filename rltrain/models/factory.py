@@ -5,7 +5,8 @@
 
 Roles:
     actor_critic    PPO, A2C, IMPALA: ``ActorCritic`` (policy distribution by action space + value head)
-    q               DQN: ``QPolicy`` (Q-values per discrete action, epsilon-greedy acting)
+    q               DQN, Rainbow, PQN: ``QPolicy`` (Q-values per discrete action, epsilon-greedy acting; the head's
+                    options, ``q_heads.QHeadOptions``: dueling, C51 / QR-DQN outputs, noisy layers, LayerNorm)
     sac             SAC's actor and twin critic together: ``SACNetworks`` (``.actor``, ``.critic``); on
                     observations holding an image one critic encoder read by both Q heads and, detached, by
                     the actor (SAC-AE / DrQ: models/sac_networks.py); vectors and Dicts of them go flattened
@@ -30,6 +31,7 @@ from rltrain.data.structs import EnvSpec
 from rltrain.errors import ConfigError
 from rltrain.models.actor_critic import ActorCritic, EncoderTorso, TwinMLPTorso, is_float_vector
 from rltrain.models.encoders import reads_flat, shares_torso
+from rltrain.models.q_heads import QHeadOptions
 from rltrain.models.q_networks import QPolicy
 from rltrain.models.sac_networks import CriticEncoderActor, SACNetworks, SeparateTwinQ, SharedEncoderTwinQ
 from rltrain.models.settings import SB3_MLP, ModelSettings
@@ -56,8 +58,9 @@ def _actor_critic(spec: EnvSpec, settings: ModelSettings, *, norm_obs: bool = Fa
                        torso=TwinMLPTorso if twin else EncoderTorso)
 
 
-def _q(spec: EnvSpec, settings: ModelSettings) -> QPolicy:
-    return QPolicy(spec, settings)
+def _q(spec: EnvSpec, settings: ModelSettings, **options) -> QPolicy:
+    """``options``: the head's (``QHeadOptions``: dueling, distributional, noisy, layer_norm); none: DQN's."""
+    return QPolicy(spec, settings, QHeadOptions(**options))
 
 
 def _sac_flat(spec: EnvSpec, settings: ModelSettings) -> bool:

@@ -19,22 +19,41 @@ from rltrain.models.distributions import mask_logits
 from rltrain.models.encoders import Encoder, MLPEncoder, Obs, make_encoder
 from rltrain.models.heads import QHead
 from rltrain.models.layers import ACTIVATIONS, NumpyActor, mlp
+from rltrain.models.q_heads import LayerNormMLP, NormedFeatures, QHeadOptions, QHeads
 from rltrain.models.settings import ModelSettings
 
 
 class QNetwork(nn.Module):
-    """Encoder + Q head: obs [B, ...] (or a dict of them) -> Q-values [B, n_actions] (Mnih et al. 2015)."""
+    """Encoder + Q head: obs [B, ...] (or a dict of them) -> Q-values [B, n_actions] (Mnih et al. 2015). With
+    ``options`` other than the plain head (q_heads.py): dueling streams, distributional outputs, noisy layers,
+    a LayerNorm MLP; ``raw(obs)`` then gives the head's [B, A, K] outputs and ``forward`` their Q-values."""
 
-    def __init__(self, spec: EnvSpec, settings: ModelSettings):
+    def __init__(self, spec: EnvSpec, settings: ModelSettings, options: QHeadOptions | None = None):
         super().__init__()
         if spec.action_kind != "discrete":
             raise ConfigError(f"a Q-network needs Discrete actions; env.id={spec.env_id} has {spec.describe()}: "
                               "algo=sac takes Box actions; algo=ppo, a2c and impala take any action space")
         self.n_actions = spec.n_actions
+        self.options = options = options or QHeadOptions()
         self.encoder = make_encoder(spec.observation, settings)
-        self.head = QHead(self.encoder.out_dim, spec.n_actions)
+        if options.layer_norm:
+            if isinstance(self.encoder, MLPEncoder):  # the same widths, a LayerNorm after each hidden Linear
+                self.encoder = LayerNormMLP(spec.observation, hidden_sizes=settings.hidden_sizes,
+                                            activation=settings.activation)
+            else:  # a CNN or a Dict's encoders: normalise the features they hand the head
+                self.encoder = NormedFeatures(self.encoder)
+        out_dim = self.encoder.out_dim
+        self.head = QHead(out_dim, spec.n_actions) if options.one_linear else QHeads(out_dim, spec.n_actions, options)
+
+    def raw(self, obs: Obs) -> Tensor:
+        """obs -> the head's outputs [B, A, K] (K = 1 for the plain head)."""
+        if isinstance(self.head, QHead):
+            return self.forward(obs).unsqueeze(-1)
+        return self.head(self.encoder(obs))
 
     def forward(self, obs: Obs) -> Tensor:
+        if isinstance(self.head, QHeads):
+            return self.head.q_values(self.head(self.encoder(obs)))
         linear = self.head.linear  # QHead's one Linear, called as a function: DQN runs thousands of small forwards
         return F.linear(self.encoder(obs), linear.weight, linear.bias)
 
@@ -42,16 +61,17 @@ class QNetwork(nn.Module):
 class QPolicy(Policy):
     """Q(s, .) and epsilon-greedy acting. ``epsilon`` is a buffer so it ships to actors with the weights."""
 
-    def __init__(self, spec: EnvSpec, settings: ModelSettings):
+    def __init__(self, spec: EnvSpec, settings: ModelSettings, options: QHeadOptions | None = None):
         super().__init__()
         self.spec = spec
         self.n_actions = spec.n_actions
-        self.q = QNetwork(spec, settings)
+        self.q = QNetwork(spec, settings, options)
         self.masked = spec.masked
         self.register_buffer("epsilon", torch.tensor(1.0))
         # a plain MLP over float vectors, no mask: numpy acting (numpy_actor) and DQN's numpy TD step apply.
         # mlp_layers: its Linear layers in order (encoder MLP, then the head), mlp_activation: between them
-        plain = not self.masked and is_float_vector(spec.observation) and isinstance(self.q.encoder, MLPEncoder)
+        plain = not self.masked and is_float_vector(spec.observation) and isinstance(self.q.encoder, MLPEncoder) \
+            and self.q.options.plain
         self.mlp_layers = [m for m in self.q.encoder.mlp if isinstance(m, nn.Linear)] + [self.q.head.linear] \
             if plain else []
         self.mlp_activation = next((name for name, cls in ACTIVATIONS.items() for m in self.q.encoder.mlp
@@ -64,6 +84,13 @@ class QPolicy(Policy):
         DQN's selection) is over legal actions only."""
         q = self.q(obs)
         return mask_logits(q, action_mask_of(obs)) if self.masked else q
+
+    def q_and_raw(self, obs: Obs) -> tuple[Tensor, Tensor]:
+        """obs -> (Q-values [B, A] masked as ``forward``'s, the head's raw outputs [B, A, K]) from one forward:
+        the distributional targets pick the next action by the first and read its distribution from the second."""
+        raw = self.q.raw(obs)
+        q = self.q.head.q_values(raw) if isinstance(self.q.head, QHeads) else raw.squeeze(-1)
+        return (mask_logits(q, action_mask_of(obs)) if self.masked else q), raw
 
     def act(self, obs: Obs, state=None, *, deterministic: bool = False,
             generator: torch.Generator | None = None) -> ActOutput:
