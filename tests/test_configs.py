@@ -266,7 +266,7 @@ def test_a_config_recorded_before_the_one_schema_resumes_unchanged():
     class resumes with today's composed config: nothing differs."""
     import copy
 
-    from rltrain.run.checkpoint import config_changes, upgrade_config
+    from rltrain.run.resume_rules import config_changes, upgrade_config
 
     for overrides in (["experiment=none"], ["experiment=sac_pendulum"], ["experiment=ppo_lstm_cartpole_novel"],
                       ["algo=dqn", "experiment=none", "model.hidden_sizes=[32]"]):

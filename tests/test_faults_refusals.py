@@ -158,7 +158,7 @@ def test_the_stop_line_names_each_agents_checkpoint_and_why_one_was_killed():
 
 # -- resume: where the work runs may change ---------------------------------------------------------------------
 def test_placement_only_keys_may_change_on_resume():
-    from rltrain.run.checkpoint import config_changes
+    from rltrain.run.resume_rules import config_changes
 
     actors = "rltrain.trainers.actors.learner.SubprocessActorsTrainer"
     saved = {"trainer": {"_target_": actors, "num_actors": 2, "backend": "ray", "sync": False,

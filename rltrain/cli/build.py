@@ -370,7 +370,7 @@ def check_resume_config(cfg: dict, run_dir: Path) -> None:
     """``resume=auto`` in a run dir whose recorded run had other trainer / algo / model / env settings: one
     line listing them (a trainer that keeps its checkpoints elsewhere would otherwise restart from step 0
     over the run's summary), unless ``resume_allow_changes`` names them."""
-    from rltrain.run.checkpoint import ALLOW_KEY, resume_mismatch, upgrade_config
+    from rltrain.run.resume_rules import ALLOW_KEY, resume_mismatch, upgrade_config
 
     allow = cfg.get(ALLOW_KEY) or []
     if not isinstance(allow, list) or not all(isinstance(a, str) and a for a in allow):

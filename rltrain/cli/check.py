@@ -148,8 +148,9 @@ def start_checks(plain: dict, run_dir: Path) -> None:
     import tempfile
 
     from rltrain.cli import build
-    from rltrain.run.checkpoint import CheckpointManager, load_checkpoint, resume_mismatch
+    from rltrain.run.checkpoint import CheckpointManager, load_checkpoint
     from rltrain.run.lock import LOCK_FILE
+    from rltrain.run.resume_rules import resume_mismatch
 
     existing = next((p for p in [run_dir, *run_dir.parents] if p.exists()), Path("/"))
     try:  # a probe that leaves nothing behind (os.access says yes to root, also on /proc)

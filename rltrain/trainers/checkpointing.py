@@ -19,13 +19,8 @@ from rltrain import __version__
 from rltrain.algos.base import Algorithm
 from rltrain.data.structs import EnvSpec
 from rltrain.errors import ConfigError
-from rltrain.run.checkpoint import (
-    CheckpointManager,
-    config_changes,
-    load_checkpoint,
-    resume_mismatch,
-    sweep_temp_files,
-)
+from rltrain.run.checkpoint import CheckpointManager, load_checkpoint, sweep_temp_files
+from rltrain.run.resume_rules import config_changes, resume_mismatch
 from rltrain.run.seeding import capture_rng, derive, restore_rng, seed_process
 from rltrain.trainers.finite import FiniteGuard
 from rltrain.trainers.hooks import LoopHooks, Placement, to_cpu
