@@ -19,7 +19,7 @@ from torch import Tensor
 
 from rltrain.algos.adam import clip_grad_norm, make_adam
 from rltrain.algos.base import Sync, positive, refuse_recurrent
-from rltrain.algos.off_policy import OffPolicy, TargetNetwork
+from rltrain.algos.off_policy import HindsightSettings, OffPolicy, TargetNetwork
 from rltrain.algos.td_numpy import NumpyTDStep
 from rltrain.data.replay import Batch
 from rltrain.data.structs import EnvSpec, Metrics
@@ -28,7 +28,7 @@ from rltrain.models.factory import ModelSettings, build
 
 
 @dataclass(frozen=True, kw_only=True)
-class DQNSettings:
+class DQNSettings(HindsightSettings):
     """DQN's hyper-parameters (``algo=dqn``; conf/algo/dqn.yaml: SB3's DQN unless said). Step counts are env
     steps over all envs and workers."""
 

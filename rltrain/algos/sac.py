@@ -25,7 +25,7 @@ from torch import Tensor
 
 from rltrain.algos.adam import make_adam
 from rltrain.algos.base import Sync, positive, refuse_recurrent
-from rltrain.algos.off_policy import OffPolicy, TargetNetwork
+from rltrain.algos.off_policy import HindsightSettings, OffPolicy, TargetNetwork
 from rltrain.data.replay import Batch
 from rltrain.data.structs import EnvSpec
 from rltrain.errors import ConfigError
@@ -35,7 +35,7 @@ from rltrain.models.sac_networks import holds_separate_encoders
 
 
 @dataclass(frozen=True, kw_only=True)
-class SACSettings:
+class SACSettings(HindsightSettings):
     """SAC's hyper-parameters (``algo=sac``; conf/algo/sac.yaml: SB3's SAC, which follows Haarnoja et al. 2018).
     Step counts are env steps over all envs and workers."""
 
