@@ -144,7 +144,10 @@ def _policy_from(state: dict, path: Path, *, device: str, allow_import: bool, op
     else:
         probed = probe_env(env_factory(env), str((cfg.get("algo") or {}).get("action_mask", "auto")))
         spec, factory = probed.spec, probed.factory
-    algo = algo_factory(cfg)(spec, num_envs=env["num_envs"], device=pick_device(device))
+    # the acting policy needs no replay: a goal task's hindsight relabelling (algo.her) stays off, so the env's
+    # compute_reward is not looked for
+    acting = {**cfg, "algo": {**cfg["algo"], "her": False}} if cfg["algo"].get("her") else cfg
+    algo = algo_factory(acting)(spec, num_envs=env["num_envs"], device=pick_device(device))
     built = None if recorded is None else PolicySpaces.state_shapes(algo.policy.initial_state(1))
     if recorded is not None and built != recorded.core_state:
         raise ConfigError(f"checkpoint={path}: its recurrent state is {recorded.core_state}, but its settings "

@@ -345,6 +345,7 @@ class Rollout:
     policy_version: np.ndarray
     episode_returns: list[float] = field(default_factory=list)  # episodes that finished in this rollout
     episode_lengths: list[int] = field(default_factory=list)
+    episode_successes: list[bool] = field(default_factory=list)  # info["is_success"] of those that reported one
     env_ids: np.ndarray | None = None
     core_state: tuple[torch.Tensor, ...] | None = None
     values: np.ndarray | None = None

@@ -139,7 +139,28 @@ def env_fault(err: BaseException, env_index: int, env_step: int, call: str) -> E
                     env_step=env_step)
 
 
-class VecEnv:
+class EpisodeReports:
+    """What both vector envs hand the collector about the episodes that ended, beside their rewards."""
+
+    _real: list[tuple[int, float, int]] | None
+    _successes: list[bool]
+
+    def pop_real_episodes(self) -> list[tuple[int, float, int]] | None:
+        """(env index, real game score, length in steps) of the games that ended since the last call, or
+        None when the envs do not report real scores (no ``env.wrappers``: the rewards are the score)."""
+        if self._real is None:
+            return None
+        done, self._real = self._real, []
+        return done
+
+    def pop_successes(self) -> list[bool]:
+        """``info["is_success"]`` of the episodes that ended since the last call, in (step, env) order (goal tasks,
+        Gymnasium-Robotics' convention); episodes whose last info has no such key are left out."""
+        done, self._successes = self._successes, []
+        return done
+
+
+class VecEnv(EpisodeReports):
     """N envs stepped in one process, in a plain list (cheaper than SyncVectorEnv), autoreset same-step."""
 
     def __init__(self, fns: list[Callable[[], gym.Env]], seeds: list[int], *, real_scores: bool = False,
@@ -159,7 +180,7 @@ class VecEnv:
         self._term = np.zeros(self.num_envs, bool)
         self._trunc = np.zeros(self.num_envs, bool)
         self._discrete = isinstance(self.envs[0].action_space, gym.spaces.Discrete)
-        self._real: list[tuple[int, float, int]] | None = [] if real_scores else None
+        self._real, self._successes = ([] if real_scores else None), []  # EpisodeReports
 
     def reset(self) -> np.ndarray:
         watch = self.watch
@@ -209,6 +230,8 @@ class VecEnv:
                     term[i] = te
                     trunc[i] = tr
                     if te or tr:
+                        if "is_success" in info:
+                            self._successes.append(bool(info["is_success"]))
                         call = "reset() (its episode had ended)"
                         o, _ = env.reset()
                     put_checked(obs, i, o, space)
@@ -223,14 +246,6 @@ class VecEnv:
         if self._dict:
             return obs_map(np.copy, obs), rew.copy(), term.copy(), trunc.copy(), obs_map(np.copy, final)
         return obs.copy(), rew.copy(), term.copy(), trunc.copy(), final.copy()
-
-    def pop_real_episodes(self) -> list[tuple[int, float, int]] | None:
-        """(env index, real game score, length in steps) of the games that ended since the last call, or
-        None when the envs do not report real scores (no ``env.wrappers``: the rewards are the score)."""
-        if self._real is None:
-            return None
-        done, self._real = self._real, []
-        return done
 
     def get_state(self) -> bytes | None:
         """Pickled envs (mid-episode state + RNGs) so a resume continues the same trajectories."""
@@ -260,7 +275,7 @@ def _batch_of(space: gym.Space, n: int):
     return np.zeros((n, *space.shape), space.dtype)
 
 
-class AsyncVecEnv:
+class AsyncVecEnv(EpisodeReports):
     """Gymnasium's AsyncVectorEnv (one subprocess per env) adapted to the ``VecEnv`` interface.
 
     Each worker dies with this process (``die_with_parent``) and ignores SIGINT (this process decides how to
@@ -277,7 +292,7 @@ class AsyncVecEnv:
         self.venv = AsyncVectorEnv(fns, autoreset_mode=AutoresetMode.SAME_STEP, context=context)
         self.seeds = list(seeds)
         self.num_envs = len(seeds)
-        self._real: list[tuple[int, float, int]] | None = [] if real_scores else None
+        self._real, self._successes = ([] if real_scores else None), []  # EpisodeReports
         self.watch = CallWatch(step_timeout_s)
         self.steps = 0
         self._broken = False
@@ -337,6 +352,9 @@ class AsyncVecEnv:
                 obs_put(final, i, info["final_obs"][i])
         if self._real is not None:
             self._gather_real(info, done)
+        last = info.get("final_info", {})  # same-step autoreset: the ended episodes' last infos
+        if done.any() and "is_success" in last:
+            self._successes.extend(bool(last["is_success"][i]) for i in np.flatnonzero(done & last["_is_success"]))
         self._check_bounds(final, "step()")
         return obs, rew.astype(np.float32), term, trunc, final
 
@@ -347,12 +365,6 @@ class AsyncVecEnv:
             src = info.get("final_info", {}) if done[i] else info
             if "real_score" in src and src["_real_score"][i]:
                 self._real.append((i, float(src["real_score"][i]), int(src["real_length"][i])))
-
-    def pop_real_episodes(self) -> list[tuple[int, float, int]] | None:
-        if self._real is None:
-            return None
-        done, self._real = self._real, []
-        return done
 
     def get_state(self) -> bytes | None:
         return None
