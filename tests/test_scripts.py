@@ -100,3 +100,28 @@ def test_bench_multiagent_prints_its_table(tmp_path):
     assert out.returncode == 0, out.stderr[-3000:]
     row = next(line for line in out.stdout.splitlines() if line.startswith("| spread | ippo | 2500 |"))
     assert "skipped (no skrl" in row
+
+
+def test_bench_algorithms_prints_its_rows_at_a_tiny_budget():
+    """scripts/bench_algorithms.py at a budget of a few hundred steps: one row per comparison (TD3 on Pendulum,
+    SAC + HER on the goal task, with its success rates); SB3's side where this Python has it, else said skipped."""
+    import importlib.util
+
+    peer = [] if importlib.util.find_spec("stable_baselines3") else ["--sb3-python", "/nonexistent/python"]
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    out = subprocess.run([sys.executable, "scripts/bench_algorithms.py", "--runs", "1", "--td3-steps", "300",
+                          "--td3-learning-starts", "200", "--her-steps", "300", *peer],
+                         cwd=REPO, capture_output=True, text=True, timeout=600, env=env)
+    assert out.returncode == 0, out.stderr[-3000:]
+    rows = _table(out.stdout)
+    assert [k.split(",")[0] for k in rows] == ["TD3 Pendulum-v1", "SAC + HER PointReach (sparse)"], out.stdout
+    td3, her = rows.values()
+    assert float(td3[0]) > 0 and td3[5] != "-" and td3[7] == "-"  # CPU, a return, no success rate
+    assert her[7].endswith(")") and "mean" in her[7]  # the goal task's success rate per seed
+    if peer:
+        assert "SB3 side skipped" in out.stdout and td3[1] == "-"
+    else:
+        assert float(td3[1]) > 0 and her[8] != "-"
+    bad = subprocess.run([sys.executable, "scripts/bench_algorithms.py", "--only", "td4"], cwd=REPO,
+                         capture_output=True, text=True, timeout=120, env=env)
+    assert bad.returncode != 0 and "unknown --only ['td4']" in bad.stderr
