@@ -136,3 +136,36 @@ def test_hindsight_on_a_task_without_goals_is_one_line():
         SAC(dataclasses.replace(spec, goal_reward=None), SACSettings(her=True), num_envs=1, device=CPU, model=SMALL)
     with pytest.raises(ConfigError, match=r"algo.her_k=0 must be an integer >= 1"):
         SAC(spec, SACSettings(her=True, her_k=0), num_envs=1, device=CPU, model=SMALL)
+
+
+SUCCESS_RUNS = {
+    # an on-policy learner on async envs (Gymnasium's final_info), and relabelling behind subprocess actors
+    "ppo-async": ["algo=ppo", "env.vectorization=async", "algo.rollout_len=32", "algo.num_minibatches=2"],
+    "dqn-her-actors": ["algo=dqn", "algo.her=true", "trainer=subprocess_actors", "trainer.num_actors=1",
+                       "algo.rollout_len=8", "algo.learning_starts=128", "algo.buffer_size=2000"],
+}
+
+
+@pytest.mark.parametrize("case", list(SUCCESS_RUNS))
+def test_the_success_rate_reaches_metrics_evaluation_summary_and_rltrain_eval(tmp_path, case):
+    """info["is_success"] at an episode's end: rollout/success_rate in the metrics, eval/success_rate in each
+    evaluation, the summary's training and final evaluation rates, rltrain-eval's line; for any algorithm and
+    trainer (BitFlip: 8-step episodes)."""
+    import json
+
+    from rltrain.run.metrics import read_metrics
+    from tests.conftest import run_cli
+
+    run_dir = tmp_path / "run"
+    res = run_cli(["debug=smoke", "total_env_steps=512", "env.id=bench_envs:BitFlip", f"env.search_path={PEERS}",
+                   "env.num_envs=2", "eval.every_env_steps=256", "eval.episodes=4", "log.every_env_steps=128",
+                   "logger=quiet", *SUCCESS_RUNS[case], f"hydra.run.dir={run_dir}"], cwd=tmp_path, timeout=300)
+    assert res.returncode == 0, res.stderr[-3000:]
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert 0.0 <= summary["train_success_rate_last100"] <= 1.0 and 0.0 <= summary["final_eval_success_rate"] <= 1.0
+    rows = read_metrics(run_dir / "metrics.csv")
+    assert all(r["rollout/success_rate"] != "" for r in rows[1:]), rows  # from the first finished episodes on
+    evaluations = [r for r in rows if r["eval/return_mean"] != ""]
+    assert len(evaluations) >= 2 and all(r["eval/success_rate"] != "" for r in evaluations)  # each one has one
+    out = run_cli([str(run_dir), "--episodes", "3", "--allow-import"], cwd=tmp_path, module="rltrain.cli.evaluate")
+    assert out.returncode == 0 and "success rate: " in out.stdout, out.stderr[-2000:]

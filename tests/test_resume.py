@@ -107,3 +107,5 @@ def test_off_policy_resume_is_bitwise_identical(tmp_path, case):
     assert a == b and len(a) == 4
     if case == "sac_her":
         assert "rollout/success_rate" in a[-1] and "train_success_rate_last100" in summary
+    else:  # an env that reports no info["is_success"] gets no success columns
+        assert "rollout/success_rate" not in a[-1] and "final_eval_success_rate" not in summary
