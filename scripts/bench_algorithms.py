@@ -1,14 +1,15 @@
 """Algorithms against their peers, same settings, one script run: final return / success rate and CPU.
 
-    python scripts/bench_algorithms.py --sb3-python /work/peers-venv/bin/python   # every row, 3 seeds each
+    python scripts/bench_algorithms.py --sb3-python /path/to/python   # every row, 3 seeds each
     python scripts/bench_algorithms.py --only td3-pendulum --runs 2
 
 Each run is a whole process (``python -m rltrain ...`` and ``scripts/peers/sb3_algorithms.py``), timed by the
 CPU time the child used (user + system, from this process's children rusage) and wall time; the two alternate
 per seed so that both meet the same neighbours. The table gives, per row, the medians of the paired runs, the
-CPU ratio rltrain / peer of each pair, and each seed's mean return (and success rate on goal tasks) over the
-last 100 training episodes, both libraries' own bookkeeping. Only ratios from one run of this script mean
-anything on a shared machine; timings are never asserted.
+CPU ratio rltrain / peer of each pair, each seed's final evaluation (10 deterministic episodes: the mean return,
+and the success rate on goal tasks) and its mean return over the last 100 training episodes (both libraries' own
+bookkeeping; on Pendulum at rl-zoo3's settings half of those 100 are the 10k random warm-up steps). Only ratios
+from one run of this script mean anything on a shared machine; timings are never asserted.
 
 Rows (each a function below returning its ``Row``s, so rows of other algorithms go beside them):
   td3-pendulum  TD3 on Pendulum-v1 at rl-baselines3-zoo's settings (rltrain's ``experiment=td3_pendulum``, the
@@ -33,7 +34,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_offpolicy import PEERS, REPO, median, path_env, sb3_missing, timed  # noqa: E402
 
 PEER = PEERS / "sb3_algorithms.py"
-COMMON = ["env.num_envs=1", "logger=quiet", "eval.every_env_steps=0", "eval.episodes=5",
+EVAL_EPISODES = 10  # the final evaluation of both sides (the peer script's EVAL_EPISODES)
+COMMON = ["env.num_envs=1", "logger=quiet", "eval.every_env_steps=0", f"eval.episodes={EVAL_EPISODES}",
           "checkpoint.every_env_steps=0"]
 
 
@@ -70,7 +72,8 @@ def run_rltrain(row: Row, seed: int) -> dict:
                              env=path_env(REPO, PEERS))
         summary = json.loads((Path(tmp) / "run" / "summary.json").read_text())
     return {"wall": wall, "cpu": cpu, "return": summary.get("train_return_last100"),
-            "success": summary.get("train_success_rate_last100")}
+            "success": summary.get("train_success_rate_last100"), "eval": summary.get("final_eval_return"),
+            "eval_success": summary.get("final_eval_success_rate")}
 
 
 def run_peer(python: str, row: Row, seed: int) -> dict:
@@ -79,7 +82,8 @@ def run_peer(python: str, row: Row, seed: int) -> dict:
                                 cwd=Path(tmp), env=path_env(PEERS))
     out = json.loads(proc.stdout.strip().splitlines()[-1])
     return {"wall": wall, "cpu": cpu, "return": out["train_return_last100"],
-            "success": out["train_success_rate_last100"]}
+            "success": out["train_success_rate_last100"], "eval": out["final_eval_return"],
+            "eval_success": out["final_eval_success_rate"]}
 
 
 def per_seed(runs: list[dict], key: str, fmt: str) -> str:
@@ -117,22 +121,25 @@ def main() -> None:
             ours.append(run_rltrain(row, seed))
             if not missing:
                 peer.append(run_peer(args.sb3_python, row, seed))
-            print(f"{row.title} seed {seed}: rltrain {ours[-1]['cpu']:.1f} s CPU, return {ours[-1]['return']}, "
-                  f"success {ours[-1]['success']}" + (f"; SB3 {peer[-1]['cpu']:.1f} s CPU, return "
-                                                      f"{peer[-1]['return']}, success {peer[-1]['success']}"
-                                                      if peer else ""), file=sys.stderr, flush=True)
+            for side, res in (("rltrain", ours[-1]), ("SB3", peer[-1] if peer else None)):
+                if res is not None:
+                    print(f"{row.title} seed {seed}: {side} {res['cpu']:.1f} s CPU, final eval {res['eval']} "
+                          f"(success {res['eval_success']}), last 100 training episodes {res['return']}",
+                          file=sys.stderr, flush=True)
         ratios = [o["cpu"] / p["cpu"] for o, p in zip(ours, peer, strict=False)]
-        success = (per_seed(ours, "success", ".2f"), per_seed(peer, "success", ".2f")) if row.goal else ("-", "-")
+        success = (per_seed(ours, "eval_success", ".2f"), per_seed(peer, "eval_success", ".2f")) if row.goal \
+            else ("-", "-")
         table.append((f"{row.title}, {row.steps} steps", median([o["cpu"] for o in ours]),
                       median([p["cpu"] for p in peer]), median(ratios, 2),
-                      ", ".join(f"{r:.2f}" for r in ratios) or "-", per_seed(ours, "return", ".1f"),
-                      per_seed(peer, "return", ".1f"), *success))
+                      ", ".join(f"{r:.2f}" for r in ratios) or "-", per_seed(ours, "eval", ".1f"),
+                      per_seed(peer, "eval", ".1f"), *success, per_seed(ours, "return", ".1f"),
+                      per_seed(peer, "return", ".1f")))
     print(f"\n{args.runs} paired runs per row (seeds 1..{args.runs}), medians; CPU = the whole process (user + "
-          "system); ratios are rltrain / SB3 per seed, from this one invocation; returns and success rates are "
-          "the last 100 training episodes'\n")
-    print("| row | rltrain CPU s | SB3 CPU s | CPU ratio | ratio per seed | rltrain return | SB3 return | "
-          "rltrain success | SB3 success |")
-    print("|---|---|---|---|---|---|---|---|---|")
+          "system, its final evaluation included); ratios are rltrain / SB3 per seed, from this one invocation; "
+          f"final eval: {EVAL_EPISODES} deterministic episodes; last 100: the training episodes' mean return\n")
+    print("| row | rltrain CPU s | SB3 CPU s | CPU ratio | ratio per seed | rltrain final eval | SB3 final eval | "
+          "rltrain eval success | SB3 eval success | rltrain last 100 | SB3 last 100 |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
     for cells in table:
         print("| " + " | ".join(cells) + " |")
 

@@ -116,12 +116,12 @@ def test_bench_algorithms_prints_its_rows_at_a_tiny_budget():
     rows = _table(out.stdout)
     assert [k.split(",")[0] for k in rows] == ["TD3 Pendulum-v1", "SAC + HER PointReach (sparse)"], out.stdout
     td3, her = rows.values()
-    assert float(td3[0]) > 0 and td3[5] != "-" and td3[7] == "-"  # CPU, a return, no success rate
-    assert her[7].endswith(")") and "mean" in her[7]  # the goal task's success rate per seed
+    assert float(td3[0]) > 0 and "mean" in td3[5] and td3[7] == "-" and "mean" in td3[9]  # CPU, returns, no success
+    assert "mean" in her[7]  # the goal task's evaluation success rate per seed
     if peer:
-        assert "SB3 side skipped" in out.stdout and td3[1] == "-"
+        assert "SB3 side skipped" in out.stdout and td3[1] == "-" and td3[6] == "-"
     else:
-        assert float(td3[1]) > 0 and her[8] != "-"
+        assert float(td3[1]) > 0 and "mean" in td3[6] and "mean" in her[8]
     bad = subprocess.run([sys.executable, "scripts/bench_algorithms.py", "--only", "td4"], cwd=REPO,
                          capture_output=True, text=True, timeout=120, env=env)
     assert bad.returncode != 0 and "unknown --only ['td4']" in bad.stderr
