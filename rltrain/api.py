@@ -62,8 +62,10 @@ def _train_overrides(overrides: list[str], run_dir: str | Path | None) -> RunRes
     from hydra.core.hydra_config import HydraConfig
     from omegaconf import open_dict
 
+    from rltrain.cli import schema
     from rltrain.cli.train import announce_experiment, one_line, prepare_job
 
+    schema.register()  # the config nodes compose from (cli/schema.py), whatever hides Hydra's plugin scan
     if any(o.startswith(("-m", "--multirun", "hydra.mode")) for o in overrides):
         raise ConfigError("multirun is a command-line feature: call train() once per job, or run rltrain -m")
     overrides = announce_experiment(overrides)  # experiment=auto, as the command line resolves it

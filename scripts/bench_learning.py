@@ -31,17 +31,17 @@ THRESHOLDS: dict[str, tuple[int, float]] = {
     "ppo_cartpole": (100_000, 475), "a2c_cartpole": (200_000, 400), "dqn_cartpole": (100_000, 400),
     "impala_cartpole": (200_000, 400), "sac_pendulum": (20_000, -250), "ppo_acrobot": (200_000, -100),
     "dqn_acrobot": (200_000, -100), "ppo_pendulum": (300_000, -300),
-    # MinAtar from pixels (issue 13): PPO aims from the issue; DQN / IMPALA: well above random play (0.4)
+    # MinAtar from pixels: PPO aims at its published figures; DQN / IMPALA: well above random play (0.4)
     "ppo_minatar": (2_000_000, 15), "ppo_minatar_spaceinvaders": (2_000_000, 60),
     "dqn_minatar": (1_000_000, 5), "impala_minatar": (2_000_000, 5),
-    # partially observed (issue 14): rl-zoo3 RecurrentPPO reaches 500 at 100k on CartPoleNoVel
+    # partially observed: rl-zoo3 RecurrentPPO reaches 500 at 100k on CartPoleNoVel
     "ppo_lstm_cartpole_novel": (200_000, 475), "ppo_lstm_pendulum_novel": (300_000, -300),
     "impala_lstm_cartpole_novel": (500_000, 400), "ppo_lstm_minatar": (1_000_000, float("nan")),
-    # MuJoCo (issue 16): at or above CleanRL ppo_continuous_action's latest benchmark (v4 tasks, 3 seeds)
+    # MuJoCo: at or above CleanRL ppo_continuous_action's latest benchmark (v4 tasks, 3 seeds)
     "ppo_mujoco:Hopper-v5": (1_000_000, 2383), "ppo_mujoco:Walker2d-v5": (1_000_000, 2288),
     "ppo_mujoco:HalfCheetah-v5": (1_000_000, 1443),
     "sac_mujoco:Hopper-v5": (50_000, float("nan")), "sac_mujoco:HalfCheetah-v5": (50_000, float("nan")),
-    # Box2D / classic control presets (issue 16): the conventional "solved" scores
+    # Box2D / classic control presets: the conventional "solved" scores
     "ppo_lunarlander": (1_000_000, 200), "dqn_lunarlander": (150_000, 200),
     "ppo_lunarlander_continuous": (1_000_000, 200), "sac_lunarlander_continuous": (200_000, 200),
     "sac_mountaincar_continuous": (50_000, 90),

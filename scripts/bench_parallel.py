@@ -3,7 +3,7 @@
 Both sides are whole ``python -m rltrain`` processes timed end to end (imports, env creation, final eval and
 all), because that is what a user waits for. The sequential side runs ``trainer=sequential seed=<agent k's
 derived seed>`` for each k, i.e. exactly the agents the parallel run trains. On a machine with >= K free
-cores the ratio should approach 1/K plus process start-up; the issue's target on 2 cores is <= 0.6.
+cores the ratio should approach 1/K plus process start-up; rltrain's target on 2 cores is <= 0.6.
 
 Every repeat measures, back to back: the machine's busy-loop ceiling, the sequential pair, and one parallel
 run per start method (their order rotates between repeats), so the ratios of one repeat share one moment of

@@ -5,7 +5,7 @@
 
 Each run is a whole ``python -m rltrain`` process of the given interpreter (so another checkout's install is
 measured by its own code) on ``bench_envs:PointMassPixels`` (scripts/peers/bench_envs.py: a point mass steered
-from 84x84x3 uint8 frames, Box actions) with SAC's defaults (conf/algo/sac.yaml: batch 256, one update per
+from 84x84x3 uint8 frames, Box actions) with SAC's defaults (SACSettings: batch 256, one update per
 env step, 256x256 heads, Nature CNN) except a 10k replay (1M frames of 84x84x3 would need 21 GB) and
 ``learning_starts`` = the batch size, so updates begin where the measured span starts. Two rates per install:
 wall steps/s from the run's own ``metrics.csv`` (``time/wall``, the loop's training wall time) between the rows

@@ -1,4 +1,5 @@
-"""The spaces of issue 24 side by side: rltrain PPO against Stable-Baselines3 at their defaults.
+"""Action masks, MultiDiscrete / MultiBinary actions and Tuple observations side by side: rltrain PPO against
+Stable-Baselines3 at their defaults.
 
     python scripts/bench_spaces.py                      # every row, 3 seeds each
     python scripts/bench_spaces.py --only masked --seeds 1 --steps 4000
@@ -12,7 +13,7 @@ Rows (the envs are ``tests/helpers/space_envs.py``'s, so the repository goes on 
   blackjack      Blackjack-v1 (a Tuple observation, which rltrain reads as it is; SB3 refuses Tuples, so its
                  PPO gets gymnasium's FlattenObservation): rltrain PPO vs SB3 PPO
 
-Every run uses its library's defaults (rltrain's conf/algo/ppo.yaml with 4 envs; SB3's PPO / MaskablePPO with one
+Every run uses its library's defaults (rltrain's PPOSettings with 4 envs; SB3's PPO / MaskablePPO with one
 env, n_steps 2048) and the same env-step budget. Each is a whole process timed by the CPU time it used (user +
 system, from this process's children rusage). Return: the mean over seeds of the mean of ``--episodes``
 deterministic evaluation episodes after training; train return: the mean over seeds of the last 100 training

@@ -340,6 +340,14 @@ SECTIONS: dict[str, Callable[[argparse.Namespace], list[Row]]] = {
 }
 
 
+def commit() -> str:
+    """The checkout's commit, with ``+changes`` when files differ from it."""
+    head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True)
+    dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=REPO, capture_output=True,
+                           text=True)
+    return (head.stdout.strip() or "unknown") + ("+changes" if dirty.stdout.strip() else "")
+
+
 def fmt(x: float | None) -> str:
     return "" if x is None else f"{x:,.0f}"
 
@@ -367,6 +375,7 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     torch.set_num_threads(1)
+    print(f"measured at commit {commit()}", flush=True)  # figures quoted from this table name it
     rows: list[Row] = []
     if "train" in only and "env" not in only:
         section_env(argparse.Namespace(**{**vars(args), "quick": True}))  # the ceiling for the ratio only

@@ -1,4 +1,4 @@
-"""Invalid-action masking (issue 24, item 2; Huang & Ontanon 2022).
+"""Invalid-action masking (Huang & Ontanon 2022).
 
 ``tests/helpers/space_envs.py``'s MaskedEnv ends an episode with -10 at the first illegal action, so an
 episode's return is its length (20) exactly when no illegal action was taken: every trainer's episode

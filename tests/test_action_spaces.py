@@ -1,4 +1,4 @@
-"""MultiDiscrete and MultiBinary actions (issue 24, item 1) and Tuple observations (item 3).
+"""MultiDiscrete and MultiBinary actions and Tuple observations.
 
 The distributions against ``torch.distributions`` (log-probs and entropies summed over the components); PPO,
 A2C and IMPALA end to end on ``tests/helpers/space_envs.py``'s envs, feed-forward and recurrent, under every

@@ -19,6 +19,7 @@ from rltrain.algos.sac import SAC
 from rltrain.algos.td3 import TD3
 from rltrain.data.structs import EnvSpec, Rollout
 from rltrain.errors import ConfigError
+from rltrain.models.settings import ModelSettings
 
 CARTPOLE = EnvSpec("CartPole-v1", (4,), "discrete", (), n_actions=2)
 PENDULUM = EnvSpec("Pendulum-v1", (3,), "box", (1,), action_low=(-2.0,), action_high=(2.0,))
@@ -47,7 +48,9 @@ IDS = [c[0] for c in CASES]
 
 def make(cls, spec, kw, seed=0, sync=None, **settings):
     torch.manual_seed(seed)
-    return cls(spec, cls.settings_class(**kw, **settings), num_envs=N, device=CPU, sync=sync)
+    kw = {**kw, **settings}
+    model = ModelSettings(hidden_sizes=tuple(kw.pop("hidden_sizes"))) if "hidden_sizes" in kw else None
+    return cls(spec, cls.settings_class(**kw), num_envs=N, device=CPU, sync=sync, model=model)
 
 
 def synthetic_rollout(algo, spec: EnvSpec, seed: int = 0) -> Rollout:
@@ -281,30 +284,20 @@ def test_feedforward_successor_values_forward_only_the_rows_they_need(cls, consi
 
 @pytest.mark.parametrize("cls", [PPO, A2C, IMPALA, DQN, SAC, TD3, DDPG], ids=lambda c: c.name)
 def test_settings_are_one_frozen_typed_object_whose_defaults_are_the_algo_group(cls):
-    """Each algorithm's hyper-parameters are one frozen keyword-only dataclass: its fields are the keys of
-    conf/algo/<name>.yaml, with the same defaults (the YAML says each one's source), and the CLI
-    builds it from the group in one place (cli/build.py algo_settings); a bad value is one line naming it."""
+    """Each algorithm's hyper-parameters are one frozen keyword-only dataclass, the only place their defaults
+    are written: the algo=<name> config node is generated from it (cli/schema.py), and the CLI builds it from
+    the group in one place (cli/build.py algo_settings); a bad value is one line naming it."""
     import dataclasses
-    from pathlib import Path
-
-    import yaml
 
     from rltrain.cli.build import algo_settings
+    from rltrain.cli.schema import algo_node
 
     settings_cls = cls.settings_class
     assert dataclasses.is_dataclass(settings_cls) and settings_cls.__dataclass_params__.frozen
     with pytest.raises(TypeError):
         settings_cls(1)  # keyword-only
-    node = yaml.safe_load((Path(__file__).parents[1] / "rltrain" / "conf" / "algo" / f"{cls.name}.yaml").read_text())
-    keys = [k for k in node if not k.startswith("_")]
-    fields = {f.name: f.default for f in dataclasses.fields(settings_cls)}
-    assert set(keys) <= set(fields) and set(fields) - set(keys) <= {"action_noise", "noise_theta", "noise_dt"}
-    for key in keys:
-        if not (isinstance(node[key], str) and node[key].startswith("${")):  # checkpoint.replay_buffer's
-            expected = tuple(node[key]) if isinstance(node[key], list) else node[key]
-            assert fields[key] == expected, key
-    resolved = {k: False if k == "checkpoint_buffer" else v for k, v in node.items()}  # the interpolation's default
-    assert algo_settings({"algo": {**resolved, "action_mask": "auto"}}) == settings_cls()
+    node = algo_node(cls.name)["algo"]
+    assert algo_settings({"algo": node}) == settings_cls()
     with pytest.raises(ConfigError, match=r"^algo\.rollout_len=0 must be > 0$"):
         settings_cls(rollout_len=0)
     with pytest.raises(ConfigError, match=r"^algo\.rollout_lenn: unknown key"):

@@ -84,7 +84,7 @@ def test_bad_input_raises_the_clis_one_line(tmp_path):
 
 BOX = {"ppo": ["algo=ppo", "algo.init_log_std=1.0"],
        # deterministic actors: stochastic acting gives mu(s) too (the exploration noise is the collector's)
-       "td3": ["algo=td3", "experiment=none", "algo.learning_starts=256", "algo.hidden_sizes=[16,16]"]}
+       "td3": ["algo=td3", "experiment=none", "algo.learning_starts=256", "model.hidden_sizes=[16,16]"]}
 
 
 @pytest.mark.parametrize("algo", list(BOX))

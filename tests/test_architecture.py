@@ -1,4 +1,4 @@
-"""The layout is the architecture (design.md section 2): every import in the package, function-local ones
+"""The layout is the architecture (docs/architecture.md): every import in the package, function-local ones
 included, must point down. A forbidden arrow fails here with the file, line and the rule it breaks."""
 
 from __future__ import annotations

@@ -75,10 +75,10 @@ BAD_INPUTS = [
     (["env.id=CartPol-v1"], "did you mean 'CartPole-v1'"),
     (["algo=nope"], "unknown option algo=nope (valid: "),
     (["trainer=nope"], "unknown option trainer=nope"),
-    (["algo.lrr=0.1"], "unknown key 'algo.lrr'"),
-    (["+algo.lrr=0.1"], "algo.lrr: unknown key; did you mean 'lr'?"),
+    (["algo.lrr=0.1"], "algo.lrr: unknown key; did you mean 'lr'? (valid: action_mask, rollout_len"),
+    (["+algo.lrr=0.1"], "algo.lrr: unknown key; did you mean 'lr'? (valid: action_mask, rollout_len"),
     (["algo.lr=fast"], "algo.lr='fast' has the wrong type: expected float"),
-    (["algo.update_epochs=2.5"], "algo.update_epochs=2.5 has the wrong type: expected int"),
+    (["algo.update_epochs=2.5"], "algo.update_epochs=2.5 has the wrong type: expected int (a count: a whole"),
     (["total_env_steps=-5"], "total_env_steps=-5 must be a positive integer"),
     (["total_env_steps=0"], "total_env_steps=0 must be a positive integer"),
     (["env.num_envs=0"], "env.num_envs=0 must be a positive integer"),
@@ -141,11 +141,52 @@ def test_user_env_by_import_path_with_kwargs(cli, tmp_path):
 
 
 def test_help_and_cfg_job(cli):
+    """--help shows the generic defaults (the settings dataclasses'), names the preset experiment=auto would add
+    and the docs page of each group; --cfg job shows what a run composes (the preset included)."""
     res = cli("--help")
     assert res.returncode == 0 and "== Configuration groups ==" in res.stdout
-    assert "rltrain: train" in res.stdout and "algo: " in res.stdout
+    assert "rltrain: train" in res.stdout and "algo: a2c, dqn, impala, ippo, mappo, ppo, sac" in res.stdout
+    assert "  lr: 0.0003\n" in res.stdout and "  rollout_len: null\n" in res.stdout  # PPOSettings, not ppo_cartpole
+    assert "experiment=auto (the default) adds experiment=ppo_cartpole (tuned for algo=ppo on CartPole-v1)" in \
+        res.stdout
+    for page in ("docs/getting-started.md", "docs/reference/config.md", "docs/algorithms/<name>.md",
+                 "docs/scaling/parallel.md", "docs/scaling/distributed.md", "docs/scaling/subprocess-actors.md",
+                 "docs/scaling/ray.md", "docs/scaling/slurm.md", "docs/guide/own-env.md", "docs/guide/recurrent.md",
+                 "docs/guide/pixels.md", "docs/guide/checkpoints.md", "docs/guide/trackers.md", "docs/guide/sweeps.md",
+                 "docs/trust.md", "docs/guide/multi-agent.md"):
+        assert page in res.stdout, page
+    res = cli("--help", "algo=sac", "env=pendulum")
+    assert res.returncode == 0 and "adds experiment=sac_pendulum" in res.stdout and "  policy_lr: 0.0003" in res.stdout
     res = cli("--cfg", "job", "algo.lr=0.001")
-    assert res.returncode == 0 and "lr: 0.001" in res.stdout
+    assert res.returncode == 0 and "lr: 0.001" in res.stdout and "rollout_len: 64" in res.stdout  # ppo_cartpole's
+
+
+def test_whole_floats_are_counts_and_recorded_as_integers(cli, tmp_path):
+    res = cli("debug=smoke", "logger=quiet", "total_env_steps=1.024e3", "eval.every_env_steps=5.12e2",
+              "algo.rollout_len=3.2e1", "hydra.run.dir=run")
+    assert res.returncode == 0, res.stderr
+    import yaml
+
+    cfg = yaml.safe_load((tmp_path / "run" / "config.yaml").read_text())
+    assert (cfg["total_env_steps"], cfg["eval"]["every_env_steps"], cfg["algo"]["rollout_len"]) == (1024, 512, 32)
+    assert json.loads((tmp_path / "run" / "summary.json").read_text())["total_env_steps"] == 1024
+
+
+def test_multirun_job_dirs_carry_no_escape_characters(cli, tmp_path):
+    """Hydra's override_dirname escapes ':' (env.id=pkg\\:Env) and a '/' in a value would nest directories: job
+    dirs are '<num>_<overrides as plain text>', without a timestamp (a requeued job finds its dir)."""
+    from rltrain.cli.resolvers import job_dir
+
+    assert job_dir(3, r"env.id=pkg\:Env,seed=1") == "3_env.id=pkg-Env,seed=1"
+    assert job_dir(0, "env.id=ALE/Pong-v5,trainer.scopes=[2,3]") == "0_env.id=ALE-Pong-v5,trainer.scopes=2,3"
+    assert job_dir(7, "") == "7_" and len(job_dir(1, "a=" + "x" * 500)) <= 2 + 120
+    res = cli("-m", "debug=smoke", "logger=quiet", "env.id=tests.helpers.faulty_envs:make_counting",
+              "total_env_steps=256", "eval.episodes=1", "seed=1,2", "hydra.sweep.dir=sweep",
+              env={"PYTHONPATH": str(REPO)})
+    assert res.returncode == 0, res.stderr
+    names = sorted(p.name for p in (tmp_path / "sweep").iterdir() if p.is_dir())
+    assert names == [f"{n}_debug=smoke,env.id=tests.helpers.faulty_envs-make_counting,eval.episodes=1,logger=quiet,"
+                     f"seed={n + 1},total_env_steps=256" for n in (0, 1)], names
 
 
 def test_sigint_checkpoints_and_prints_resume_command(tmp_path, no_leaks):
@@ -211,3 +252,18 @@ def test_rich_progress_mode_runs_and_prints_summary_table(tmp_path, capsys):
     assert summary["status"] == "completed"
     out = capsys.readouterr().out
     assert "rltrain summary" in out and "final_eval_return" in out
+
+
+def test_the_docs_pages_help_names_exist():
+    """--help names a page of the docs site for each group (rltrain/cli/resolvers.py DOCS); once the site is in
+    the repository (mkdocs.yml), every page it names must exist."""
+    import re
+
+    from rltrain.cli.resolvers import DOCS
+
+    pages = {p for _, text in DOCS for p in re.findall(r"docs/[\w/<>.-]+\.md", text)}
+    pages = {p.replace("<name>", algo) for p in pages for algo in ("ppo", "a2c", "dqn", "sac", "impala")}
+    assert len(pages) >= 15
+    if not (REPO / "mkdocs.yml").exists():
+        pytest.skip("the docs site (mkdocs.yml, docs/) is not in this checkout yet")
+    assert sorted(p for p in pages if not (REPO / p).exists()) == []

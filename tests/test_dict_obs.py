@@ -197,7 +197,7 @@ def test_dict_obs_runs_resume_bitwise(tmp_path, algo):
 
 def test_sac_reads_float_vectors_through_cleanrls_mlps():
     spec = env_spec(make_env("Pendulum-v1"), "Pendulum-v1")
-    sac = SAC(spec, SACSettings(hidden_sizes=(8, 8)), num_envs=1, device=CPU, model=ModelSettings())
+    sac = SAC(spec, SACSettings(), num_envs=1, device=CPU, model=ModelSettings(hidden_sizes=(8, 8)))
     assert type(sac.policy) is SquashedGaussianActor and type(sac.critic) is SeparateTwinQ
     assert type(sac.critic.qf1) is ContinuousQNetwork
     # the actor's MLP (two hidden layers, then mean and log-std), the critic's MLP over obs ++ action
@@ -216,8 +216,8 @@ def test_sac_reads_float_vectors_through_cleanrls_mlps():
 def test_sac_on_images_and_dicts_actor_reads_the_twin_critics_one_encoder(env_id, kwargs):
     env = make_env(env_id, {**kwargs, "continuous": True})
     spec = env_spec(env, env_id)
-    sac = SAC(spec, SACSettings(hidden_sizes=(16,), learning_starts=0, batch_size=8, buffer_size=100), num_envs=1,
-              device=CPU, model=ModelSettings(cnn_features=16))
+    sac = SAC(spec, SACSettings(learning_starts=0, batch_size=8, buffer_size=100), num_envs=1,
+              device=CPU, model=ModelSettings(cnn_features=16, hidden_sizes=(16,)))
     assert sac.policy.encoder is sac.critic.encoder and sac.critic_target.encoder is not sac.critic.encoder
     obs = [env.reset(seed=0)[0]] + [env.step(env.action_space.sample())[0] for _ in range(3)]
     stacked = obs_map(lambda *xs: np.stack(xs), *obs)

@@ -175,5 +175,5 @@ def test_the_opt_in_is_named_as_the_caller_spells_it(gone_run, tmp_path):
         rltrain.load_policy(older)
     assert "env.id=my_env:MyEnv" in str(err.value) and "pass allow_import=True" in str(err.value)
     newer = _crafted(gone_run, tmp_path / "newer.pt", lambda meta: meta["spaces"].update(format=99))
-    with pytest.raises(ConfigError, match=r"recorded in format 99 by rltrain \S+; rltrain \S+ reads format 1"):
+    with pytest.raises(ConfigError, match=r"recorded in format 99 by rltrain \S+; rltrain \S+ reads formats 1, 2"):
         rltrain.load_policy(newer)

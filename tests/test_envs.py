@@ -14,7 +14,7 @@ from rltrain.envs import make as envmake
 from rltrain.envs.make import make_env, make_vector_env
 from rltrain.envs.wrappers import FireReset
 from rltrain.errors import ConfigError
-from tests.conftest import CONF_DIR, REPO
+from tests.conftest import CONF_DIR, REPO, compose_cfg
 from tests.helpers import lives_env
 
 HELPER = "tests.helpers.lives_env"
@@ -178,7 +178,7 @@ def test_vector_envs_hand_real_scores_to_the_collector(vectorization):
 
 def test_real_score_with_a_real_atari_game():
     pytest.importorskip("cv2")
-    preset = OmegaConf.to_container(OmegaConf.load(CONF_DIR / "env" / "atari.yaml"))
+    preset = OmegaConf.to_container(compose_cfg(["env=atari", "experiment=none"]).env)
     wrappers = [f"{HELPER}:RewardLog", *preset["wrappers"]]  # RewardLog innermost: sees the raw frame rewards
     env = make_env(preset["id"], preset["kwargs"], wrappers=wrappers)
     log = next(w for w in _walk(env) if isinstance(w, lives_env.RewardLog))
@@ -213,7 +213,7 @@ def _walk(env):
 
 # -- presets and the CLI -------------------------------------------------------------------------------------
 def test_minatar_preset_envs():
-    preset = OmegaConf.to_container(OmegaConf.load(CONF_DIR / "env" / "minatar.yaml"))
+    preset = OmegaConf.to_container(compose_cfg(["env=minatar", "experiment=none"]).env)
     venv = make_vector_env(preset["id"], 2, [0, 1], kwargs=preset["kwargs"], wrappers=preset["wrappers"])
     obs = venv.reset()
     assert obs.shape == (2, 10, 10, 4) and obs.dtype == np.bool_
@@ -224,7 +224,8 @@ def test_minatar_preset_envs():
 
 def test_every_env_preset_has_a_wrappers_list():
     for path in sorted((CONF_DIR / "env").glob("*.yaml")):
-        assert OmegaConf.is_list(OmegaConf.load(path).get("wrappers")), path.name
+        env = compose_cfg([f"env={path.stem}", "experiment=none"]).env
+        assert OmegaConf.is_list(env.get("wrappers")), path.name
 
 
 @pytest.mark.slow  # two interpreters importing torch and MinAtar, a short run and an evaluation

@@ -1,4 +1,4 @@
-"""Every bad input is one line and a non-zero exit, or works where it is legitimate (issue 15, item 5).
+"""Every bad input is one line and a non-zero exit, or works where it is legitimate.
 
 Build-time refusals run in-process through ``build.run`` (what ``rltrain`` calls) and ``check.check`` (what
 ``rltrain-check`` calls), so both say the same; a few run as real ``rltrain`` subprocesses to check the line on
@@ -33,7 +33,7 @@ REFUSED = [
     (["algo.lr=inf"], "algo.lr=inf: must be a finite number"),
     (["algo.max_grad_norm=nan"], "algo.max_grad_norm=nan: must be a finite number"),
     (["algo=sac", "env=pendulum", "algo.tau=nan"], "algo.tau=nan: must be a finite number"),
-    (["algo.hidden_sizes=[0]"], "algo.hidden_sizes=[0]: every width must be a positive integer"),
+    (["model.hidden_sizes=[0]"], "model.hidden_sizes=[0]: every width must be a positive integer"),
     (["algo.target_kl=-1"], "algo.target_kl=-1 must be > 0"),
     (["target_return=nan"], "target_return=nan must be a finite number or null"),
     (["eval.target_return=inf"], "eval.target_return=inf must be a finite number or null"),
@@ -110,8 +110,8 @@ def small_run(tmp_path_factory) -> Path:
 
 
 @pytest.mark.parametrize(("overrides", "what"), [
-    (["algo.hidden_sizes=[32]"], "algo.hidden_sizes: [64, 64] -> [32]"),
-    (["model.hidden_sizes=[16]"], "model.hidden_sizes: None -> [16]"),
+    (["model.hidden_sizes=[32]"], "model.hidden_sizes: [64, 64] -> [32]"),
+    (["model.activation=relu"], "model.activation: 'tanh' -> 'relu'"),
     (["env=acrobot"], "env.id: 'CartPole-v1' -> 'Acrobot-v1'"),
     (["algo=a2c"], "algo._target_: 'rltrain.algos.ppo.PPO' -> 'rltrain.algos.a2c.A2C'"),
     (["+env.kwargs.sutton_barto_reward=true"], "env.kwargs.sutton_barto_reward: (unset) -> True"),

@@ -131,8 +131,9 @@ def test_a_sigkilled_torchrun_rank_is_named_with_the_last_checkpoint(tmp_path, n
 # -- trainer=parallel ----------------------------------------------------------------------------------------
 def test_an_agent_killed_for_silence_says_why_and_keeps_its_checkpoint(tmp_path, orphan_watch):
     run_dir = tmp_path / "run"
+    # total_env_steps is both agents' budget together: 2048 each, so agent 1's envs pass their 300 good steps
     res = _train(run_dir, "trainer=parallel", "trainer.num_agents=2", "trainer.heartbeat_timeout_s=3",
-                 "checkpoint.every_env_steps=256", "env.step_timeout_s=null",
+                 "total_env_steps=4096", "checkpoint.every_env_steps=256", "env.step_timeout_s=null",
                  "trainer.agent_overrides=[{},{env.id:tests.helpers.broken_envs:Hanging}]")
     assert res.returncode == 0, res.stderr[-3000:]  # on_agent_failure=continue: agent 0's result stands
     s = _summary(run_dir)

@@ -1,4 +1,4 @@
-"""The run dir tells the truth at all times (issue 25, items 1, 3 and 4), provoked with real runs.
+"""The run dir tells the truth at all times, provoked with real runs.
 
 ``summary.json`` says ``running`` while a run is live and ``crashed`` is recorded on the next start after a
 SIGKILL; no step appears twice in ``metrics.csv`` or TensorBoard after any resume; a refused command leaves
@@ -52,7 +52,7 @@ def test_resume_auto_of_a_finished_run_logs_no_step_twice(tmp_path, trainer):
     for d in dirs:
         assert _repeated(_steps(d)) == [], _steps(d)
         assert _repeated(_tensorboard_steps(d)) == [], _tensorboard_steps(d)
-        assert _steps(d)[-1] == 2048
+        assert _steps(d)[-1] == 2048 // len(dirs)  # parallel's agents share total_env_steps
 
 
 def test_resume_after_an_interruption_logs_no_step_twice(tmp_path):

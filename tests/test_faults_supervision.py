@@ -1,4 +1,4 @@
-"""Supervision that cannot be fooled, and envs that misbehave mid-run (issue 25, items 1-2 and 6).
+"""Supervision that cannot be fooled, and envs that misbehave mid-run.
 
 Real runs on envs that hang, raise or return what their spaces forbid (``tests/helpers/broken_envs.py``):
 each ends with one line naming the env and its step, ``summary.json`` saying ``failed``, a non-zero exit.

@@ -41,7 +41,7 @@ PER_ALGO = {
     "dqn": ["algo.rollout_len=8", "algo.learning_starts=64", "algo.buffer_size=1000", "algo.batch_size=16",
             "algo.train_frequency=32", "algo.target_network_frequency=64"],
     "sac": ["algo.rollout_len=8", "algo.learning_starts=64", "algo.buffer_size=1000", "algo.batch_size=16",
-            "algo.train_frequency=32", "algo.hidden_sizes=[16]"],
+            "algo.train_frequency=32", "model.hidden_sizes=[16]"],
 }
 OBS_KINDS = ("vector", "image", "dict")
 
@@ -90,7 +90,9 @@ def write_grid_configs(root: Path, obs: str) -> Path:
         env = env_overrides(obs, box=algo == "sac")
         lines = ["# @package _global_", "defaults:", f"  - override /algo: {algo}"]
         lines += [f"  - override /env: {e.split('=')[1]}" for e in env if e.startswith("env=")]
-        lines += ["algo:"] + [f"  {o.split('=')[0][5:]}: {o.split('=')[1]}" for o in PER_ALGO[algo]]
+        for group in ("algo", "model"):  # the tiny keys, each under its group
+            keys = [o.split("=") for o in PER_ALGO[algo] if o.startswith(f"{group}.")]
+            lines += [f"{group}:"] + [f"  {k[len(group) + 1:]}: {v}" for k, v in keys] if keys else []
         others = [e for e in env if not e.startswith("env=")]
         if others:
             kwargs = [e.split("=") for e in others if e.startswith("+env.kwargs.")]

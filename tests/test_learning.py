@@ -43,7 +43,7 @@ def test_eval_target_return_stops_at_the_first_evaluation_that_reaches_it(tmp_pa
 # level a random policy never does (CartPole: ~22 random, 200 here; Pendulum: ~-1200 random, -600 here),
 # within a budget well under the preset's. Seeded, so the outcome is the same on every run of this machine.
 # TD3 and DDPG: their presets' 10k random steps cut to 1k and 64x64 networks (rl-zoo3's are 400x300).
-CUT = ["algo.learning_starts=1000", "algo.hidden_sizes=[64,64]"]
+CUT = ["algo.learning_starts=1000", "model.hidden_sizes=[64,64]"]
 LEARNS = [
     ("a2c_cartpole", 80_000, 200.0, []),
     ("dqn_cartpole", 40_000, 200.0, []),

@@ -250,14 +250,15 @@ def test_settings_are_frozen_keyword_only_and_norm_obs_is_for_float_vectors():
 def test_the_model_group_composes_and_builds_typed_settings():
     from omegaconf import OmegaConf
 
-    from rltrain.cli.build import check_kwargs, model_settings
+    from rltrain.cli.build import check_node, model_settings
     from tests.conftest import compose_cfg
 
     cfg = OmegaConf.to_container(compose_cfg(["model.encoder=minatar"]), resolve=True)
-    assert model_settings(cfg) == ModelSettings(encoder="minatar")
+    # algo=ppo brings its published MLP (PPO.mlp) into the model group
+    assert model_settings(cfg) == ModelSettings(encoder="minatar", hidden_sizes=(64, 64), activation="tanh")
     cls = ModelSettings
     with pytest.raises(ConfigError, match=r"model.core_size='big' has the wrong type: expected int"):
-        check_kwargs(cls, {"core_size": "big"}, "model")
+        check_node(cls, {"core_size": "big"}, "model")
 
 
 # ---- the assembled modules ----

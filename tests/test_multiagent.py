@@ -7,6 +7,7 @@ Real envs from their packages (``mpe2``'s simple_spread, PettingZoo's classic co
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import numpy as np
@@ -180,6 +181,34 @@ def test_padding_rows_take_no_part_in_the_update():
         torch.testing.assert_close(results[0][key], results[1][key], rtol=0, atol=0)
 
 
+def test_normalisation_statistics_leave_the_padding_rows_out():
+    """Observation and reward statistics (``algo.norm_obs``, ``algo.norm_reward``) move with the valid rows
+    only: a padding row repeats an observation nobody saw again and holds no reward anyone received."""
+    from rltrain.algos.groups import GroupPPO
+    from rltrain.algos.ppo import PPOSettings
+    from rltrain.data.structs import EnvSpec, Rollout
+
+    T, N = 6, 2
+    rng = np.random.default_rng(0)
+    valid = np.ones((T, N), bool)
+    valid[3:, 1] = False  # slot 1's agent was done after 3 rows
+    obs = rng.normal(size=(T, N, 3)).astype(np.float32)
+    obs[~valid] = 1000.0  # what the padding repeats must not matter
+    rewards = rng.normal(size=(T, N)).astype(np.float32) * valid
+    terminated = ~valid
+    terminated[2, 1] = True
+    rollout = Rollout(obs=obs, actions=np.zeros((T, N), np.int64), log_probs=np.full((T, N), -1.1, np.float32),
+                      rewards=rewards, terminated=terminated, truncated=np.zeros((T, N), bool), next_obs=obs.copy(),
+                      policy_version=np.zeros(T, np.int64), valid=valid)
+    settings = PPOSettings(rollout_len=T, num_minibatches=2, update_epochs=1, norm_obs=True, norm_reward=True)
+    learner = GroupPPO(EnvSpec("pad", (3,), "discrete", (), n_actions=3), settings, num_envs=N, device=CPU)
+    learner.learn(rollout, progress=0.0)
+    norm, seen = learner.policy.obs_norm, obs[valid].astype(np.float64)
+    assert float(norm.count) == pytest.approx(1e-4 + valid.sum())
+    np.testing.assert_allclose(norm.mean.numpy(), seen.sum(0) / (1e-4 + valid.sum()), rtol=1e-6)
+    assert float(learner.reward_scaler.norm.count) == pytest.approx(1e-4 + valid.sum())
+
+
 def test_recurrent_policies_learn_from_padded_columns_and_carry_their_state():
     from rltrain.models.settings import ModelSettings
 
@@ -240,6 +269,56 @@ def test_value_norm_standardises_targets_and_inverts():
     z = norm.normalize(x)
     assert abs(z.mean()) < 1e-3 and abs(z.std() - 1) < 1e-3
     np.testing.assert_allclose(norm.denormalize(z), x, rtol=1e-5, atol=1e-4)
+
+
+# -- rltrain-check ---------------------------------------------------------------------------------------
+def test_rltrain_check_says_the_agents_groups_slots_and_what_a_turn_based_update_costs(tmp_path, monkeypatch):
+    """Heterogeneous agents: a group each, their slots and rows; a turn-based game by self-play: one learner seat
+    per env, and about two turns per learner row, which the run's own update count then confirms."""
+    from rich.console import Console
+
+    from rltrain.cli import build, check, preflight
+    from tests.conftest import compose_cfg
+
+    monkeypatch.syspath_prepend(str(REPO))
+
+    built = {}
+
+    def rows(overrides: list[str]) -> dict:
+        built["trainer"] = trainer = build.build_trainer(build.prepare(compose_cfg(overrides), tmp_path / "c"),
+                                                         tmp_path / "c", check_only=True)
+        return dict(check.batch_rows(trainer.settings.config, trainer))
+
+    team = rows([*BASE, f"env.id={UNEVEN}", "algo=mappo", "algo.rollout_len=16", "total_env_steps=512"])
+    assert team["agents"] == "3 (scout, pilot, clerk): a parallel env, every live agent acts at each env step"
+    assert team["policy groups (algo.policies=auto)"] == ("scout = scout (its critic reads env.state()); pilot = "
+                                                          "pilot (its critic reads env.state()); clerk = clerk (its "
+                                                          "critic reads env.state())")
+    assert team["group clerk per update"].startswith("2 envs x 1 agents = 2 slots x 16 rows (algo.rollout_len: "
+                                                     "rows per slot) = 32 rows; 1 minibatch of 32")
+    assert team["env steps per update"] == "algo.rollout_len (16) x env.num_envs (2) = 32"
+    assert team["updates"] == "512 total_env_steps / 32 = 16"
+    # memory: each group's rows at its own row size (its observation plus the global state its critic reads)
+    trainer = built["trainer"]
+    size, spec = trainer.update_size(), trainer.settings.env_spec
+    huge = dataclasses.replace(size, env_steps=size.env_steps * 2**40)  # 2**41 env columns of 16 rows
+    with pytest.raises(ConfigError, match=r"^one update's rollout needs [0-9.]+ GiB: algo.rollout_len \(16\) x "
+                       r"env.num_envs \(2\) = [0-9]+ env steps; scout: 35184372088832 rows x [0-9]+ bytes \+ pilot: "
+                       r"35184372088832 rows x [0-9]+ bytes \+ clerk: 35184372088832 rows x [0-9]+ bytes, but"):
+        preflight.check_size(trainer.settings, huge, spec)
+    game = [*BASE, f"env.id={C4}", "algo=ippo", "algo.self_play=true", "algo.rollout_len=32", "total_env_steps=1024",
+            "algo.update_epochs=1", "eval.every_env_steps=0", "checkpoint.every_env_steps=0"]
+    c4 = rows(game)
+    assert c4["group main per update"].startswith("2 envs x 1 learner seat = 2 slots x 32 rows")
+    assert c4["env steps per update"].startswith("algo.rollout_len (32) x env.num_envs (2) x 2 agents taking turns "
+                                                 "(an AEC env step is one agent's turn) = 128 (about")
+    assert c4["updates"] == "1024 total_env_steps / 128 = 8"
+    assert "an AEC env step is one agent's turn" in c4["total_env_steps counts"]
+    console = Console(record=True, width=300)
+    assert check.check(game, console) == 0 and "group main per update" in console.export_text()
+    summary = build.run(compose_cfg(game), tmp_path / "run")
+    # "about": a game can end on the opponent's turn, so a learner row costs slightly under two turns on average
+    assert summary["updates"] in (8, 9) and 0.9 * 128 <= summary["total_env_steps"] / summary["updates"] <= 128
 
 
 # -- from the command line ------------------------------------------------------------------------------
@@ -415,10 +494,13 @@ def spread_run(tmp_path_factory):
     return run_dir
 
 
-def test_load_policy_gives_every_agent_a_policy_on_its_own_observation(spread_run):
+def test_load_policy_gives_every_agent_a_policy_on_its_own_observation(spread_run, tmp_path):
+    """No opt-in: the checkpoint records the agents' spaces and the policy groups, so nothing is imported to
+    build the networks; each exported file computes what its agent's policy does."""
     import rltrain
+    from rltrain.cli.export import main as export
 
-    policies = rltrain.load_policy(spread_run, allow_import=True)
+    policies = rltrain.load_policy(spread_run)
     assert set(policies) == {"agent_0", "agent_1", "agent_2"}
     env = _factory(SPREAD, N=3, max_cycles=25, continuous_actions=False).make()
     obs, _ = env.reset(seed=0)
@@ -430,25 +512,104 @@ def test_load_policy_gives_every_agent_a_policy_on_its_own_observation(spread_ru
     # agents share the weights, not the index: the same observation may be acted on differently per agent
     shared = [p.module.policy for p in policies.values()]
     assert shared[0] is shared[1] is shared[2]
-
-
-def test_rltrain_eval_and_export_write_one_file_per_agent(spread_run, tmp_path):
-    from rltrain.cli.evaluate import main as evaluate
-    from rltrain.cli.export import main as export
-
-    assert evaluate([str(spread_run), "--allow-import", "--episodes", "2"]) == 0
     out = tmp_path / "pi.pt2"
-    assert export([str(spread_run), "--allow-import", "--out", str(out)]) == 0
-    import rltrain
-
-    policies = rltrain.load_policy(spread_run, allow_import=True)
-    obs = torch.randn(4, 18)
+    assert export([str(spread_run), "--out", str(out)]) == 0
+    batch = torch.randn(4, 18)
     for agent, policy in policies.items():
         program = torch.export.load(tmp_path / f"pi_{agent}.pt2").module()
-        expected, _ = policy.act(obs.numpy())
-        np.testing.assert_array_equal(program(obs).numpy(), expected)
+        expected, _ = policy.act(batch.numpy())
+        np.testing.assert_array_equal(program(batch).numpy(), expected)
         assert json.loads((tmp_path / f"pi_{agent}.json").read_text())["inputs"][0]["shape"] == ["B", 18]
-    assert export([str(spread_run), "--allow-import", "--out", str(out)]) == 2  # exists: refused, one line
+    assert export([str(spread_run), "--out", str(out)]) == 2  # exists: refused, one line
+
+
+@pytest.fixture(scope="module")
+def team_run(tmp_path_factory):
+    """MAPPO with GRU cores on a team env of the user's own (three agents with spaces of their own: three policy
+    groups, the env's global state in their critics), trained beside the user; its module is then deleted, so
+    nothing that loads the policies afterwards can import it."""
+    from tests.conftest import run_cli
+
+    home = tmp_path_factory.mktemp("team")
+    (home / "my_team.py").write_text((REPO / "tests" / "helpers" / "agent_envs.py").read_text())
+    res = run_cli(["env.id=my_team:uneven", "algo=mappo", "model.core=gru", "model.core_size=8", *RUN,
+                   "total_env_steps=64", "algo.rollout_len=16", "eval.every_env_steps=0", "hydra.run.dir=out"],
+                  cwd=home, timeout=300)
+    assert res.returncode == 0, res.stderr[-2000:]
+    (home / "my_team.py").unlink()
+    return home / "out"
+
+
+def test_a_team_whose_env_module_is_gone_loads_acts_and_exports(team_run, tmp_path):
+    import sys
+
+    import rltrain
+    from rltrain.cli.export import main as export
+
+    policies = rltrain.load_policy(team_run)
+    assert "my_team" not in sys.modules and set(policies) == {"scout", "pilot", "clerk"}
+    record = torch.load(team_run / "checkpoints" / "final.pt", weights_only=True)["meta"]["spaces"]
+    assert [(g["name"], g["agents"], g["state"], g["core_state"]) for g in record["groups"]] == [
+        (a, [a], "env", [[1, 1, 8], [1, 1, 8]]) for a in ("scout", "pilot", "clerk")]  # actor and critic cores
+    observations = {"scout": np.zeros(3, np.float32), "pilot": np.zeros(4, np.float32),
+                    "clerk": {"pos": np.zeros(2, np.float32), "tag": np.ones(3, np.int8)}}
+    for agent, policy in policies.items():
+        action, state = policy.act(observations[agent])
+        assert policy.recurrent and [list(t.shape) for t in state] == [[1, 1, 8], [1, 1, 8]]
+        assert policy.spec.describe() == {"scout": "Discrete(3)", "pilot": "Box(shape=(2,))",
+                                          "clerk": "MultiDiscrete([2, 3])"}[agent], agent
+    assert export([str(team_run), "--out", str(tmp_path / "team.pt2")]) == 0
+    assert sorted(p.name for p in tmp_path.glob("*.pt2")) == ["team_clerk.pt2", "team_pilot.pt2", "team_scout.pt2"]
+    assert json.loads((tmp_path / "team_clerk.json").read_text())["state"]["names"] == ["h"]
+
+
+def test_rltrain_eval_shows_a_team_and_steps_its_env_only_when_allowed(team_run, capsys):
+    from rltrain.cli.evaluate import main as evaluate
+
+    assert evaluate([str(team_run)]) == 0
+    shown = capsys.readouterr().out
+    assert "3 agents in 3 policy groups" in shown and "episodes: none run" in shown, shown
+    assert "clerk: policy clerk  observation Dict('pos': Box" in shown and "action MultiDiscrete([2, 3])" in shown
+    assert evaluate([str(team_run), "--episodes", "2"]) == 2
+    asked = capsys.readouterr().err.strip().splitlines()
+    assert len(asked) == 1 and "env.id=my_team:uneven" in asked[0] and "pass --allow-import" in asked[0], asked
+    assert evaluate([str(team_run), "--episodes", "2", "--allow-import"]) == 2
+    assert "cannot import 'my_team'" in capsys.readouterr().err  # only now is the module looked for
+
+
+@pytest.mark.parametrize(("edit", "message"), [
+    (lambda cfg: cfg["model"].update(core="lstm"), "policy group 'scout''s recurrent state is ((1, 1, 8), (1, 1, 8)), "
+     "but its settings build a network whose state is ((1, 1, 8), (1, 1, 8), (1, 1, 8), (1, 1, 8))"),
+    (lambda cfg: cfg["algo"].update(policies={"scout": "a", "pilot": "b", "clerk": "b"}), "but act or observe in"),
+    (lambda cfg: cfg["algo"].update(policies={"scout": "a", "pilot": "b", "clerk": "c"}),
+     "its policy groups are {scout: scout; pilot: pilot; clerk: clerk}, but its settings map the agents to "
+     "{a: scout; b: pilot; c: clerk}"),
+], ids=["core", "spaces", "mapping"])
+def test_a_team_checkpoint_whose_settings_build_other_groups_is_one_line(team_run, tmp_path, edit, message):
+    import rltrain
+
+    state = torch.load(team_run / "checkpoints" / "final.pt", weights_only=True)
+    edit(state["meta"]["config"])
+    torch.save(state, tmp_path / "edited.pt")
+    with pytest.raises(ConfigError, match="edited.pt") as err:
+        rltrain.load_policy(tmp_path / "edited.pt")
+    assert message in str(err.value) and "\n" not in str(err.value), str(err.value)
+
+
+def test_every_policy_group_survives_a_weights_only_checkpoint(tmp_path):
+    """The agents' spaces (masks, a Dict, the global state, heterogeneous actions) and the policy groups read
+    back equal; a malformed record is a ValueError naming what."""
+    from rltrain.data.agents import AgentsPolicySpaces
+
+    for env_id, algo, kwargs in ((UNEVEN, MAPPO, {}), (C4, IPPO, {"self_play": True}), (TURNS, MAPPO, {})):
+        learner, _ = _collector(env_id, algo, **kwargs)
+        spaces = learner.policy_spaces("key")
+        torch.save({"spaces": spaces.to_record()}, tmp_path / "ckpt.pt")
+        record = torch.load(tmp_path / "ckpt.pt", weights_only=True)["spaces"]
+        assert AgentsPolicySpaces.from_record(record) == spaces and spaces.difference(spaces) is None
+    record["agents"]["api"] = "turnwise"
+    with pytest.raises(ValueError, match="api 'turnwise'"):
+        AgentsPolicySpaces.from_record(record)
 
 
 # -- learning (cut down: seconds) ------------------------------------------------------------------------

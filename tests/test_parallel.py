@@ -30,13 +30,18 @@ def non_wall_columns(path) -> list[dict]:
 
 
 def test_agent_equals_sequential_run_with_its_seed_and_overrides_apply(cli, tmp_path, orphan_watch):
-    out = cli(*SMOKE, "trainer.num_agents=2", "trainer.scopes=[2,3]",
-              "trainer.agent_overrides=[{algo.lr:1e-3},{algo.lr:3e-4,algo.hidden_sizes:[32,32]}]",
+    """total_env_steps is the budget of all agents together, as of all workers under every trainer: each of
+    the 2 agents trains on half of total_env_steps=4096, and equals a sequential run of that budget."""
+    out = cli(*SMOKE, "trainer.num_agents=2", "trainer.scopes=[2,3]", "total_env_steps=4096",
+              "trainer.agent_overrides=[{algo.lr:1e-3},{algo.lr:3e-4,model.hidden_sizes:[32,32]}]",
               "hydra.run.dir=par", timeout=600)
     assert out.returncode == 0, out.stderr
     par = tmp_path / "par"
     s = summary(par)
     assert s["status"] == "completed" and s["aggregate"]["n"] == 2
+    # each agent's 2048, rounded up to whole updates (agent 1: 3 envs x 64 steps per update)
+    assert [a["total_env_steps"] for a in s["agents"]] == [2048, 2112] and s["total_env_steps"] == 4160
+    assert s["budget_env_steps"] == 4096 and "4160 env steps over 2 agents (total_env_steps=4096" in out.stdout
     assert s["final_eval_return"] == s["aggregate"]["mean"]
     assert (par / "learning_curves.png").read_bytes()[:4] == b"\x89PNG"
     seeds = json.loads((par / "seeds.json").read_text())["workers"]
@@ -44,14 +49,15 @@ def test_agent_equals_sequential_run_with_its_seed_and_overrides_apply(cli, tmp_
 
     cfg0 = yaml.safe_load((par / "agent_0" / "config.yaml").read_text())
     cfg1 = yaml.safe_load((par / "agent_1" / "config.yaml").read_text())
-    assert (cfg0["algo"]["lr"], cfg0["env"]["num_envs"], cfg0["algo"]["hidden_sizes"]) == (1e-3, 2, [64, 64])
-    assert (cfg1["algo"]["lr"], cfg1["env"]["num_envs"], cfg1["algo"]["hidden_sizes"]) == (3e-4, 3, [32, 32])
+    assert (cfg0["algo"]["lr"], cfg0["env"]["num_envs"], cfg0["model"]["hidden_sizes"]) == (1e-3, 2, [64, 64])
+    assert (cfg1["algo"]["lr"], cfg1["env"]["num_envs"], cfg1["model"]["hidden_sizes"]) == (3e-4, 3, [32, 32])
+    assert cfg0["total_env_steps"] == cfg1["total_env_steps"] == 2048
     assert cfg1["seed"] == seeds["agent_1"]["root"] == s["agents"][1]["seed"] != cfg0["seed"]
     for name in ("metrics.csv", "summary.json", "seeds.json", "checkpoints/final.pt"):
         assert (par / "agent_1" / name).exists(), name
     # agent 1 == a sequential run with agent 1's derived seed, env count and overrides
     out = cli("debug=smoke", "logger=quiet", f"seed={cfg1['seed']}", "env.num_envs=3", "algo.lr=3e-4",
-              "algo.hidden_sizes=[32,32]", "hydra.run.dir=seq", timeout=600)
+              "model.hidden_sizes=[32,32]", "total_env_steps=2048", "hydra.run.dir=seq", timeout=600)
     assert out.returncode == 0, out.stderr
     par_rows = non_wall_columns(par / "agent_1" / "metrics.csv")
     seq_rows = non_wall_columns(tmp_path / "seq" / "metrics.csv")
@@ -116,8 +122,8 @@ def test_sigint_stops_all_agents_with_checkpoints(tmp_path, orphan_watch):
         assert list((tmp_path / "run" / f"agent_{k}" / "checkpoints").glob("step_*.pt"))
     # resume=auto: every agent continues from its own checkpoint, here to a slightly larger budget
     steps = [s["agents"][k]["total_env_steps"] for k in (0, 1)]
-    budget = max(steps) + 512
-    out = run_cli([*SMOKE, "trainer.num_agents=2", f"total_env_steps={budget}", "hydra.run.dir=run",
+    budget = max(steps) + 512  # each agent's: total_env_steps is the two agents' together
+    out = run_cli([*SMOKE, "trainer.num_agents=2", f"total_env_steps={2 * budget}", "hydra.run.dir=run",
                    "resume=auto"], cwd=tmp_path, timeout=600)
     assert out.returncode == 0, out.stderr
     s = summary(tmp_path / "run")

@@ -10,6 +10,7 @@ from rltrain.algos.minibatches import RowMinibatches
 from rltrain.algos.ppo import PPO, PPOSettings
 from rltrain.data.structs import EnvSpec, Rollout
 from rltrain.models.layers import categorical_sample, gaussian_sample
+from rltrain.models.settings import ModelSettings
 
 DISCRETE = EnvSpec("Synthetic-discrete", (4,), "discrete", (), n_actions=3)
 BOX = EnvSpec("Synthetic-box", (3,), "box", (2,), action_low=(-1.0, -1.0), action_high=(1.0, 1.0))
@@ -20,7 +21,8 @@ def make(spec: EnvSpec, seed: int = 0, **kw) -> PPO:
     torch.manual_seed(seed)
     # an annealed learning rate, so that the schedule is exercised (the generic default is constant)
     kw = {"hidden_sizes": (16, 16), "lr": 2.5e-4, "anneal_lr": True, "update_epochs": 4, **kw}
-    return PPO(spec, PPOSettings(rollout_len=16, num_minibatches=4, **kw), num_envs=4, device=CPU)
+    model = ModelSettings(hidden_sizes=kw.pop("hidden_sizes"), activation=kw.pop("activation", None))
+    return PPO(spec, PPOSettings(rollout_len=16, num_minibatches=4, **kw), num_envs=4, device=CPU, model=model)
 
 
 def synthetic_rollout(spec: EnvSpec, T: int = 16, N: int = 4, seed: int = 0) -> Rollout:
@@ -255,8 +257,8 @@ def test_values_reuse_obs_and_match_a_full_forward(numpy_update):
 
     spec = env_spec(make_env("CartPole-v1"), "CartPole-v1")
     torch.manual_seed(0)
-    algo = PPO(spec, PPOSettings(rollout_len=64, num_minibatches=4, hidden_sizes=(16, 16), norm_obs=True,
-                                 numpy_update=numpy_update), num_envs=4, device=CPU)
+    algo = PPO(spec, PPOSettings(rollout_len=64, num_minibatches=4, norm_obs=True, numpy_update=numpy_update),
+               num_envs=4, device=CPU, model=ModelSettings(hidden_sizes=(16, 16)))
     algo.policy.obs_norm.update_from_moments(algo.policy.obs_norm.moments(
         np.random.default_rng(0).normal(0, 0.5, (50, 4)), 1))
     venv = make_vector_env("CartPole-v1", 4, [1, 2, 3, 4], max_episode_steps=20)  # truncations every 20 steps
@@ -292,8 +294,8 @@ def test_target_kl_decision_is_taken_on_the_workers_mean():
     for kl, epochs in ((1.0, 1), (0.0, 3)):
         torch.manual_seed(0)
         sync = FixedKL(kl)
-        algo = PPO(DISCRETE, PPOSettings(rollout_len=16, num_minibatches=2, update_epochs=3, hidden_sizes=(16, 16),
-                                         target_kl=0.01), num_envs=4, device=CPU, sync=sync)
+        algo = PPO(DISCRETE, PPOSettings(rollout_len=16, num_minibatches=2, update_epochs=3, target_kl=0.01),
+                   num_envs=4, device=CPU, sync=sync, model=ModelSettings(hidden_sizes=(16, 16)))
         steps = []
         inner = algo.update.step
         algo.update.step = lambda mb, inner=inner, steps=steps: steps.append(1) or inner(mb)
@@ -348,7 +350,7 @@ def test_checkpoint_from_one_update_path_resumes_on_the_other(spec, first):
 @pytest.mark.slow  # two rltrain subprocesses: ~20 s on a busy machine
 def test_cli_run_on_the_numpy_path_resumes_on_the_torch_path(cli, tmp_path):
     """End to end: a default (numpy update) CPU run's final checkpoint resumes with algo.numpy_update=false
-    (a plain override: the key is in conf/algo/ppo.yaml) and its counters continue."""
+    (a plain override: the key is a PPOSettings field) and its counters continue."""
     import json
 
     from rltrain.run.checkpoint import load_checkpoint
@@ -410,15 +412,14 @@ def test_rollout_values_from_acting_are_the_learners(shared):
     values agree with a fresh forward. Separate torsos, and collectors not told to record (actors, which act
     with lagged copies), leave Rollout.values None."""
     from rltrain.envs.make import env_spec, make_env, make_vector_env
-    from rltrain.models.factory import ModelSettings
     from rltrain.trainers.collector import RolloutCollector
 
     env_id = "tests.helpers.obs_envs:ImageEnv"
     kwargs = {"shape": (12, 12, 2)}
     spec = env_spec(make_env(env_id, kwargs=kwargs), env_id)
     torch.manual_seed(0)
-    algo = PPO(spec, PPOSettings(rollout_len=20, num_minibatches=2, hidden_sizes=(8,)), num_envs=3, device=CPU,
-               model=ModelSettings(encoder="minatar", cnn_features=16, shared=shared))
+    algo = PPO(spec, PPOSettings(rollout_len=20, num_minibatches=2), num_envs=3, device=CPU,
+               model=ModelSettings(encoder="minatar", cnn_features=16, shared=shared, hidden_sizes=(8,)))
     venv = make_vector_env(env_id, 3, [1, 2, 3], kwargs=kwargs)  # 8-step episodes: truncations inside
     rollout = RolloutCollector(venv, algo.policy, spec, device=CPU, record_values=True).collect(20)
     untold = RolloutCollector(venv, algo.policy, spec, device=CPU).collect(20)

@@ -67,8 +67,8 @@ def test_experiment_auto_adds_the_preset_made_for_the_algo_and_env(overrides, ad
 
 
 @pytest.mark.parametrize(("overrides", "says"), [
-    (["experiment=none"], "algo=ppo's generic defaults are used on CartPole-v1 (published values: "
-                          "rltrain/conf/algo/ppo.yaml); the tuned preset for it: rltrain experiment=ppo_cartpole"),
+    (["experiment=none"], "algo=ppo's generic defaults are used on CartPole-v1 (published values: PPOSettings in "
+                          "rltrain/algos/ppo.py); the tuned preset for it: rltrain experiment=ppo_cartpole"),
     (["env.id=Taxi-v3"], "algo=ppo's generic defaults are used on Taxi-v3"),
     (["algo=ppo,dqn", "-m"], "in a sweep over algo/env: the generic defaults are used"),
     (["-m", "+grid=ppo,sac", "+env.kwargs.size=3"], "with +grid=...: that group may choose the algo or the env"),
@@ -83,7 +83,8 @@ def test_a_named_preset_is_left_alone():
 
 
 def test_generic_defaults_are_the_published_ones_and_the_cartpole_preset_keeps_the_tuning():
-    """conf/algo holds SB3's / the papers' values; `rltrain` with no arguments still runs the CartPole tuning."""
+    """The settings dataclasses hold SB3's / the papers' values; `rltrain` with no arguments still runs the
+    CartPole tuning."""
     generic = compose_cfg(["experiment=none"]).algo  # num_minibatches null: 32, or by env with a core
     assert (generic.rollout_len, generic.lr, generic.gamma, generic.gae_lambda, generic.num_minibatches,
             generic.anneal_lr, generic.target_kl) == (None, 3e-4, 0.99, 0.95, None, False, None)

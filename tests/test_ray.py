@@ -106,6 +106,43 @@ def test_sync_ray_writes_the_local_metric_rows(cluster, tmp_path):
     assert "actor 0 on " in remote.stdout and "actor 1 on " in remote.stdout  # the display names the nodes
 
 
+# a multi-agent env: an actor steps whole PettingZoo envs (every agent of one env in one actor) and, under
+# self-play, plays the opponent pool the learner publishes with its weights
+AGENTS = {
+    "mappo-spread": ["env.id=mpe2.simple_spread_v3:parallel_env", "+env.kwargs.N=3", "+env.kwargs.max_cycles=25",
+                     "+env.kwargs.continuous_actions=false", "algo=mappo"],
+    "selfplay-c4": ["env.id=pettingzoo.classic.connect_four_v3:env", "algo=ippo", "algo.self_play=true",
+                    "algo.self_play_every=1", "algo.self_play_pool=3"],
+}
+
+
+@pytest.mark.parametrize("case", list(AGENTS))
+def test_sync_ray_trains_a_multi_agent_env_as_local_actors_do(cluster, tmp_path, case):
+    args = ["trainer=subprocess_actors", "trainer.sync=true", "debug=smoke", "env.num_envs=2", "algo.rollout_len=32",
+            "algo.update_epochs=1", "eval.every_env_steps=0", "eval.episodes=2", "checkpoint.every_env_steps=0",
+            "log.every_env_steps=256", "logger.progress=plain", "total_env_steps=1024", "seed=5", *AGENTS[case]]
+    local = _run(tmp_path, *args, "hydra.run.dir=local", "trainer.start_method=fork")
+    assert local.returncode == 0, local.stderr[-3000:]
+    remote = _run(tmp_path, *args, "hydra.run.dir=remote", "trainer.backend=ray",
+                  f"trainer.ray.address={cluster.address}", ON_NODES)
+    assert remote.returncode == 0, remote.stderr[-3000:]
+    _no_actor_left()
+
+    def rows(run: str) -> list[dict]:
+        return [{k: v for k, v in r.items() if not k.startswith(TIME_COLUMNS)}
+                for r in read_metrics(tmp_path / run / "metrics.csv")]
+
+    assert len(rows("local")) >= 2 and rows("remote") == rows("local")
+    s, ls = _summary(tmp_path / "remote"), _summary(tmp_path / "local")
+    assert s["status"] == "completed" and len({p["node_id"] for p in s["actor_nodes"].values()}) == 2
+    assert s["final_eval_return_per_agent"] == ls["final_eval_return_per_agent"]
+    if case == "selfplay-c4":  # the pool reached the remote actors: the same games, the same outcomes
+        assert s["eval_vs_random"] == ls["eval_vs_random"] and s["eval_vs_latest"] == ls["eval_vs_latest"]
+        assert set(s["final_eval_return_per_agent"]) == {"player_0", "player_1"}
+    else:
+        assert set(s["final_eval_return_per_agent"]) == {"agent_0", "agent_1", "agent_2"}
+
+
 def test_private_instance_even_beside_a_running_cluster(cluster, tmp_path):
     # trainer.ray.address=null is a private instance although this machine runs a cluster (its record in
     # /tmp/ray/ray_current_cluster, RAY_ADDRESS naming it): Ray's own default would join that cluster

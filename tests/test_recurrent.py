@@ -52,8 +52,8 @@ def _recurrent_ppo(core: str = "lstm", *, num_envs: int = 4, num_minibatches: in
                    **kw) -> PPO:
     torch.manual_seed(0)
     spec = env_spec(Counting(TERM_LEN), "counting")
-    return PPO(spec, PPOSettings(rollout_len=12, num_minibatches=num_minibatches, hidden_sizes=(8,), **kw),
-               num_envs=num_envs, device=CPU, model=ModelSettings(core=core, core_size=6, shared=shared))
+    return PPO(spec, PPOSettings(rollout_len=12, num_minibatches=num_minibatches, **kw), num_envs=num_envs,
+               device=CPU, model=ModelSettings(core=core, core_size=6, shared=shared, hidden_sizes=(8,)))
 
 
 def _recording(policy, given: list | None = None) -> list:

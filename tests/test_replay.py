@@ -21,6 +21,7 @@ from rltrain.data.memory import row_bytes
 from rltrain.data.replay import ReplayBuffer
 from rltrain.data.structs import EnvSpec, Rollout
 from rltrain.errors import ConfigError
+from rltrain.models.settings import ModelSettings
 from tests.helpers.tiny_image import TinyImageEnv
 
 CPU = torch.device("cpu")
@@ -292,7 +293,8 @@ def test_dqn_learns_from_stacked_uint8_frames():
     spec = EnvSpec("Tiny", (3, *FRAME), "discrete", (), n_actions=3)
     torch.manual_seed(0)
     dqn = DQN(spec, DQNSettings(frame_stack=3, learning_starts=0, batch_size=8, train_frequency=1, buffer_size=64,
-                                hidden_sizes=[16], checkpoint_buffer=True), num_envs=2, device=CPU)
+                                checkpoint_buffer=True), num_envs=2, device=CPU,
+              model=ModelSettings(hidden_sizes=(16,)))
     assert dqn.buffer.obs.shape == (64, *FRAME)
     before = [p.detach().clone() for p in dqn.policy.parameters()]
     metrics = {}

@@ -1,4 +1,4 @@
-"""rltrain-report labels and figures, and the progress output around a run (issue 16, items 2 and 4)."""
+"""rltrain-report labels and figures, and the progress output around a run."""
 
 from __future__ import annotations
 

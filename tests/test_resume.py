@@ -88,7 +88,7 @@ def test_off_policy_resume_is_bitwise_identical(tmp_path, case):
     metrics row (wall clock aside) and every final weight, the critics' and the targets' included."""
     base = ["debug=smoke", "logger=quiet", *OFF_POLICY[case], "experiment=none", "env.num_envs=2",
             "algo.rollout_len=4", "algo.learning_starts=200", "algo.batch_size=32", "algo.buffer_size=2000",
-            "algo.hidden_sizes=[16,16]", "checkpoint.replay_buffer=true", "eval.every_env_steps=0",
+            "model.hidden_sizes=[16,16]", "checkpoint.replay_buffer=true", "eval.every_env_steps=0",
             "log.every_env_steps=128", "checkpoint.every_env_steps=256"]
     run(compose_cfg([*base, "total_env_steps=512"]), tmp_path / "once")
     run(compose_cfg([*base, "total_env_steps=256"]), tmp_path / "twice")

@@ -1,4 +1,4 @@
-"""SAC and DQN on images: one encoder per network family (issue 23).
+"""SAC and DQN on images: one encoder per network family.
 
 SAC on an image, or a Dict holding one, builds two CNNs: the critic's (read by both Q heads and, detached, by
 the actor) and the target critic's copy; the actor's loss never reaches the encoder; each batch goes through
@@ -48,8 +48,8 @@ def sac_and_rollout(env_id: str, kwargs: dict, *, discrete: bool = False, **hpar
     env = make_env(env_id, {**kwargs, "continuous": not discrete})
     spec = env_spec(env, env_id)
     cls = DQN if discrete else SAC
-    model = ModelSettings(**hparams.pop("model", {}))
-    settings = cls.settings_class(hidden_sizes=(16,), learning_starts=0, batch_size=4, buffer_size=100, **hparams)
+    model = ModelSettings(**{"hidden_sizes": (16,), **hparams.pop("model", {})})
+    settings = cls.settings_class(learning_starts=0, batch_size=4, buffer_size=100, **hparams)
     algo = cls(spec, settings, num_envs=1, device=CPU, model=model)
     obs = [env.reset(seed=0)[0]] + [env.step(env.action_space.sample())[0] for _ in range(8)]
     stacked = obs_map(lambda *xs: np.stack(xs), *obs)
@@ -149,7 +149,7 @@ def test_sac_learns_a_task_only_the_pixels_solve(tmp_path):
     """PixelSign: the frame's lit half says which way to act; random acting scores 0 on average, a policy that
     ignores the frame cannot beat 0 either. The shared-encoder SAC must reach 0.5 (best: 1) in 640 steps."""
     summary = run(compose_cfg(["debug=smoke", "algo=sac", "env.id=tests.helpers.obs_envs:PixelSign", "seed=1",
-                               "env.num_envs=1", "model.cnn_features=16", "algo.hidden_sizes=[32]",
+                               "env.num_envs=1", "model.cnn_features=16", "model.hidden_sizes=[32]",
                                "algo.learning_starts=64", "algo.batch_size=32", "algo.buffer_size=1000",
                                "algo.q_lr=1e-3", "algo.policy_lr=1e-3", "total_env_steps=640", "logger=quiet",
                                "eval.every_env_steps=0", "eval.episodes=20", "checkpoint.every_env_steps=0"]),
@@ -160,7 +160,7 @@ def test_sac_learns_a_task_only_the_pixels_solve(tmp_path):
 
 
 LEGACY_RUN = ["debug=smoke", "algo=sac", "env.id=tests.helpers.obs_envs:ImageEnv", "+env.kwargs.continuous=true",
-              "+env.kwargs.shape=[5,5,3]", "model.encoder=minatar", "model.cnn_features=8", "algo.hidden_sizes=[8]",
+              "+env.kwargs.shape=[5,5,3]", "model.encoder=minatar", "model.cnn_features=8", "model.hidden_sizes=[8]",
               "algo.learning_starts=32", "algo.batch_size=16", "algo.buffer_size=200", "env.num_envs=1",
               "logger=quiet", "eval.episodes=1"]  # the overrides the legacy file was written with
 
@@ -207,8 +207,8 @@ def test_td3_and_ddpg_on_images_share_the_critics_encoder_as_sac(env_id, kwargs,
     cls = TD3 if name == "td3" else DDPG
     env = make_env(env_id, {**kwargs, "continuous": True})
     spec = env_spec(env, env_id)
-    algo = cls(spec, cls.settings_class(hidden_sizes=(16,), learning_starts=0, batch_size=4, buffer_size=100),
-               num_envs=1, device=CPU, model=ModelSettings())
+    algo = cls(spec, cls.settings_class(learning_starts=0, batch_size=4, buffer_size=100), num_envs=1, device=CPU,
+               model=ModelSettings(hidden_sizes=(16,)))
     assert len(cnns(algo)) == 2
     assert algo.policy.encoder is algo.critic.encoder and algo.actor_target.encoder is algo.critic_target.encoder
     assert algo.critic_target.encoder is not algo.critic.encoder

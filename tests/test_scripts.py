@@ -17,6 +17,7 @@ def test_bench_throughput_quick_prints_the_table():
     out = subprocess.run([sys.executable, "scripts/bench_throughput.py", "--quick", "--only", "env,train,sb3"],
                          cwd=REPO, capture_output=True, text=True, timeout=300, env=env)
     assert out.returncode == 0, out.stderr[-3000:]
+    assert out.stdout.startswith("measured at commit "), out.stdout[:200]  # a quoted figure names its tree
     rows = {line.split("|")[1].strip(): line for line in out.stdout.splitlines()
             if line.startswith("| ") and "---" not in line}
     assert {"env", "train", "sb3"} <= set(rows), out.stdout
@@ -82,8 +83,13 @@ def test_bench_defaults_lists_its_rows_and_refuses_an_unknown_one():
     assert listed.returncode == 0, listed.stderr
     names = [line.split()[0] for line in listed.stdout.splitlines()]
     assert {"taxi", "frozenlake", "minigrid-empty", "doorkey", "doorkey-lstm", "dict-goal", "mountaincar-sac",
-            "acrobot-ppo", "acrobot-dqn"} == set(names), listed.stdout
-    assert "experiment=none" in next(ln for ln in listed.stdout.splitlines() if ln.startswith("acrobot-dqn"))
+            "acrobot-ppo", "acrobot-dqn", "memory-a2c", "frozenlake-a2c", "dict-goal-a2c", "memory-impala-actors",
+            "memory-impala", "frozenlake-impala", "dict-goal-impala"} == set(names), listed.stdout
+    line = {ln.split()[0]: ln for ln in listed.stdout.splitlines()}
+    assert "experiment=none" in line["acrobot-dqn"]
+    impala = line["memory-impala-actors"]
+    assert "model.core=lstm trainer=subprocess_actors trainer.num_actors=2 vs ppo, rllib" in impala, impala
+    assert line["memory-a2c"].split()[1] == "a2c" and "vs sb3" in line["memory-a2c"]
     bad = subprocess.run([sys.executable, "scripts/bench_defaults.py", "--envs", "taxy"], cwd=REPO,
                          capture_output=True, text=True, timeout=120)
     assert bad.returncode != 0 and "unknown --envs ['taxy']" in bad.stderr, bad.stderr

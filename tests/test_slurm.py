@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from tests.conftest import CONF_DIR, run_cli
+from tests.conftest import run_cli
 from tests.helpers.sweeps import ENV, TINY, by_job_num, csv_rows, wait_for
 
 
@@ -53,8 +53,6 @@ def test_slurm_failing_job_reports_failure(tmp_path):
     assert s["status"] == "failed" and "deliberate failure" in s["error"]  # SLURM itself says COMPLETED
 
 
-@pytest.mark.skipif(not (CONF_DIR / "trainer" / "distributed_simulator.yaml").exists(),
-                    reason="trainer=distributed_simulator is not on this branch yet")
 def test_slurm_two_tasks_become_two_ranks(tmp_path):
     res = run_cli(["-m", *SLURM, "hydra.launcher.tasks_per_node=2", "trainer=distributed_simulator",
                    "allow_nested_processes=true", "seed=1", *TINY, "total_env_steps=512",  # one update of 2 ranks

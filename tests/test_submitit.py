@@ -28,7 +28,7 @@ def test_local_array_collects_results_and_reports_a_failing_job(tmp_path):
 
 
 def test_local_preempted_job_requeues_and_resumes_in_the_same_dir(tmp_path, no_leaks):
-    total = 4096
+    total = 16384  # long enough that the signal lands mid-training on a fast machine too
     cmd = [sys.executable, "-m", "rltrain", "-m", "hydra/launcher=local", "seed=3", "debug=smoke", "logger=quiet",
            f"total_env_steps={total}", "eval.every_env_steps=0", "eval.episodes=1", "log.every_env_steps=256",
            "hydra.sweep.dir=sweep"]
@@ -52,3 +52,20 @@ def test_local_preempted_job_requeues_and_resumes_in_the_same_dir(tmp_path, no_l
     assert s["resumed_from_env_steps"] and 0 < s["resumed_from_env_steps"] < total
     logs = "".join(p.read_text() for p in (tmp_path / "sweep" / ".submitit").rglob("*.err"))
     assert "Caught signal SIGUSR2" in logs, logs[-2000:]  # submitit's handler ran (after our checkpoint)
+
+
+def test_a_preemption_during_the_final_evaluation_is_requeued_too(monkeypatch):
+    """SIGUSR2 in any phase (here the final evaluation, after final.pt) goes back to submitit, which requeues; the
+    requeued attempt resumes at the full budget and only evaluates."""
+    from rltrain.sweeps import callbacks
+
+    raised: list[int] = []
+    monkeypatch.setattr(callbacks, "in_submitit_job", lambda: True)
+    monkeypatch.setattr(callbacks.signal, "raise_signal", raised.append)
+    callbacks.hand_over_signal({"status": "interrupted", "exit_code": 140,
+                                "stop_reason": "SIGUSR2 during the final evaluation"})
+    assert raised == [signal.SIGUSR2]
+    with pytest.raises(SystemExit) as ended:  # SIGTERM in the same phase: the sweep was asked to stop
+        callbacks.hand_over_signal({"status": "interrupted", "exit_code": 143,
+                                    "stop_reason": "SIGTERM during the final evaluation"})
+    assert ended.value.code == 143 and raised == [signal.SIGUSR2]

@@ -13,9 +13,9 @@ import sys
 import pytest
 import yaml
 
-from rltrain.cli.build import parse_duration
 from rltrain.errors import ConfigError
 from rltrain.sweeps.callbacks import check_nesting
+from rltrain.trainers.settings import parse_duration
 from tests.conftest import run_cli
 from tests.helpers.sweeps import ENV, TINY, by_job_num, csv_rows, wait_for
 

@@ -9,8 +9,9 @@ from pathlib import Path
 import pytest
 
 from rltrain.cli.build import build_trainer, prepare
+from rltrain.cli.schema import options
 from rltrain.trainers.base import Trainer
-from tests.conftest import CONF_DIR, compose_cfg
+from tests.conftest import compose_cfg
 
 CLI = Path(__file__).resolve().parent.parent / "rltrain" / "cli"
 SMOKE = ["debug=smoke", "env.num_envs=2", "algo.rollout_len=16", "total_env_steps=4096"]
@@ -21,7 +22,7 @@ def built(tmp_path: Path, overrides: list[str]) -> Trainer:
     return build_trainer(prepare(cfg, tmp_path), tmp_path)
 
 
-@pytest.mark.parametrize("choice", sorted(p.stem for p in (CONF_DIR / "trainer").glob("*.yaml")))
+@pytest.mark.parametrize("choice", sorted(options("trainers")))
 def test_every_trainer_names_its_choice(tmp_path, choice):
     trainer = built(tmp_path, [f"trainer={choice}"])
     assert trainer.name == choice
@@ -44,7 +45,8 @@ def test_update_size_follows_the_trainer(tmp_path):
 
 def test_the_cli_never_tests_a_trainer_by_name_or_attribute():
     """No ``hasattr`` in cli/ and no comparison against a trainer's name: the trainer declares it."""
-    names = {p.stem for p in (CONF_DIR / "trainer").glob("*.yaml")}
+    names = set(options("trainers"))
+    assert names == {"sequential", "parallel", "distributed_simulator", "subprocess_actors"}
     found = []
     for path in sorted(CLI.glob("*.py")):
         for node in ast.walk(ast.parse(path.read_text())):

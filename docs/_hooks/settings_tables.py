@@ -4,6 +4,8 @@ the documented settings are the code's and cannot drift.
 
 The convention it reads (docs/contributing.md, "Style"): each field carries a trailing comment
 ``# <meaning>. Source: <where the default comes from>``; comment-only lines directly below the field continue it.
+A field without a source is no config key (a nested group, which has its own table, or a field the CLI fills
+in) and gets no row; tests/test_configs.py checks that every config key has one.
 """
 
 from __future__ import annotations
@@ -49,6 +51,8 @@ def settings_rows(dotted: str) -> list[tuple[str, str, str, str, str]]:
             text.append(comments[below])
             below += 1
         comment = " ".join(text)
+        if "Source:" not in comment:  # not a config key: a nested group (its own table) or an internal field
+            continue
         meaning, _, origin = comment.partition("Source:")
         rows.append((node.target.id, kind, default, meaning.strip().rstrip("."), origin.strip().rstrip(".")))
     return rows

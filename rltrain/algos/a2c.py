@@ -20,6 +20,7 @@ from rltrain.algos.adam import make_adam
 from rltrain.algos.base import (
     ActorCriticState,
     Algorithm,
+    AlgoSettings,
     RewardScaler,
     Sync,
     positive,
@@ -31,6 +32,7 @@ from rltrain.data.structs import EnvSpec, Metrics, Rollout
 from rltrain.errors import ConfigError
 from rltrain.models.factory import ModelSettings, build
 from rltrain.models.layers import RunningNorm
+from rltrain.models.settings import SB3_MLP
 
 OPTIMIZERS = ("rmsprop", "adam")
 
@@ -50,14 +52,14 @@ def make_optimizer(name: str, params: list, lr: float, eps: float) -> torch.opti
 
 class ActorCriticLearner(ActorCriticState):
     """What A2C and IMPALA build alike: the actor-critic from the model family, its optimiser (``optimizer``:
-    rmsprop or adam) and the reward scaler. ``settings`` carries rollout_len, hidden_sizes, activation, norm_obs,
-    init_log_std, optimizer, lr, optimizer_eps, gamma and norm_reward."""
+    rmsprop or adam) and the reward scaler. ``settings`` carries rollout_len, norm_obs, init_log_std, optimizer,
+    lr, optimizer_eps, gamma and norm_reward; the MLP is the algorithm's ``mlp`` unless the model group sets it."""
 
     def _build_learner(self, spec: EnvSpec, settings, *, num_envs: int, model: ModelSettings | None) -> None:
         s = self.settings = settings
         self.rollout_len = s.rollout_len
         model = model or ModelSettings()
-        self.policy = build(spec, model.with_mlp(s.hidden_sizes, s.activation), "actor_critic",
+        self.policy = build(spec, model.with_mlp(*self.mlp), "actor_critic",
                             norm_obs=s.norm_obs, init_log_std=s.init_log_std).to(self.device)
         self.recurrent = model.core != "identity"  # model.core=lstm|gru: learn on sequences
         self.params = self.policy.param_list()  # the shared optimiser-state order
@@ -66,28 +68,27 @@ class ActorCriticLearner(ActorCriticState):
 
 
 @dataclass(frozen=True, kw_only=True)
-class A2CSettings:
-    """A2C's hyper-parameters (``algo=a2c``; conf/algo/a2c.yaml sets each one, SB3's A2C for every key)."""
+class A2CSettings(AlgoSettings):
+    """A2C's hyper-parameters (``algo=a2c``): generic defaults, Stable-Baselines3's A2C (SB3) for every key;
+    tuned settings live in presets (conf/experiment/a2c_*.yaml)."""
 
-    rollout_len: int = 5  # steps per env per update (the "n" of n-step returns)
-    lr: float = 7e-4
-    optimizer: str = "rmsprop"  # rmsprop | adam
-    optimizer_eps: float = 1e-5
-    anneal_lr: bool = False  # linear decay to 0 over total_env_steps
-    gamma: float = 0.99
-    gae_lambda: float = 1.0  # 1.0: n-step returns; < 1: GAE
-    ent_coef: float = 0.0
-    vf_coef: float = 0.5
-    max_grad_norm: float = 0.5
-    norm_adv: bool = False  # normalise advantages over the batch
-    hidden_sizes: tuple[int, ...] = (64, 64)
-    activation: str = "tanh"
-    norm_obs: bool = False
-    norm_reward: bool = False
-    init_log_std: float = 0.0  # Box actions: initial log std of the Gaussian
+    rollout_len: int = 5  # steps per env per update (the "n" of n-step returns). Source: SB3 n_steps=5
+    #                        (Mnih et al. 2016: t_max=5)
+    lr: float = 7e-4  # learning rate. Source: SB3
+    optimizer: str = "rmsprop"  # rmsprop (alpha 0.99) | adam. Source: SB3 use_rms_prop=True
+    optimizer_eps: float = 1e-5  # the optimiser's epsilon. Source: SB3 rms_prop_eps
+    anneal_lr: bool = False  # linear decay of lr to 0 over total_env_steps. Source: SB3 (constant)
+    gamma: float = 0.99  # discount. Source: SB3
+    gae_lambda: float = 1.0  # 1.0: plain n-step returns; < 1: GAE. Source: SB3
+    ent_coef: float = 0.0  # entropy bonus. Source: SB3
+    vf_coef: float = 0.5  # value loss weight. Source: SB3
+    max_grad_norm: float = 0.5  # global gradient norm clip. Source: SB3
+    norm_adv: bool = False  # normalise advantages over the batch. Source: SB3 normalize_advantage=False
+    norm_obs: bool = False  # running observation normalisation. Source: SB3 (VecNormalize is opt-in)
+    norm_reward: bool = False  # scale rewards by the running std of the discounted return. Source: SB3
+    init_log_std: float = 0.0  # Box actions: initial log std of the Gaussian. Source: SB3 log_std_init=0.0
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "hidden_sizes", tuple(self.hidden_sizes))
         for key in ("rollout_len", "lr", "max_grad_norm", "optimizer_eps"):
             positive(f"algo.{key}", getattr(self, key))
         if not 0 <= self.gamma <= 1 or not 0 <= self.gae_lambda <= 1:
@@ -99,6 +100,7 @@ class A2C(ActorCriticLearner, Algorithm):
     name = "a2c"
     on_policy = True
     settings_class = A2CSettings
+    mlp = SB3_MLP  # SB3's MlpPolicy: 64x64 tanh, actor and critic
 
     def __init__(self, spec: EnvSpec, settings: A2CSettings = A2CSettings(), *, num_envs: int,
                  device: torch.device, sync: Sync | None = None, model: ModelSettings | None = None):

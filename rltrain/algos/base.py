@@ -2,9 +2,11 @@
 
 An ``Algorithm`` owns its networks, optimisers and (off-policy) its replay buffer, and knows nothing of
 processes: trainers move rollouts to it and weights out of it. Its hyper-parameters are one frozen, typed,
-keyword-only settings dataclass (``settings_class``, defined beside the algorithm: ``PPOSettings`` in ppo.py),
-which validates its values; its fields are the ``algo`` group's schema (``cli/build.py`` checks keys and types
-against them and builds the settings in ``algo_settings``).
+keyword-only settings dataclass (``settings_class``, defined beside the algorithm: ``PPOSettings`` in ppo.py,
+a subclass of ``AlgoSettings``), which validates its values; its fields are the ``algo`` group's schema and the
+only place its defaults are written (``cli/schema.py`` hands them to Hydra, ``cli/build.py`` checks keys and
+types against them). Its published MLP is one class attribute, ``mlp``: what a null ``model.hidden_sizes``
+means for it.
 """
 
 from __future__ import annotations
@@ -18,8 +20,9 @@ import torch
 from torch import Tensor
 
 from rltrain.data.streams import split_steps
-from rltrain.data.structs import EnvSpec, Metrics, Policy, Rollout
+from rltrain.data.structs import EnvSpec, Metrics, Policy, PolicySpaces, Rollout
 from rltrain.errors import ConfigError
+from rltrain.models.settings import MLP
 
 if TYPE_CHECKING:
     from rltrain.models.numpy_mlp import FlatAdam
@@ -55,6 +58,15 @@ class Sync:
         return [obj]
 
 
+@dataclass(frozen=True, kw_only=True)
+class AlgoSettings:
+    """What every algorithm's settings share (each ``settings_class`` subclasses it)."""
+
+    action_mask: str = "auto"  # invalid-action masking: auto (use the env's mask when it offers one, and say
+    #                            so) | on (refuse an env without one) | off (ignore it); docs/guide/own-env.md.
+    #                            Source: rltrain
+
+
 @dataclass(frozen=True)
 class UpdateSizes:
     """What one update of an algorithm takes per env, its settings' nulls resolved (``Algorithm.update_sizes``)."""
@@ -69,6 +81,7 @@ class Algorithm(ABC):
 
     name: ClassVar[str]
     settings_class: ClassVar[type]  # the frozen dataclass of its hyper-parameters (the ``algo`` group's schema)
+    mlp: ClassVar[MLP]  # its published MLP widths and activation: what a null model.hidden_sizes means for it
     on_policy: ClassVar[bool] = True
     action_kinds: ClassVar[tuple[str, ...]] = ("discrete", "box", "multi_discrete", "multi_binary")
     suggested_env: ClassVar[dict[str, str]] = {"discrete": "cartpole", "box": "pendulum"}
@@ -134,6 +147,11 @@ class Algorithm(ABC):
         """Off-policy warm-up: act uniformly at random before ``learning_starts`` env steps."""
         return env_steps < self.learning_starts
 
+    def policy_spaces(self, action_mask: str) -> PolicySpaces:
+        """What its checkpoints record of the spaces its policy acts on (structs.py ``PolicySpaces``), from which
+        the tools build the acting network again with no env; ``action_mask``: the run's resolved mask source."""
+        return PolicySpaces(self.spec, action_mask, PolicySpaces.state_shapes(self.policy.initial_state(1)))
+
     def policy_state(self) -> dict[str, Tensor]:
         """CPU copy of the acting weights (and normaliser buffers) for actors."""
         return {k: v.detach().cpu().clone() for k, v in self.policy.state_dict().items()}
@@ -197,7 +215,9 @@ class RewardScaler:
             self.disc = self.disc * self.gamma + rollout.rewards[t]
             disc_seq[t] = self.disc
             self.disc[done[t]] = 0.0
-        self.norm.update_from_moments(sync.sum(self.norm.moments(disc_seq, 0)))
+        # a multi-agent rollout's padding rows (``Rollout.valid`` False) hold no reward anyone received: left out
+        seen = disc_seq if rollout.valid is None else disc_seq[rollout.valid]
+        self.norm.update_from_moments(sync.sum(self.norm.moments(seen, 0)))
         std = float(np.sqrt(self.norm.var.item() + 1e-8))
         # clipped at +-10 as Gymnasium's NormalizeReward + TransformReward in CleanRL's continuous PPO
         return np.clip(rollout.rewards / std, -10.0, 10.0).astype(np.float32)

@@ -15,18 +15,19 @@ smoothing. So this file holds DDPG's settings and the one class attribute that d
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from rltrain.algos.base import positive
 from rltrain.algos.off_policy import HindsightSettings
 from rltrain.algos.td3 import TD3
 from rltrain.errors import ConfigError
+from rltrain.models.settings import MLP
 
 
 @dataclass(frozen=True, kw_only=True)
 class DDPGSettings(HindsightSettings):
-    """DDPG's hyper-parameters (``algo=ddpg``; conf/algo/ddpg.yaml). Step counts are env steps over all envs and
-    workers."""
+    """DDPG's hyper-parameters (``algo=ddpg``): generic defaults, Stable-Baselines3's DDPG (SB3) unless said.
+    Step counts are env steps over all envs and workers. Tuned settings live in presets (conf/experiment/ddpg_*)."""
 
     rollout_len: int = 1  # steps per env between two learn() calls. Source: rltrain (SB3 collects 1 step)
     buffer_size: int = 1_000_000  # replay capacity in observations. Source: SB3, Lillicrap et al. 2016
@@ -39,19 +40,16 @@ class DDPGSettings(HindsightSettings):
     gradient_steps: int = 1  # gradient steps per round. Source: SB3, Lillicrap et al. 2016
     exploration_noise: float = 0.1  # std of the Gaussian noise on collected actions, in half action ranges
     #                                 (0: none). Source: CleanRL (SB3: none set; the paper: OU noise 0.2)
-    hidden_sizes: tuple[int, ...] = (400, 300)  # actor and critic MLP widths. Source: SB3, Lillicrap et al. 2016
-    activation: str = "relu"  # hidden activation. Source: SB3, Lillicrap et al. 2016
-    checkpoint_buffer: bool = False  # put the replay buffer into state_dict (checkpoint.replay_buffer).
-    #                                  Source: rltrain
+    checkpoint_buffer: bool = field(default=False, metadata={"internal": True})  # put the replay buffer into
+    #                                  state_dict: set by the CLI from checkpoint.replay_buffer
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "hidden_sizes", tuple(self.hidden_sizes))
         for key in ("rollout_len", "batch_size", "tau", "lr", "train_frequency", "gradient_steps", "buffer_size"):
             positive(f"algo.{key}", getattr(self, key))
         for key in ("learning_starts", "exploration_noise"):
             positive(f"algo.{key}", getattr(self, key), allow_zero=True)
-        if self.tau > 1 or not self.hidden_sizes:
-            raise ConfigError(f"algo.tau={self.tau} must lie in (0, 1] and algo.hidden_sizes must not be empty")
+        if self.tau > 1:
+            raise ConfigError(f"algo.tau={self.tau} must lie in (0, 1]")
 
 
 class DDPG(TD3):
@@ -62,3 +60,4 @@ class DDPG(TD3):
     settings_class = DDPGSettings
     settings: DDPGSettings  # type: ignore[assignment]
     n_critics = 1
+    mlp = MLP((400, 300), "relu")  # SB3's DDPG (its TD3Policy), Lillicrap et al. 2016's 400-300

@@ -10,7 +10,7 @@ steps over all envs (and all distributed workers), so a setting means the same w
 from __future__ import annotations
 
 import copy
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
@@ -25,39 +25,43 @@ from rltrain.data.replay import Batch
 from rltrain.data.structs import EnvSpec, Metrics
 from rltrain.errors import ConfigError
 from rltrain.models.factory import ModelSettings, build
+from rltrain.models.settings import MLP
 
 
 @dataclass(frozen=True, kw_only=True)
 class DQNSettings(HindsightSettings):
-    """DQN's hyper-parameters (``algo=dqn``; conf/algo/dqn.yaml: SB3's DQN unless said). Step counts are env
-    steps over all envs and workers."""
+    """DQN's hyper-parameters (``algo=dqn``): generic defaults, Stable-Baselines3's DQN (SB3) unless said. Step
+    counts are env steps over all envs and workers. Tuned settings live in presets (conf/experiment/dqn_*.yaml)."""
 
-    rollout_len: int = 1  # steps per env between two learn() calls
-    lr: float = 1e-4  # Adam learning rate (SB3)
-    buffer_size: int = 1_000_000  # SB3; replay capacity in observations (one per transition + one per episode end)
-    batch_size: int = 32  # SB3, Mnih et al. 2015
-    gamma: float = 0.99
-    tau: float = 1.0  # target update rate: 1.0 = hard copy, < 1 = Polyak averaging
-    target_network_frequency: int = 10_000  # env steps between target updates (SB3)
-    start_e: float = 1.0  # epsilon at the start ...
-    end_e: float = 0.05  # ... and after exploration_fraction of the budget
-    exploration_fraction: float = 0.1  # SB3
-    learning_starts: int = 100  # SB3; env steps of uniform-random acting before the first update
-    train_frequency: int = 4  # SB3, Mnih et al. 2015; env steps between two rounds of updates
-    gradient_steps: int = 1  # gradient steps per round
-    double_dqn: bool = False  # select the next action with the online net, value it with the target
-    max_grad_norm: float | None = 10.0  # clip the global gradient norm (None: no clipping; SB3: 10)
-    loss: str = "huber"  # TD loss: mse (CleanRL) | huber (smooth L1: Mnih et al. 2015's error clipping, SB3)
-    hidden_sizes: tuple[int, ...] = (64, 64)  # SB3 MlpPolicy
-    activation: str = "relu"
-    checkpoint_buffer: bool = False  # put the replay buffer into state_dict (checkpoint.replay_buffer)
+    rollout_len: int = 1  # steps per env between two learn() calls. Source: SB3 (one step per env per call)
+    lr: float = 1e-4  # Adam learning rate. Source: SB3
+    buffer_size: int = 1_000_000  # replay capacity in observations (one per transition + one per episode end).
+    #                               Source: SB3
+    batch_size: int = 32  # transitions per gradient step. Source: SB3, Mnih et al. 2015
+    gamma: float = 0.99  # discount. Source: SB3
+    tau: float = 1.0  # target update rate: 1.0 = hard copy, < 1 = Polyak averaging. Source: SB3
+    target_network_frequency: int = 10_000  # env steps between target updates. Source: SB3
+    #                               target_update_interval (Mnih et al. 2015: 10k updates)
+    start_e: float = 1.0  # epsilon at the start ... Source: SB3 exploration_initial_eps
+    end_e: float = 0.05  # ... and after exploration_fraction of the budget. Source: SB3 exploration_final_eps
+    exploration_fraction: float = 0.1  # share of total_env_steps over which epsilon falls. Source: SB3
+    learning_starts: int = 100  # env steps of uniform-random acting before the first update. Source: SB3 (v2)
+    train_frequency: int = 4  # env steps between two rounds of updates. Source: SB3 train_freq, Mnih et al. 2015
+    gradient_steps: int = 1  # gradient steps per round. Source: SB3
+    double_dqn: bool = False  # select the next action with the online net, value it with the target (van
+    #                               Hasselt et al. 2016). Source: SB3 (vanilla DQN targets)
+    max_grad_norm: float | None = 10.0  # clip the global gradient norm; null: no clipping. Source: SB3
+    loss: str = "huber"  # TD loss: huber (smooth L1, Mnih et al. 2015's error clipping) | mse (CleanRL).
+    #                               Source: SB3
+    frame_stack: int | None = None  # K: observations are K-frame stacks, stored once per frame; null: the
+    #                               env's (read from its FrameStackObservation); 0: off. Source: rltrain
     numpy_update: bool = True  # on CPU, a plain MLP over float vectors: the TD step in numpy (algos/td_numpy.py;
-    #                            the same loss and checkpoints); false: autograd (what CUDA and encoders run)
-    frame_stack: int | None = None  # K: observations are K-frame stacks, stored once per frame; None: the
-    #                                 env's (EnvSpec.frame_stack, from its FrameStackObservation); 0: off
+    #                               the same loss and checkpoints); false: autograd (what CUDA and encoders run).
+    #                               Source: rltrain (an implementation choice; the results are autograd's)
+    checkpoint_buffer: bool = field(default=False, metadata={"internal": True})  # put the replay buffer into
+    #                               state_dict: set by the CLI from checkpoint.replay_buffer
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "hidden_sizes", tuple(self.hidden_sizes))
         for key in ("rollout_len", "lr", "batch_size", "tau", "target_network_frequency", "train_frequency",
                     "gradient_steps", "exploration_fraction", "buffer_size"):
             positive(f"algo.{key}", getattr(self, key))
@@ -78,6 +82,7 @@ class DQN(OffPolicy):
     name = "dqn"
     action_kinds = ("discrete",)
     settings_class = DQNSettings
+    mlp = MLP((64, 64), "relu")  # SB3's DQN MlpPolicy (its QNetwork: net_arch [64, 64], ReLU)
     stat_names = ("loss/q", "train/q_mean")
     settings: DQNSettings
 
@@ -92,7 +97,7 @@ class DQN(OffPolicy):
         super().__init__(spec, s, num_envs=num_envs, device=device, sync=sync, frame_stack=frame_stack)
 
         # Q(s, .) from the model family: encoder by observation space + one output per action
-        self.policy = build(spec, model.with_mlp(s.hidden_sizes, s.activation), "q").to(device)
+        self.policy = build(spec, model.with_mlp(*self.mlp), "q").to(device)
         self.target = copy.deepcopy(self.policy).requires_grad_(False)
         self.params = list(self.policy.parameters())
         # the TD step: in numpy for a plain MLP on CPU (its parameters re-homed into one flat buffer; Adam in

@@ -22,40 +22,46 @@ import torch
 from torch import nn
 
 from rltrain.algos.a2c import ActorCriticLearner, check_optimizer
-from rltrain.algos.base import Algorithm, Sync, positive, set_lr
+from rltrain.algos.base import Algorithm, AlgoSettings, Sync, positive, set_lr
 from rltrain.algos.sequences import evaluate_rollout
 from rltrain.data.returns import vtrace
 from rltrain.data.structs import EnvSpec, Metrics, Rollout
 from rltrain.errors import ConfigError
 from rltrain.models.factory import ModelSettings
 from rltrain.models.layers import RunningNorm
+from rltrain.models.settings import SB3_MLP
 
 
 @dataclass(frozen=True, kw_only=True)
-class IMPALASettings:
-    """IMPALA's hyper-parameters (``algo=impala``; conf/algo/impala.yaml: Espeholt et al. 2018 and torchbeast)."""
+class IMPALASettings(AlgoSettings):
+    """IMPALA's hyper-parameters (``algo=impala``): generic defaults from Espeholt et al. 2018 (paper: its table
+    of shallow-model hyper-parameters) and torchbeast, its PyTorch port, for the RMSprop details. Tuned settings
+    live in presets (conf/experiment/impala_*.yaml)."""
 
-    rollout_len: int = 20  # unroll length per env
-    lr: float = 6e-4
-    optimizer: str = "rmsprop"  # rmsprop (paper) | adam
-    optimizer_eps: float = 0.01  # paper, torchbeast
-    anneal_lr: bool = True  # linear decay to 0 over total_env_steps (paper)
-    gamma: float = 0.99
-    rho_bar: float = 1.0  # clip of the importance weights in the value targets
-    c_bar: float = 1.0  # clip of the trace-cutting coefficients
-    pg_rho_bar: float = 1.0  # clip of the importance weights in the policy gradient
-    ent_coef: float = 0.01  # the paper's entropy cost
-    vf_coef: float = 0.5  # "baseline cost"
-    max_grad_norm: float = 40.0  # the paper's (torchbeast's) clip
-    norm_adv: bool = False  # normalise the V-trace policy-gradient advantages over the batch
-    hidden_sizes: tuple[int, ...] = (64, 64)
-    activation: str = "tanh"
-    norm_obs: bool = False
-    norm_reward: bool = False
-    init_log_std: float = 0.0
+    rollout_len: int = 20  # unroll length per env. Source: paper
+    lr: float = 6e-4  # learning rate. Source: paper
+    optimizer: str = "rmsprop"  # rmsprop (momentum 0, decay 0.99) | adam. Source: paper
+    optimizer_eps: float = 1e-5  # the optimiser's epsilon. Source: SB3's A2C (RMSprop eps), not the paper's
+    #                              0.01: that is TensorFlow's eps inside the square root, set for Atari's clipped
+    #                              rewards; torch adds it to sqrt(v), which a small task's gradients keep far below
+    #                              0.01, so every step shrank ~10x (a cue-recall memory task stayed at the
+    #                              memoryless 0). experiment=impala_atari keeps the paper's 0.01
+    anneal_lr: bool = True  # linear decay of lr to 0 over total_env_steps. Source: paper
+    gamma: float = 0.99  # discount. Source: paper
+    rho_bar: float = 1.0  # clip of the importance weights in the value targets. Source: paper
+    c_bar: float = 1.0  # clip of the trace-cutting coefficients. Source: paper
+    pg_rho_bar: float = 1.0  # clip of the importance weights in the policy gradient. Source: paper
+    ent_coef: float = 0.01  # entropy cost. Source: paper
+    vf_coef: float = 0.5  # baseline cost. Source: paper
+    max_grad_norm: float = 40.0  # global gradient norm clip. Source: paper, torchbeast
+    norm_adv: bool = False  # normalise the V-trace policy-gradient advantages over the batch. Source: paper
+    norm_obs: bool = False  # running observation normalisation. Source: paper (none)
+    norm_reward: bool = False  # scale rewards by the running std of the discounted return. Source: paper
+    #                            (none; it clips rewards on Atari, env.wrappers here)
+    init_log_std: float = 0.0  # Box actions: initial log std of the Gaussian. Source: SB3 log_std_init=0.0
+    #                            (the paper has discrete actions only)
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "hidden_sizes", tuple(self.hidden_sizes))
         for key in ("rollout_len", "lr", "max_grad_norm", "rho_bar", "c_bar", "pg_rho_bar", "optimizer_eps"):
             positive(f"algo.{key}", getattr(self, key))
         if not 0 <= self.gamma <= 1:
@@ -70,6 +76,7 @@ class IMPALA(ActorCriticLearner, Algorithm):
     name = "impala"
     on_policy = True  # learns from (nearly) current-policy data; V-trace absorbs bounded lag
     settings_class = IMPALASettings
+    mlp = SB3_MLP  # SB3's MlpPolicy: 64x64 tanh, actor and critic (the paper's agents see pixels)
 
     def __init__(self, spec: EnvSpec, settings: IMPALASettings = IMPALASettings(), *, num_envs: int,
                  device: torch.device, sync: Sync | None = None, model: ModelSettings | None = None):

@@ -33,11 +33,11 @@ import torch
 from rltrain.algos.base import Algorithm, Sync, UpdateSizes, positive
 from rltrain.algos.groups import GroupPPO, policy_groups
 from rltrain.algos.ppo import PPOSettings, auto_minibatches, auto_rollout_len
-from rltrain.data.agents import STATE_KEY, AgentsSpec, MultiRollout
-from rltrain.data.structs import Metrics, ObsSpace
+from rltrain.data.agents import STATE_KEY, AgentGroup, AgentsPolicySpaces, AgentsSpec, MultiRollout
+from rltrain.data.structs import Metrics, ObsSpace, PolicySpaces
 from rltrain.errors import ConfigError
 from rltrain.models.agents import AgentPolicies, OpponentPool
-from rltrain.models.settings import ModelSettings
+from rltrain.models.settings import SB3_MLP, ModelSettings
 
 SAMPLINGS = ("uniform", "latest")
 
@@ -76,6 +76,7 @@ def group_minibatches(requested: int, batch: int, slots: int, *, recurrent: bool
 class IPPO(Algorithm):
     name = "ippo"
     settings_class = IPPOSettings
+    mlp = SB3_MLP  # PPO's (SB3's MlpPolicy: 64x64 tanh), every group's actor and critic
     learner_class: type[GroupPPO] = GroupPPO
 
     def __init__(self, spec: AgentsSpec, settings: IPPOSettings = IPPOSettings(), *, num_envs: int,
@@ -86,9 +87,8 @@ class IPPO(Algorithm):
                               f"env.id={spec.env_id} is a single-agent Gymnasium env: use algo=ppo")
         self.spec, self.num_envs, self.device, self.sync = spec, num_envs, device, sync or Sync()
         s = self.settings = settings
-        model = model or ModelSettings()
-        self.groups = policy_groups(spec, policies=s.policies, agent_id=s.agent_id, state=self.global_state(spec),
-                                    self_play=s.self_play)
+        model = (model or ModelSettings()).with_mlp(*self.mlp)
+        self.groups = self.plan_groups(spec, s)
         slots = {g.name: num_envs * (1 if s.self_play else len(g.agents)) for g in self.groups}
         recurrent = model.core != "identity"
         sizes = self.update_sizes(s, num_envs=num_envs, recurrent=recurrent)
@@ -118,7 +118,21 @@ class IPPO(Algorithm):
         return {f"policy {g.name} (agents {', '.join(g.agents)}{extra})": self.learners[g.name].policy
                 for g in self.groups}
 
-    def global_state(self, spec: AgentsSpec) -> tuple[str, ObsSpace] | None:
+    def policy_spaces(self, action_mask: str) -> AgentsPolicySpaces:  # type: ignore[override]
+        """Every policy group's spaces and recurrent state shapes, the agents' own spaces and the policy mapping
+        (data/agents.py ``AgentsPolicySpaces``): the tools build these networks from them with no env."""
+        shapes = tuple(PolicySpaces.state_shapes(self.learners[g.name].policy.initial_state(1)) for g in self.groups)
+        return AgentsPolicySpaces(self.spec, self.groups, shapes, action_mask)
+
+    @classmethod
+    def plan_groups(cls, spec: AgentsSpec, settings: IPPOSettings) -> tuple[AgentGroup, ...]:
+        """The policy groups these settings make of ``spec``'s agents, before any network is built (what the
+        constructor builds, and what ``rltrain-check`` shows)."""
+        return policy_groups(spec, policies=settings.policies, agent_id=settings.agent_id,
+                             state=cls.global_state(spec, settings), self_play=settings.self_play)
+
+    @classmethod
+    def global_state(cls, spec: AgentsSpec, settings: IPPOSettings) -> tuple[str, ObsSpace] | None:
         """What a centralised critic reads (MAPPO); IPPO's critics read what their actors read."""
         return None
 

@@ -25,14 +25,22 @@ from rltrain.algos.ippo import IPPO, IPPOSettings
 from rltrain.data.agents import AgentsSpec
 from rltrain.data.structs import ObsSpace, Rollout
 from rltrain.errors import ConfigError
+from rltrain.models.settings import MLP
 
 STATE_SOURCES = ("auto", "env", "joined")
 
 
 @dataclass(frozen=True, kw_only=True)
 class MAPPOSettings(IPPOSettings):
-    """IPPO's settings and the centralised critic's."""
+    """IPPO's settings and the centralised critic's; the PPO settings are the paper's common ones where it gives
+    them (its table of common hyper-parameters, MPE), PPO's generic defaults otherwise."""
 
+    num_minibatches: int | None = 1  # one minibatch on MPE. Source: Yu et al. 2022 ("avoid splitting data
+    #                                  into mini-batches")
+    lr: float = 7e-4  # actor and critic learning rate on MPE. Source: Yu et al. 2022
+    ent_coef: float = 0.01  # entropy bonus. Source: Yu et al. 2022
+    vf_coef: float = 1.0  # value loss weight (value_loss_coef 1). Source: Yu et al. 2022
+    max_grad_norm: float = 10.0  # global gradient norm clip. Source: Yu et al. 2022
     global_state: str = "auto"  # auto: env.state() where the env has it, else joined | env | joined. Source: rltrain
     norm_value: bool = True  # standardise value targets by running moments. Source: Yu et al. 2022
 
@@ -101,14 +109,16 @@ class ValueNormPPO(GroupPPO):
 class MAPPO(IPPO):
     name = "mappo"
     settings_class = MAPPOSettings
+    mlp = MLP((64, 64), "relu")  # Yu et al. 2022: 64-wide MLPs on MPE, ReLU (use_ReLU)
 
     @property
     def learner_class(self) -> type[GroupPPO]:  # type: ignore[override]
         return ValueNormPPO if self.settings.norm_value else GroupPPO
 
-    def global_state(self, spec: AgentsSpec) -> tuple[str, ObsSpace] | None:
+    @classmethod
+    def global_state(cls, spec: AgentsSpec, settings: MAPPOSettings) -> tuple[str, ObsSpace] | None:  # type: ignore[override]
         """(``env`` | ``joined``, its space) as ``algo.global_state`` asks, or one line where it cannot be had."""
-        mode = self.settings.global_state
+        mode = settings.global_state
         if mode in ("auto", "env") and spec.state is not None:
             return "env", spec.state
         if mode == "env":

@@ -44,7 +44,7 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from rltrain.algos.base import Algorithm, Sync
+from rltrain.algos.base import Algorithm, AlgoSettings, Sync
 from rltrain.data.hindsight import HindsightSampler, goal_keys_missing
 from rltrain.data.replay import Batch, ReplayBuffer, UnwrittenSteps
 from rltrain.data.structs import EnvSpec, Metrics, Rollout
@@ -106,7 +106,7 @@ class TargetNetwork:
 
 
 @dataclass(frozen=True, kw_only=True)
-class HindsightSettings:
+class HindsightSettings(AlgoSettings):
     """Hindsight experience replay (data/hindsight.py) for any off-policy learner on a goal-conditioned task: its
     settings dataclass subclasses this one (SAC, TD3, DDPG, DQN)."""
 

@@ -26,7 +26,16 @@ import torch
 from torch import Tensor, nn
 
 from rltrain.algos.adam import make_adam
-from rltrain.algos.base import ActorCriticState, Algorithm, RewardScaler, Sync, UpdateSizes, positive, set_lr
+from rltrain.algos.base import (
+    ActorCriticState,
+    Algorithm,
+    AlgoSettings,
+    RewardScaler,
+    Sync,
+    UpdateSizes,
+    positive,
+    set_lr,
+)
 from rltrain.algos.minibatches import ColumnMinibatches, Minibatch, RowMinibatches
 from rltrain.algos.sequences import join_successors, sequence_inputs, successor_rows, successor_values
 from rltrain.algos.surrogate_numpy import NumpyUpdate
@@ -37,6 +46,7 @@ from rltrain.models.encoders import batch_layout
 from rltrain.models.factory import ModelSettings, build
 from rltrain.models.layers import RunningNorm
 from rltrain.models.numpy_mlp import adam_state_from_flat
+from rltrain.models.settings import SB3_MLP
 
 GENERIC_BATCH = 2048  # SB3's n_steps=2048 with one env; Schulman et al. 2017's T=2048 (MuJoCo)
 
@@ -61,33 +71,41 @@ def auto_minibatches(num_envs: int, *, recurrent: bool) -> int:
 
 
 @dataclass(frozen=True, kw_only=True)
-class PPOSettings:
-    """PPO's hyper-parameters (``algo=ppo``; conf/algo/ppo.yaml sets each one and says its source). Names
-    follow CleanRL's ppo.py."""
+class PPOSettings(AlgoSettings):
+    """PPO's hyper-parameters (``algo=ppo``): generic defaults for a task nobody tuned, the published ones; names
+    follow CleanRL's ppo.py. SB3 = Stable-Baselines3's PPO; paper = Schulman et al. 2017 (its MuJoCo table);
+    CleanRL = ppo_continuous_action.py. Tuned settings live in presets (conf/experiment/ppo_*.yaml)."""
 
-    rollout_len: int | None = None  # steps per env per update; None: a 2048-step batch (SB3 n_steps, paper T)
-    update_epochs: int = 10  # SB3, paper  # passes over the batch per update
-    num_minibatches: int | None = None  # minibatches per epoch; None: auto_minibatches; must divide the batch
-    lr: float = 3e-4  # Adam learning rate (SB3, paper)
-    anneal_lr: bool = False  # linear decay to 0 over total_env_steps (SB3: constant)
-    gamma: float = 0.99  # discount
-    gae_lambda: float = 0.95  # GAE lambda
-    clip_coef: float = 0.2  # surrogate clipping epsilon
-    clip_vloss: bool = False  # clip the value loss around the old values (SB3: no)
-    ent_coef: float = 0.0  # entropy bonus (SB3, paper on MuJoCo)
-    vf_coef: float = 0.5  # value loss weight
-    max_grad_norm: float = 0.5  # global gradient norm clip
-    norm_adv: bool = True  # normalise advantages per minibatch
-    target_kl: float | None = None  # stop the epochs early when approx KL exceeds it
-    hidden_sizes: tuple[int, ...] = (64, 64)
-    activation: str = "tanh"
-    norm_obs: bool = False  # running observation normalisation (stats checkpointed)
-    norm_reward: bool = False  # scale rewards by the running std of the discounted return
-    init_log_std: float = 0.0  # Box actions: initial log std of the Gaussian
-    numpy_update: bool = True  # on CPU: numpy forward/backward (same maths and checkpoints, ~4x faster)
+    rollout_len: int | None = None  # steps per env per update; null: 2048 // env.num_envs (a 2048-step batch),
+    #                                 rounded down so that num_minibatches divides it. Source: SB3 n_steps=2048
+    #                                 with 1 env, paper T=2048
+    update_epochs: int = 10  # passes over the batch per update. Source: SB3 n_epochs=10, paper K=10
+    num_minibatches: int | None = None  # minibatches per epoch; null: 32 (2048 / 32 = 64 samples each), with
+    #                                 a recurrent core (minibatches of whole env sequences) the largest divisor of
+    #                                 env.num_envs up to 4. Source: SB3 batch_size=64, paper 64; CleanRL
+    #                                 ppo_atari_lstm (4 minibatches of envs)
+    lr: float = 3e-4  # Adam learning rate. Source: SB3, paper, CleanRL
+    anneal_lr: bool = False  # linear decay of lr to 0 over total_env_steps. Source: SB3 (constant)
+    gamma: float = 0.99  # discount. Source: SB3, paper
+    gae_lambda: float = 0.95  # GAE lambda. Source: SB3, paper
+    clip_coef: float = 0.2  # surrogate clipping epsilon. Source: SB3 clip_range, paper epsilon
+    clip_vloss: bool = False  # clip the value loss around the old values. Source: SB3 clip_range_vf=None
+    #                                 (Andrychowicz et al. 2021: value clipping does not help)
+    ent_coef: float = 0.0  # entropy bonus. Source: SB3, paper (MuJoCo)
+    vf_coef: float = 0.5  # value loss weight. Source: SB3
+    max_grad_norm: float = 0.5  # global gradient norm clip. Source: SB3
+    norm_adv: bool = True  # normalise advantages per minibatch. Source: SB3 normalize_advantage=True
+    target_kl: float | None = None  # stop an update's epochs once the approx KL exceeds it; null: never.
+    #                                 Source: SB3
+    norm_obs: bool = False  # running observation normalisation (its statistics are checkpointed).
+    #                                 Source: SB3 (VecNormalize is opt-in)
+    norm_reward: bool = False  # scale rewards by the running std of the discounted return. Source: SB3
+    init_log_std: float = 0.0  # Box actions: initial log std of the Gaussian. Source: SB3 log_std_init=0.0
+    numpy_update: bool = True  # on CPU: the update in numpy (models/numpy_mlp.py + algos/surrogate_numpy.py),
+    #                                 the same maths as the torch path and the same checkpoints; false: autograd
+    #                                 + torch Adam (what CUDA always runs). Source: rltrain
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "hidden_sizes", tuple(self.hidden_sizes))
         for key in ("rollout_len", "update_epochs", "num_minibatches", "lr", "max_grad_norm", "clip_coef"):
             if getattr(self, key) is not None:  # None: resolved against env.num_envs by ``sizes``
                 positive(f"algo.{key}", getattr(self, key))
@@ -95,8 +113,6 @@ class PPOSettings:
             positive("algo.target_kl", self.target_kl)
         if not 0 <= self.gamma <= 1 or not 0 <= self.gae_lambda <= 1:
             raise ConfigError(f"algo.gamma={self.gamma} and algo.gae_lambda={self.gae_lambda} must lie in [0, 1]")
-        if self.activation not in ("tanh", "relu", "elu", "silu"):
-            raise ConfigError(f"algo.activation={self.activation!r} is not one of: tanh, relu, elu, silu")
 
     def sizes(self, num_envs: int, *, recurrent: bool) -> tuple[int, int]:
         """(rollout_len, num_minibatches) over ``num_envs`` envs, the nulls resolved; the minibatches must split
@@ -119,6 +135,7 @@ class PPOSettings:
 class PPO(ActorCriticState, Algorithm):
     name = "ppo"
     settings_class = PPOSettings
+    mlp = SB3_MLP  # SB3's MlpPolicy: 64x64 tanh, actor and critic
 
     @classmethod
     def update_sizes(cls, settings: PPOSettings, *, num_envs: int, recurrent: bool) -> UpdateSizes:
@@ -134,7 +151,7 @@ class PPO(ActorCriticState, Algorithm):
         self.recurrent = model.core != "identity"
         sizes = self.update_sizes(s, num_envs=num_envs, recurrent=self.recurrent)
         self.rollout_len, self.num_minibatches = sizes.rollout_len, sizes.num_minibatches
-        self.policy = build(spec, model.with_mlp(s.hidden_sizes, s.activation), "actor_critic",
+        self.policy = build(spec, model.with_mlp(*self.mlp), "actor_critic",
                             norm_obs=s.norm_obs, init_log_std=s.init_log_std).to(device)
         # the numpy backend runs the fused twin-MLP torso (float vectors) with a categorical or Gaussian head;
         # encoders, cores and other action spaces learn in torch
@@ -177,12 +194,15 @@ class PPO(ActorCriticState, Algorithm):
                 if approx_kl > s.target_kl:
                     break
 
-        # 4. Metrics out; observation statistics move after the update, so this update's ratios start at 1.
+        # 4. Metrics out; observation statistics move after the update, so this update's ratios start at 1. The
+        #    padding rows of a multi-agent rollout (``Rollout.valid`` False: an agent done while its env went on)
+        #    repeat an observation that was not seen again: they count in neither the statistics nor the metrics.
+        rows = slice(None) if rollout.valid is None else rollout.valid
         if self.policy.obs_norm.enabled:
-            moments = RunningNorm.moments(rollout.obs, len(self.spec.obs_shape))
+            moments = RunningNorm.moments(obs_map(lambda x: x[rows], rollout.obs), len(self.spec.obs_shape))
             self.policy.obs_norm.update_from_moments(self.sync.sum(moments))
-        y, var_y = ret.reshape(-1), float(np.var(ret))
-        explained = float("nan") if var_y == 0 else 1.0 - float(np.var(y - values.reshape(-1))) / var_y
+        y, var_y = ret[rows].reshape(-1), float(np.var(ret[rows]))
+        explained = float("nan") if var_y == 0 else 1.0 - float(np.var(y - values[rows].reshape(-1))) / var_y
         m = self.sync.mean(np.append(self.update.mean(stats), explained))
         return {"loss/policy": float(m[0]), "loss/value": float(m[1]), "loss/entropy": float(m[2]),
                 "train/approx_kl": float(m[3]), "train/clip_frac": float(m[4]),

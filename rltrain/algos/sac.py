@@ -16,7 +16,7 @@ target critic (SAC-AE, Yarats et al. 2019; DrQ, Kostrikov et al. 2020; models/sa
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
@@ -32,42 +32,48 @@ from rltrain.errors import ConfigError
 from rltrain.models.factory import ModelSettings, build
 from rltrain.models.heads import OrnsteinUhlenbeckNoise
 from rltrain.models.sac_networks import holds_separate_encoders
+from rltrain.models.settings import MLP
 
 
 @dataclass(frozen=True, kw_only=True)
 class SACSettings(HindsightSettings):
-    """SAC's hyper-parameters (``algo=sac``; conf/algo/sac.yaml: SB3's SAC, which follows Haarnoja et al. 2018).
-    Step counts are env steps over all envs and workers."""
+    """SAC's hyper-parameters (``algo=sac``): generic defaults, Stable-Baselines3's SAC (SB3), which follows
+    Haarnoja et al. 2018 (paper), for every key unless said. Step counts are env steps over all envs and workers.
+    Tuned settings live in presets (conf/experiment/sac_*.yaml)."""
 
-    rollout_len: int = 1  # steps per env between two learn() calls
-    buffer_size: int = 1_000_000  # replay capacity in observations (one per transition + one per episode end)
-    batch_size: int = 256
-    gamma: float = 0.99
-    tau: float = 0.005  # Polyak rate of the target critics
-    policy_lr: float = 3e-4
-    q_lr: float = 3e-4  # SB3, Haarnoja et al. 2018
-    learning_starts: int = 100  # SB3; env steps of uniform-random acting before the first update
-    train_frequency: int = 1  # env steps between two rounds of updates
-    gradient_steps: int = 1  # gradient steps per round
-    policy_frequency: int = 1  # actor/alpha update every k critic steps (TD3-style delay; 1 = every)
-    alpha: float = 1.0  # entropy coefficient (initial value when autotune: SB3's 1.0)
-    autotune: bool = True  # learn alpha so that E[-log pi] tracks target_entropy
-    target_entropy_scale: float = 1.0  # target_entropy = -scale * dim(A)
-    action_noise: float = 0.0  # sigma of Ornstein-Uhlenbeck noise on collected actions (0: none)
-    noise_theta: float = 0.15  # its mean reversion per unit time ...
-    noise_dt: float = 1e-2  # ... and time step (SB3's OrnsteinUhlenbeckActionNoise parameters)
-    hidden_sizes: tuple[int, ...] = (256, 256)
-    activation: str = "relu"
-    checkpoint_buffer: bool = False  # put the replay buffer into state_dict (checkpoint.replay_buffer)
+    rollout_len: int = 1  # steps per env between two learn() calls. Source: SB3 (one step per env per call)
+    buffer_size: int = 1_000_000  # replay capacity in observations (one per transition + one per episode end).
+    #                               Source: SB3, paper
+    batch_size: int = 256  # transitions per gradient step. Source: SB3, paper
+    gamma: float = 0.99  # discount. Source: SB3, paper
+    tau: float = 0.005  # Polyak rate of the target critics. Source: SB3, paper
+    policy_lr: float = 3e-4  # the actor's Adam learning rate. Source: SB3, paper
+    q_lr: float = 3e-4  # the critics' (and alpha's) Adam learning rate. Source: SB3, paper (one rate for all)
+    learning_starts: int = 100  # env steps of uniform-random acting before the first update. Source: SB3
+    train_frequency: int = 1  # env steps between two rounds of updates. Source: SB3 train_freq, paper
+    gradient_steps: int = 1  # gradient steps per round. Source: SB3, paper
+    policy_frequency: int = 1  # actor/alpha update every k critic steps (TD3-style delay; 1 = every).
+    #                               Source: SB3, paper
+    alpha: float = 1.0  # entropy coefficient (the initial value when autotune). Source: SB3 ent_coef="auto"
+    #                               starts at 1.0
+    autotune: bool = True  # learn alpha so that E[-log pi] tracks the target entropy. Source: SB3, Haarnoja
+    #                               et al. 2018b
+    target_entropy_scale: float = 1.0  # target entropy = -scale * dim(A). Source: SB3, paper (-dim(A))
+    action_noise: float = 0.0  # sigma of Ornstein-Uhlenbeck noise on collected actions; 0: none. Source: SB3
+    #                               action_noise=None
+    noise_theta: float = 0.15  # the noise's mean reversion per unit time. Source: SB3
+    #                               OrnsteinUhlenbeckActionNoise
+    noise_dt: float = 1e-2  # the noise's time step. Source: SB3 OrnsteinUhlenbeckActionNoise
+    checkpoint_buffer: bool = field(default=False, metadata={"internal": True})  # put the replay buffer into
+    #                               state_dict: set by the CLI from checkpoint.replay_buffer
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "hidden_sizes", tuple(self.hidden_sizes))
         for key in ("rollout_len", "batch_size", "tau", "policy_lr", "q_lr", "alpha", "train_frequency",
                     "gradient_steps", "policy_frequency", "buffer_size"):
             positive(f"algo.{key}", getattr(self, key))
         positive("algo.learning_starts", self.learning_starts, allow_zero=True)
-        if self.tau > 1 or not self.hidden_sizes:
-            raise ConfigError(f"algo.tau={self.tau} must lie in (0, 1] and algo.hidden_sizes must not be empty")
+        if self.tau > 1:
+            raise ConfigError(f"algo.tau={self.tau} must lie in (0, 1]")
         positive("algo.action_noise", self.action_noise, allow_zero=True)
 
 
@@ -77,6 +83,7 @@ class SAC(OffPolicy):
     name = "sac"
     action_kinds = ("box",)
     settings_class = SACSettings
+    mlp = MLP((256, 256), "relu")  # SB3, Haarnoja et al. 2018: 256x256 ReLU, actor and each critic
     stat_names = ("loss/q", "loss/actor", "loss/alpha", "train/alpha", "train/entropy", "train/q_mean")
     settings: SACSettings
 
@@ -88,7 +95,9 @@ class SAC(OffPolicy):
         s = settings
         self.gamma, self.policy_frequency, self.autotune = s.gamma, s.policy_frequency, s.autotune
 
-        model = (model or ModelSettings()).with_mlp(s.hidden_sizes, s.activation)
+        model = (model or ModelSettings()).with_mlp(*self.mlp)
+        if not model.hidden_sizes:
+            raise ConfigError("model.hidden_sizes=[]: algo=sac needs at least one hidden layer")
         # the model family: actor + twin critic (models/sac_networks.py). On images one critic encoder, read by
         # both Q heads and, detached, by the actor (SAC-AE, DrQ); on float vectors CleanRL's separate MLPs.
         networks = build(spec, model, "sac").to(device)

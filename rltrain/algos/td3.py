@@ -18,7 +18,7 @@ observation the model family encodes, in SAC's two layouts (models/deterministic
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
@@ -33,12 +33,14 @@ from rltrain.data.structs import EnvSpec
 from rltrain.errors import ConfigError
 from rltrain.models.deterministic_actor import GaussianActionNoise
 from rltrain.models.factory import ModelSettings, build
+from rltrain.models.settings import MLP
 
 
 @dataclass(frozen=True, kw_only=True)
 class TD3Settings(HindsightSettings):
-    """TD3's hyper-parameters (``algo=td3``; conf/algo/td3.yaml). Step counts are env steps over all envs and
-    workers."""
+    """TD3's hyper-parameters (``algo=td3``): generic defaults, Stable-Baselines3's TD3 (SB3), which follows
+    Fujimoto et al. 2018, unless said. Step counts are env steps over all envs and workers. Tuned settings live in
+    presets (conf/experiment/td3_*.yaml)."""
 
     rollout_len: int = 1  # steps per env between two learn() calls. Source: rltrain (SB3 collects 1 step)
     buffer_size: int = 1_000_000  # replay capacity in observations. Source: SB3, Fujimoto et al. 2018
@@ -55,20 +57,17 @@ class TD3Settings(HindsightSettings):
     target_noise_clip: float = 0.5  # the smoothing noise is clipped to +-this. Source: SB3, Fujimoto et al. 2018
     exploration_noise: float = 0.1  # std of the Gaussian noise on collected actions, in half action ranges
     #                                 (0: none). Source: Fujimoto et al. 2018 sec. 6.1, CleanRL (SB3: none set)
-    hidden_sizes: tuple[int, ...] = (400, 300)  # actor and critic MLP widths. Source: SB3, Fujimoto et al. 2018
-    activation: str = "relu"  # hidden activation. Source: SB3, Fujimoto et al. 2018
-    checkpoint_buffer: bool = False  # put the replay buffer into state_dict (checkpoint.replay_buffer).
-    #                                  Source: rltrain
+    checkpoint_buffer: bool = field(default=False, metadata={"internal": True})  # put the replay buffer into
+    #                                  state_dict: set by the CLI from checkpoint.replay_buffer
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "hidden_sizes", tuple(self.hidden_sizes))
         for key in ("rollout_len", "batch_size", "tau", "lr", "train_frequency", "gradient_steps", "buffer_size",
                     "policy_delay"):
             positive(f"algo.{key}", getattr(self, key))
         for key in ("learning_starts", "target_policy_noise", "target_noise_clip", "exploration_noise"):
             positive(f"algo.{key}", getattr(self, key), allow_zero=True)
-        if self.tau > 1 or not self.hidden_sizes:
-            raise ConfigError(f"algo.tau={self.tau} must lie in (0, 1] and algo.hidden_sizes must not be empty")
+        if self.tau > 1:
+            raise ConfigError(f"algo.tau={self.tau} must lie in (0, 1]")
 
 
 class TD3(OffPolicy):
@@ -78,6 +77,8 @@ class TD3(OffPolicy):
     name = "td3"
     action_kinds = ("box",)
     settings_class = TD3Settings
+    # SB3's TD3Policy on vectors (the paper's 400-300 ReLU), actor and each critic; CleanRL uses 256x256
+    mlp = MLP((400, 300), "relu")
     stat_names = ("loss/q", "loss/actor", "train/q_mean")
     settings: TD3Settings
     n_critics = 2  # clipped double-Q
@@ -95,7 +96,9 @@ class TD3(OffPolicy):
         self.smoothing = getattr(s, "target_policy_noise", 0.0)
         self.noise_clip = getattr(s, "target_noise_clip", 0.0)
 
-        model = (model or ModelSettings()).with_mlp(s.hidden_sizes, s.activation)
+        model = (model or ModelSettings()).with_mlp(*self.mlp)
+        if not model.hidden_sizes:
+            raise ConfigError(f"model.hidden_sizes=[]: algo={self.name} needs at least one hidden layer")
         # the model family: deterministic actor + n critics (models/deterministic_actor.py); on images one
         # critic encoder that the actor reads detached (DrQ-v2). The targets are a second build of the same:
         # its actor reads the target critic's encoder.

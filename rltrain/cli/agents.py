@@ -2,8 +2,9 @@
 
 Agent k gets the command line's config plus its own ``trainer.agent_overrides[k]`` (composed by Hydra, so an
 override can switch a group: ``algo=a2c``), its own root seed ``worker_root(seed, (k,))`` (a SeedSequence child,
-recorded in ``seeds.json``), its env count (``trainer.scopes``), its device (``trainer.devices``, round robin) and
-its resume path. Everything is validated before any process starts; the trainer only places the agents.
+recorded in ``seeds.json``), its env count (``trainer.scopes``), its device (``trainer.devices``, round robin), its
+share of ``total_env_steps`` (the budget of all agents together) and its resume path. Everything is validated
+before any process starts; the trainer only places the agents.
 """
 
 from __future__ import annotations
@@ -15,8 +16,14 @@ from pathlib import Path
 from rltrain.errors import ConfigError
 from rltrain.run.device import pick_device
 from rltrain.run.seeding import worker_root
+from rltrain.trainers.settings import ParallelSettings
 
 SEQUENTIAL = {"_target_": "rltrain.trainers.sequential.SequentialTrainer", "_partial_": True}
+
+
+def agent_share(total: int, num_agents: int, k: int) -> int:
+    """Agent k's share of ``total_env_steps``: equal shares, the remainder one step each to the first agents."""
+    return total // num_agents + (k < total % num_agents)
 
 
 def override_list(entry: list[str] | dict) -> list[str]:
@@ -50,7 +57,10 @@ def compose_agent_overrides(per_agent: list[list[str]]) -> list[dict]:
     from hydra.core.hydra_config import HydraConfig
     from omegaconf import OmegaConf
 
+    from rltrain.cli.schema import register
     from rltrain.conf import __file__ as conf_init
+
+    register()
 
     base: list[str] = []
     if HydraConfig.initialized():
@@ -70,27 +80,25 @@ def compose_agent_overrides(per_agent: list[list[str]]) -> list[dict]:
         return [_compose(o) for o in per_agent]
 
 
-def agent_configs(cfg: dict, params: dict) -> list[dict]:
-    """Agent k's plain config: the parent config (+ its overrides), its own seed, env count, device;
-    trainer=sequential. ``build.build_trainer`` validates each and turns it into ``RunSettings``."""
-    num_agents = int(params.get("num_agents", 2))
-    scopes, devices, overrides = params.get("scopes"), params.get("devices"), params.get("agent_overrides")
-    if num_agents < 1:
-        raise ConfigError(f"trainer.num_agents={num_agents} must be >= 1")
-    for key, value in (("scopes", scopes), ("agent_overrides", overrides)):
-        if value is not None and len(value) != num_agents:
-            raise ConfigError(f"trainer.{key} has {len(value)} entries; trainer.num_agents={num_agents} "
-                              f"needs one per agent")
-    if scopes is not None and any(s <= 0 for s in scopes):
-        raise ConfigError(f"trainer.scopes={scopes}: every agent needs at least one env")
-    devices = list(devices or [cfg["device"]])
+def agent_configs(cfg: dict, trainer: ParallelSettings) -> list[dict]:
+    """Agent k's plain config: the parent config (+ its overrides), its own seed, env count, device and budget;
+    trainer=sequential. ``build.build_trainer`` validates each and turns it into ``RunSettings``.
+
+    ``total_env_steps`` is the budget of all agents together, as it is of all workers under every trainer:
+    each agent gets an equal share (the first ``total % num_agents`` one step more), unless its own
+    ``trainer.agent_overrides`` entry sets ``total_env_steps``, which is then that agent's budget."""
+    num_agents, scopes, overrides = trainer.num_agents, trainer.scopes, trainer.agent_overrides
+    devices = list(trainer.devices or [cfg["device"]])
     for dev in devices:
         pick_device(dev)  # fails here, in one line, for an unknown or unavailable device
-    bases = compose_agent_overrides([override_list(e) for e in overrides]) if overrides else \
-        [copy.deepcopy(cfg) for _ in range(num_agents)]
+    per_agent = [override_list(e) for e in overrides] if overrides else [[] for _ in range(num_agents)]
+    bases = compose_agent_overrides(per_agent) if overrides else [copy.deepcopy(cfg) for _ in range(num_agents)]
+    total = int(cfg["total_env_steps"])
     out = []
     for k, base in enumerate(bases):
         c = copy.deepcopy(base)
+        if not any(o.partition("=")[0].lstrip("+~") == "total_env_steps" for o in per_agent[k]):
+            c["total_env_steps"] = agent_share(total, num_agents, k)
         c["seed"], c["seed_drawn"] = worker_root(int(cfg["seed"]), (k,)), False
         if scopes:
             c["env"]["num_envs"] = int(scopes[k])

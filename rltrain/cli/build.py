@@ -1,9 +1,10 @@
-"""``run(cfg, run_dir)``: validate the composed config, seed, pick the device, build the trainer, fit.
+"""``run(cfg, run_dir)``: check the composed config, seed, pick the device, build the trainer, fit.
 
-Objects are wired here in Python; the YAML groups only name a ``_target_`` under ``rltrain.`` and its
-keyword arguments. An algorithm's settings dataclass (``settings_class``) and the other classes' keyword-only
-constructor signatures are the schema: unknown keys and wrong types fail here, before anything starts, with
-the key's full name.
+Objects are wired here in Python; the config names a ``_target_`` under ``rltrain.`` and its settings. The
+settings dataclasses are the schema (cli/schema.py lists them): ``check_config`` is the one place a key or a
+type is checked against them - an unknown key, a wrong type or a count that is not a whole number fails in one
+line naming the key, and a count written as a float (``total_env_steps=1e5``) becomes the integer - and each
+dataclass's ``__post_init__`` checks its values, before anything starts.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import inspect
 import math
 import sys
 import tempfile
+import types
 import typing
 from collections.abc import Sequence
 from pathlib import Path
@@ -23,20 +25,18 @@ from typing import Any
 import torch
 import yaml
 
+from rltrain.algos.base import AlgoSettings
+from rltrain.cli.aliases import unknown_key
 from rltrain.cli.multiagent import check_agents
 from rltrain.envs.make import EnvFactory, ProbedEnv, probe_env
-from rltrain.errors import ConfigError, close_matches
+from rltrain.errors import ConfigError
 from rltrain.models.settings import ModelSettings
 from rltrain.run.seeding import draw_root_seed
-from rltrain.trainers.settings import (
-    CheckpointSettings,
-    EvalSettings,
-    LoggerSettings,
-    LogSettings,
-    RunSettings,
-)
+from rltrain.trainers.settings import RunSettings
 
-RESERVED = {"self", "spec", "num_envs", "device", "sync", "settings", "run_dir", "stop", "agents", "model"}
+GROUPS = ("algo", "trainer")  # groups whose schema is the settings_class of the class their _target_ names
+INTERNAL_KEYS = ("seed_drawn", "max_wall_time_s")  # written by prepare(), never set by the user
+SELECTORS = ("_target_", "_partial_")  # which class a group builds (Hydra's convention), not a setting
 
 
 def to_plain(cfg: Any) -> dict:
@@ -57,79 +57,150 @@ def resolve_target(node: dict, group: str) -> type:
         raise ConfigError(f"{group}._target_={target!r} cannot be imported: {err}") from None
 
 
-# keys of a group that rltrain reads itself rather than passing to the group's class: algo.action_mask
-# (train.yaml, merged into every algo) decides how the envs are wrapped (``env_settings``)
-NOT_HPARAMS = ("action_mask",)
+# -- the schema: keys and types against the settings dataclasses ----------------------------------------------
+def config_fields(cls: type) -> dict[str, Any]:
+    """A settings dataclass's config keys -> their type hints (fields marked ``internal`` are not keys)."""
+    hints = typing.get_type_hints(cls)
+    return {f.name: hints[f.name] for f in dataclasses.fields(cls) if f.init and not f.metadata.get("internal")}
 
 
-def hparams(node: dict) -> dict:
-    return {k: v for k, v in node.items() if not k.startswith("_") and k not in NOT_HPARAMS}
-
-
-def schema(cls: type, group: str) -> tuple[list[str], dict]:
-    """(valid keys in order, their type hints) of a group's class: the fields of an algorithm's settings
-    dataclass (``cls.settings_class``), else ``cls.__init__``'s keyword-only arguments."""
+def _settings_class(cls: type, group: str) -> type:
     settings = getattr(cls, "settings_class", None)
-    if settings is not None:
-        return [f.name for f in dataclasses.fields(settings) if f.init], typing.get_type_hints(settings)
-    sig = inspect.signature(cls.__init__)
-    reserved = RESERVED if group == "algo" else {"self", "settings", "run_dir", "agents"}  # a trainer may have `sync`
-    valid = [n for n, p in sig.parameters.items() if n not in reserved and p.kind == p.KEYWORD_ONLY]
-    return valid, typing.get_type_hints(cls.__init__)
+    if settings is None or not dataclasses.is_dataclass(settings):
+        kind = "algorithm (a class with a settings_class, as rltrain.algos.ppo.PPO)" if group == "algo" else \
+            "trainer (a class with a settings_class, as rltrain.trainers.sequential.SequentialTrainer)"
+        raise ConfigError(f"{group}._target_={cls.__module__}.{cls.__name__} is not an rltrain {kind}")
+    return settings
 
 
-def check_kwargs(cls: type, params: dict, group: str) -> None:
-    """Unknown keys and wrong types, checked against the group's schema (``schema``)."""
-    valid, hints = schema(cls, group)
-    for key, value in params.items():
-        if key not in valid:
-            raise ConfigError(f"{group}.{key}: unknown key{close_matches(key, valid)} (valid: {', '.join(valid)})")
-        hint = hints.get(key)
-        if hint is not None and not _type_ok(value, hint):
-            raise ConfigError(f"{group}.{key}={value!r} has the wrong type: expected {_type_name(hint)}")
-        # nan passes every `x <= 0` test and inf every `x > 0` test: no float hyper-parameter may be either
-        if any(isinstance(v, float) and not math.isfinite(v) for v in (value if isinstance(value, list) else [value])):
-            raise ConfigError(f"{group}.{key}={value}: must be a finite number (nan and inf train nothing)")
-        if key == "hidden_sizes" and isinstance(value, list) and any(isinstance(v, int) and v <= 0 for v in value):
-            raise ConfigError(f"{group}.hidden_sizes={value}: every width must be a positive integer "
-                              f"(e.g. {group}.hidden_sizes=[64,64])")
+def _algo_name(cfg: dict) -> str | None:
+    target = str((cfg.get("algo") or {}).get("_target_", ""))
+    return target.rpartition(".")[0].rpartition(".")[2] or None
 
 
-def _type_ok(value: Any, hint: Any) -> bool:
+def _dataclass_hint(hint: Any) -> type | None:
+    """The settings dataclass a field holds (``preemption: PreemptionSettings``), or None."""
+    return hint if isinstance(hint, type) and dataclasses.is_dataclass(hint) else None
+
+
+def _union_args(hint: Any) -> tuple | None:
+    return typing.get_args(hint) if typing.get_origin(hint) in (typing.Union, types.UnionType) else None
+
+
+def conform(value: Any, hint: Any) -> tuple[bool, Any]:
+    """(whether ``value`` fits the type hint, the value as the field takes it): a whole float for an ``int``
+    becomes the int (``1e5`` -> 100000), also inside a ``tuple[int, ...]``; nothing else is converted."""
+    union = _union_args(hint)
+    if union is not None:
+        for option in union:
+            ok, out = conform(value, option)
+            if ok:
+                return True, out
+        return False, value
     origin = typing.get_origin(hint)
-    if origin in (typing.Union, getattr(__import__("types"), "UnionType", None)):
-        return any(_type_ok(value, h) for h in typing.get_args(hint))
     if hint is type(None):
-        return value is None
+        return value is None, value
     if hint is bool:
-        return isinstance(value, bool)
+        return isinstance(value, bool), value
     if hint is int:
-        return isinstance(value, int) and not isinstance(value, bool)
+        if isinstance(value, float) and math.isfinite(value) and value.is_integer():
+            return True, int(value)
+        return isinstance(value, int) and not isinstance(value, bool), value
     if hint is float:
-        return isinstance(value, (int, float)) and not isinstance(value, bool)
+        return isinstance(value, (int, float)) and not isinstance(value, bool), value
     if hint is str:
-        return isinstance(value, str)
+        return isinstance(value, str), value
     if origin in (Sequence, list, tuple, typing.Sequence) or hint in (list, tuple):
-        args = typing.get_args(hint)
-        return isinstance(value, (list, tuple)) and all(_type_ok(v, args[0]) for v in value) if args else \
-            isinstance(value, (list, tuple))
+        if not isinstance(value, (list, tuple)):
+            return False, value
+        args = [a for a in typing.get_args(hint) if a is not Ellipsis]
+        if not args:
+            return True, value
+        items = [conform(v, args[0]) for v in value]
+        return all(ok for ok, _ in items), [v for _, v in items]
     if origin is dict or hint is dict:
-        return isinstance(value, dict)
-    return True
+        return isinstance(value, dict), value
+    return True, value
+
+
+def _wants_int(hint: Any) -> bool:
+    return hint is int or any(_wants_int(h) for h in (_union_args(hint) or typing.get_args(hint)))
 
 
 def _type_name(hint: Any) -> str:
-    if typing.get_origin(hint) is not None:
-        return str(hint).replace("typing.", "").replace("collections.abc.", "")
+    if typing.get_origin(hint) is not None or _union_args(hint) is not None:
+        return str(hint).replace("typing.", "").replace("collections.abc.", "").replace("NoneType", "None")
     return getattr(hint, "__name__", str(hint))
+
+
+def check_node(cls: type, node: dict, group: str, *, algo: str | None = None) -> dict:
+    """``node``'s keys and types against ``cls``'s fields, nested settings included (``group``: the node's
+    dotted path, "" for the top level). Returns the node with whole floats of integer fields as integers;
+    the values themselves are the dataclass's to check."""
+    schema = config_fields(cls)
+    out = {}
+    for key, value in node.items():
+        path = f"{group}.{key}" if group else key
+        if key in SELECTORS and group in GROUPS:
+            out[key] = value
+            continue
+        if key not in schema:
+            raise ConfigError(unknown_key(path, list(schema), algo=algo))
+        hint = schema[key]
+        nested = _dataclass_hint(hint)
+        if nested is not None and isinstance(value, dict):
+            out[key] = check_node(nested, value, path, algo=algo)
+            continue
+        ok, out[key] = conform(value, hint)
+        if not ok:
+            whole = " (a count: a whole number such as 100000 or 1e5)" if _wants_int(hint) and \
+                isinstance(value, float) else ""
+            raise ConfigError(f"{path}={value!r} has the wrong type: expected {_type_name(hint)}{whole}")
+        # nan passes every `x <= 0` test and inf every `x > 0` test: no float setting may be either
+        if any(isinstance(v, float) and not math.isfinite(v) for v in (value if isinstance(value, list) else [value])):
+            if type(None) in (_union_args(hint) or ()):
+                raise ConfigError(f"{path}={value} must be a finite number or null")
+            raise ConfigError(f"{path}={value}: must be a finite number (nan and inf train nothing)")
+    return out
+
+
+def check_config(cfg: dict) -> dict:
+    """Every key and type of a plain composed config against the schema (``check_node``); the config is
+    updated in place (whole floats of counts become integers) and returned."""
+    top = config_fields(RunSettings)
+    valid = [*top, *GROUPS]
+    for key in cfg:
+        if key not in valid and key not in INTERNAL_KEYS:
+            raise ConfigError(unknown_key(key, valid))
+    cfg.update(check_node(RunSettings, {k: v for k, v in cfg.items() if k in top}, ""))
+    for group in GROUPS:
+        if group in cfg:
+            cls = _settings_class(resolve_target(cfg[group], group), group)
+            cfg[group] = check_node(cls, cfg[group], group, algo=_algo_name(cfg) if group == "algo" else None)
+    return cfg
+
+
+def make_settings(cls: type, node: dict):
+    """``cls`` from a checked node: lists become tuples where the field is a tuple, nested settings their
+    dataclass; its ``__post_init__`` checks the values."""
+    schema = config_fields(cls)
+    kwargs = {}
+    for key, value in node.items():
+        if key in SELECTORS or key not in schema:
+            continue
+        hint = schema[key]
+        nested = _dataclass_hint(hint)
+        if nested is not None and isinstance(value, dict):
+            value = make_settings(nested, value)
+        elif isinstance(value, list) and any(typing.get_origin(h) is tuple for h in (_union_args(hint) or (hint,))):
+            value = tuple(value)
+        kwargs[key] = value
+    return cls(**kwargs)
 
 
 def model_settings(cfg: dict) -> ModelSettings:
     """The ``model`` group, typed (its dataclass validates itself)."""
-    node = cfg.get("model") or {"_target_": "rltrain.models.settings.ModelSettings"}
-    cls = resolve_target(node, "model")
-    check_kwargs(cls, hparams(node), "model")
-    return cls(**hparams(node))
+    return make_settings(ModelSettings, check_node(ModelSettings, dict(cfg.get("model") or {}), "model"))
 
 
 def algo_settings(cfg: dict):
@@ -140,12 +211,13 @@ def algo_settings(cfg: dict):
 
 def _algo_class_and_settings(cfg: dict) -> tuple[type, Any]:
     cls = resolve_target(cfg["algo"], "algo")
-    if getattr(cls, "settings_class", None) is None:
-        raise ConfigError(f"algo._target_={cfg['algo'].get('_target_')!r} is not an rltrain algorithm (a class "
-                          "with a settings_class, as rltrain.algos.ppo.PPO)")
-    params = hparams(cfg["algo"])
-    check_kwargs(cls, params, "algo")
-    return cls, cls.settings_class(**params)
+    settings_cls = _settings_class(cls, "algo")
+    node = check_node(settings_cls, dict(cfg["algo"]), "algo", algo=_algo_name(cfg))
+    settings = make_settings(settings_cls, node)
+    if any(f.name == "checkpoint_buffer" for f in dataclasses.fields(settings_cls)):  # checkpoint.replay_buffer
+        replay = bool((cfg.get("checkpoint") or {}).get("replay_buffer", False))
+        settings = dataclasses.replace(settings, checkpoint_buffer=replay)
+    return cls, settings
 
 
 def algo_factory(cfg: dict):
@@ -159,60 +231,31 @@ def algo_factory(cfg: dict):
     return functools.partial(cls, **params)
 
 
-def validate(cfg: dict) -> None:
-    """Checks that need no objects: budgets, sizes, cadences, resume path, device."""
-    for key in ("total_env_steps",):
-        if not isinstance(cfg[key], int) or isinstance(cfg[key], bool) or cfg[key] <= 0:
-            raise ConfigError(f"{key}={cfg[key]!r} must be a positive integer")
-    for key in ("env.num_envs", "eval.episodes", "checkpoint.keep_last", "torch_threads"):
-        group, _, name = key.rpartition(".")
-        value = cfg[group][name] if group else cfg[name]
-        if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
-            raise ConfigError(f"{key}={value!r} must be a positive integer")
-    for group in ("log", "eval", "checkpoint"):
-        value = cfg[group]["every_env_steps"]
-        if value is not None and (not isinstance(value, int) or value < 0):
-            raise ConfigError(f"{group}.every_env_steps={value!r} must be an integer >= 0 (0 disables)")
-    if cfg["seed"] is not None and (not isinstance(cfg["seed"], int) or cfg["seed"] < 0):
-        raise ConfigError(f"seed={cfg['seed']!r} must be a non-negative integer or null")
-    for key, target in (("target_return", cfg.get("target_return")),
-                        ("eval.target_return", cfg["eval"].get("target_return"))):
-        if target is not None and (isinstance(target, bool) or not isinstance(target, (int, float))
-                                   or not math.isfinite(target)):
-            raise ConfigError(f"{key}={target!r} must be a finite number or null")
-    steps = cfg["env"].get("max_episode_steps")
-    if steps is not None and (not isinstance(steps, int) or isinstance(steps, bool) or steps <= 0):
-        raise ConfigError(f"env.max_episode_steps={steps!r} must be a positive integer, or null for the env's own "
-                          "time limit")
+def trainer_settings(cfg: dict) -> tuple[type, Any]:
+    """(the trainer class, its typed settings) from the ``trainer`` group."""
+    cls = resolve_target(cfg["trainer"], "trainer")
+    settings_cls = _settings_class(cls, "trainer")
+    return cls, make_settings(settings_cls, check_node(settings_cls, dict(cfg["trainer"]), "trainer"))
+
+
+def validate(cfg: dict) -> RunSettings:
+    """The whole config checked before anything starts: keys and types (``check_config``), then every value
+    (the settings dataclasses, the trainer's included). Returns the run's settings, the env's action mask
+    not yet resolved (``settings_from`` does that, building one env)."""
+    check_config(cfg)
+    top = config_fields(RunSettings)
     resume = cfg.get("resume") or "never"
     if resume not in ("never", "auto") and not Path(resume).exists():
         raise ConfigError(f"resume={resume}: no such checkpoint file or run directory (use auto, never or a path)")
-    if cfg["logger"]["progress"] is False:  # YAML 1.1 reads a bare `off` as false
-        cfg["logger"]["progress"] = "off"
-    if cfg["logger"]["progress"] not in ("auto", "rich", "plain", "off"):
-        raise ConfigError(f"logger.progress={cfg['logger']['progress']!r} is not one of: auto, rich, plain, off")
-    cfg["max_wall_time_s"] = parse_duration(cfg.get("max_wall_time"), "max_wall_time")
-
-
-def parse_duration(value: Any, key: str) -> float | None:
-    """'23h', '90m', '1d2h30m', '45s' or a number of seconds -> seconds."""
-    if value is None:
-        return None
-    if isinstance(value, (int, float)) and not isinstance(value, bool):
-        if not value > 0 or not math.isfinite(value):
-            raise ConfigError(f"{key}={value} must be a finite number of seconds > 0 (or null for no limit)")
-        return float(value)
-    import re
-
-    number = r"(\d+(?:\.\d+)?)"
-    parts = re.fullmatch(rf"\s*(?:{number}d)?\s*(?:{number}h)?\s*(?:{number}m)?\s*(?:{number}s)?\s*", str(value))
-    if not parts or not any(parts.groups()):
-        raise ConfigError(f"{key}={value!r} is not a duration like 23h, 90m, 1d2h or 3600")
-    d, h, m, s = (float(g or 0) for g in parts.groups())
-    seconds = d * 86400 + h * 3600 + m * 60 + s
-    if seconds <= 0:  # 0 would stop before the first update: a run that can only end interrupted
-        raise ConfigError(f"{key}={value} must be > 0 (or null for no limit)")
-    return seconds
+    kwargs = {k: make_settings(_dataclass_hint(top[k]), v) if _dataclass_hint(top[k]) else v
+              for k, v in cfg.items() if k in top}
+    settings = RunSettings(**kwargs, seed_drawn=bool(cfg.get("seed_drawn", False)), algo=algo_factory(cfg),
+                           config=cfg)
+    trainer_settings(cfg)
+    if isinstance(cfg.get("logger"), dict):  # YAML 1.1 reads a bare `off` as false
+        cfg["logger"]["progress"] = settings.logger.progress
+    cfg["max_wall_time_s"] = settings.max_wall_time_s
+    return settings
 
 
 def prepare(cfg: Any, run_dir: Path) -> dict:
@@ -228,70 +271,35 @@ def prepare(cfg: Any, run_dir: Path) -> dict:
     return cfg
 
 
-TOP_LEVEL = ("seed", "device", "torch_threads", "total_env_steps", "target_return", "max_wall_time",
-             "allow_nested_processes", "resume", "resume_trust_envs", "resume_allow_changes", "seed_drawn",
-             "max_wall_time_s",
-             "algo", "trainer", "env", "model", "logger", "eval", "log", "checkpoint")
-INTERNAL_KEYS = ("seed_drawn", "max_wall_time_s")  # written by prepare(), never set by the user
-
-
-def group_settings(cls: type, node: dict, group: str):
-    """A frozen settings dataclass from one config group: unknown keys and wrong types fail in one line."""
-    fields = {f.name: f for f in dataclasses.fields(cls)}
-    hints = typing.get_type_hints(cls)
-    for key, value in node.items():
-        if key not in fields:
-            raise ConfigError(f"{group}.{key}: unknown key{close_matches(key, list(fields))} "
-                              f"(valid: {', '.join(fields)})")
-        if not _type_ok(value, hints[key]):
-            raise ConfigError(f"{group}.{key}={value!r} has the wrong type: expected {_type_name(hints[key])}")
-    return cls(**{k: tuple(v) if isinstance(v, list) and typing.get_origin(hints[k]) is tuple else v
-                  for k, v in node.items()})
-
-
 def settings_from(cfg: dict) -> RunSettings:
-    """The typed settings and picklable factories of a validated plain config (``prepare``'s output)."""
-    unknown = [k for k in cfg if k not in TOP_LEVEL]
-    if unknown:
-        raise ConfigError(f"{unknown[0]}: unknown key{close_matches(unknown[0], TOP_LEVEL)} "
-                          f"(top-level keys: {', '.join(k for k in TOP_LEVEL if k not in INTERNAL_KEYS)})")
+    """The typed settings and picklable factories of a prepared plain config (``prepare``'s output), the env
+    probed once (``probe_env``: ONE env built and reset, the run's only look at its env before it starts): its
+    factory with the action mask resolved from ``algo.action_mask`` and whether it is multi-agent, and its spec."""
+    check_config(cfg)
+    mask_mode = str(cfg["algo"].get("action_mask", AlgoSettings.action_mask))  # a user algo's settings may lack it
+    probed = probe_env(make_settings(EnvFactory, cfg["env"]), mask_mode)
     # a PettingZoo env: algo=ppo is ippo there, single-agent algorithms refused (before any other line is said)
-    check_agents(cfg, group_settings(EnvFactory, cfg["env"], "env"))
-    probed = env_settings(cfg)
-    return RunSettings(
-        seed=int(cfg["seed"]), seed_drawn=bool(cfg["seed_drawn"]), device=str(cfg["device"]),
-        torch_threads=int(cfg["torch_threads"]), total_env_steps=int(cfg["total_env_steps"]),
-        target_return=None if cfg.get("target_return") is None else float(cfg["target_return"]),
-        max_wall_time_s=cfg.get("max_wall_time_s"), resume=str(cfg.get("resume") or "never"),
-        resume_trust_envs=bool(cfg.get("resume_trust_envs", False)),
-        resume_allow_changes=tuple(cfg.get("resume_allow_changes") or ()),
-        env=probed.factory, env_spec=probed.spec, algo=algo_factory(cfg),
-        eval=group_settings(EvalSettings, cfg["eval"], "eval"), log=group_settings(LogSettings, cfg["log"], "log"),
-        checkpoint=group_settings(CheckpointSettings, cfg["checkpoint"], "checkpoint"),
-        logger=group_settings(LoggerSettings, cfg["logger"], "logger"), model=model_settings(cfg), config=cfg)
+    check_agents(cfg, probed.factory)
+    _say_mask_line(probed)
+    settings = validate(cfg)
+    return dataclasses.replace(settings, env=probed.factory, env_spec=probed.spec)
 
 
 _MASK_LINES: set[str] = set()  # said once per build (parallel agents build one env factory each)
 
 
-def env_settings(cfg: dict) -> ProbedEnv:
-    """The run's env factory and spec from ONE env built and reset (``probe_env``), the run's only look at its
-    env before it starts; its action mask resolved from ``algo.action_mask`` (auto | on | off) against what the
-    env offers, which it says in one line."""
-    probed = probe_env(group_settings(EnvFactory, cfg["env"], "env"),
-                       str((cfg.get("algo") or {}).get("action_mask", "auto")))
+def _say_mask_line(probed: ProbedEnv) -> None:
     if probed.line and probed.line not in _MASK_LINES:
         _MASK_LINES.add(probed.line)
         print(f"rltrain: {probed.line}", file=sys.stderr)
-    return probed
 
 
 def env_factory(node: dict, *, action_mask: str = "off") -> EnvFactory:
     """The env factory recorded in a checkpoint's config (keys this version does not know are dropped), with the
     ``action_mask`` source its run resolved; builds no env (``probe_env`` resolves it where none is recorded)."""
-    known = {f.name for f in dataclasses.fields(EnvFactory)}
-    return group_settings(EnvFactory, {**{k: v for k, v in node.items() if k in known}, "action_mask": action_mask},
-                          "env")
+    known = config_fields(EnvFactory)
+    factory = make_settings(EnvFactory, check_node(EnvFactory, {k: v for k, v in node.items() if k in known}, "env"))
+    return dataclasses.replace(factory, action_mask=action_mask)
 
 
 def build_trainer(cfg: dict, run_dir: Path, *, check_only: bool = False):
@@ -299,21 +307,17 @@ def build_trainer(cfg: dict, run_dir: Path, *, check_only: bool = False):
     pre-flight checks build is the one its loop trains where that loop runs in this process (cli/preflight.py);
     ``check_only`` (``rltrain-check``): the checks build a CPU copy and nothing is written."""
     _MASK_LINES.clear()
-    trainer_cls = resolve_target(cfg["trainer"], "trainer")
-    params = hparams(cfg["trainer"])
-    check_kwargs(trainer_cls, params, "trainer")
+    trainer_cls, trainer = trainer_settings(cfg)
     extra = {}
     if trainer_cls.capabilities.agent_configs:  # trainer=parallel: one config per agent
         from rltrain.cli.agents import agent_configs
 
-        agents = agent_configs(cfg, params)
-        for agent in agents:
-            validate(agent)
-        extra["agents"] = [settings_from(a) for a in agents]  # unknown / mistyped keys fail before any start
+        # every agent's config checked and typed before any start (unknown / mistyped keys, values)
+        extra["agents"] = [settings_from(a) for a in agent_configs(cfg, trainer)]
     from rltrain.cli.preflight import preflight
 
     settings = settings_from(cfg)
-    trainer = trainer_cls(settings=settings, run_dir=Path(run_dir), **params, **extra)
+    trainer = trainer_cls(settings=settings, run_dir=Path(run_dir), trainer=trainer, **extra)
     algo = preflight(settings, trainer, check_only=check_only)  # budget, sizes against this machine, the algorithm
     show_model(algo, None if check_only else run_dir, echo=cfg["logger"].get("progress") not in ("off", False))
     return trainer
@@ -366,7 +370,7 @@ def check_resume_config(cfg: dict, run_dir: Path) -> None:
     """``resume=auto`` in a run dir whose recorded run had other trainer / algo / model / env settings: one
     line listing them (a trainer that keeps its checkpoints elsewhere would otherwise restart from step 0
     over the run's summary), unless ``resume_allow_changes`` names them."""
-    from rltrain.run.checkpoint import ALLOW_KEY, resume_mismatch
+    from rltrain.run.checkpoint import ALLOW_KEY, resume_mismatch, upgrade_config
 
     allow = cfg.get(ALLOW_KEY) or []
     if not isinstance(allow, list) or not all(isinstance(a, str) and a for a in allow):
@@ -377,7 +381,7 @@ def check_resume_config(cfg: dict, run_dir: Path) -> None:
         saved = yaml.safe_load((run_dir / "config.yaml").read_text())
     except (OSError, yaml.YAMLError):
         return  # the checkpoint's own config is compared at resume
-    error = resume_mismatch("auto", saved if isinstance(saved, dict) else {}, cfg)
+    error = resume_mismatch("auto", upgrade_config(saved) if isinstance(saved, dict) else {}, cfg)
     if error:
         raise ConfigError(error.replace("resume=auto:", f"resume=auto in {run_dir}:", 1))
 

@@ -34,6 +34,9 @@ def compose(overrides: list[str]):
     from hydra import compose as hydra_compose
     from hydra import initialize_config_dir
 
+    from rltrain.cli.schema import register
+
+    register()
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
         return hydra_compose(config_name="train", overrides=overrides, return_hydra_config=True)
 
@@ -79,20 +82,41 @@ def validate_job(cfg):
 def batch_rows(plain: dict, trainer) -> list[tuple[str, str]]:
     """The batch arithmetic of one update, as the trainer consumes it (``Trainer.update_size``: the sizes the
     run itself works out, PPO's nulls resolved)."""
+    from rltrain.cli.multiagent import agent_batch_rows
+    from rltrain.data.agents import AgentsSpec
+
+    spec = trainer.settings.env_spec
+    if isinstance(spec, AgentsSpec):  # agents, policy groups, slots, rows and bytes: what a multi-agent update holds
+        rows = agent_batch_rows(plain, trainer, spec)
+    else:
+        rows = single_batch_rows(plain, trainer)
+    for key in ("eval", "log", "checkpoint"):
+        rows.append((f"{key}.every_env_steps", str(plain[key]["every_env_steps"])))
+    if plain.get("max_wall_time"):
+        rows.append(("max_wall_time", f"{plain['max_wall_time']} ({plain['max_wall_time_s']:.0f} s)"))
+    return rows
+
+
+def single_batch_rows(plain: dict, trainer) -> list[tuple[str, str]]:
+    """One agent per env: envs x rollout_len (x ranks) env steps per update, the updates, PPO's minibatches."""
     size, workers, envs = trainer.update_size(), trainer.replicas(), plain["env"]["num_envs"]
     total = int(plain["total_env_steps"])
+    if trainer.capabilities.agent_configs:  # trainer=parallel: the agents share the budget
+        shares = [a.total_env_steps for a in trainer.agents]
+        budget = (f"{total}, all {len(shares)} agents together: {' / '.join(map(str, shares))} env steps each "
+                  "(agent 0's arithmetic below)")
+        total = shares[0]
+    else:
+        budget = f"{total}, all envs and workers together"
     text = size.text if trainer.capabilities.batched_rollouts else \
         f"{envs} envs x {size.rollout_len} rollout_len" + (f" x {workers} ranks" if workers > 1 else "")
-    rows = [("env.num_envs", str(envs)), ("env steps per update", f"{text} = {size.env_steps}"),
+    rows = [("env.num_envs", str(envs)), ("total_env_steps", budget),
+            ("env steps per update", f"{text} = {size.env_steps}"),
             ("updates", f"{total} total_env_steps / {size.env_steps} = {-(-total // size.env_steps)}")]
     if size.num_minibatches:
         per_rank, n = size.env_steps // workers, size.num_minibatches
         rows.append(("minibatch", f"{per_rank} / {n} minibatches = {per_rank // n} samples, "
                      f"{plain['algo'].get('update_epochs', 1)} epochs"))
-    for key in ("eval", "log", "checkpoint"):
-        rows.append((f"{key}.every_env_steps", str(plain[key]["every_env_steps"])))
-    if plain.get("max_wall_time"):
-        rows.append(("max_wall_time", f"{plain['max_wall_time']} ({plain['max_wall_time_s']:.0f} s)"))
     return rows
 
 

@@ -77,8 +77,16 @@ def _evaluate(args: argparse.Namespace, stop: StopFlag) -> int:
         spec = loaded.spec
         print(f"checkpoint: {loaded.checkpoint}")
         params = sum(p.numel() for p in loaded.policy.parameters())
-        print(f"policy: algo={loaded.config['algo']['_target_'].rpartition('.')[2]}  env.id={spec.env_id}  "
-              f"observation {spec.observation.name}  action {spec.describe()}  {params:,} parameters")
+        algo = loaded.config['algo']['_target_'].rpartition('.')[2]
+        if getattr(loaded.policy, "group_list", None) is not None:  # a multi-agent env: each agent and its policy
+            print(f"policies: algo={algo}  env.id={spec.env_id}  {len(spec.agents)} agents in "
+                  f"{len(loaded.policy.group_list)} policy groups  {params:,} parameters")
+            for agent, s in zip(spec.agents, spec.specs, strict=True):
+                print(f"  {agent}: policy {loaded.policy.group_of(agent).name}  observation {s.observation.name}  "
+                      f"action {s.describe()}")
+        else:
+            print(f"policy: algo={algo}  env.id={spec.env_id}  observation {spec.observation.name}  action "
+                  f"{spec.describe()}  {params:,} parameters")
         print(f"episodes: none run: stepping the env imports the module of {loaded.step_imports[0]}, which runs its "
               "code; pass --allow-import (and --episodes N) to evaluate it")
         return 0

@@ -1,8 +1,9 @@
 """Checkpoint -> policy for the tools (``rltrain-eval``, ``rltrain-export``, ``rltrain.load_policy``).
 
-A checkpoint records the spaces its policy acts on (``PolicySpaces``, data/structs.py), so the acting network is
-built from the file alone: no env is built and no env module imported. A checkpoint's config comes from whoever
-wrote the file: nothing named inside it is imported without the user's opt-in (``--allow-import`` on the command
+A checkpoint records the spaces its policy acts on (``PolicySpaces``, data/structs.py; a multi-agent env's: its
+agents and every policy group, ``AgentsPolicySpaces``, data/agents.py), so the acting networks are built from the
+file alone: no env is built and no env module imported. A checkpoint's config comes from whoever wrote the
+file: nothing named inside it is imported without the user's opt-in (``--allow-import`` on the command
 lines, ``allow_import=True`` in Python): a ``model.imports`` entry always (network code), the env's module
 (``env.id`` ``module:Attr``, an ``env.wrappers`` entry ``module:Wrapper``) only to step the env (evaluation
 episodes), or to build the network of a checkpoint written before the spaces were recorded. No wrapper stored
@@ -18,6 +19,7 @@ from typing import Any
 
 from rltrain import __version__
 from rltrain.cli.build import algo_factory, env_factory, resolve_target
+from rltrain.data.agents import AGENT_SPACES_FORMAT, AgentsPolicySpaces, AgentsSpec
 from rltrain.data.structs import SPACES_FORMAT, EnvSpec, PolicySpaces
 from rltrain.envs.make import EnvFactory, probe_env
 from rltrain.errors import ConfigError
@@ -34,7 +36,7 @@ class LoadedCheckpoint:
     config: dict = field(repr=False)  # the run's resolved config, as recorded
     checkpoint: Path  # the file it came from
     eval_seed: int  # the run's evaluation seed
-    spec: EnvSpec = field(repr=False)  # the env's spaces (recorded; probed for an older checkpoint)
+    spec: EnvSpec | AgentsSpec = field(repr=False)  # the env's spaces (recorded; probed for an older checkpoint)
     env: EnvFactory = field(repr=False)  # builds the env as the run did, to step it (evaluation episodes)
     # what stepping the env imports (``env.id=module:Attr``, ``env.wrappers`` entries): each needs the opt-in
     step_imports: list[str] = field(default_factory=list)
@@ -75,18 +77,24 @@ def refuse_stepping(loaded: LoadedCheckpoint, opt_in: str = CLI_OPT_IN) -> None:
                           "checkpoint (the policy itself loads without it)")
 
 
-def recorded_spaces(meta: dict, path: Path) -> PolicySpaces | None:
+# the space records this version reads, by their format: one agent's (structs.py), a multi-agent env's (agents.py)
+SPACE_RECORDS: dict[int, type[PolicySpaces] | type[AgentsPolicySpaces]] = {
+    SPACES_FORMAT: PolicySpaces, AGENT_SPACES_FORMAT: AgentsPolicySpaces}
+
+
+def recorded_spaces(meta: dict, path: Path) -> PolicySpaces | AgentsPolicySpaces | None:
     """The spaces a checkpoint records; None for one written before they were (it loads as it always did, from
     its env); a record in a format this version does not read is one line naming both versions."""
     record = meta.get("spaces")
     if record is None:
         return None
     found = record.get("format") if isinstance(record, dict) else None
-    if found != SPACES_FORMAT:
+    if found not in SPACE_RECORDS:
         raise ConfigError(f"checkpoint={path}: its spaces are recorded in format {found!r} by rltrain "
-                          f"{meta.get('rltrain', '(version not recorded)')}; rltrain {__version__} reads format "
-                          f"{SPACES_FORMAT}: load it with the version that wrote it, or a later one")
-    return PolicySpaces.from_record(record)
+                          f"{meta.get('rltrain', '(version not recorded)')}; rltrain {__version__} reads formats "
+                          f"{', '.join(map(str, SPACE_RECORDS))}: load it with the version that wrote it, or a later "
+                          "one")
+    return SPACE_RECORDS[found].from_record(record)
 
 
 # wrappers that write files where their arguments say: from a checkpoint, the file's author would choose
@@ -109,8 +117,22 @@ def _drop_recorders(wrappers: list, path: Path) -> list:
     return kept
 
 
+def _mismatch(recorded: PolicySpaces | AgentsPolicySpaces, built: PolicySpaces | AgentsPolicySpaces) -> str | None:
+    """How the network the checkpoint's settings build differs from what it recorded, in words; None: alike."""
+    if isinstance(recorded, AgentsPolicySpaces):
+        if not isinstance(built, AgentsPolicySpaces):
+            return "it records a multi-agent env's policy groups, but its algo builds one policy"
+        return recorded.difference(built)
+    if not isinstance(built, PolicySpaces):
+        return "it records one policy's spaces, but its algo builds a multi-agent env's policy groups"
+    if built.core_state != recorded.core_state:
+        return f"its recurrent state is {recorded.core_state}, but its settings build a network whose state is " \
+               f"{built.core_state}"
+    return None
+
+
 def _policy_from(state: dict, path: Path, *, device: str, allow_import: bool, opt_in: str) -> LoadedCheckpoint:
-    from rltrain.algos.base import Algorithm
+    from rltrain.algos.base import Algorithm, AlgoSettings
     from rltrain.models.sac_networks import holds_separate_encoders
 
     cfg = state["meta"]["config"]
@@ -142,16 +164,16 @@ def _policy_from(state: dict, path: Path, *, device: str, allow_import: bool, op
     if recorded is not None:
         spec, factory = recorded.spec, env_factory(env, action_mask=recorded.action_mask)
     else:
-        probed = probe_env(env_factory(env), str((cfg.get("algo") or {}).get("action_mask", "auto")))
+        # a config recorded before algo.action_mask existed: the default
+        probed = probe_env(env_factory(env), str(cfg["algo"].get("action_mask", AlgoSettings.action_mask)))
         spec, factory = probed.spec, probed.factory
     # the acting policy needs no replay: a goal task's hindsight relabelling (algo.her) stays off, so the env's
     # compute_reward is not looked for
     acting = {**cfg, "algo": {**cfg["algo"], "her": False}} if cfg["algo"].get("her") else cfg
     algo = algo_factory(acting)(spec, num_envs=env["num_envs"], device=pick_device(device))
-    built = None if recorded is None else PolicySpaces.state_shapes(algo.policy.initial_state(1))
-    if recorded is not None and built != recorded.core_state:
-        raise ConfigError(f"checkpoint={path}: its recurrent state is {recorded.core_state}, but its settings "
-                          f"build a network whose state is {built}")
+    mismatch = None if recorded is None else _mismatch(recorded, algo.policy_spaces(recorded.action_mask))
+    if mismatch:
+        raise ConfigError(f"checkpoint={path}: {mismatch}")
     algo.policy.load_state_dict(state["algo"]["policy"])  # the acting weights only: no optimiser, no buffer
     return LoadedCheckpoint(algo.policy, cfg, path, int(state["meta"]["eval_seed"]), spec, factory,
                             [] if allow_import else stepping)

@@ -5,7 +5,8 @@ later with a traceback, and says so in one line with the arithmetic:
 
 - the budget: ``total_env_steps`` below one update (the loop would round it up), and an off-policy budget at
   or below ``learning_starts`` (no gradient step would ever be taken);
-- the size: one update's rollout (env steps per update x bytes per step) larger than the available memory,
+- the size: one update's rollout (env steps per update x bytes per step; a multi-agent env's: each policy
+  group's rows x bytes per row, ``group_batches``) larger than the available memory,
   more envs per worker than a vector env can step, more env processes than the machine can schedule;
 - the env: the one env the run built and reset before (``probe_env``: a factory or ``reset`` that raises is
   reported with its env id) is the spec every check reads;
@@ -17,16 +18,17 @@ later with a traceback, and says so in one line with the arithmetic:
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 
 import numpy as np
 import torch
 
 from rltrain.algos.base import Algorithm
-from rltrain.data.agents import AgentsSpec
+from rltrain.data.agents import AgentGroup, AgentsSpec
 from rltrain.data.memory import available_memory
 from rltrain.data.structs import EnvSpec, ObsSpace, storage_dtype
 from rltrain.errors import ConfigError
-from rltrain.trainers.base import Trainer, UpdateSize
+from rltrain.trainers.base import Trainer, UpdateSize, agent_turns
 from rltrain.trainers.settings import RunSettings
 
 # Envs of one worker are Python objects stepped one after another; beyond this many a worker spends its time
@@ -73,14 +75,47 @@ def check_size(settings: RunSettings, size: UpdateSize, spec: EnvSpec | AgentsSp
         raise ConfigError(f"env.vectorization=async would start {processes} env processes, more than "
                           f"{PROCESSES_PER_CORE} per core on this machine ({cap}); use env.vectorization=sync or "
                           "fewer envs")
-    # a transition stores obs and next_obs, the action, its log-prob, the reward and two flags (every agent's)
-    per_step = sum(2 * obs_bytes(s.observation) + int(np.prod(s.action_shape or (1,))) * 8 + 4 + 4 + 2
-                   for s in (spec.specs if isinstance(spec, AgentsSpec) else (spec,)))
-    need, avail = batch * per_step, available_memory()
+    if isinstance(spec, AgentsSpec):  # each policy group's rows: its own observation, index and state
+        batches = group_batches(settings, size, spec)
+        need = sum(b.rows * b.row_bytes for b in batches)
+        said = " + ".join(f"{b.group.name}: {b.rows} rows x {b.row_bytes} bytes" for b in batches)
+        words = f"{text} = {batch} env steps; {said}"
+    else:
+        need = batch * row_bytes(spec)
+        words = f"{text} = {batch} env steps x {row_bytes(spec)} bytes per step"
+    avail = available_memory()
     if need > avail:
-        raise ConfigError(f"one update's rollout needs {need / 2**30:.1f} GiB: {text} = {batch} env steps x "
-                          f"{per_step} bytes per step, but {avail / 2**30:.1f} GiB are available; lower "
-                          "env.num_envs or algo.rollout_len")
+        raise ConfigError(f"one update's rollout needs {need / 2**30:.1f} GiB: {words}, but {avail / 2**30:.1f} GiB "
+                          "are available; lower env.num_envs or algo.rollout_len")
+
+
+def row_bytes(spec: EnvSpec) -> int:
+    """Bytes one stored transition takes: obs and next_obs, the action, its log-prob, the reward, two flags."""
+    return 2 * obs_bytes(spec.observation) + int(np.prod(spec.action_shape or (1,))) * 8 + 4 + 4 + 2
+
+
+@dataclass(frozen=True)
+class GroupBatch:
+    """One policy group's share of an update: ``slots`` columns (one per agent of the group per env column; with
+    self-play, the learner's seat) of ``rows`` rows each, ``row_bytes`` stored per row."""
+
+    group: AgentGroup
+    seats: int
+    slots: int
+    rows: int
+    row_bytes: int
+
+
+def group_batches(settings: RunSettings, size: UpdateSize, spec: AgentsSpec) -> list[GroupBatch]:
+    """What each policy group holds in one update of ``size`` (every replica's columns, as ``size.env_steps``
+    counts them): the arithmetic of the memory check (``check_size``) and of ``rltrain-check``'s rows."""
+    cls, hp, T = settings.algo_class, settings.algo_settings, size.rollout_len
+    columns = size.env_steps // (T * agent_turns(spec)[0])  # env columns over every replica
+    out = []
+    for g in cls.plan_groups(spec, hp):
+        seats = 1 if hp.self_play else len(g.agents)
+        out.append(GroupBatch(g, seats, columns * seats, T * columns * seats, row_bytes(g.spec)))
+    return out
 
 
 # bytes per network parameter over a run's life: weights, gradient, two Adam moments, a target / actor copy
@@ -104,13 +139,11 @@ def check_network_size(settings: RunSettings, spec: EnvSpec | AgentsSpec) -> Non
 
 
 def _width_lists(config: dict) -> list[tuple[str, list[int]]]:
-    found = []
-    for group in ("algo", "model"):
-        for key, value in (config.get(group) or {}).items():
-            if key.endswith("hidden_sizes") and isinstance(value, list) and value and \
-                    all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in value):
-                found.append((f"{group}.{key}", value))
-    return found
+    value = (config.get("model") or {}).get("hidden_sizes")
+    if isinstance(value, list) and value and all(isinstance(v, int) and not isinstance(v, bool) and v > 0
+                                                 for v in value):
+        return [("model.hidden_sizes", value)]
+    return []
 
 
 def preflight(settings: RunSettings, trainer: Trainer, *, check_only: bool = False) -> Algorithm:
@@ -129,7 +162,7 @@ def preflight(settings: RunSettings, trainer: Trainer, *, check_only: bool = Fal
         if not isinstance(err, MemoryError) and "alloc" not in str(err).lower():
             raise
         raise ConfigError(f"building the networks ran out of memory ({str(err).splitlines()[0][:160]}); use "
-                          "smaller algo.hidden_sizes / model.hidden_sizes") from None
+                          "smaller model.hidden_sizes") from None
     size = trainer.update_size()  # the algorithm's own sizes (PPO's rollout_len=null resolved), not a guess
     check_budget(settings, size)
     check_size(settings, size, spec)

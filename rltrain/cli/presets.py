@@ -1,10 +1,10 @@
 """``experiment=auto`` (the default): the tuned preset made for a run's (algo, env), chosen BEFORE composition.
 
-The algo groups hold generic defaults (the published values for a task nobody tuned); tuned settings live in
-``conf/experiment``. ``resolve_experiment`` rewrites a command line's overrides: with no ``experiment=`` (or
-``experiment=auto``) the preset made for this algo on this env id and wrappers is added and announced in one
-line; ``experiment=none`` opts out; with no match one line says the generic defaults run (and names the
-closest preset). ``rltrain`` and ``rltrain.train`` both call it, so they compose the same config. The presets
+The algorithms' settings dataclasses hold generic defaults (the published values for a task nobody tuned); tuned
+settings live in ``conf/experiment``. ``resolve_experiment`` rewrites a command line's overrides: with no
+``experiment=`` (or ``experiment=auto``) the preset made for this algo on this env id and wrappers is added and
+announced in one line; ``experiment=none`` opts out; with no match one line says the generic defaults run (and
+names the closest preset). ``rltrain`` and ``rltrain.train`` both call it, so they compose the same config. The presets
 are read from ``conf/experiment/*.yaml`` (their ``override /algo`` and ``override /env`` defaults and their
 ``env.id``), so a new preset file is picked up without a table to keep in step. Presets on the ``mujoco``,
 ``atari`` and ``minatar`` env groups are meant for every task of that family (``env.id=Ant-v5``). A preset
@@ -114,7 +114,7 @@ def preset_note(algo: str, env_id: str, experiment: str | None, conf: Path = CON
     wrappers = wrapper_names(wrappers)
     best, exact = closest(algo, env_id, presets(conf), wrappers)
     task = env_id + (f" with wrappers {list(wrappers)}" if wrappers and (best is None or not best.generic) else "")
-    head = f"algo={algo}'s generic defaults are used on {task} (published values: rltrain/conf/algo/{algo}.yaml)"
+    head = f"algo={algo}'s generic defaults are used on {task} (published values: {published(algo)})"
     if best is None:
         return f"{head}; no preset is close (docs/algorithms/index.md lists them)"
     cmd = f"experiment={best.name}" + (f" env.id={env_id}" if best.generic and best.env_id != env_id else "")
@@ -122,6 +122,18 @@ def preset_note(algo: str, env_id: str, experiment: str | None, conf: Path = CON
         return f"{head}; the tuned preset for it: rltrain {cmd}"
     made_for = f"any {best.family} task" if best.generic else best.env_id
     return f"{head}; the closest preset: rltrain {cmd} (algo={best.algo} on {made_for})"
+
+
+def published(algo: str) -> str:
+    """Where an algorithm's generic defaults are written: its settings dataclass (``PPOSettings in
+    rltrain/algos/ppo.py``)."""
+    from rltrain.cli.schema import options
+
+    info = options("algos").get(algo)
+    if info is None:
+        return f"algo={algo}"
+    module, cls = info["settings"]
+    return f"{cls} in {module.replace('.', '/')}.py"
 
 
 def auto_preset(algo: str, env_group: str, env_id: str, wrappers=(), conf: Path = CONF) -> Preset | None:

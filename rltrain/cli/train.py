@@ -63,6 +63,28 @@ def announce_experiment(overrides: list[str]) -> list[str]:
     return resolved
 
 
+def help_overrides(argv: list[str]) -> list[str]:
+    """``rltrain --help [overrides]`` shows the config without the preset ``experiment=auto`` would add (the
+    generic defaults, what each settings dataclass says) and names that preset in a line of its own."""
+    from rltrain.cli.presets import resolve_experiment
+    from rltrain.cli.resolvers import HELP
+
+    resolved, line = resolve_experiment(argv)
+    added = [o for o in resolved if o.startswith("experiment=") and o not in argv]
+    if added:
+        preset = added[0].partition("=")[2]
+        HELP["preset"] = (f"The generic defaults: the settings dataclasses' values (docs/reference/config.md). "
+                          f"experiment=auto (the default) adds {line.removeprefix('preset ').split(';')[0]} "
+                          f"when you run this: rltrain --help experiment={preset} shows it; experiment=none runs "
+                          "without it.")
+        return [o for o in resolved if o not in added]
+    chosen = next((o for o in argv if o.startswith("experiment=")), None)
+    HELP["preset"] = (f"With {chosen}." if chosen and chosen not in ("experiment=auto", "experiment=none")
+                      else f"The generic defaults: the settings dataclasses' values (docs/reference/config.md). "
+                           f"{line or 'experiment=auto adds no preset here.'}")
+    return resolved
+
+
 def run_task(cfg: DictConfig) -> float:
     """One job: the body of the ``@hydra.main`` task (``task``, built on first use so that the console script
     catches a stop before Hydra and torch are imported)."""
@@ -150,13 +172,39 @@ def one_line(err: BaseException) -> str:
     if key and cause is not None:
         detail = str(cause).splitlines()[0]
         if "not in struct" in detail:
-            return (f"unknown key '{key.group(1)}' (add it with +{key.group(1)}=..., or check the spelling: "
-                    "rltrain --cfg job)")
+            return unknown_key_line(key.group(1), cause)
         return f"cannot set '{key.group(1)}': {detail}"
     lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
     if cause is not None:
         lines += [ln.strip() for ln in str(cause).splitlines()[:1] if ln.strip()]
     return " ".join(lines)
+
+
+def unknown_key_line(path: str, cause: BaseException) -> str:
+    """Hydra's "Key ... is not in struct" as cli/build.py says an unknown key: the same line, whether the key
+    reached Hydra (``algo.x=1``) or the schema check (``+algo.x=1``). Inside a free-form mapping
+    (``env.kwargs``) a new key is fine: it takes ``+``."""
+    from omegaconf import DictConfig
+
+    from rltrain.cli.aliases import free_form_key, unknown_key
+    from rltrain.cli.schema import algo_name, all_typed_groups
+
+    parent = getattr(cause, "parent_node", None)
+    if isinstance(parent, DictConfig):  # the first part of the path that is missing (trainer.preemption.x)
+        node, parts = parent._get_root(), path.split(".")
+        for i, part in enumerate(parts[:-1]):
+            child = node.get(part)
+            if not isinstance(child, DictConfig):
+                parent, path = node, ".".join(parts[: i + 1])
+                break
+            node = child
+    group = path.rpartition(".")[0]
+    if group not in all_typed_groups():
+        return free_form_key(path)
+    keys = parent.keys() if isinstance(parent, DictConfig) else []
+    valid = [str(k) for k in keys if str(k) not in ("_target_", "_partial_") and (group or k != "hydra")]
+    algo = algo_name(str(parent.get("_target_"))) if group == "algo" and isinstance(parent, DictConfig) else None
+    return unknown_key(path, valid, algo=algo)
 
 
 _TASK = None
@@ -170,6 +218,9 @@ def task() -> None:
     if _TASK is None:
         import hydra
 
+        from rltrain.cli import schema
+
+        schema.register()  # before @hydra.main composes, whatever hides Hydra's plugin scan (cli/schema.py)
         _TASK = hydra.main(config_path="../conf", config_name="train", version_base="1.3")(run_task)
     _TASK()
 
@@ -205,7 +256,10 @@ def _main() -> None:
         print(f"rltrain {__version__}")
         return
     global _USER_FULL_ERROR
-    sys.argv[1:] = announce_experiment(sys.argv[1:])  # once per command line, before Hydra composes
+    if any(a in ("--help", "-h") for a in sys.argv[1:]):
+        sys.argv[1:] = help_overrides(sys.argv[1:])  # the generic defaults, and the preset auto would add
+    else:
+        sys.argv[1:] = announce_experiment(sys.argv[1:])  # once per command line, before Hydra composes
     _USER_FULL_ERROR = os.environ.get("HYDRA_FULL_ERROR") == "1"
     if _USER_FULL_ERROR:
         task()

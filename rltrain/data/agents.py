@@ -20,7 +20,7 @@ from typing import Literal
 
 import numpy as np
 
-from rltrain.data.structs import MASK_KEY, EnvSpec, ObsSpace, Rollout
+from rltrain.data.structs import MASK_KEY, EnvSpec, ObsSpace, Rollout, _checked, _typed
 
 AGENT_ID_KEY = "agent_id"  # the agent's index among its group's agents, one-hot float32 [k]
 STATE_KEY = "global_state"  # the global state a centralised critic reads (never the actor)
@@ -49,6 +49,33 @@ class AgentsSpec:
 
     def spec_of(self, agent: str) -> EnvSpec:
         return self.specs[self.agents.index(agent)]
+
+    def to_record(self) -> dict:
+        """Plain containers (``EnvSpec.to_record`` per agent): a checkpoint's record of the agents."""
+        return {"env_id": self.env_id, "api": self.api, "agents": list(self.agents),
+                "specs": [s.to_record() for s in self.specs],
+                "state": None if self.state is None else self.state.to_record(),
+                "joined": None if self.joined is None else self.joined.to_record()}
+
+    @classmethod
+    def from_record(cls, record: dict) -> AgentsSpec:
+        """What ``to_record`` wrote; a malformed record (a crafted file) raises ValueError."""
+        api = _typed(record, "api", str)
+        if api not in ("parallel", "aec"):
+            raise ValueError(f"api {api!r} is neither 'parallel' nor 'aec'")
+        agents = tuple(_checked(a, str, "an agent") for a in _typed(record, "agents", list))
+        specs = tuple(EnvSpec.from_record(_checked(s, dict, "an agent's spec")) for s in _typed(record, "specs", list))
+        if len(specs) != len(agents) or not agents:
+            raise ValueError(f"{len(agents)} agents but {len(specs)} agent specs")
+        state, joined = (None if record.get(k) is None else ObsSpace.from_record(_checked(record[k], dict, k))
+                         for k in ("state", "joined"))
+        return cls(_typed(record, "env_id", str), api, agents, specs, state=state, joined=joined)
+
+    @property
+    def steps_per_row(self) -> int:
+        """Env steps that give each agent of an env one row: a parallel env's joint step gives every live agent
+        one; an AEC env's step is one agent's turn, so it takes about one per agent (the agents taking turns)."""
+        return len(self.agents) if self.api == "aec" else 1
 
     @property
     def homogeneous(self) -> bool:
@@ -121,6 +148,75 @@ class AgentGroup:
 
     def index(self, agent: str) -> int:
         return self.agents.index(agent)
+
+    def to_record(self) -> dict:
+        return {"name": self.name, "agents": list(self.agents), "spec": self.spec.to_record(), "ids": self.ids,
+                "state": self.state, "flat": self.flat}
+
+    @classmethod
+    def from_record(cls, record: dict) -> AgentGroup:
+        agents = tuple(_checked(a, str, "an agent") for a in _typed(record, "agents", list))
+        return cls(_typed(record, "name", str), agents,
+                   EnvSpec.from_record(_typed(record, "spec", dict)), ids=_typed(record, "ids", int),
+                   state=_typed(record, "state", str), flat=_typed(record, "flat", bool))
+
+
+AGENT_SPACES_FORMAT = 2  # the layout of ``AgentsPolicySpaces.to_record`` (a single agent's, structs.py: 1)
+CoreShapes = tuple[tuple[int, ...], ...] | None  # a recurrent core's state per tensor for one env; None: feed-forward
+
+
+@dataclass(frozen=True)
+class AgentsPolicySpaces:
+    """What a multi-agent run's policies act on, as its checkpoints record it (``meta["spaces"]``, beside the
+    single-agent ``PolicySpaces``): enough to build every policy group's network again with no env built and no
+    env module imported (``rltrain.load_policy``, ``rltrain-eval``, ``rltrain-export``).
+
+    spec:        the env's agents and their spaces (what the algorithm is built from, as in training)
+    groups:      the policy groups the run built: the policy mapping (each group's agents), what each group's
+                 policy observes (its one-hot index width, the global state its critic reads)
+    core_states: each group's recurrent state shapes (``PolicySpaces.core_state``), in ``groups`` order
+    action_mask: the mask source the run's env factory resolved (``key``, ``drop`` or ``off``)
+    """
+
+    spec: AgentsSpec
+    groups: tuple[AgentGroup, ...]
+    core_states: tuple[CoreShapes, ...]
+    action_mask: str = "off"
+
+    def to_record(self) -> dict:
+        """Plain containers only (``torch.load(weights_only=True)`` reads them back without unpickling a class)."""
+        return {"format": AGENT_SPACES_FORMAT, "agents": self.spec.to_record(), "action_mask": self.action_mask,
+                "groups": [{**g.to_record(), "core_state": None if c is None else [list(t) for t in c]}
+                           for g, c in zip(self.groups, self.core_states, strict=True)]}
+
+    @classmethod
+    def from_record(cls, record: dict) -> AgentsPolicySpaces:
+        """What ``to_record`` wrote (``record["format"]`` checked by the caller); malformed: ValueError."""
+        groups = [_checked(g, dict, "a policy group") for g in _typed(record, "groups", list)]
+        states = tuple(None if g.get("core_state") is None else
+                       tuple(tuple(_checked(n, int, "core_state") for n in _checked(t, list, "core_state"))
+                             for t in _checked(g["core_state"], list, "core_state")) for g in groups)
+        return cls(AgentsSpec.from_record(_typed(record, "agents", dict)),
+                   tuple(AgentGroup.from_record(g) for g in groups), states, _typed(record, "action_mask", str))
+
+    def difference(self, built: AgentsPolicySpaces) -> str | None:
+        """How the networks ``built`` from a checkpoint's settings differ from what it records, in words; None:
+        they agree (the weights then load into the very layout that wrote them)."""
+        mine, theirs = {g.name: g for g in self.groups}, {g.name: g for g in built.groups}
+        if list(mine) != list(theirs) or any(mine[n].agents != theirs[n].agents for n in mine):
+            def words(groups):
+                return "; ".join(f"{g.name}: {', '.join(g.agents)}" for g in groups)
+
+            return f"its policy groups are {{{words(self.groups)}}}, but its settings map the agents to " \
+                   f"{{{words(built.groups)}}}"
+        for (name, g), state, other in zip(mine.items(), self.core_states, built.core_states, strict=True):
+            if g != theirs[name]:
+                return f"policy group {name!r} observes {g.spec.observation.name} in it, but its settings build " \
+                       f"one that observes {theirs[name].spec.observation.name}"
+            if state != other:
+                return f"policy group {name!r}'s recurrent state is {state}, but its settings build a network " \
+                       f"whose state is {other}"
+        return None
 
 
 @dataclass

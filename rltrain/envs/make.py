@@ -229,26 +229,30 @@ def make_vector_env(env_id: str, num_envs: int, seeds: list[int] | tuple[int, ..
 
 @dataclass(frozen=True, kw_only=True)
 class EnvFactory:
-    """How this run builds its environments (the ``env`` config group, typed). Picklable: it travels to
-    parallel agents, distributed ranks and actor processes, each of which builds its own envs from it."""
+    """How this run builds its environments (the ``env`` config group, typed; conf/env/*.yaml are presets that
+    set what differs from these defaults). Picklable: it travels to parallel agents, distributed ranks and actor
+    processes, each of which builds its own envs from it."""
 
-    id: str
-    num_envs: int = 4
-    vectorization: str = "sync"  # sync (one process, a plain list) | async (one subprocess per env)
-    max_episode_steps: int | None = None  # None keeps the env's registered time limit
-    kwargs: dict = field(default_factory=dict)  # passed to gymnasium.make / the user's factory
-    wrappers: list = field(default_factory=list)  # env.wrappers: applied in order inside every env
-    solved_return: float | None = None  # the conventional "solved" score, for reference only
-    search_path: str | None = None  # where a module:Attr env.id is also looked for: the launch directory
-    # a step or reset of the vector env that takes longer fails the run naming the env (null: no limit). A
-    # minute is far above any legitimate step (simulators step in ms; a reset that loads assets takes seconds)
-    # and below the parallel trainer's heartbeat_timeout_s, so a hung env is named, not just found silent
-    step_timeout_s: float | None = 60.0
-    # where the env's action mask comes from (envs/spaces.py): off | key | info | method | drop (off but the
-    # Dict observation's mask key removed); set from algo.action_mask by ``probe_env``
-    action_mask: str = "off"
+    id: str  # a Gymnasium id, module:EnvId or package.module:Factory; set by an env preset. Source: rltrain
+    num_envs: int = 4  # envs stepped by each process (each worker). Source: CleanRL ppo.py (num_envs=4)
+    vectorization: str = "sync"  # sync (one process, a plain list) | async (a subprocess per env). Source: rltrain
+    max_episode_steps: int | None = None  # null keeps the env's registered time limit. Source: Gymnasium
+    kwargs: dict = field(default_factory=dict)  # passed to gymnasium.make / your factory. Source: Gymnasium
+    wrappers: list = field(default_factory=list)  # applied in order in every env, first innermost. Source: rltrain
+    solved_return: float | None = None  # the conventional "solved" score, for reference. Source: env presets
+    search_path: str | None = None  # where a module:Attr env.id is also looked for (the launch dir). Source: rltrain
+    step_timeout_s: float | None = 60.0  # a step or reset slower than this fails the run naming the env (null:
+    #                    no limit); far above a legitimate step, below parallel's heartbeat_timeout_s. Source: rltrain
+    action_mask: str = field(default="off", metadata={"internal": True})  # where the env's mask comes from:
+    #                    off | key | info | method | drop; set from algo.action_mask by ``probe_env``
 
     def __post_init__(self) -> None:
+        if isinstance(self.num_envs, bool) or not isinstance(self.num_envs, int) or self.num_envs <= 0:
+            raise ConfigError(f"env.num_envs={self.num_envs!r} must be a positive integer")
+        steps = self.max_episode_steps
+        if steps is not None and (isinstance(steps, bool) or not isinstance(steps, int) or steps <= 0):
+            raise ConfigError(f"env.max_episode_steps={steps!r} must be a positive integer, or null for the env's "
+                              "own time limit")
         if self.action_mask not in ("off", "drop", *MASK_SOURCES):
             raise ConfigError(f"env.action_mask={self.action_mask!r}: one of off, drop, {', '.join(MASK_SOURCES)} "
                               "(set algo.action_mask=auto|on|off instead)")
@@ -258,8 +262,15 @@ class EnvFactory:
 
     @functools.cached_property
     def multiagent(self) -> bool:
-        """The env is a PettingZoo ``ParallelEnv`` / ``AECEnv`` (envs/multiagent.py); found by building one."""
+        """The env is a PettingZoo ``ParallelEnv`` / ``AECEnv`` (envs/multiagent.py); found by building one unless
+        ``probe_env`` already looked (``known``)."""
         return pz.builds_multiagent(self.make)
+
+    def known(self, *, multiagent: bool) -> EnvFactory:
+        """This factory with what ``probe_env``'s one build found: the answer travels with it (pickled to actor
+        processes too), so nothing builds an env again to ask."""
+        self.__dict__["multiagent"] = multiagent  # functools.cached_property's own slot: no rebuild, no setattr
+        return self
 
     @property
     def real_scores(self) -> bool:
@@ -334,16 +345,19 @@ def probe_env(factory: EnvFactory, mask_mode: str = "auto") -> ProbedEnv:
     into one line naming the env; ``on`` without a mask, or a mask on actions that take none, is one line too."""
     if mask_mode not in ("auto", "on", "off"):
         raise ConfigError(f"algo.action_mask={mask_mode!r}: one of auto, on, off")
-    if factory.multiagent:  # a PettingZoo env: its agents' masks and spaces (envs/multiagent.py)
-        resolved, line = pz.with_agent_masks(factory, mask_mode)
-        return ProbedEnv(resolved, resolved.spec(), line)  # type: ignore[arg-type]
     with probed_env(dataclasses.replace(factory, action_mask="off")) as env:
-        _, info = env.reset(seed=0)
-        resolved, line = _mask_choice(factory, mask_mode, mask_source(env, info), env.action_space)
-        # the wrapper make_env puts outermost, put around this env: its spaces are the run's
-        shown = ActionMaskObservation(env, resolved.action_mask) if resolved.action_mask != "off" else env
-        # a goal-conditioned env: its compute_reward travels with the spec (hindsight relabelling, envs/goals.py)
-        return ProbedEnv(resolved, with_goal_reward(env_spec(shown, factory.id), env, resolved), line)
+        if not pz.is_multiagent(env):
+            _, info = env.reset(seed=0)
+            resolved, line = _mask_choice(factory, mask_mode, mask_source(env, info), env.action_space)
+            # the wrapper make_env puts outermost, put around this env: its spaces are the run's
+            shown = ActionMaskObservation(env, resolved.action_mask) if resolved.action_mask != "off" else env
+            # a goal-conditioned env: its compute_reward travels with the spec (hindsight relabelling, goals.py)
+            resolved = resolved.known(multiagent=False)
+            return ProbedEnv(resolved, with_goal_reward(env_spec(shown, factory.id), env, resolved), line)
+    # a PettingZoo env: its agents' masks and spaces (envs/multiagent.py)
+    resolved, line = pz.with_agent_masks(factory.known(multiagent=True), mask_mode)
+    resolved = resolved.known(multiagent=True)
+    return ProbedEnv(resolved, resolved.spec(), line)  # type: ignore[arg-type]
 
 
 def _mask_choice(factory: EnvFactory, mode: str, source: str | None,

@@ -173,9 +173,12 @@ class VecEnv(EpisodeReports):
         space = self.envs[0].observation_space
         self._space = space
         self._dict = isinstance(space, gym.spaces.Dict)  # a dict of per-key batches instead of one array
-        self._bounds = IntegerBounds(space)  # integer Box parts narrower than their dtype: checked per batch
+        # integer Box parts narrower than their dtype, checked per batch; None (no call per step) when there are none
+        self._bounds = IntegerBounds(space) or None
         self._obs = _batch_of(space, self.num_envs)
         self._final = _batch_of(space, self.num_envs)
+        self._shape = None if self._dict else self._obs.shape[1:]  # one observation's shape (None: a Dict)
+        self._dtype = None if self._dict else self._obs.dtype
         self._rew = np.zeros(self.num_envs, np.float32)
         self._term = np.zeros(self.num_envs, bool)
         self._trunc = np.zeros(self.num_envs, bool)
@@ -208,12 +211,14 @@ class VecEnv(EpisodeReports):
             if bad is not None:
                 raise env_fault(ObsOutOfSpace(bad[1]), bad[0], self.steps, call)
 
-    def step(self, actions: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    def step(self, actions: np.ndarray, *, copy: bool = True) -> tuple[np.ndarray, np.ndarray, np.ndarray,
+                                                                       np.ndarray, np.ndarray]:
         """actions [N, ...] -> (obs to act on [N,...], reward [N], terminated [N], truncated [N],
-        true next obs [N,...])."""
+        true next obs [N,...]). ``copy=False``: the vector env's own arrays, valid until the next step (for a
+        caller that copies them into its buffers at once: the collector)."""
         obs, final, rew, term, trunc = self._obs, self._final, self._rew, self._term, self._trunc
         acts = actions.tolist() if self._discrete else actions
-        real, space = self._real, self._space
+        real, space, shape, dtype = self._real, self._space, self._shape, self._dtype
         watch = self.watch
         self.steps += 1
         watch.begin(self.steps)
@@ -225,7 +230,10 @@ class VecEnv(EpisodeReports):
                     o, r, te, tr, info = env.step(acts[i])
                     if real is not None and "real_score" in info:
                         real.append((i, info["real_score"], info["real_length"]))
-                    put_checked(final, i, o, space)
+                    if o.__class__ is np.ndarray and o.shape == shape and o.dtype == dtype:
+                        final[i] = o  # the common case, checked inline: nothing to cast, nothing to broadcast
+                    else:
+                        put_checked(final, i, o, space)
                     rew[i] = r
                     term[i] = te
                     trunc[i] = tr
@@ -234,15 +242,21 @@ class VecEnv(EpisodeReports):
                             self._successes.append(bool(info["is_success"]))
                         call = "reset() (its episode had ended)"
                         o, _ = env.reset()
-                    put_checked(obs, i, o, space)
+                    if o.__class__ is np.ndarray and o.shape == shape and o.dtype == dtype:
+                        obs[i] = o
+                    else:
+                        put_checked(obs, i, o, space)
                 except (EnvFault, EnvCallAbandoned):
                     raise
                 except Exception as err:  # raised, or returned what does not fit the spaces: one line
                     raise env_fault(err, i, self.steps, call) from err
         finally:
             watch.end()
-        self._check_bounds(final, "step()")
-        self._check_bounds(obs, "reset()")
+        if self._bounds is not None:
+            self._check_bounds(final, "step()")
+            self._check_bounds(obs, "reset()")
+        if not copy:
+            return obs, rew, term, trunc, final
         if self._dict:
             return obs_map(np.copy, obs), rew.copy(), term.copy(), trunc.copy(), obs_map(np.copy, final)
         return obs.copy(), rew.copy(), term.copy(), trunc.copy(), final.copy()
@@ -342,7 +356,8 @@ class AsyncVecEnv(EpisodeReports):
                 self._broken = True
                 raise env_fault(ObsOutOfSpace(bad[1]), bad[0], self.steps, call)
 
-    def step(self, actions: np.ndarray):
+    def step(self, actions: np.ndarray, *, copy: bool = True):
+        """``VecEnv.step``; its arrays are new every step, whatever ``copy`` says."""
         self.steps += 1
         obs, rew, term, trunc, info = self._call(lambda: self.venv.step(actions), "step()")
         final = obs_map(np.array, obs)  # a copy; Dict spaces come as a dict of per-key batches

@@ -191,6 +191,9 @@ class ActorCritic(Policy):
                               f"not {spec.describe()}; set algo.action_mask=off")
         self.torso = torso(obs, self.dist.param_dim, settings)
         self.recurrent = self.torso.recurrent
+        # the TwinMLP and its weight list held outside the module registry (a tuple is a plain attribute): act()
+        # reads them every step, and each nn.Module attribute lookup costs a __getattr__ call
+        self._twin: tuple = (self.torso.nets, self.torso.nets.weights) if isinstance(self.torso, TwinMLPTorso) else ()
         # set by a learner whose update runs in numpy (every parameter in one flat CPU buffer, in
         # ``param_list()`` order): enables numpy inference in act()
         self.flat_params: Tensor | None = None
@@ -203,7 +206,7 @@ class ActorCritic(Policy):
     @property
     def fused_mlp(self) -> TwinMLP | None:
         """The TwinMLP that the numpy backend runs, or None (encoders, cores)."""
-        return self.torso.nets if isinstance(self.torso, TwinMLPTorso) else None
+        return self._twin[0] if self._twin else None
 
     def _inputs(self, obs: Obs) -> Obs:
         if not self.obs_norm.enabled:
@@ -231,7 +234,7 @@ class ActorCritic(Policy):
         """obs [N, ...], state (recurrent: the state the envs' previous step ended in, zero after an
         episode's end) -> ActOutput(action [N] int64 or [N, A] float32, log_prob [N], next state, V(obs)
         where it came free)."""
-        if not torch.is_grad_enabled() and self._numpy_is_live(obs):
+        if self.flat_params is not None and not torch.is_grad_enabled() and self._numpy_is_live(obs):
             return self._act_numpy(obs, deterministic, generator)  # type: ignore[arg-type]
         params, value, next_state = self.torso.act(self._inputs(obs), state or ())
         action, log_prob = self.dist.sample(self._masked(params, obs), deterministic, generator)
@@ -267,9 +270,11 @@ class ActorCritic(Policy):
 
     # -- the numpy backend (TwinMLPTorso on CPU) -------------------------------------------------------
     def _numpy_is_live(self, obs: Obs) -> bool:
-        flat, nets = self.flat_params, self.fused_mlp
-        return (flat is not None and nets is not None and isinstance(obs, Tensor) and obs.device.type == "cpu"
-                and flat.device.type == "cpu" and flat.data_ptr() == nets.weights[0].data_ptr())
+        """The numpy update's flat buffer still holds the TwinMLP's weights (no ``.to(device)`` or assigning load
+        moved them off it) and the observation is a CPU tensor."""
+        flat, twin = self.flat_params, self._twin
+        return (flat is not None and bool(twin) and isinstance(obs, Tensor) and obs.is_cpu and flat.is_cpu
+                and flat.data_ptr() == twin[1][0].data_ptr())
 
     def _act_numpy(self, obs: Tensor, deterministic: bool, generator: torch.Generator | None) -> ActOutput:
         """``act`` without autograd on CPU through a cached numpy copy of the actor (evaluation acts one

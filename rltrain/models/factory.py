@@ -39,12 +39,10 @@ from rltrain.models.deterministic_actor import (
 from rltrain.models.encoders import reads_flat, shares_torso
 from rltrain.models.q_networks import QPolicy
 from rltrain.models.sac_networks import CriticEncoderActor, SACNetworks, SeparateTwinQ, SharedEncoderTwinQ
-from rltrain.models.settings import DEFAULT_ACTIVATION, DEFAULT_MLP, ModelSettings
+from rltrain.models.settings import SB3_MLP, ModelSettings
 from rltrain.models.squashed_actor import SquashedGaussianActor
 
 __all__ = ["ModelSettings", "build", "is_float_vector", "ROLES"]
-
-SAC_MLP, SAC_ACTIVATION = (256, 256), "relu"  # CleanRL's / SB3's SAC networks
 
 
 def _plain_vector(spec: EnvSpec, settings: ModelSettings) -> bool:
@@ -56,7 +54,6 @@ def _actor_critic(spec: EnvSpec, settings: ModelSettings, *, norm_obs: bool = Fa
                   init_log_std: float = 0.0) -> ActorCritic:
     """Float vectors with separate MLP torsos run as one ``TwinMLPTorso`` (the numpy backend's); anything
     else (images, Dicts, a shared torso, a recurrent core) as ``EncoderTorso``. Same maths either way."""
-    settings = settings.with_mlp(DEFAULT_MLP, DEFAULT_ACTIVATION)
     # a critic reading keys the actor must not (model.critic_keys) has a torso of its own
     shared = shares_torso(settings.shared, spec.observation) and not settings.critic_keys
     settings = dataclasses.replace(settings, shared=shared)
@@ -67,7 +64,7 @@ def _actor_critic(spec: EnvSpec, settings: ModelSettings, *, norm_obs: bool = Fa
 
 
 def _q(spec: EnvSpec, settings: ModelSettings) -> QPolicy:
-    return QPolicy(spec, settings.with_mlp(DEFAULT_MLP, DEFAULT_ACTIVATION))
+    return QPolicy(spec, settings)
 
 
 def _sac_flat(spec: EnvSpec, settings: ModelSettings) -> bool:
@@ -79,20 +76,17 @@ def _sac_flat(spec: EnvSpec, settings: ModelSettings) -> bool:
 
 
 def _squashed_actor(spec: EnvSpec, settings: ModelSettings) -> SquashedGaussianActor:
-    settings = settings.with_mlp(SAC_MLP, SAC_ACTIVATION)
     return SquashedGaussianActor(spec, settings, flat_input=_sac_flat(spec, settings))
 
 
 def _twin_q(spec: EnvSpec, settings: ModelSettings, *, n_critics: int = 2) -> SeparateTwinQ | SharedEncoderTwinQ:
     """``model.shared`` as for an actor-critic (auto: shared for observations holding an image)."""
-    settings = settings.with_mlp(SAC_MLP, SAC_ACTIVATION)
     if shares_torso(settings.shared, spec.observation):
         return SharedEncoderTwinQ(spec, settings, n_critics=n_critics)
     return SeparateTwinQ(spec, settings, flat_input=_sac_flat(spec, settings), n_critics=n_critics)
 
 
 def _sac(spec: EnvSpec, settings: ModelSettings) -> SACNetworks:
-    settings = settings.with_mlp(SAC_MLP, SAC_ACTIVATION)
     if shares_torso(settings.shared, spec.observation):
         critic = _twin_q(spec, settings)
         return SACNetworks(CriticEncoderActor(spec, settings, encoder=critic.encoder), critic)
@@ -102,7 +96,6 @@ def _sac(spec: EnvSpec, settings: ModelSettings) -> SACNetworks:
 
 
 def _deterministic(spec: EnvSpec, settings: ModelSettings, *, n_critics: int = 2) -> DeterministicNetworks:
-    settings = settings.with_mlp(SAC_MLP, SAC_ACTIVATION)
     if n_critics not in (1, 2):
         raise ConfigError(f"n_critics={n_critics}: 1 (DDPG) or 2 (TD3)")
     if shares_torso(settings.shared, spec.observation):
@@ -120,10 +113,11 @@ ROLES: dict[str, Callable[..., nn.Module]] = {
 
 def build(spec: EnvSpec, settings: ModelSettings, role: str, **options) -> nn.Module:
     """The network ``role`` needs for ``spec`` (see the module docstring); ``options`` are the role's own
-    algorithm hyper-parameters (``norm_obs``, ``init_log_std`` for an actor-critic). ``settings`` with
-    null MLP widths / activation take the algorithm's (``ModelSettings.with_mlp``) before this call."""
+    algorithm hyper-parameters (``norm_obs``, ``init_log_std`` for an actor-critic). An algorithm fills null
+    MLP widths / activation with its published ``mlp`` first; called without them, this builds SB3's MLP."""
     make = ROLES.get(role)
     if make is None:
         raise ConfigError(f"model role {role!r}: unknown (roles: {', '.join(ROLES)})")
+    settings = settings.with_mlp(*SB3_MLP)
     settings.load_imports()  # a spawned worker receives the settings pickled: register its parts here too
     return make(spec, settings, **options)

@@ -275,17 +275,20 @@ class NumpyActor:
         x = obs.reshape(obs.shape[0], -1)
         if self.obs_mean is not None:
             x = np.clip((x - self.obs_mean) / self.obs_std, -self.obs_clip, self.obs_clip)
-        last = len(self.layers) - 1
-        for i, (w, b) in enumerate(self.layers):
-            x = x @ w + b
-            if i < last:
-                x = self.act_fn(x)
+        *hidden, (w_out, b_out) = self.layers
+        for w, b in hidden:
+            x = np.matmul(x, w)
+            x += b  # in place: one array a layer
+            x = self.act_fn(x)
+        x = np.matmul(x, w_out)
+        x += b_out
         return x
 
     def perturb(self, noise: np.ndarray) -> np.ndarray:
         """Turn raw noise [..., A] into what ``action`` adds to the net output: Gumbel(0, 1) or std * eps."""
         if self.discrete:
-            return -np.log(-np.log(np.clip(noise, np.float32(UNIFORM_LOW), np.float32(UNIFORM_HIGH))))
+            # maximum / minimum: np.clip's numbers without its Python wrapper
+            return -np.log(-np.log(np.minimum(np.maximum(noise, np.float32(UNIFORM_LOW)), np.float32(UNIFORM_HIGH))))
         return np.exp(self.log_std) * noise
 
     def action(self, out: np.ndarray, perturbation: np.ndarray) -> np.ndarray:
@@ -297,7 +300,11 @@ class NumpyActor:
     def log_prob(self, out: np.ndarray, action: np.ndarray, noise: np.ndarray) -> np.ndarray:
         """Batched log-probs [...] of ``action`` given net outputs ``out`` [..., A] and raw ``noise``."""
         if self.discrete:
-            m = out.max(-1, keepdims=True)
-            lse = np.log(np.exp(out - m).sum(-1)) + m[..., 0]
-            return (np.take_along_axis(out, action[..., None], -1)[..., 0] - lse).astype(np.float32)
+            # ufunc.reduce and an index instead of max / sum / take_along_axis: the same numbers without their
+            # Python wrappers (evaluation calls this every step)
+            m = np.maximum.reduce(out, axis=-1, keepdims=True)
+            lse = np.log(np.add.reduce(np.exp(out - m), axis=-1)) + m[..., 0]
+            picked = np.take_along_axis(out, action[..., None], -1)[..., 0] if out.ndim != 2 else \
+                out[np.arange(len(out)), action]
+            return (picked - lse).astype(np.float32)
         return (-0.5 * noise**2 - self.log_std - _LOG_SQRT_2PI).sum(-1).astype(np.float32)

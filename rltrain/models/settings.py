@@ -1,4 +1,4 @@
-"""``ModelSettings``: the ``model`` config group, typed (the CLI builds it from ``conf/model/*.yaml``)."""
+"""``ModelSettings``: the ``model`` config group, typed; its fields are the group's schema (cli/schema.py)."""
 
 from __future__ import annotations
 
@@ -6,50 +6,63 @@ import dataclasses
 import importlib
 import os
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from rltrain.errors import ConfigError, close_matches
 from rltrain.models.encoders import encoder_names
 
-DEFAULT_MLP, DEFAULT_ACTIVATION = (64, 64), "tanh"  # when neither the model group nor the algorithm says
 ACTIVATION_NAMES = ("tanh", "relu", "elu", "silu")
 CORE_NAMES = ("identity", "lstm", "gru")
 
 
+class MLP(NamedTuple):
+    """An algorithm's published MLP (its ``mlp`` class attribute, e.g. PPO's 64x64 tanh): what a null
+    ``model.hidden_sizes`` / ``model.activation`` means for it (``ModelSettings.with_mlp``)."""
+
+    hidden_sizes: tuple[int, ...]
+    activation: str
+
+
+SB3_MLP = MLP((64, 64), "tanh")  # SB3's MlpPolicy (net_arch [64, 64], tanh; Schulman et al. 2017's networks):
+#                                  PPO's, A2C's and IMPALA's, and what build() uses when called without widths
+
+
 @dataclass(frozen=True, kw_only=True)
 class ModelSettings:
-    """The ``model`` config group.
+    """The ``model`` config group: the encoder follows the observation space (models/encoders.py).
 
-    encoder:      auto | mlp | nature | impala | minatar | a name given to ``models.register_encoder``
-                  (auto: by observation space and frame size)
-    hidden_sizes: MLP widths for vector / Discrete / MultiBinary inputs and after a Dict's concatenation
-    activation:   of the MLP layers (tanh, relu, elu, silu); CNNs use ReLU as their papers do
-    cnn_features: width of a CNN's last Linear; None keeps the paper's (nature 512, impala 256, minatar 128)
-    shared:       one torso for actor and critic instead of one each; auto: shared for image observations
-                  (top-level or a Dict key: SB3's and CleanRL's Atari PPO share the CNN), separate otherwise;
-                  for SAC: one critic encoder read by both Q heads and, detached, by the actor (sac_networks.py)
-    ignore_keys:  Dict observation keys to drop (e.g. a Text key no encoder reads)
-    key_encoders: Dict observation key -> encoder name for that key alone (``{image: nature}`` reads an
-                  integer key as pixels, ``{board: grid}`` as an index grid), overriding ``encoder``
-    core:         identity | lstm | gru: the memory between encoder and heads (models/cores.py)
-    core_size:    the hidden width of an lstm / gru core
-    imports:      modules imported (in every process) before a model is built: where your own
-                  ``register_encoder`` / ``register_action_distribution`` calls live (README "Extending")
-    critic_keys:  Dict observation keys that only the critic reads, never the actor (privileged information:
-                  an asymmetric actor-critic, Pinto et al. 2018; MAPPO's global state, Yu et al. 2022)
+    encoder auto: an MLP for vectors, Discrete (one-hot) and MultiBinary; for images (3-D, channels first or
+    last) the Nature CNN (Mnih et al. 2015) on frames >= 36x36, the MinAtar CNN (Young & Tian 2019) below;
+    integer grids of object indices (an integer image-shaped Box with values <= 32 or sides <= 16 cells, e.g.
+    MiniGrid's 7x7x3) the grid encoder (models/grid.py); Dict: one encoder per key, concatenated.
     """
 
-    encoder: str = "auto"
-    hidden_sizes: tuple[int, ...] | None = None  # None: the algorithm's algo.hidden_sizes
-    activation: str | None = None  # None: the algorithm's algo.activation
-    cnn_features: int | None = None
-    shared: bool | str = "auto"  # True | False | "auto" (resolved by the factory: ``resolve_shared``)
-    ignore_keys: tuple[str, ...] = ()
-    key_encoders: dict[str, str] | tuple[tuple[str, str], ...] = ()  # stored as sorted (key, name) pairs
-    core: str = "identity"
-    core_size: int = 128
-    imports: tuple[str, ...] = ()
-    critic_keys: tuple[str, ...] = ()  # Dict keys only the critic reads (the actor never). Source: rltrain
+    encoder: str = "auto"  # auto | mlp | nature | impala | minatar | grid | a name given to register_encoder.
+    #                        Source: rltrain (auto: by observation space, see above)
+    hidden_sizes: tuple[int, ...] | None = None  # MLP widths (vector inputs; after a Dict's concatenation);
+    #                        null: the algorithm's published width (its ``mlp``: PPO, A2C, IMPALA and DQN 64x64,
+    #                        SAC 256x256). Source: SB3 (MlpPolicy net_arch), Haarnoja et al. 2018 (SAC)
+    activation: str | None = None  # tanh | relu | elu | silu, of the MLP layers (CNNs use ReLU as their
+    #                        papers do); null: the algorithm's (PPO, A2C, IMPALA tanh; DQN, SAC relu). Source: SB3
+    cnn_features: int | None = None  # width of a CNN's last Linear; null: the paper's (nature 512, impala 256,
+    #                        minatar 128). Source: Mnih et al. 2015, Espeholt et al. 2018, Young & Tian 2019
+    shared: bool | str = "auto"  # one torso for actor and critic: auto = shared for images and Dicts holding
+    #                        one, separate otherwise; true | false force it. SAC: one critic encoder for both Q
+    #                        heads, read detached by the actor. Source: SB3 and CleanRL Atari PPO; SAC-AE, DrQ
+    ignore_keys: tuple[str, ...] = ()  # Dict observation keys to drop, e.g. [mission] for a Text key.
+    #                        Source: rltrain
+    key_encoders: dict[str, str] | tuple[tuple[str, str], ...] = field(default_factory=dict)  # Dict key ->
+    #                        the encoder for that key alone, e.g. {image: nature} (pixels) or {board: grid}.
+    #                        Source: rltrain
+    core: str = "identity"  # identity | lstm | gru: memory between encoder and heads (models/cores.py).
+    #                        Source: rltrain
+    core_size: int = 128  # hidden width of an lstm / gru core. Source: CleanRL ppo_atari_lstm (LSTM of 128)
+    imports: tuple[str, ...] = ()  # modules imported first, in every process: your register_encoder /
+    #                        register_action_distribution calls (docs/contributing.md). Source: rltrain
+    critic_keys: tuple[str, ...] = ()  # Dict observation keys only the critic reads, never the actor
+    #                        (privileged information: an asymmetric actor-critic, Pinto et al. 2018; MAPPO's
+    #                        global state, Yu et al. 2022). Source: rltrain
 
     def __post_init__(self) -> None:
         # YAML lists arrive as lists: store tuples so the settings stay hashable and immutable
@@ -102,9 +115,8 @@ class ModelSettings:
                                   "the directory you run from or installed") from None
 
     def with_mlp(self, hidden_sizes, activation: str) -> ModelSettings:
-        """These settings with the MLP widths / activation filled in where the model group leaves them null:
-        an algorithm passes its own ``algo.hidden_sizes`` / ``algo.activation``, so the presets and command
-        lines that set them there keep working; ``model.hidden_sizes`` / ``model.activation`` win when set."""
+        """These settings with the MLP widths / activation filled in where they are null: an algorithm passes
+        its published ``mlp`` (``PPO.mlp``); ``model.hidden_sizes`` / ``model.activation`` win when set."""
         return dataclasses.replace(self, hidden_sizes=tuple(self.hidden_sizes or hidden_sizes),
                                    activation=self.activation or activation)
 

@@ -305,6 +305,8 @@ def load_checkpoint(path: Path, *, key: str = "resume", run_dir: Path | None = N
     if bad:  # rltrain never writes one (the non-finite guard checks before every save): an altered file
         raise ConfigError(f"{key}={path}: its weights are not finite: {bad}; a checkpoint rltrain writes never "
                           "holds one (this file was altered or written by other code): use another checkpoint")
+    if isinstance(state.get("meta"), dict) and isinstance(state["meta"].get("config"), dict):
+        upgrade_config(state["meta"]["config"])
     sidecar = path.with_suffix(".envs.pkl")
     if (run_dir is None and not trust_envs) or not sidecar.exists():
         return state, None
@@ -327,6 +329,27 @@ def _trusted_sidecar(sidecar: Path, mac: object, run_dir: Path | None, trust_env
         warn(f"not loading {sidecar}: it does not unpickle ({type(err).__name__}); the envs restart fresh")
         return None
     return blob
+
+
+def upgrade_config(cfg: dict) -> dict:
+    """A config recorded by an older rltrain (a checkpoint's, a run dir's config.yaml) in today's keys, in
+    place: ``algo.hidden_sizes`` / ``algo.activation`` become ``model.hidden_sizes`` / ``model.activation``
+    (the MLP is one setting; a value the model group set was the one the run used), ``algo.checkpoint_buffer``
+    is dropped (the CLI passes ``checkpoint.replay_buffer``), and so is ``model._target_``."""
+    algo = cfg.get("algo")
+    if isinstance(algo, dict):
+        model = cfg.get("model")
+        if not isinstance(model, dict):
+            model = cfg["model"] = {}
+        for key in ("hidden_sizes", "activation"):
+            if key in algo:
+                value = algo.pop(key)
+                if model.get(key) is None:
+                    model[key] = value
+        algo.pop("checkpoint_buffer", None)
+    if isinstance(cfg.get("model"), dict):
+        cfg["model"].pop("_target_", None)
+    return cfg
 
 
 # What a checkpoint's run and this one must share, unless the user names the key in ``resume_allow_changes``:

@@ -114,7 +114,9 @@ def hand_over_signal(summary: dict) -> None:
     if summary.get("status") == "failed":
         print(f"rltrain: error: {summary.get('error') or 'the run failed'} (summary.json says failed)", file=sys.stderr)
         sys.exit(summary["exit_code"])
-    if reason == "SIGUSR2" and in_submitit_job():
+    # the reason names the phase it landed in ("SIGUSR2 during the final evaluation"): a preemption there is
+    # requeued as well (final.pt is written before the final evaluation; the requeued attempt only evaluates)
+    if str(reason or "").split(" ", 1)[0] == "SIGUSR2" and in_submitit_job():
         signal.raise_signal(signal.SIGUSR2)
         return  # only a non-zero rank gets here (submitit requeues from rank 0)
     if summary.get("resume_command"):

@@ -30,9 +30,10 @@ import time
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from pathlib import Path
-from typing import ClassVar
+from typing import Any, ClassVar
 
 from rltrain.algos.base import Algorithm, UpdateSizes
+from rltrain.data.agents import AgentsSpec
 from rltrain.data.structs import EnvSpec
 from rltrain.errors import ConfigError
 from rltrain.run.seeding import SeedTree, write_seeds
@@ -62,13 +63,24 @@ class UpdateSize:
     num_minibatches: int | None = None  # the algorithm's minibatches per epoch (PPO), None for the others
 
 
+def agent_turns(spec: EnvSpec | AgentsSpec | None) -> tuple[int, str]:
+    """(env steps per rollout row of an env, said as a factor of the update's size): 1 for one agent or a
+    parallel multi-agent env (its joint step gives every agent a row, ``rollout_len`` counting rows per agent);
+    a turn-based (AEC) env's agents each take about one turn per row of theirs (data/agents.py)."""
+    if not isinstance(spec, AgentsSpec) or spec.steps_per_row == 1:
+        return 1, ""
+    return spec.steps_per_row, f" x {spec.steps_per_row} agents taking turns (an AEC env step is one agent's turn)"
+
+
 class Trainer(ABC):
-    """Base of every trainer. Subclasses take ``(*, settings, run_dir, **their typed keyword arguments)``."""
+    """Base of every trainer. Subclasses take ``(*, settings, run_dir, trainer)``: ``trainer`` an instance of
+    their ``settings_class`` (the ``trainer`` group's schema, trainers/settings.py)."""
 
     name: ClassVar[str] = "custom"  # the trainer= choice that selects it
+    settings_class: ClassVar[type]  # the frozen dataclass of its trainer.* keys
     capabilities: ClassVar[Capabilities] = Capabilities()
 
-    def __init__(self, *, settings: RunSettings, run_dir: Path):
+    def __init__(self, *, settings: RunSettings, run_dir: Path, trainer: Any = None):
         self.settings, self.run_dir = settings, Path(run_dir)
         self._previous_summary: str | None = None  # what summary.json said before this run marked it running
 
@@ -170,9 +182,10 @@ class Trainer(ABC):
     def update_size(self) -> UpdateSize:
         """One update of the algorithm's ``rollout_len`` steps per env, on every replica."""
         sizes, envs, workers = self.algo_sizes(), self.settings.env.num_envs, self.replicas()
+        turns, said = agent_turns(self.settings.env_spec)
         text = f"algo.rollout_len ({sizes.rollout_len}) x env.num_envs ({envs})" + \
-            (f" x trainer.world_size ({workers})" if workers > 1 else "")
-        return UpdateSize(sizes.rollout_len * envs * workers, text, envs * workers, sizes.rollout_len,
+            (f" x trainer.world_size ({workers})" if workers > 1 else "") + said
+        return UpdateSize(sizes.rollout_len * envs * workers * turns, text, envs * workers, sizes.rollout_len,
                           sizes.num_minibatches)
 
     def loop_algorithm(self, spec: EnvSpec) -> Algorithm | None:

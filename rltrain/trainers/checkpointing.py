@@ -2,8 +2,8 @@
 
 A checkpoint holds the algorithm (weights, optimisers, an off-policy buffer), the loop's counters, best
 evaluation and target-return record, the rollout source's state (episode statistics, envs in a sidecar),
-every RNG, the config it was written with and the spaces its policy acts on (``PolicySpaces``: the tools build
-the network from them, with no env); a trainer adds its own entries (``LoopHooks``). Only the main
+every RNG, the config it was written with and the spaces its policy acts on (``Algorithm.policy_spaces``: the
+tools build the network from them, with no env); a trainer adds its own entries (``LoopHooks``). Only the main
 worker reads and writes them: on resume it loads, then every other worker starts from its weights, optimiser
 and counters through one broadcast, so all replicas are identical (also on a fresh start: rank 0's initial
 weights are everyone's).
@@ -17,7 +17,7 @@ from typing import Any
 
 from rltrain import __version__
 from rltrain.algos.base import Algorithm
-from rltrain.data.structs import EnvSpec, PolicySpaces
+from rltrain.data.structs import EnvSpec
 from rltrain.errors import ConfigError
 from rltrain.run.checkpoint import (
     CheckpointManager,
@@ -38,10 +38,9 @@ class Checkpointing:
                  source: Any, spec: EnvSpec, hooks: LoopHooks, guard: FiniteGuard):
         self.s, self.place, self.state = settings, place, state
         self.algo, self.source, self.env_id, self.hooks, self.guard = algo, source, spec.env_id, hooks, guard
-        # the spaces the tools build the acting network from, with no env built or imported (run/checkpoint.py)
-        # (a multi-agent env's agents are not recorded yet: its checkpoints load through its env, as older ones do)
-        self.spaces = None if not isinstance(spec, EnvSpec) else PolicySpaces(
-            spec, settings.env.action_mask, PolicySpaces.state_shapes(algo.policy.initial_state(1))).to_record()
+        # the spaces the tools build the acting network from (a multi-agent env's: every policy group's), with no
+        # env built or imported (cli/loading.py)
+        self.spaces = algo.policy_spaces(settings.env.action_mask).to_record()
         self.ckpt = CheckpointManager(place.run_dir / "checkpoints", keep_last=settings.checkpoint.keep_last)
         self._resume_done = False
 

@@ -138,8 +138,8 @@ class RolloutCollector:
             action = actor.action(out, perturb[t])
             act_buf[t] = action
             obs, rew_buf[t], term_buf[t], trunc_buf[t], next_buf[t] = venv.step(
-                np.clip(action, self._low, self._high) if box else action)
-        self.obs = obs
+                np.clip(action, self._low, self._high) if box else action, copy=False)
+        self.obs = obs.copy()  # the vector env's own array (copy=False: each step's rows are copied above)
         logp_buf[:] = actor.log_prob(out_buf, act_buf, noise)
 
     def _collect_torch(self, random_actions: bool, obs_buf, act_buf, logp_buf, rew_buf, term_buf, trunc_buf,

@@ -46,10 +46,7 @@ from rltrain.trainers.ranks import (
     spawn_ranks,
 )
 from rltrain.trainers.rendezvous import LaunchInfo, detect_launch, join_group
-from rltrain.trainers.settings import RunSettings
-
-BACKENDS = ("auto", "gloo", "nccl")
-
+from rltrain.trainers.settings import DistributedSimulatorSettings, RunSettings
 
 BEAT_KEY = "rltrain/heartbeat"  # + "/<rank>": a counter each rank's watchdog thread adds 1 to every 0.5 s
 BEAT_CHECK_S = 2.0
@@ -266,22 +263,18 @@ def run_rank(launch: LaunchInfo, settings: RunSettings, run_dir: Path, *, backen
 
 class DistributedSimulatorTrainer(Trainer):
     name = "distributed_simulator"
+    settings_class = DistributedSimulatorSettings
     capabilities = Capabilities(all_reduce=True)
 
-    def __init__(self, *, settings: RunSettings, run_dir: Path, world_size: int = 2, backend: str = "auto",
-                 timeout_s: float = 300.0, master_addr: str = "127.0.0.1"):
+    def __init__(self, *, settings: RunSettings, run_dir: Path,
+                 trainer: DistributedSimulatorSettings = DistributedSimulatorSettings()):
         super().__init__(settings=settings, run_dir=run_dir)
-        if world_size < 1:
-            raise ConfigError(f"trainer.world_size={world_size} must be >= 1")
-        if backend not in BACKENDS:
-            raise ConfigError(f"trainer.backend={backend!r} is not one of: {', '.join(BACKENDS)}")
-        if timeout_s <= 0:
-            raise ConfigError(f"trainer.timeout_s={timeout_s} must be > 0")
         algo_cls = settings.algo_class
         if not getattr(algo_cls, "on_policy", True):
             raise ConfigError(f"trainer=distributed_simulator: algo={algo_cls.name} is off-policy and its replay "
                               "updates are not all-reduced; use trainer=sequential, parallel or subprocess_actors")
-        self.world_size, self.backend, self.timeout_s, self.master_addr = world_size, backend, timeout_s, master_addr
+        self.world_size, self.backend = trainer.world_size, trainer.backend
+        self.timeout_s, self.master_addr = trainer.timeout_s, trainer.master_addr
         self.launch = detect_launch()  # None: this process spawns and supervises its own ranks
 
     def replicas(self) -> int:

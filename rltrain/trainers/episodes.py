@@ -68,8 +68,8 @@ def evaluate(policy: Policy, make_env: Callable[..., gym.Env], *, episodes: int,
         low, high = space.low, space.high
     cap = max_episode_steps or (None if time_limit(envs[0]) else NO_LIMIT_CAP)
     returns = np.zeros(episodes)
-    totals = np.zeros(width)
-    lengths = np.zeros(width, np.int64)  # steps of each env's current game (real_scores: across its lives)
+    totals = [0.0] * width  # Python floats: one add per step, no numpy scalar
+    lengths = [0] * width  # steps of each env's current game (real_scores: across its lives)
     episode_of = [-1] * width  # which episode each env is playing
     obs: list = [None] * width
     started = 0
@@ -83,19 +83,22 @@ def evaluate(policy: Policy, make_env: Callable[..., gym.Env], *, episodes: int,
     try:
         with torch.inference_mode():
             while active:
-                if stop is not None:
+                if stop is not None and stop.signum is not None:  # the poll without a call per batch
                     stop.check("evaluation")
-                batch = obs_map(lambda t, *xs: torch.as_tensor(np.stack([np.asarray(x, t.dtype) for x in xs]),
-                                                               device=device), template, *[obs[i] for i in active])
+                batch = obs_map(lambda t, *xs: torch.as_tensor(np.array(xs, t.dtype), device=device), template,
+                                *[obs[i] for i in active])
                 if state is None:
                     actions = policy.act(batch, deterministic=deterministic, generator=gen).action.cpu().numpy()
                 else:
                     out = policy.act(batch, select_state(state, active), deterministic=deterministic, generator=gen)
                     actions, state = out.action.cpu().numpy(), put_state(state, active, out.state)
+                if low is not None:
+                    actions = np.clip(actions, low, high)
+                # scalar actions as Python numbers (what .item() gave each one), the others row by row
+                acts = actions.tolist() if actions.ndim == 1 else actions
                 still = []
                 for k, i in enumerate(active):
-                    action = actions[k] if low is None else np.clip(actions[k], low, high)
-                    o, rew, term, trunc, info = envs[i].step(action.item() if action.ndim == 0 else action)
+                    o, rew, term, trunc, info = envs[i].step(acts[k])
                     totals[i] += float(rew)
                     lengths[i] += 1
                     if cap is not None and lengths[i] >= cap and not (term or trunc):

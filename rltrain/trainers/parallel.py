@@ -22,7 +22,6 @@ from pathlib import Path
 
 import yaml
 
-from rltrain.errors import ConfigError
 from rltrain.run.agents_display import AgentsDisplay, prefix_agent_output
 from rltrain.run.device import pick_device
 from rltrain.run.plots import few_seeds_note
@@ -33,7 +32,7 @@ from rltrain.run.summary import newest_checkpoint, resume_command
 from rltrain.trainers.base import Capabilities, Trainer
 from rltrain.trainers.hooks import Placement, TrainerParts
 from rltrain.trainers.loop import TrainLoop
-from rltrain.trainers.settings import RunSettings
+from rltrain.trainers.settings import ParallelSettings, RunSettings
 from rltrain.trainers.supervise import (
     ContextStop,
     Done,
@@ -44,8 +43,6 @@ from rltrain.trainers.supervise import (
     WorkerContext,
     WorkerGroup,
 )
-
-FAILURE_POLICIES = ("continue", "abort")
 
 
 # -- messages and the agent process ---------------------------------------------------------------------------
@@ -123,23 +120,18 @@ class ParallelTrainer(Trainer):
     ``num_agents``, ``scopes``, ``devices`` and ``agent_overrides`` (cli/agents.py); the trainer only places them."""
 
     name = "parallel"
+    settings_class = ParallelSettings
     capabilities = Capabilities(agent_configs=True)
 
-    def __init__(self, *, settings: RunSettings, run_dir: Path, agents: list[RunSettings], num_agents: int = 2,
-                 scopes: list[int] | None = None, devices: list[str] | None = None,
-                 agent_overrides: list[list[str] | dict] | None = None, start_method: str = "auto",
-                 on_agent_failure: str = "continue", heartbeat_timeout_s: float = 120.0,
-                 shutdown_grace_s: float = 60.0):
+    def __init__(self, *, settings: RunSettings, run_dir: Path, agents: list[RunSettings],
+                 trainer: ParallelSettings = ParallelSettings()):
+        """``agents``: every agent's complete settings (cli/agents.py composed and validated them)."""
         super().__init__(settings=settings, run_dir=run_dir)
-        if on_agent_failure not in FAILURE_POLICIES:
-            raise ConfigError(f"trainer.on_agent_failure={on_agent_failure!r} is not one of: continue, abort")
-        if heartbeat_timeout_s <= 0:
-            raise ConfigError(f"trainer.heartbeat_timeout_s={heartbeat_timeout_s} must be > 0")
         self.agents, self.num_agents = agents, len(agents)
-        self.agent_overrides = agent_overrides
-        self.start_method, self.on_agent_failure = start_method, on_agent_failure
-        self.resolved_start_method = start_method  # auto -> fork or forkserver, once the group decided
-        self.heartbeat_timeout_s, self.shutdown_grace_s = heartbeat_timeout_s, shutdown_grace_s
+        self.agent_overrides = trainer.agent_overrides
+        self.start_method, self.on_agent_failure = trainer.start_method, trainer.on_agent_failure
+        self.resolved_start_method = trainer.start_method  # auto -> fork or forkserver, once the group decided
+        self.heartbeat_timeout_s, self.shutdown_grace_s = trainer.heartbeat_timeout_s, trainer.shutdown_grace_s
 
     def seed_trees(self) -> dict[str, SeedTree]:
         return {f"agent_{k}": derive(a.seed, a.env.num_envs) for k, a in enumerate(self.agents)}
@@ -179,7 +171,9 @@ class ParallelTrainer(Trainer):
         summary = self._summarize(records, stop, aborted, time.perf_counter() - t0)
         agg = summary["aggregate"]
         if self.settings.logger.progress != "off" and agg["n"]:
-            print(f"[parallel] {summary['status']}: final eval return over {agg['n']} agents: mean {agg['mean']:.2f} "
+            print(f"[parallel] {summary['status']}: {summary['total_env_steps']} env steps over {self.num_agents} "
+                  f"agents (total_env_steps={self.settings.total_env_steps}, all agents together); "
+                  f"final eval return over {agg['n']} agents: mean {agg['mean']:.2f} "
                   f"(95% CI {agg['ci95_mean'][0]:.2f}..{agg['ci95_mean'][1]:.2f}{few_seeds_note(agg['n'])}), "
                   f"median {agg['median']:.2f}, IQM {agg['iqm']:.2f}; {self.run_dir / 'summary.json'}", flush=True)
         return summary
@@ -265,6 +259,9 @@ class ParallelTrainer(Trainer):
             "start_method": self.resolved_start_method,
             "seed": self.settings.seed,
             "env_id": self.settings.env.id,
+            # the budget of all agents together, as under every trainer, and the steps they took
+            "budget_env_steps": self.settings.total_env_steps,
+            "total_env_steps": sum(int(r.get("total_env_steps") or 0) for r in records),
             "final_eval_return": agg["mean"],  # what the CLI returns to sweepers (aggregate mean)
             "aggregate": agg,
             **per_agent_means(records),

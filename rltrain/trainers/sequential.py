@@ -10,10 +10,12 @@ from rltrain.run.signals import StopFlag
 from rltrain.trainers.base import Trainer
 from rltrain.trainers.hooks import Placement
 from rltrain.trainers.loop import TrainLoop
+from rltrain.trainers.settings import SequentialSettings
 
 
 class SequentialTrainer(Trainer):
     name = "sequential"
+    settings_class = SequentialSettings
     _algo: Algorithm | None = None  # the loop's algorithm, built by the pre-flight checks (loop_algorithm)
 
     def describe(self) -> list[tuple[str, str]]:

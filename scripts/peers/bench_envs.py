@@ -1,7 +1,7 @@
-"""Envs for scripts/bench_defaults.py, bench_sac_pixels.py, bench_offpolicy.py and bench_algorithms.py that Gymnasium
-does not register: a Dict image + vector task, MiniGrid with only its image, a point mass steered from pixels, a
-goal-conditioned reaching task with a Dict of three small vectors and the bit-flipping goal task (rltrain, as
-``env.id=bench_envs:<name>``, its tests and SB3 build them from here)."""
+"""Envs for scripts/bench_defaults.py, bench_sac_pixels.py, bench_offpolicy.py and bench_algorithms.py that
+Gymnasium does not register: a Dict image + vector task, a memory task, MiniGrid with only its image, a point mass
+steered from pixels, a goal-conditioned reaching task with a Dict of three small vectors and the bit-flipping goal
+task (rltrain, as ``env.id=bench_envs:<name>``, its tests, SB3 and RLlib build them from here)."""
 
 from __future__ import annotations
 
@@ -45,6 +45,39 @@ class GoalDict(gym.Env):
         self.t += 1
         done = bool((self.pos == self.goal).all())
         return self._obs(), float(done), done, self.t >= self.max_steps and not done, {}
+
+
+class CueRecall(gym.Env):
+    """A memory task: the first observation shows a cue (one of two, one-hot), the next ``delay`` observations are
+    blank, then a query flag asks for the cue: the action taken at the query is rewarded +1 if it names the cue, -1
+    if not, and ends the episode (actions before it do nothing). A memoryless policy sees the same query whatever
+    the cue, so its best expected return is 0; a policy that remembers gets 1. The cue is drawn anew each episode.
+
+    Observation [cue 0, cue 1, query] float32; 2 actions; ``delay + 2`` steps an episode."""
+
+    def __init__(self, delay: int = 5):
+        self.delay = delay
+        self.observation_space = gym.spaces.Box(0.0, 1.0, (3,), np.float32)
+        self.action_space = gym.spaces.Discrete(2)
+
+    def _obs(self) -> np.ndarray:
+        obs = np.zeros(3, np.float32)
+        if self.t == 0:
+            obs[self.cue] = 1.0
+        elif self.t == self.delay + 1:
+            obs[2] = 1.0
+        return obs
+
+    def reset(self, *, seed: int | None = None, options: dict | None = None):
+        super().reset(seed=seed)
+        self.cue, self.t = int(self.np_random.integers(0, 2)), 0
+        return self._obs(), {}
+
+    def step(self, action):
+        if self.t == self.delay + 1:  # the query: the answer ends the episode
+            return self._obs(), 1.0 if int(action) == self.cue else -1.0, True, False, {}
+        self.t += 1
+        return self._obs(), 0.0, False, False, {}
 
 
 def minigrid_image(name: str = "MiniGrid-Empty-8x8-v0", **kwargs) -> gym.Env:

@@ -27,7 +27,7 @@ def make_env(env: str, kwargs: dict) -> gym.Env:
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--algo", required=True, choices=["ppo", "dqn", "sac"])
+    ap.add_argument("--algo", required=True, choices=["ppo", "a2c", "dqn", "sac"])
     ap.add_argument("--env", required=True)
     ap.add_argument("--kwargs", default="{}")
     ap.add_argument("--steps", type=int, required=True)
@@ -35,13 +35,13 @@ def main() -> None:
     ap.add_argument("--episodes", type=int, default=10)
     args = ap.parse_args()
     torch.set_num_threads(1)
-    from stable_baselines3 import DQN, PPO, SAC
+    from stable_baselines3 import A2C, DQN, PPO, SAC
     from stable_baselines3.common.evaluation import evaluate_policy
 
     kwargs = json.loads(args.kwargs)
     env = make_env(args.env, kwargs)
     policy = "MultiInputPolicy" if isinstance(env.observation_space, gym.spaces.Dict) else "MlpPolicy"
-    model = {"ppo": PPO, "dqn": DQN, "sac": SAC}[args.algo](policy, env, seed=args.seed, device="cpu")
+    model = {"ppo": PPO, "a2c": A2C, "dqn": DQN, "sac": SAC}[args.algo](policy, env, seed=args.seed, device="cpu")
     model.learn(total_timesteps=args.steps)
     out = {}
     for mode, det in (("deterministic", True), ("stochastic", False)):

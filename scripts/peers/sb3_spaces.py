@@ -1,4 +1,5 @@
-"""Stable-Baselines3 PPO / sb3-contrib MaskablePPO at their defaults on the spaces of issue 24, for
+"""Stable-Baselines3 PPO / sb3-contrib MaskablePPO at their defaults on masked, MultiDiscrete,
+MultiBinary and Tuple spaces, for
 ``scripts/bench_spaces.py``. Runs under a Python that has ``stable-baselines3`` and ``sb3-contrib`` (neither
 is an rltrain dependency), with the repository on PYTHONPATH (the envs are ``tests/helpers/space_envs.py``'s):
 

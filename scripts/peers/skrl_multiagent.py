@@ -43,6 +43,12 @@ class JoinedState:
         size = sum(int(np.prod(s.shape)) for s in env.observation_space(env.possible_agents[0]).spaces.values())
         self.state_space = gymnasium.spaces.Box(0, 1, (2 * size,), np.float32)
 
+    @property
+    def unwrapped(self):
+        # skrl's wrapper reads the state space from ``env.unwrapped``: forwarding it (as __getattr__ would) hands
+        # skrl the bare connect-four env, which has none, and its MAPPO value network then gets no state at all
+        return self
+
     def __getattr__(self, name):
         return getattr(self.env, name)
 

@@ -11,7 +11,7 @@ import torch
 
 T, N_PER_RANK = 16, 3
 PPO_KW = dict(rollout_len=T, update_epochs=1, num_minibatches=1, norm_adv=False, anneal_lr=False,
-              norm_obs=True, norm_reward=True, hidden_sizes=(16, 16))
+              norm_obs=True, norm_reward=True)
 
 
 def make_rollout(n_envs: int):
@@ -30,10 +30,11 @@ def make_rollout(n_envs: int):
 def make_ppo(num_envs: int, sync=None):
     from rltrain.algos.ppo import PPO, PPOSettings
     from rltrain.envs.make import env_spec, make_env
+    from rltrain.models.settings import ModelSettings
 
     torch.manual_seed(0)  # same initial weights everywhere (the trainer broadcasts; here the seed does it)
     return PPO(env_spec(make_env("CartPole-v1"), "CartPole-v1"), PPOSettings(**PPO_KW), num_envs=num_envs,
-               device=torch.device("cpu"), sync=sync)
+               device=torch.device("cpu"), sync=sync, model=ModelSettings(hidden_sizes=(16, 16)))
 
 
 def rank_slice(ro, r: int):

@@ -1,4 +1,4 @@
-"""Small learnable envs with the action spaces and masks of issue 24, addressed as
+"""Small learnable envs with masked, MultiDiscrete and MultiBinary action spaces, addressed as
 ``tests.helpers.space_envs:Name`` (env.id import paths).
 
 - ``MultiDiscreteEnv``: MultiDiscrete actions; each component is rewarded for naming its target.

@@ -38,8 +38,8 @@ class BatchPlan:
     queue_out_of_sync_factor: int
     sync: bool
     max_policy_lag: int | None
-    fraction_workers: float = 1.0  # sync: stop waiting once this share of actors delivered theirs
-    fraction_samples: float = 1.0  # sync: stop waiting once this share of the batch is in
+    fraction_workers: float  # sync: stop waiting once this share of actors delivered theirs (trainer.preemption)
+    fraction_samples: float  # sync: stop waiting once this share of the batch is in (trainer.preemption)
 
     @property
     def capacity(self) -> int:

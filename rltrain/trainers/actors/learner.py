@@ -18,13 +18,13 @@ run continues it.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import sys
 import threading
 import time
 from pathlib import Path
 
-from rltrain.errors import ConfigError
 from rltrain.run.device import pick_device
 from rltrain.run.seeding import SeedTree, derive
 from rltrain.run.signals import StopFlag, exit_now
@@ -37,69 +37,37 @@ from rltrain.trainers.actors.pool import ActorPool
 from rltrain.trainers.actors.rollouts import ActorSource
 from rltrain.trainers.actors.seams import WeightsHandle
 from rltrain.trainers.actors.stats import ActorsProgress, ActorStats
-from rltrain.trainers.base import Capabilities, Trainer, UpdateSize
+from rltrain.trainers.base import Capabilities, Trainer, UpdateSize, agent_turns
 from rltrain.trainers.hooks import Placement, TrainerParts
 from rltrain.trainers.loop import TrainLoop
-from rltrain.trainers.settings import RunSettings
+from rltrain.trainers.settings import RunSettings, SubprocessActorsSettings
 
 LOST_GRACE_S = 30.0  # after the machines are lost: how long the run may take to stop before it exits at once
 _ACTOR_BRANCH = 7  # actor seeds hang below spawn key (7, actor, generation): disjoint from the learner's
 
 
 class SubprocessActorsTrainer(Trainer):
-    """See the module docstring. Keys are ``trainer.*`` in ``conf/trainer/subprocess_actors.yaml``."""
+    """See the module docstring. Its ``trainer.*`` keys: ``SubprocessActorsSettings`` (trainers/settings.py)."""
 
     name = "subprocess_actors"
+    settings_class = SubprocessActorsSettings
     capabilities = Capabilities(batched_rollouts=True)
 
-    def __init__(self, *, settings: RunSettings, run_dir: Path, num_actors: int = 2, envs_per_actor: int | None = None,
-                 rollout_len: int | None = None, batch_rollouts: int | None = None,
-                 queue_out_of_sync_factor: int = 2, start_method: str = "forkserver", sync: bool = False,
-                 max_policy_lag: int | None = None, preemption: dict | None = None, compress: str = "none",
-                 actor_device: str = "cpu", learner_device: str | None = None, on_actor_failure: str = "restart",
-                 max_restarts: int = 3, actor_timeout_s: float = 60.0, backend: str = "local",
-                 ray: dict | None = None):
+    def __init__(self, *, settings: RunSettings, run_dir: Path,
+                 trainer: SubprocessActorsSettings = SubprocessActorsSettings()):
         super().__init__(settings=settings, run_dir=run_dir)
-        self.num_actors = num_actors
-        self.envs_per_actor = envs_per_actor or settings.env.num_envs
-        self.rollout_len = rollout_len
-        self.batch_rollouts = batch_rollouts or num_actors
-        self.queue_out_of_sync_factor, self.start_method, self.sync = queue_out_of_sync_factor, start_method, sync
-        self.max_policy_lag, self.compress = max_policy_lag, compress
-        self.preemption = {"fraction_workers": 1.0, "fraction_samples": 1.0, **(preemption or {})}
-        self.actor_device, self.learner_device = actor_device, learner_device or settings.device
-        self.on_actor_failure, self.max_restarts, self.actor_timeout_s = on_actor_failure, max_restarts, actor_timeout_s
-        self._validate()
-        self.backend = make_backend(backend, ray=ray, start_method=start_method, num_actors=num_actors,
-                                    env=settings.env)
-
-    def _validate(self) -> None:
-        for key in ("num_actors", "envs_per_actor", "batch_rollouts", "queue_out_of_sync_factor"):
-            if getattr(self, key) <= 0:
-                raise ConfigError(f"trainer.{key}={getattr(self, key)} must be > 0")
-        choices = {"start_method": ("fork", "forkserver", "spawn"), "compress": ("none", "lz4", "zlib"),
-                   "on_actor_failure": ("restart", "abort")}
-        for key, valid in choices.items():
-            if getattr(self, key) not in valid:
-                raise ConfigError(f"trainer.{key}={getattr(self, key)!r} is not one of: {', '.join(valid)}")
-        if self.compress == "lz4":
-            try:
-                import lz4.frame  # noqa: F401
-            except ImportError:
-                raise ConfigError("trainer.compress=lz4 needs lz4: pip install 'rltrain[compress]' "
-                                  "(or use compress=zlib)") from None
-        for key in ("fraction_workers", "fraction_samples"):
-            value = self.preemption.get(key)
-            if not isinstance(value, (int, float)) or not 0 < value <= 1:
-                raise ConfigError(f"trainer.preemption.{key}={value!r} must lie in (0, 1]")
-        if set(self.preemption) - {"fraction_workers", "fraction_samples"}:
-            raise ConfigError(f"trainer.preemption: unknown keys {sorted(set(self.preemption))}; "
-                              "valid: fraction_workers, fraction_samples")
-        if self.sync and self.batch_rollouts < self.num_actors:
-            raise ConfigError(f"trainer.batch_rollouts={self.batch_rollouts} < trainer.num_actors={self.num_actors}:"
-                              " in sync mode every actor delivers at least one rollout per batch")
-        if self.max_policy_lag is not None and self.max_policy_lag < 0:
-            raise ConfigError(f"trainer.max_policy_lag={self.max_policy_lag} must be >= 0 or null")
+        t = trainer
+        self.num_actors = t.num_actors
+        self.envs_per_actor = t.envs_per_actor or settings.env.num_envs
+        self.rollout_len = t.rollout_len
+        self.batch_rollouts = t.batch_rollouts or t.num_actors
+        self.queue_out_of_sync_factor, self.start_method, self.sync = t.queue_out_of_sync_factor, t.start_method, t.sync
+        self.max_policy_lag, self.compress, self.preemption = t.max_policy_lag, t.compress, t.preemption
+        self.actor_device, self.learner_device = t.actor_device, t.learner_device or settings.device
+        self.on_actor_failure, self.max_restarts = t.on_actor_failure, t.max_restarts
+        self.actor_timeout_s = t.actor_timeout_s
+        self.backend = make_backend(t.backend, ray=dataclasses.asdict(t.ray), start_method=t.start_method,
+                                    num_actors=t.num_actors, env=settings.env)
 
     def actor_seeds(self, actor_id: int, generation: int) -> SeedTree:
         return derive(self.settings.seed, self.envs_per_actor, path=(_ACTOR_BRANCH, actor_id, generation))
@@ -110,8 +78,9 @@ class SubprocessActorsTrainer(Trainer):
     def update_size(self) -> UpdateSize:  # the learner merges batch_rollouts rollouts of envs_per_actor envs
         sizes, envs, batches = self.algo_sizes(), self.envs_per_actor, self.batch_rollouts
         steps = self.rollout_len or sizes.rollout_len
-        text = f"trainer.batch_rollouts ({batches}) x envs per actor ({envs}) x rollout_len ({steps})"
-        return UpdateSize(batches * envs * steps, text, self.num_actors * envs, steps, sizes.num_minibatches)
+        turns, said = agent_turns(self.settings.env_spec)
+        text = f"trainer.batch_rollouts ({batches}) x envs per actor ({envs}) x rollout_len ({steps}){said}"
+        return UpdateSize(batches * envs * steps * turns, text, self.num_actors * envs, steps, sizes.num_minibatches)
 
     def seed_trees(self) -> dict[str, SeedTree]:
         return {}  # recorded in train(): the actors' generations are known only after the resume
@@ -187,7 +156,8 @@ class SubprocessActorsTrainer(Trainer):
     def _batch_plan(self) -> BatchPlan:
         return BatchPlan(num_actors=self.num_actors, batch_rollouts=self.batch_rollouts,
                          queue_out_of_sync_factor=self.queue_out_of_sync_factor, sync=self.sync,
-                         max_policy_lag=self.max_policy_lag, **self.preemption)
+                         max_policy_lag=self.max_policy_lag, fraction_workers=self.preemption.fraction_workers,
+                         fraction_samples=self.preemption.fraction_samples)
 
     def _make_spec(self, weights: WeightsHandle, actor_id: int, generation: int, *, plan: BatchPlan,
                    rollout_len: int) -> ActorSpec:

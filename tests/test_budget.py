@@ -1,0 +1,51 @@
+"""``total_env_steps`` means one thing under every trainer: the env steps of all envs and all workers together
+(ranks, actors, agents); ``rltrain-check`` and the summary say so."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from tests.conftest import run_cli
+
+TINY = ["debug=smoke", "logger=quiet", "eval.episodes=1", "eval.every_env_steps=0", "checkpoint.every_env_steps=0",
+        "env.num_envs=2", "algo.rollout_len=32", "total_env_steps=1024", "hydra.run.dir=run"]
+# each row: the trainer, and the env steps one update of it consumes (a run ends within one update of its budget)
+TRAINERS = [
+    (["trainer=sequential"], 64),
+    (["trainer=distributed_simulator", "trainer.world_size=2"], 128),
+    (["trainer=subprocess_actors", "trainer.num_actors=2"], 128),
+    (["trainer=parallel", "trainer.num_agents=2"], 64),
+]
+
+
+@pytest.mark.parametrize(("trainer", "update"), TRAINERS, ids=[t[0].split("=")[1] for t, _ in TRAINERS])
+def test_total_env_steps_is_the_budget_of_all_workers_together(tmp_path, trainer, update, no_leaks):
+    res = run_cli([*TINY, *trainer], cwd=tmp_path, timeout=300)
+    assert res.returncode == 0, res.stderr[-3000:]
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert 1024 <= summary["total_env_steps"] < 1024 + update, summary["total_env_steps"]
+    if "trainer=parallel" in trainer:  # two agents, an equal share each
+        assert [a["total_env_steps"] for a in summary["agents"]] == [512, 512]
+        assert summary["budget_env_steps"] == 1024
+
+
+def test_rltrain_check_says_how_the_budget_is_shared(tmp_path):
+    def check(*args: str) -> str:
+        res = subprocess.run([sys.executable, "-m", "rltrain.cli.check", "debug=smoke", *args], cwd=tmp_path,
+                             capture_output=True, text=True, timeout=120, env={"COLUMNS": "200", **_env()})
+        assert res.returncode == 0, res.stdout + res.stderr
+        return " ".join(res.stdout.replace("\u2502", " ").split())  # the table's cell borders out
+
+    assert "total_env_steps 2048, all envs and workers together" in check("trainer=distributed_simulator")
+    out = check("trainer=parallel", "trainer.num_agents=3")
+    assert "total_env_steps 2048, all 3 agents together: 683 / 683 / 682 env steps each" in out, out
+
+
+def _env() -> dict:
+    import os
+
+    return {k: v for k, v in os.environ.items() if k != "COLUMNS"}
