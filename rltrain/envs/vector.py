@@ -32,6 +32,7 @@ import numpy as np
 from rltrain.data.structs import obs_map, obs_put
 from rltrain.envs.bounds import IntegerBounds, ObsOutOfSpace, checked_env, put_checked
 from rltrain.envs.lifetime import die_with_parent
+from rltrain.envs.reports import EpisodeReports
 from rltrain.errors import ConfigError
 
 ABANDON_AFTER_S = 0.5  # a stop signal abandons an env call still running this long after it arrived
@@ -137,27 +138,6 @@ def env_fault(err: BaseException, env_index: int, env_step: int, call: str) -> E
     what = f"{type(err).__name__}: {err}".splitlines()[0]
     return EnvFault(f"env {env_index} failed in {call} at its step {env_step}: {what}", env_index=env_index,
                     env_step=env_step)
-
-
-class EpisodeReports:
-    """What both vector envs hand the collector about the episodes that ended, beside their rewards."""
-
-    _real: list[tuple[int, float, int]] | None
-    _successes: list[bool]
-
-    def pop_real_episodes(self) -> list[tuple[int, float, int]] | None:
-        """(env index, real game score, length in steps) of the games that ended since the last call, or
-        None when the envs do not report real scores (no ``env.wrappers``: the rewards are the score)."""
-        if self._real is None:
-            return None
-        done, self._real = self._real, []
-        return done
-
-    def pop_successes(self) -> list[bool]:
-        """``info["is_success"]`` of the episodes that ended since the last call, in (step, env) order (goal tasks,
-        Gymnasium-Robotics' convention); episodes whose last info has no such key are left out."""
-        done, self._successes = self._successes, []
-        return done
 
 
 class VecEnv(EpisodeReports):
