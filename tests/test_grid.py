@@ -95,9 +95,9 @@ def write_grid_configs(root: Path, obs: str) -> Path:
         env = env_overrides(obs, box=algo in BOX)
         lines = ["# @package _global_", "defaults:", f"  - override /algo: {algo}"]
         lines += [f"  - override /env: {e.split('=')[1]}" for e in env if e.startswith("env=")]
-        for group in ("algo", "model"):  # the tiny keys, each under its group
-            keys = [o.split("=") for o in PER_ALGO[algo] if o.startswith(f"{group}.")]
-            lines += [f"{group}:"] + [f"  {k[len(group) + 1:]}: {v}" for k, v in keys] if keys else []
+        for key_group in ("algo", "model"):  # the tiny keys, each under its group
+            keys = [o.split("=") for o in PER_ALGO[algo] if o.startswith(f"{key_group}.")]
+            lines += [f"{key_group}:"] + [f"  {k[len(key_group) + 1:]}: {v}" for k, v in keys] if keys else []
         others = [e for e in env if not e.startswith("env=")]
         if others:
             kwargs = [e.split("=") for e in others if e.startswith("+env.kwargs.")]
