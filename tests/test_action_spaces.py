@@ -14,8 +14,10 @@ import pytest
 import torch
 from gymnasium import spaces
 
+from rltrain.algos.ddpg import DDPG
 from rltrain.algos.dqn import DQN
 from rltrain.algos.sac import SAC
+from rltrain.algos.td3 import TD3
 from rltrain.api import load_policy
 from rltrain.cli.build import run
 from rltrain.data.structs import EnvSpec
@@ -126,7 +128,7 @@ def test_multi_discrete_learns_resumes_bitwise_evaluates_and_exports(tmp_path):
     assert np.array_equal(traced(batch).numpy(), want)
 
 
-@pytest.mark.parametrize("algo_cls", [DQN, SAC])
+@pytest.mark.parametrize("algo_cls", [DQN, SAC, TD3, DDPG], ids=lambda c: c.name)
 def test_dqn_and_sac_refuse_multi_actions_naming_the_algorithms_that_take_them(algo_cls):
     for kind in ("md", "mb"):
         with pytest.raises(ConfigError) as err:

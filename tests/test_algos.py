@@ -11,10 +11,12 @@ import torch
 
 from rltrain.algos.a2c import A2C
 from rltrain.algos.base import Sync
+from rltrain.algos.ddpg import DDPG
 from rltrain.algos.dqn import DQN
 from rltrain.algos.impala import IMPALA
 from rltrain.algos.ppo import PPO
 from rltrain.algos.sac import SAC
+from rltrain.algos.td3 import TD3
 from rltrain.data.structs import EnvSpec, Rollout
 from rltrain.errors import ConfigError
 from rltrain.models.settings import ModelSettings
@@ -37,7 +39,10 @@ CASES = [
                                           "target_network_frequency": 1, "max_grad_norm": 10.0}),
     ("sac", SAC, PENDULUM, {**OFF, "rollout_len": T, "policy_frequency": 2}),
     ("sac_fixed_alpha", SAC, PENDULUM, {**OFF, "rollout_len": T, "autotune": False}),
+    ("td3", TD3, PENDULUM, {**OFF, "rollout_len": T}),
+    ("ddpg", DDPG, PENDULUM, {**OFF, "rollout_len": T}),
 ]
+OFF_POLICY = (DQN, SAC, TD3, DDPG)
 IDS = [c[0] for c in CASES]
 
 
@@ -80,8 +85,10 @@ def test_act_shapes(name, cls, spec, kw):
             assert torch.isfinite(out.log_prob).all()
             if spec.action_kind == "discrete":
                 assert out.action.dtype == torch.int64 and ((out.action >= 0) & (out.action < spec.n_actions)).all()
-            if name.startswith("sac"):  # squashed into the bounds
+            if name.startswith(("sac", "td3", "ddpg")):  # squashed into the bounds
                 assert (out.action.abs() <= 2.0).all()
+            if name in ("td3", "ddpg"):  # deterministic: exploration noise is the collector's
+                assert torch.equal(out.action, algo.policy.act(obs, deterministic=True).action)
 
 
 @pytest.mark.parametrize(("name", "cls", "spec", "kw"), CASES, ids=IDS)
@@ -117,7 +124,7 @@ def _assert_same(a, b, path="state"):
 
 @pytest.mark.parametrize(("name", "cls", "spec", "kw"), CASES, ids=IDS)
 def test_checkpoint_roundtrip_is_bitwise_and_resumes_identically(name, cls, spec, kw):
-    extra = {"checkpoint_buffer": True} if cls in (DQN, SAC) else {}
+    extra = {"checkpoint_buffer": True} if cls in OFF_POLICY else {}
     a = make(cls, spec, kw, seed=0, **extra)
     a.learn(synthetic_rollout(a, spec, seed=1), progress=0.1)
     state = _roundtrip(a.state_dict())
@@ -136,7 +143,7 @@ def test_checkpoint_roundtrip_is_bitwise_and_resumes_identically(name, cls, spec
         assert torch.equal(p, q)
 
 
-@pytest.mark.parametrize("cls", [DQN, SAC])
+@pytest.mark.parametrize("cls", OFF_POLICY, ids=lambda c: c.name)
 def test_replay_buffer_leaves_checkpoint_unless_enabled(cls):
     spec = CARTPOLE if cls is DQN else PENDULUM
     a = make(cls, spec, {**OFF, "rollout_len": T})
@@ -155,6 +162,9 @@ def test_action_space_mismatch_names_the_fix():
     with pytest.raises(ConfigError, match=r"^algo=sac needs a Box action space; env.id=CartPole-v1 is "
                                           r"Discrete\(2\); try env=pendulum$"):
         SAC(CARTPOLE, num_envs=1, device=CPU)
+    for cls in (TD3, DDPG):
+        with pytest.raises(ConfigError, match=rf"^algo={cls.name} needs a Box action space; env.id=CartPole-v1 is "):
+            cls(CARTPOLE, num_envs=1, device=CPU)
     assert DQN.on_policy is False and SAC.on_policy is False and A2C.on_policy and IMPALA.on_policy
 
 
@@ -167,8 +177,9 @@ class CountingSync(Sync):
         self.grad_calls += 1
 
 
-@pytest.mark.parametrize(("name", "cls", "spec", "kw"), [c for c in CASES if c[0] in ("a2c", "impala", "dqn", "sac")],
-                         ids=["a2c", "impala", "dqn", "sac"])
+@pytest.mark.parametrize(("name", "cls", "spec", "kw"),
+                         [c for c in CASES if c[0] in ("a2c", "impala", "dqn", "sac", "td3", "ddpg")],
+                         ids=["a2c", "impala", "dqn", "sac", "td3", "ddpg"])
 def test_gradients_go_through_the_sync_hook(name, cls, spec, kw):
     sync = CountingSync()
     algo = make(cls, spec, kw, sync=sync)
@@ -271,7 +282,7 @@ def test_feedforward_successor_values_forward_only_the_rows_they_need(cls, consi
     assert rows == ([N + 1] if consistent else [T * N - 1])  # last step of each env + one truncation
 
 
-@pytest.mark.parametrize("cls", [PPO, A2C, IMPALA, DQN, SAC], ids=lambda c: c.name)
+@pytest.mark.parametrize("cls", [PPO, A2C, IMPALA, DQN, SAC, TD3, DDPG], ids=lambda c: c.name)
 def test_settings_are_one_frozen_typed_object_whose_defaults_are_the_algo_group(cls):
     """Each algorithm's hyper-parameters are one frozen keyword-only dataclass, the only place their defaults
     are written: the algo=<name> config node is generated from it (cli/schema.py), and the CLI builds it from

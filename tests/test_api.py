@@ -82,14 +82,21 @@ def test_bad_input_raises_the_clis_one_line(tmp_path):
         rltrain.load_policy(tmp_path / "missing.pt")
 
 
-def test_box_actions_are_clipped_like_eval(tmp_path):
+BOX = {"ppo": ["algo=ppo", "algo.init_log_std=1.0"],
+       # deterministic actors: stochastic acting gives mu(s) too (the exploration noise is the collector's)
+       "td3": ["algo=td3", "experiment=none", "algo.learning_starts=256", "model.hidden_sizes=[16,16]"]}
+
+
+@pytest.mark.parametrize("algo", list(BOX))
+def test_box_actions_are_clipped_like_eval(tmp_path, algo):
     import rltrain
 
-    result = rltrain.train(["algo=ppo", "env=pendulum", "algo.init_log_std=1.0", *TINY,
-                            f"hydra.run.dir={tmp_path}"])
+    result = rltrain.train([*BOX[algo], "env=pendulum", *TINY, f"hydra.run.dir={tmp_path}"])
     policy = rltrain.load_policy(tmp_path)
     obs = np.random.default_rng(1).standard_normal((32, 3)).astype(np.float32) * 5
     actions, _ = policy.act(obs, deterministic=False)
+    if algo == "td3":
+        assert np.array_equal(actions, policy.act(obs, deterministic=True)[0])
     assert actions.shape == (32, 1) and actions.dtype == np.float32
     assert actions.min() >= -2.0 and actions.max() <= 2.0
     one, _ = policy.act(obs[0])

@@ -68,7 +68,8 @@ def test_the_generated_nodes_are_the_imported_dataclasses_defaults():
     """cli/schema.py reads the defaults from the source (Hydra composes before torch is imported): every value
     it reads is the imported dataclass's, for the root, every algorithm and every trainer."""
     assert schema.root_node() == imported_defaults(RunSettings)
-    assert set(schema.options("algos")) == {"ppo", "a2c", "dqn", "rainbow", "sac", "impala", "pqn", "ippo", "mappo"}
+    assert set(schema.options("algos")) == {"ppo", "a2c", "dqn", "rainbow", "sac", "td3", "ddpg", "impala", "pqn",
+                                            "ippo", "mappo"}
     assert set(schema.options("trainers")) == {"sequential", "parallel", "distributed_simulator", "subprocess_actors"}
     for name, info in schema.options("algos").items():
         cls = _class(info["target"])
@@ -87,7 +88,8 @@ def test_the_schema_is_read_without_importing_torch():
     code = ("import sys; from rltrain.cli import schema; schema.register(); "
             "print('torch' in sys.modules, sorted(schema.options('algos')))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
-    expected = "False ['a2c', 'dqn', 'impala', 'ippo', 'mappo', 'ppo', 'pqn', 'rainbow', 'sac']"
+    expected = ("False ['a2c', 'ddpg', 'dqn', 'impala', 'ippo', 'mappo', 'ppo', 'pqn', 'rainbow', 'sac', "
+                "'td3']")
     assert out.stdout.strip() == expected, out.stdout + out.stderr
 
 

@@ -39,6 +39,13 @@ CASES = {
                   "+env.kwargs.shape=[10,10,3]", "model.encoder=minatar", "model.cnn_features=16",
                   "model.hidden_sizes=[16]", "algo.learning_starts=448", "algo.batch_size=32", "algo.buffer_size=1000"],
     "ppo_image": ["algo=ppo", "env=minatar", "env.num_envs=2"],
+    "td3": ["algo=td3", "env=pendulum", "algo.learning_starts=128", "algo.buffer_size=1000",
+            "model.hidden_sizes=[32,32]"],
+    # the deterministic actor on the critic's shared encoder (models/deterministic_actor.py)
+    "ddpg_image": ["algo=ddpg", "env.id=tests.helpers.obs_envs:ImageEnv", "+env.kwargs.continuous=true",
+                   "+env.kwargs.shape=[10,10,3]", "model.encoder=minatar", "model.cnn_features=16",
+                   "model.hidden_sizes=[16]", "algo.learning_starts=448", "algo.batch_size=32",
+                   "algo.buffer_size=1000"],
 }
 RECURRENT = {core: ["algo=ppo", "env=cartpole_novel", f"model.core={core}", "model.core_size=16",
                     "algo.rollout_len=16"] for core in ("lstm", "gru")}

@@ -15,6 +15,8 @@ import torch
 
 from tests.conftest import run_cli
 
+PEERS = str(Path(__file__).resolve().parents[1] / "scripts" / "peers")  # bench_envs: the goal tasks
+
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
 
@@ -45,7 +47,15 @@ def _train(tmp_path: Path, *overrides: str, name: str = "run", env: dict | None 
     ["algo=dqn", "algo.learning_starts=256", "algo.buffer_size=4096", "algo.distributional=qr", "algo.n_step=3",
      "algo.prioritized=true", "algo.dueling=true"],
     ["algo=pqn", "algo.rollout_len=64"],
-], ids=["ppo", "ppo-lstm", "a2c", "impala", "dqn", "sac", "rainbow", "qrdqn-nstep-per", "pqn"])
+    ["algo=td3", "env=pendulum", "algo.learning_starts=256", "algo.buffer_size=4096", "total_env_steps=1024",
+     "eval.every_env_steps=512", "checkpoint.every_env_steps=512"],
+    ["algo=ddpg", "env.id=tests.helpers.obs_envs:ImageEnv", "+env.kwargs.continuous=true",
+     "+env.kwargs.shape=[40,40,3]", "algo.learning_starts=256", "algo.buffer_size=4096", "total_env_steps=1024",
+     "eval.every_env_steps=512"],
+    ["algo=sac", "env.id=bench_envs:PointReach", f"env.search_path={PEERS}", "algo.her=true",
+     "algo.learning_starts=256", "algo.buffer_size=4096", "total_env_steps=1024", "eval.every_env_steps=512"],
+], ids=["ppo", "ppo-lstm", "a2c", "impala", "dqn", "sac", "rainbow", "qrdqn-nstep-per", "pqn", "td3",
+        "ddpg-image", "sac-her"])
 def test_each_algorithm_family_trains_in_process_on_cuda(tmp_path, overrides):
     """In-process (``rltrain.train``, sequential trainer), so the device memory this process allocated shows
     the networks and the update really ran on the GPU."""

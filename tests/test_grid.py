@@ -28,7 +28,8 @@ from tests.conftest import REPO, compose_cfg, run_cli
 
 torch.set_num_threads(1)
 
-ALGOS = ("ppo", "a2c", "impala", "dqn", "sac", "rainbow", "pqn")
+ALGOS = ("ppo", "a2c", "impala", "dqn", "sac", "td3", "ddpg", "rainbow", "pqn")
+BOX = ("sac", "td3", "ddpg")  # the algorithms that need Box actions
 ON_POLICY = ("ppo", "a2c", "impala", "pqn")
 HELPERS = "tests.helpers.obs_envs"
 TINY = ["total_env_steps=256", "env.num_envs=2", "eval.every_env_steps=0", "eval.episodes=1",
@@ -45,6 +46,10 @@ PER_ALGO = {
     "pqn": ["algo.rollout_len=16", "algo.num_minibatches=2", "algo.update_epochs=1"],
     "sac": ["algo.rollout_len=8", "algo.learning_starts=64", "algo.buffer_size=1000", "algo.batch_size=16",
             "algo.train_frequency=32", "model.hidden_sizes=[16]"],
+    "td3": ["algo.rollout_len=8", "algo.learning_starts=64", "algo.buffer_size=1000", "algo.batch_size=16",
+            "algo.train_frequency=32"],
+    "ddpg": ["algo.rollout_len=8", "algo.learning_starts=64", "algo.buffer_size=1000", "algo.batch_size=16",
+             "algo.train_frequency=32"],
 }
 OBS_KINDS = ("vector", "image", "dict")
 
@@ -56,7 +61,7 @@ def slow_grid_algos(algos: tuple[str, ...], obs: str) -> tuple[str, ...]:
 
 
 def env_overrides(obs: str, *, box: bool) -> list[str]:
-    """The env of an observation kind, with Box actions for SAC."""
+    """The env of an observation kind, with Box actions for SAC, TD3 and DDPG."""
     if obs == "vector":
         return ["env=pendulum"] if box else ["env=cartpole"]
     cont = f"+env.kwargs.continuous={str(box).lower()}"
@@ -66,7 +71,7 @@ def env_overrides(obs: str, *, box: bool) -> list[str]:
 
 
 def overrides(algo: str, obs: str) -> list[str]:
-    return [f"algo={algo}", *TINY, *PER_ALGO[algo], *env_overrides(obs, box=algo == "sac")]
+    return [f"algo={algo}", *TINY, *PER_ALGO[algo], *env_overrides(obs, box=algo in BOX)]
 
 
 def assert_completed(run_dir: Path) -> None:
@@ -90,7 +95,7 @@ def write_grid_configs(root: Path, obs: str) -> Path:
     group = root / "grid_conf" / "grid"
     group.mkdir(parents=True, exist_ok=True)
     for algo in ALGOS:
-        env = env_overrides(obs, box=algo == "sac")
+        env = env_overrides(obs, box=algo in BOX)
         lines = ["# @package _global_", "defaults:", f"  - override /algo: {algo}"]
         lines += [f"  - override /env: {e.split('=')[1]}" for e in env if e.startswith("env=")]
         for key_group in ("algo", "model"):  # the tiny keys, each under its group
@@ -145,7 +150,7 @@ def test_every_multiprocess_trainer_on_dict_observations(tmp_path, trainer, orph
     multirun(tmp_path, [f"trainer={trainer}", *extra], ("ppo",), "dict")
 
 
-@pytest.mark.parametrize("algo", ["dqn", "sac"])
+@pytest.mark.parametrize("algo", ["dqn", "sac", "td3"])
 def test_distributed_simulator_refuses_off_policy_algos_in_one_line(tmp_path, algo):
     with pytest.raises(ConfigError) as err:
         run(compose_cfg([*overrides(algo, "dict"), "trainer=distributed_simulator"]), tmp_path)

@@ -255,3 +255,73 @@ def test_numpy_squashed_gaussian_actor_acts_as_the_torch_one():
     np.testing.assert_allclose(logp, torch_logp.numpy(), rtol=1e-4, atol=1e-4)
     noisy = SAC(PENDULUM, SACSettings(action_noise=0.3), num_envs=1, device=CPU, model=SMALL)
     assert noisy.policy.numpy_actor() is None
+
+
+def _batch(spec: EnvSpec, B: int, seed: int) -> Batch:
+    rng = np.random.default_rng(seed)
+    t = lambda x: torch.from_numpy(np.asarray(x, np.float32))  # noqa: E731
+    return Batch(obs=t(rng.normal(size=(B, 3))), actions=t(rng.uniform(-2, 2, (B, 1))), rewards=t(rng.normal(size=B)),
+                 next_obs=t(rng.normal(size=(B, 3))), terminated=t(rng.random(B) < 0.2))
+
+
+@pytest.mark.parametrize("algo", ["td3", "ddpg"])
+def test_td3_and_ddpg_updates_are_the_papers(algo):
+    """One critic step against the target computed by hand: TD3's clipped double-Q over the target actor's
+    action plus clipped Gaussian noise (0.2, clipped at 0.5, in half action ranges), DDPG's one target critic on
+    the bare target action; TD3's actor and targets move on every 2nd critic step only, DDPG's on every one, the
+    targets by tau toward the online networks."""
+    from rltrain.algos.ddpg import DDPG, DDPGSettings
+    from rltrain.algos.td3 import TD3, TD3Settings
+
+    torch.manual_seed(0)
+    cls, settings = (TD3, TD3Settings(tau=0.1)) if algo == "td3" else (DDPG, DDPGSettings(tau=0.1))
+    learner = cls(PENDULUM, settings, num_envs=1, device=CPU, model=SMALL)
+    delay = 2 if algo == "td3" else 1
+    for step in (1, 2, 3, 4):
+        batch = _batch(PENDULUM, 32, step)
+        actor = [p.clone() for p in learner.policy.parameters()]
+        targets = [p.clone() for p in (*learner.actor_target.parameters(), *learner.critic_target.parameters())]
+        online = [p.clone() for p in (*learner.policy.parameters(), *learner.critic.parameters())]
+        torch.manual_seed(step)
+        with torch.no_grad():
+            next_a = learner.actor_target.action(batch.next_obs)
+            if algo == "td3":
+                noise = (torch.randn_like(next_a) * 0.2).clamp(-0.5, 0.5) * 2.0  # half range of [-2, 2]
+                next_a = (next_a + noise).clamp(-2.0, 2.0)
+            next_q = torch.stack(learner.critic_target(batch.next_obs, next_a)).min(0).values
+            y = batch.rewards + 0.99 * (1 - batch.terminated) * next_q
+            expected = sum(torch.nn.functional.mse_loss(q, y) for q in learner.critic(batch.obs, batch.actions))
+        assert len(learner.critic(batch.obs, batch.actions)) == (2 if algo == "td3" else 1)
+        torch.manual_seed(step)
+        learner.gradient_steps_taken = step  # as the base counts them (this step included)
+        stats = learner.update(batch)
+        torch.testing.assert_close(stats[0], expected, rtol=1e-5, atol=1e-6)
+        moved = any(not torch.equal(a, b) for a, b in zip(actor, learner.policy.parameters(), strict=True))
+        assert moved == (step % delay == 0), step
+        after = [*learner.actor_target.parameters(), *learner.critic_target.parameters()]
+        if step % delay:
+            assert all(torch.equal(a, b) for a, b in zip(targets, after, strict=True))
+        else:  # Polyak toward the online networks as they are after this step's updates
+            now = [*learner.policy.parameters(), *learner.critic.parameters()]
+            for before, target, net in zip(targets, after, now, strict=True):
+                torch.testing.assert_close(target, before + 0.1 * (net - before))
+        assert len(online) == len(targets)
+
+
+def test_numpy_deterministic_actor_acts_as_the_torch_one():
+    """TD3's actor in numpy (the collector's fast path) gives mu(s) and moves it by the exploration noise the
+    torch path's GaussianActionNoise adds for the same draws: sigma times the half action range."""
+    from rltrain.algos.td3 import TD3, TD3Settings
+
+    torch.manual_seed(0)
+    td3 = TD3(PENDULUM, TD3Settings(exploration_noise=0.3), num_envs=1, device=CPU, model=SMALL)
+    actor = td3.policy.numpy_actor()
+    obs = np.random.default_rng(0).normal(size=(64, 3)).astype(np.float32)
+    out = actor.forward(obs)
+    with torch.no_grad():
+        mu = td3.policy.act(torch.from_numpy(obs)).action.numpy()
+    np.testing.assert_allclose(out, mu, rtol=1e-5, atol=1e-6)
+    draws = np.random.default_rng(1).standard_normal((64, 1)).astype(np.float32)
+    torch_noise = td3.policy.action_noise.sample((64, 1), np.random.default_rng(1))
+    np.testing.assert_allclose(actor.action(out, actor.perturb(draws)), mu + torch_noise, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(torch_noise, draws * 0.3 * 2.0, rtol=1e-6)

@@ -193,3 +193,39 @@ def test_a_checkpoint_with_one_encoder_per_network_loads_and_resumes_with_model_
     assert resumed.returncode == 0, resumed.stderr
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert summary["status"] == "completed" and summary["resumed_from_env_steps"] == 64
+
+
+@KINDS
+@pytest.mark.parametrize("name", ["td3", "ddpg"])
+def test_td3_and_ddpg_on_images_share_the_critics_encoder_as_sac(env_id, kwargs, name):
+    """TD3 and DDPG in SAC's shared layout (DrQ-v2): one CNN online, one in the target networks (the target
+    actor reads the target critic's); the actor's loss never reaches the encoder, whose weights take one
+    gradient per critic step; the actor's trunk one per delayed actor step (TD3: every 2nd)."""
+    from rltrain.algos.ddpg import DDPG
+    from rltrain.algos.td3 import TD3
+
+    cls = TD3 if name == "td3" else DDPG
+    env = make_env(env_id, {**kwargs, "continuous": True})
+    spec = env_spec(env, env_id)
+    algo = cls(spec, cls.settings_class(learning_starts=0, batch_size=4, buffer_size=100), num_envs=1, device=CPU,
+               model=ModelSettings(hidden_sizes=(16,)))
+    assert len(cnns(algo)) == 2
+    assert algo.policy.encoder is algo.critic.encoder and algo.actor_target.encoder is algo.critic_target.encoder
+    assert algo.critic_target.encoder is not algo.critic.encoder
+    enc = {id(p) for p in algo.critic.encoder.parameters()}
+    assert not enc & {id(p) for p in algo.actor_params} and enc <= {id(p) for p in algo.q_params}
+    _, r, _ = sac_and_rollout(env_id, kwargs)
+    received: dict[str, int] = {}
+
+    def count(name):
+        return lambda p: received.__setitem__(name, received.get(name, 0) + 1)
+
+    hooks = [p.register_post_accumulate_grad_hook(count(f"{part}.{n}"))
+             for part, net in (("encoder", algo.critic.encoder), ("trunk", algo.policy.trunk))
+             for n, p in net.named_parameters()]
+    algo.learn(r, progress=0.0)  # 8 env steps: 8 updates
+    for h in hooks:
+        h.remove()
+    actor_steps = 4 if name == "td3" else 8
+    assert {v for k, v in received.items() if k.startswith("encoder.")} == {8}
+    assert {v for k, v in received.items() if k.startswith("trunk.")} == {actor_steps}, received

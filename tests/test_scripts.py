@@ -128,3 +128,29 @@ def test_bench_algorithms_prints_its_rows_at_a_tiny_budget():
     bad = subprocess.run([sys.executable, "scripts/bench_algorithms.py", "--only", "qr-dqn"], cwd=REPO,
                          capture_output=True, text=True, timeout=120)
     assert bad.returncode != 0 and "unknown rows ['qr-dqn']" in bad.stderr
+
+
+def test_bench_td3_her_prints_its_rows_at_a_tiny_budget():
+    """scripts/bench_td3_her.py at a budget of a few hundred steps: one row per comparison (TD3 on Pendulum,
+    SAC + HER on the goal task, with its success rates); SB3's side where this Python has it, else said skipped."""
+    import importlib.util
+
+    peer = [] if importlib.util.find_spec("stable_baselines3") else ["--sb3-python", "/nonexistent/python"]
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    out = subprocess.run([sys.executable, "scripts/bench_td3_her.py", "--runs", "1", "--td3-steps", "300",
+                          "--td3-learning-starts", "200", "--her-steps", "300", *peer],
+                         cwd=REPO, capture_output=True, text=True, timeout=600, env=env)
+    assert out.returncode == 0, out.stderr[-3000:]
+    rows = {k: v for k, v in _table(out.stdout).items() if k != "row"}  # the header row left out
+    assert [k.split(",")[0] for k in rows] == ["TD3 Pendulum-v1", "SAC + HER PointReach (sparse)"], out.stdout
+    td3, her = rows.values()
+    # cells: CPU (rltrain, SB3), ratio, per seed, final eval (rltrain, SB3), eval success (both), last 100 (both)
+    assert float(td3[0]) > 0 and "mean" in td3[4] and td3[6] == "-" and "mean" in td3[8]  # no success on Pendulum
+    assert "mean" in her[6]  # the goal task's evaluation success rate per seed
+    if peer:
+        assert "SB3 side skipped" in out.stdout and td3[1] == "-" and td3[5] == "-"
+    else:
+        assert float(td3[1]) > 0 and "mean" in td3[5] and "mean" in her[7]
+    bad = subprocess.run([sys.executable, "scripts/bench_td3_her.py", "--only", "td4"], cwd=REPO,
+                         capture_output=True, text=True, timeout=120, env=env)
+    assert bad.returncode != 0 and "unknown --only ['td4']" in bad.stderr

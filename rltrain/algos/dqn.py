@@ -24,9 +24,9 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from rltrain.algos.adam import clip_grad_norm, make_adam
-from rltrain.algos.base import AlgoSettings, Sync, positive, refuse_recurrent
+from rltrain.algos.base import Sync, positive, refuse_recurrent
 from rltrain.algos.distributional import c51_projection, quantile_huber_loss
-from rltrain.algos.off_policy import OffPolicy, TargetNetwork
+from rltrain.algos.off_policy import HindsightSettings, OffPolicy, TargetNetwork
 from rltrain.algos.td_numpy import NumpyTDStep
 from rltrain.data.nstep import nstep_batch
 from rltrain.data.prioritized import PrioritizedReplayBuffer
@@ -39,7 +39,7 @@ from rltrain.models.settings import MLP
 
 
 @dataclass(frozen=True, kw_only=True)
-class DQNSettings(AlgoSettings):
+class DQNSettings(HindsightSettings):
     """DQN's hyper-parameters (``algo=dqn``): generic defaults, Stable-Baselines3's DQN (SB3) unless said. Step
     counts are env steps over all envs and workers. Tuned settings live in presets (conf/experiment/dqn_*.yaml)."""
 
@@ -106,6 +106,11 @@ class DQNSettings(AlgoSettings):
         if not 0 <= self.priority_alpha <= 1 or not 0 <= self.priority_beta0 <= 1:
             raise ConfigError(f"algo.priority_alpha={self.priority_alpha}, algo.priority_beta0="
                               f"{self.priority_beta0} must lie in [0, 1]")
+        if self.her and (self.prioritized or self.n_step > 1):
+            # hindsight goals are drawn per sampled row, uniformly; priorities and n-step chains belong to the
+            # stored goal's rewards, which relabelling changes
+            raise ConfigError(f"algo.her=true relabels uniform one-step samples: set algo.prioritized=false and "
+                              f"algo.n_step=1 (got prioritized={self.prioritized}, n_step={self.n_step})")
         self.head_options()  # validates distributional, atoms and the support
 
     def head_options(self) -> QHeadOptions:
@@ -181,7 +186,7 @@ class DQN(OffPolicy):
         budget, Schaul et al. 2016), of one-step or n-step transitions."""
         s, buffer = self.settings, self.buffer
         if not s.prioritized and s.n_step == 1:
-            return buffer.sample(self.batch_size)
+            return self.uniform_batch(self.batch_size)  # the buffer's, or relabelled with hindsight goals
         weights = None
         if s.prioritized:
             self.beta = s.priority_beta0 + min(progress, 1.0) * (1.0 - s.priority_beta0)

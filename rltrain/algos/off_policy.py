@@ -24,6 +24,9 @@ networks, their optimisers and ONE gradient step (``update(batch) -> stats``); t
   network, either on a schedule in env steps (``sync_targets_every``: DQN's ``target_network_frequency``) or
   after the subclass's own gradient steps (``TargetNetwork.update``: SAC's critic every step, TD3's every
   ``policy_delay`` steps).
+- **Hindsight relabelling** (``HindsightSettings``: ``algo.her``): on a goal-conditioned task the batches come
+  from ``HindsightSampler`` (data/hindsight.py), the "future" strategy of Andrychowicz et al. 2017, whatever
+  the learner.
 
 A subclass's ``update`` receives a sampled ``Batch`` and returns its statistics as one detached 1-D tensor in
 the order of ``stat_names`` (the metrics' names); the base averages them over the call's gradient steps and the
@@ -42,9 +45,11 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from rltrain.algos.base import Algorithm, Sync
+from rltrain.algos.base import Algorithm, AlgoSettings, Sync
+from rltrain.data.hindsight import HindsightSampler, goal_keys_missing
 from rltrain.data.replay import Batch, ReplayBuffer, UnwrittenSteps
 from rltrain.data.structs import EnvSpec, Metrics, Rollout
+from rltrain.errors import ConfigError
 
 
 class ReplaySettings(Protocol):
@@ -101,6 +106,34 @@ class TargetNetwork:
             torch._foreach_lerp_(self.target, self.online, self.tau)
 
 
+@dataclass(frozen=True, kw_only=True)
+class HindsightSettings(AlgoSettings):
+    """Hindsight experience replay (data/hindsight.py) for any off-policy learner on a goal-conditioned task: its
+    settings dataclass subclasses this one (SAC, TD3, DDPG, DQN)."""
+
+    her: bool = False  # relabel sampled transitions with goals reached later in their episode ("future"
+    #                    strategy; needs a Dict with achieved_goal / desired_goal and the env's compute_reward).
+    #                    Source: Andrychowicz et al. 2017 (off by default, as SB3 without HerReplayBuffer)
+    her_k: int = 4  # relabelled goals per real one: the first k / (k + 1) of each batch are relabelled.
+    #                 Source: SB3 n_sampled_goal, Andrychowicz et al. 2017
+
+
+def hindsight_sampler(spec: EnvSpec, buffer: ReplayBuffer, settings: object, name: str) -> HindsightSampler | None:
+    """The relabelling sampler ``algo.her`` asks for, or None; one line when the env cannot take it."""
+    if not getattr(settings, "her", False):
+        return None
+    k = settings.her_k  # type: ignore[attr-defined]
+    if not isinstance(k, int) or k < 1:
+        raise ConfigError(f"algo.her_k={k} must be an integer >= 1 (SB3's n_sampled_goal: 4)")
+    why = goal_keys_missing(spec.observation)
+    if why is None and spec.goal_reward is None:
+        why = "it has no compute_reward(achieved_goal, desired_goal, info) method"
+    if why is not None:
+        raise ConfigError(f"algo.her=true (algo={name}): env.id={spec.env_id} is not a goal-conditioned task: {why} "
+                          "(Gymnasium-Robotics' convention); set algo.her=false")
+    return HindsightSampler(buffer, k=k, reward=spec.goal_reward)
+
+
 class OffPolicy(Algorithm):
     """Base of the replay learners (see the module docstring). A subclass calls ``super().__init__`` first,
     then builds its networks and optimisers, and defines ``update``, ``stat_names``, ``networks_state`` and
@@ -137,6 +170,9 @@ class OffPolicy(Algorithm):
         self.target_every = 0
         self.last_target_sync = 0
         self.weight_writes = 0  # gradient steps and scheduled target updates (the loop's finite check reads it)
+        # goal-conditioned tasks: batches relabelled with hindsight goals (algo.her), else the buffer's uniform ones
+        self.hindsight = hindsight_sampler(spec, self.buffer, settings, self.name)
+        self.uniform_batch = self.hindsight.sample if self.hindsight is not None else self.buffer.sample
 
     def sync_targets_every(self, env_steps: int, *targets: TargetNetwork) -> None:
         """Update ``targets`` whenever ``env_steps`` env steps have passed since their last update (checked
@@ -152,8 +188,9 @@ class OffPolicy(Algorithm):
         return True
 
     def sample(self, progress: float) -> Batch:
-        """The minibatch of the next gradient step (uniform here; DQN's n-step and prioritised replay)."""
-        return self.buffer.sample(self.batch_size)
+        """The minibatch of the next gradient step (uniform here, relabelled where ``algo.her``; DQN's n-step and
+        prioritised replay)."""
+        return self.uniform_batch(self.batch_size)
 
     @abstractmethod
     def update(self, batch: Batch) -> Tensor:

@@ -24,8 +24,8 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from rltrain.algos.adam import make_adam
-from rltrain.algos.base import AlgoSettings, Sync, positive, refuse_recurrent
-from rltrain.algos.off_policy import OffPolicy, TargetNetwork
+from rltrain.algos.base import Sync, positive, refuse_recurrent
+from rltrain.algos.off_policy import HindsightSettings, OffPolicy, TargetNetwork
 from rltrain.data.replay import Batch
 from rltrain.data.structs import EnvSpec
 from rltrain.errors import ConfigError
@@ -36,7 +36,7 @@ from rltrain.models.settings import MLP
 
 
 @dataclass(frozen=True, kw_only=True)
-class SACSettings(AlgoSettings):
+class SACSettings(HindsightSettings):
     """SAC's hyper-parameters (``algo=sac``): generic defaults, Stable-Baselines3's SAC (SB3), which follows
     Haarnoja et al. 2018 (paper), for every key unless said. Step counts are env steps over all envs and workers.
     Tuned settings live in presets (conf/experiment/sac_*.yaml)."""

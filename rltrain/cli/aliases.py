@@ -104,6 +104,27 @@ PER_ALGO: dict[str, dict[str, Alias]] = {
 
 PER_ALGO["ippo"] = PER_ALGO["mappo"] = PER_ALGO["ppo"]  # PPO's settings, one learner per policy group
 
+# hindsight replay (every off-policy learner): SB3's HerReplayBuffer arguments
+HER: dict[str, Alias] = {
+    "replay_buffer_class": ("algo.her", "SB3", " (algo.her=true relabels with hindsight goals: HerReplayBuffer)"),
+    "n_sampled_goal": ("algo.her_k", "SB3 HerReplayBuffer", ""),
+    "goal_selection_strategy": (None, "SB3 HerReplayBuffer", ": the future strategy is the one implemented"),
+}
+PER_ALGO["td3"] = {
+    "learning_rate": _LR,
+    "train_freq": ("algo.train_frequency", "SB3", ""),
+    "action_noise": ("algo.exploration_noise", "SB3", " (NormalActionNoise's sigma, in half action ranges)"),
+    "noise_std": ("algo.exploration_noise", "rl-baselines3-zoo", ""),
+    "policy_noise": ("algo.target_policy_noise", "CleanRL", ""),
+    "noise_clip": ("algo.target_noise_clip", "CleanRL", ""),
+    "policy_frequency": ("algo.policy_delay", "CleanRL", ""),
+    "n_critics": (None, "SB3", ": algo=td3 has two critics, algo=ddpg one"),
+}
+PER_ALGO["ddpg"] = {k: v for k, v in PER_ALGO["td3"].items() if k in ("learning_rate", "train_freq", "action_noise",
+                                                                       "noise_std")}
+for _name in ("dqn", "sac", "td3", "ddpg"):
+    PER_ALGO[_name].update(HER)
+
 
 def alias(key: str, algo: str | None) -> Alias | None:
     """What another library's ``key`` is called here (``algo``: the run's algorithm, or None)."""

@@ -103,12 +103,14 @@ def _evaluate(args: argparse.Namespace, stop: StopFlag) -> int:
             print(f"checkpoint: {loaded.checkpoint}")
             print("\n".join(lines))
             return 0
+        successes: list[bool] = []
         rets = evaluate(loaded.policy, loaded.env.make, episodes=episodes, eval_seed=seed,
                         deterministic=not args.stochastic, device=torch.device(args.device), video_dir=video_dir,
-                        real_scores=loaded.env.real_scores)
+                        real_scores=loaded.env.real_scores, successes=successes)
     print(f"checkpoint: {loaded.checkpoint}")
     print(f"episodes: {episodes}  mean return: {rets.mean():.2f}  std: {rets.std():.2f}  "
-          f"min: {rets.min():.2f}  max: {rets.max():.2f}")
+          f"min: {rets.min():.2f}  max: {rets.max():.2f}"
+          + (f"  success rate: {sum(successes) / len(successes):.2f}" if successes else ""))
     if video_dir is not None:
         print(f"videos: {video_dir}")
     return 0

@@ -167,7 +167,10 @@ def _policy_from(state: dict, path: Path, *, device: str, allow_import: bool, op
         # a config recorded before algo.action_mask existed: the default
         probed = probe_env(env_factory(env), str(cfg["algo"].get("action_mask", AlgoSettings.action_mask)))
         spec, factory = probed.spec, probed.factory
-    algo = algo_factory(cfg)(spec, num_envs=env["num_envs"], device=pick_device(device))
+    # the acting policy needs no replay: a goal task's hindsight relabelling (algo.her) stays off, so the env's
+    # compute_reward is not looked for
+    acting = {**cfg, "algo": {**cfg["algo"], "her": False}} if cfg["algo"].get("her") else cfg
+    algo = algo_factory(acting)(spec, num_envs=env["num_envs"], device=pick_device(device))
     mismatch = None if recorded is None else _mismatch(recorded, algo.policy_spaces(recorded.action_mask))
     if mismatch:
         raise ConfigError(f"checkpoint={path}: {mismatch}")

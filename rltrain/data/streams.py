@@ -105,7 +105,8 @@ def split_steps(rollout: Rollout, length: int) -> list[Rollout]:
                            next_obs=obs_map(lambda x, part=part: x[part], rollout.next_obs),
                            policy_version=rollout.policy_version[part],
                            episode_returns=rollout.episode_returns if last else [],
-                           episode_lengths=rollout.episode_lengths if last else [], env_ids=rollout.env_ids,
+                           episode_lengths=rollout.episode_lengths if last else [],
+                           episode_successes=rollout.episode_successes if last else [], env_ids=rollout.env_ids,
                            core_state=rollout.core_state if t0 == 0 else None,
                            values=None if rollout.values is None else rollout.values[part]))
     return out

@@ -187,6 +187,9 @@ class EnvSpec:
     action_start: tuple[int, ...] = ()  # multi_discrete only: each component's smallest value
     frame_stack: int | None = None  # K: the observation is a K-frame stack along its first axis (the env's own
     #                                 FrameStackObservation, reset-padded), read from the env by envs/make.py
+    # a goal-conditioned env's compute_reward(achieved_goal, desired_goal, info) (envs/goals.py: hindsight
+    # relabelling); not part of the record: a checkpoint's policy needs none
+    goal_reward: Any = field(default=None, compare=False, repr=False)
 
     @property
     def observation(self) -> ObsSpace:
@@ -342,6 +345,7 @@ class Rollout:
     policy_version: np.ndarray
     episode_returns: list[float] = field(default_factory=list)  # episodes that finished in this rollout
     episode_lengths: list[int] = field(default_factory=list)
+    episode_successes: list[bool] = field(default_factory=list)  # info["is_success"] of those that reported one
     env_ids: np.ndarray | None = None
     core_state: tuple[torch.Tensor, ...] | None = None
     values: np.ndarray | None = None

@@ -35,6 +35,7 @@ import gymnasium as gym
 from rltrain.data.agents import AgentsSpec
 from rltrain.data.structs import MASK_KEY, EnvSpec
 from rltrain.envs import multiagent as pz  # PettingZoo envs
+from rltrain.envs.goals import with_goal_reward
 from rltrain.envs.multiagent import AgentVecEnv
 from rltrain.envs.spaces import (  # noqa: F401  env_spec, _describe_obs, stacked_frames: re-exported
     MASK_SOURCES,
@@ -350,7 +351,9 @@ def probe_env(factory: EnvFactory, mask_mode: str = "auto") -> ProbedEnv:
             resolved, line = _mask_choice(factory, mask_mode, mask_source(env, info), env.action_space)
             # the wrapper make_env puts outermost, put around this env: its spaces are the run's
             shown = ActionMaskObservation(env, resolved.action_mask) if resolved.action_mask != "off" else env
-            return ProbedEnv(resolved.known(multiagent=False), env_spec(shown, factory.id), line)
+            # a goal-conditioned env: its compute_reward travels with the spec (hindsight relabelling, goals.py)
+            resolved = resolved.known(multiagent=False)
+            return ProbedEnv(resolved, with_goal_reward(env_spec(shown, factory.id), env, resolved), line)
     # a PettingZoo env: its agents' masks and spaces (envs/multiagent.py)
     resolved, line = pz.with_agent_masks(factory.known(multiagent=True), mask_mode)
     resolved = resolved.known(multiagent=True)

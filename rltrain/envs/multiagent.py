@@ -297,6 +297,9 @@ class AgentVecEnv:
     def pop_real_episodes(self) -> None:
         return None
 
+    def pop_successes(self) -> list[bool]:
+        return []  # the agents' episodes report returns per agent, no success flag
+
     def close(self) -> None:
         self.watch.close()
         for env in self.envs:

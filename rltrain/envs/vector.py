@@ -32,6 +32,7 @@ import numpy as np
 from rltrain.data.structs import obs_map, obs_put
 from rltrain.envs.bounds import IntegerBounds, ObsOutOfSpace, checked_env, put_checked
 from rltrain.envs.lifetime import die_with_parent
+from rltrain.envs.reports import EpisodeReports
 from rltrain.errors import ConfigError
 
 ABANDON_AFTER_S = 0.5  # a stop signal abandons an env call still running this long after it arrived
@@ -139,7 +140,7 @@ def env_fault(err: BaseException, env_index: int, env_step: int, call: str) -> E
                     env_step=env_step)
 
 
-class VecEnv:
+class VecEnv(EpisodeReports):
     """N envs stepped in one process, in a plain list (cheaper than SyncVectorEnv), autoreset same-step."""
 
     def __init__(self, fns: list[Callable[[], gym.Env]], seeds: list[int], *, real_scores: bool = False,
@@ -162,7 +163,7 @@ class VecEnv:
         self._term = np.zeros(self.num_envs, bool)
         self._trunc = np.zeros(self.num_envs, bool)
         self._discrete = isinstance(self.envs[0].action_space, gym.spaces.Discrete)
-        self._real: list[tuple[int, float, int]] | None = [] if real_scores else None
+        self._real, self._successes = ([] if real_scores else None), []  # EpisodeReports
 
     def reset(self) -> np.ndarray:
         watch = self.watch
@@ -217,6 +218,8 @@ class VecEnv:
                     term[i] = te
                     trunc[i] = tr
                     if te or tr:
+                        if "is_success" in info:
+                            self._successes.append(bool(info["is_success"]))
                         call = "reset() (its episode had ended)"
                         o, _ = env.reset()
                     if o.__class__ is np.ndarray and o.shape == shape and o.dtype == dtype:
@@ -237,14 +240,6 @@ class VecEnv:
         if self._dict:
             return obs_map(np.copy, obs), rew.copy(), term.copy(), trunc.copy(), obs_map(np.copy, final)
         return obs.copy(), rew.copy(), term.copy(), trunc.copy(), final.copy()
-
-    def pop_real_episodes(self) -> list[tuple[int, float, int]] | None:
-        """(env index, real game score, length in steps) of the games that ended since the last call, or
-        None when the envs do not report real scores (no ``env.wrappers``: the rewards are the score)."""
-        if self._real is None:
-            return None
-        done, self._real = self._real, []
-        return done
 
     def get_state(self) -> bytes | None:
         """Pickled envs (mid-episode state + RNGs) so a resume continues the same trajectories."""
@@ -274,7 +269,7 @@ def _batch_of(space: gym.Space, n: int):
     return np.zeros((n, *space.shape), space.dtype)
 
 
-class AsyncVecEnv:
+class AsyncVecEnv(EpisodeReports):
     """Gymnasium's AsyncVectorEnv (one subprocess per env) adapted to the ``VecEnv`` interface.
 
     Each worker dies with this process (``die_with_parent``) and ignores SIGINT (this process decides how to
@@ -291,7 +286,7 @@ class AsyncVecEnv:
         self.venv = AsyncVectorEnv(fns, autoreset_mode=AutoresetMode.SAME_STEP, context=context)
         self.seeds = list(seeds)
         self.num_envs = len(seeds)
-        self._real: list[tuple[int, float, int]] | None = [] if real_scores else None
+        self._real, self._successes = ([] if real_scores else None), []  # EpisodeReports
         self.watch = CallWatch(step_timeout_s)
         self.steps = 0
         self._broken = False
@@ -352,6 +347,9 @@ class AsyncVecEnv:
                 obs_put(final, i, info["final_obs"][i])
         if self._real is not None:
             self._gather_real(info, done)
+        last = info.get("final_info", {})  # same-step autoreset: the ended episodes' last infos
+        if done.any() and "is_success" in last:
+            self._successes.extend(bool(last["is_success"][i]) for i in np.flatnonzero(done & last["_is_success"]))
         self._check_bounds(final, "step()")
         return obs, rew.astype(np.float32), term, trunc, final
 
@@ -362,12 +360,6 @@ class AsyncVecEnv:
             src = info.get("final_info", {}) if done[i] else info
             if "real_score" in src and src["_real_score"][i]:
                 self._real.append((i, float(src["real_score"][i]), int(src["real_length"][i])))
-
-    def pop_real_episodes(self) -> list[tuple[int, float, int]] | None:
-        if self._real is None:
-            return None
-        done, self._real = self._real, []
-        return done
 
     def get_state(self) -> bytes | None:
         return None

@@ -13,6 +13,8 @@ Roles:
                     into each network's own MLP (``_sac_flat``)
     twin_q          a twin critic alone in the layout ``sac`` picks (SAC's target critic)
     squashed_actor  SAC's actor with its own encoder: ``SquashedGaussianActor``
+    deterministic   TD3's and DDPG's actor and critic (``n_critics`` Q heads: 2 for TD3, 1 for DDPG) together:
+                    ``DeterministicNetworks``, in the layouts ``sac`` picks (models/deterministic_actor.py)
 
 Every policy it builds is a ``data.structs.Policy``: ``act``, ``initial_state``, ``export_module``, so
 evaluation, export and the Python API never ask which class they hold. New parts are registered, not
@@ -30,6 +32,11 @@ from torch import nn
 from rltrain.data.structs import EnvSpec
 from rltrain.errors import ConfigError
 from rltrain.models.actor_critic import ActorCritic, EncoderTorso, TwinMLPTorso, is_float_vector
+from rltrain.models.deterministic_actor import (
+    CriticEncoderDeterministicActor,
+    DeterministicActor,
+    DeterministicNetworks,
+)
 from rltrain.models.encoders import reads_flat, shares_torso
 from rltrain.models.q_heads import QHeadOptions
 from rltrain.models.q_networks import QPolicy
@@ -75,11 +82,11 @@ def _squashed_actor(spec: EnvSpec, settings: ModelSettings) -> SquashedGaussianA
     return SquashedGaussianActor(spec, settings, flat_input=_sac_flat(spec, settings))
 
 
-def _twin_q(spec: EnvSpec, settings: ModelSettings) -> SeparateTwinQ | SharedEncoderTwinQ:
+def _twin_q(spec: EnvSpec, settings: ModelSettings, *, n_critics: int = 2) -> SeparateTwinQ | SharedEncoderTwinQ:
     """``model.shared`` as for an actor-critic (auto: shared for observations holding an image)."""
     if shares_torso(settings.shared, spec.observation):
-        return SharedEncoderTwinQ(spec, settings)
-    return SeparateTwinQ(spec, settings, flat_input=_sac_flat(spec, settings))
+        return SharedEncoderTwinQ(spec, settings, n_critics=n_critics)
+    return SeparateTwinQ(spec, settings, flat_input=_sac_flat(spec, settings), n_critics=n_critics)
 
 
 def _sac(spec: EnvSpec, settings: ModelSettings) -> SACNetworks:
@@ -91,8 +98,19 @@ def _sac(spec: EnvSpec, settings: ModelSettings) -> SACNetworks:
     return SACNetworks(actor, _twin_q(spec, settings))
 
 
+def _deterministic(spec: EnvSpec, settings: ModelSettings, *, n_critics: int = 2) -> DeterministicNetworks:
+    if n_critics not in (1, 2):
+        raise ConfigError(f"n_critics={n_critics}: 1 (DDPG) or 2 (TD3)")
+    if shares_torso(settings.shared, spec.observation):
+        critic = _twin_q(spec, settings, n_critics=n_critics)
+        return DeterministicNetworks(CriticEncoderDeterministicActor(spec, settings, encoder=critic.encoder), critic)
+    actor = DeterministicActor(spec, settings, flat_input=_sac_flat(spec, settings))
+    return DeterministicNetworks(actor, _twin_q(spec, settings, n_critics=n_critics))
+
+
 ROLES: dict[str, Callable[..., nn.Module]] = {
     "actor_critic": _actor_critic, "q": _q, "sac": _sac, "twin_q": _twin_q, "squashed_actor": _squashed_actor,
+    "deterministic": _deterministic,
 }
 
 

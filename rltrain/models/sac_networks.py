@@ -44,48 +44,58 @@ def holds_separate_encoders(algo_state: dict) -> bool:
 
 
 class SeparateTwinQ(nn.Module):
-    """Two ``ContinuousQNetwork``s, each with its own encoder: ``features`` is the observation itself."""
+    """Two ``ContinuousQNetwork``s (``n_critics=1``: one, DDPG's), each with its own encoder: ``features`` is the
+    observation itself."""
 
-    def __init__(self, spec: EnvSpec, settings: ModelSettings, *, flat_input: bool):
+    def __init__(self, spec: EnvSpec, settings: ModelSettings, *, flat_input: bool, n_critics: int = 2):
         super().__init__()
         self.qf1 = ContinuousQNetwork(spec, settings, flat_input=flat_input)
-        self.qf2 = ContinuousQNetwork(spec, settings, flat_input=flat_input)
+        if n_critics == 2:
+            self.qf2 = ContinuousQNetwork(spec, settings, flat_input=flat_input)
+        self.n_critics = n_critics
 
     def features(self, obs: Obs) -> Obs:
         return obs  # each Q network encodes the observation itself
 
-    def heads(self, features: Obs, action: Tensor) -> tuple[Tensor, Tensor]:
-        """features (here the observation [B, ...]), action [B, A] -> (Q1 [B], Q2 [B])."""
+    def heads(self, features: Obs, action: Tensor) -> tuple[Tensor, ...]:
+        """features (here the observation [B, ...]), action [B, A] -> (Q1 [B], Q2 [B]) (or (Q1,))."""
+        if self.n_critics == 1:
+            return (self.qf1(features, action),)
         return self.qf1(features, action), self.qf2(features, action)
 
-    def forward(self, obs: Obs, action: Tensor) -> tuple[Tensor, Tensor]:
+    def forward(self, obs: Obs, action: Tensor) -> tuple[Tensor, ...]:
         return self.heads(self.features(obs), action)
 
     def checkpoint_parts(self) -> dict[str, nn.Module]:
-        return {"qf1": self.qf1, "qf2": self.qf2}
+        return {"qf1": self.qf1, "qf2": self.qf2} if self.n_critics == 2 else {"qf1": self.qf1}
 
 
 class SharedEncoderTwinQ(nn.Module):
-    """One encoder, two Q MLPs over its features ++ the action: Q_i = MLP_i(encoder(obs) ++ a) [B]."""
+    """One encoder, two Q MLPs (``n_critics=1``: one) over its features ++ the action: Q_i = MLP_i(encoder(obs)
+    ++ a) [B]."""
 
-    def __init__(self, spec: EnvSpec, settings: ModelSettings):
+    def __init__(self, spec: EnvSpec, settings: ModelSettings, *, n_critics: int = 2):
         super().__init__()
         check_box_actions(spec)
         self.encoder: Encoder = make_encoder(spec.observation, settings)
         width = self.encoder.out_dim + torch.Size(spec.action_shape).numel()
         self.q1 = mlp(width, settings.hidden_sizes, 1, activation=settings.activation)
-        self.q2 = mlp(width, settings.hidden_sizes, 1, activation=settings.activation)
+        if n_critics == 2:
+            self.q2 = mlp(width, settings.hidden_sizes, 1, activation=settings.activation)
+        self.n_critics = n_critics
 
     def features(self, obs: Obs) -> Tensor:
         """obs [B, ...] (or a dict of them, stored dtype) -> features [B, F]: the one encoder forward."""
         return self.encoder(obs)
 
-    def heads(self, features: Tensor, action: Tensor) -> tuple[Tensor, Tensor]:
-        """features [B, F], action [B, A] -> (Q1 [B], Q2 [B])."""
+    def heads(self, features: Tensor, action: Tensor) -> tuple[Tensor, ...]:
+        """features [B, F], action [B, A] -> (Q1 [B], Q2 [B]) (or (Q1,))."""
         x = torch.cat([features, action.to(features.device)], -1)
+        if self.n_critics == 1:
+            return (self.q1(x).squeeze(-1),)
         return self.q1(x).squeeze(-1), self.q2(x).squeeze(-1)
 
-    def forward(self, obs: Obs, action: Tensor) -> tuple[Tensor, Tensor]:
+    def forward(self, obs: Obs, action: Tensor) -> tuple[Tensor, ...]:
         return self.heads(self.features(obs), action)
 
     def checkpoint_parts(self) -> dict[str, nn.Module]:

@@ -64,6 +64,8 @@ class RolloutCollector:
         self.ep_length = np.zeros(self.num_envs, np.int64)
         self.recent_returns: deque[float] = deque(maxlen=episode_window)
         self.recent_lengths: deque[int] = deque(maxlen=episode_window)
+        # goal tasks: info["is_success"] at the end of the recent episodes that report it
+        self.recent_successes: deque[bool] = deque(maxlen=episode_window)
         self.episodes = 0
         self.rng = np.random.default_rng(int(torch.randint(0, 2**62, (1,)).item()))
         # exploration noise the policy asks for (SAC's algo.action_noise: OrnsteinUhlenbeckNoise), box actions only
@@ -102,13 +104,16 @@ class RolloutCollector:
         real = self.venv.pop_real_episodes()
         if real is not None:  # env.wrappers: the game's score (unclipped, all lives), not the learner's rewards
             ep_returns, ep_lengths = [score for _, score, _ in real], [length for _, _, length in real]
+        successes = self.venv.pop_successes()
         self.episodes += len(ep_returns)
         self.recent_returns.extend(ep_returns)
         self.recent_lengths.extend(ep_lengths)
+        self.recent_successes.extend(successes)
         return Rollout(obs=obs_buf, actions=act_buf, log_probs=logp_buf, rewards=rew_buf, terminated=term_buf,
                        truncated=trunc_buf, next_obs=next_buf,
                        policy_version=np.full(T, policy_version, np.int64),
-                       episode_returns=ep_returns, episode_lengths=ep_lengths, core_state=start_state,
+                       episode_returns=ep_returns, episode_lengths=ep_lengths, episode_successes=successes,
+                       core_state=start_state,
                        values=values)
 
     def _numpy_actor(self) -> NumpyActor | None:
@@ -238,6 +243,7 @@ class RolloutCollector:
             "ep_length": torch.from_numpy(self.ep_length.copy()),
             "recent_returns": list(self.recent_returns),
             "recent_lengths": list(self.recent_lengths),
+            "recent_successes": list(self.recent_successes),
             "episodes": self.episodes,
             "rng": self.rng.bit_generator.state,  # plain dict of ints: loads with weights_only=True
             # recurrent policies: the state the envs' last step ended in (a list of [1, N, H] tensors)
@@ -250,6 +256,7 @@ class RolloutCollector:
         """Restore episode bookkeeping; with ``venv_blob`` (pickled envs) also the envs mid-episode."""
         self.recent_returns.extend(state["recent_returns"])
         self.recent_lengths.extend(state["recent_lengths"])
+        self.recent_successes.extend(state.get("recent_successes", []))
         self.episodes = int(state["episodes"])
         if "rng" in state:
             self.rng.bit_generator.state = state["rng"]

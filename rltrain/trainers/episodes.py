@@ -37,7 +37,8 @@ def time_limit(env: gym.Env) -> int | None:
 def evaluate(policy: Policy, make_env: Callable[..., gym.Env], *, episodes: int, eval_seed: int,
              deterministic: bool = True, device: torch.device | None = None, video_dir: Path | None = None,
              max_parallel: int = 16, real_scores: bool = False, max_episode_steps: int | None = None,
-             stop: StopFlag | None = None, capped: list[int] | None = None) -> np.ndarray:
+             stop: StopFlag | None = None, capped: list[int] | None = None,
+             successes: list[bool] | None = None) -> np.ndarray:
     """Run ``episodes`` full episodes on envs from ``make_env(render_mode=...)``; returns their returns
     [episodes] (float64), episode j from seed ``eval_seed + j``. Up to ``max_parallel`` episodes run side by
     side and act as one batch (one forward pass per step instead of one per episode: evaluation was a third of
@@ -50,7 +51,8 @@ def evaluate(policy: Policy, make_env: Callable[..., gym.Env], *, episodes: int,
 
     Every episode ends: one longer than ``max_episode_steps`` (None: the env's own time limit, or
     ``NO_LIMIT_CAP`` steps when it has none) is cut there like a truncation, and its index appended to
-    ``capped``. ``stop`` is checked every step: a stop request raises ``StopRequested``."""
+    ``capped``. ``successes`` gets each episode's last ``info["is_success"]`` where the env reports one (goal
+    tasks), in the order the episodes end. ``stop`` is checked every step: a stop request raises ``StopRequested``."""
     device = device or torch.device("cpu")
     width = 1 if video_dir is not None else max(1, min(episodes, max_parallel))
     envs = []
@@ -110,6 +112,8 @@ def evaluate(policy: Policy, make_env: Callable[..., gym.Env], *, episodes: int,
                         o, _ = envs[i].reset()  # a learning episode (a life) ended, the game goes on
                     elif term or trunc or "real_score" in info:  # with env.wrappers: the real game score
                         returns[episode_of[i]], totals[i] = info.get("real_score", totals[i]), 0.0
+                        if successes is not None and "is_success" in info:
+                            successes.append(bool(info["is_success"]))
                         lengths[i] = 0
                         if started == episodes:
                             continue  # this env is done

@@ -62,13 +62,15 @@ class Evaluation:
         counters, row = self.state.counters, {}
         # the headline mode first (the one best_eval and the sweepers follow), then the other with
         # eval.both_modes: a greedy policy can score far below the stochastic one it was trained as
+        successes: list[bool] = []  # the headline mode's (goal tasks)
         for deterministic in (ev.deterministic, not ev.deterministic)[: 2 if ev.both_modes else 1]:
             capped: list[int] = []
             rets = evaluate(self.algo.policy, counted(self.s.env.make), episodes=ev.episodes,
                             eval_seed=self.eval_seed, deterministic=deterministic, device=self.device,
                             video_dir=video if deterministic == ev.deterministic else None,
                             real_scores=self.s.env.real_scores, max_episode_steps=ev.max_episode_steps,
-                            stop=self.stop, capped=capped)
+                            stop=self.stop, capped=capped,
+                            successes=successes if deterministic == ev.deterministic else None)
             if capped and not self._warned_cap and ev.max_episode_steps is None:
                 self._warned_cap = True
                 print(f"rltrain: warning: evaluation episode {capped[0]} reached {NO_LIMIT_CAP} steps and was "
@@ -85,6 +87,9 @@ class Evaluation:
             row.setdefault("eval/return_std", std)
             if ev.both_modes:
                 row[f"eval/return_mean_{'deterministic' if deterministic else 'stochastic'}"] = mean
+        if successes:
+            row["eval/success_rate"] = float(np.mean(successes))
+        self.state.last_eval_success = row.get("eval/success_rate")
         mean = row["eval/return_mean"]
         self.state.last_eval = (mean, row["eval/return_std"])
         self.state.last_eval_modes = {k.rpartition("_")[2]: v for k, v in row.items()

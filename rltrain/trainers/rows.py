@@ -67,6 +67,9 @@ class MetricRows:
             "rollout/episode_return_max": float(np.max(rets)) if rets else math.nan,
             "rollout/episode_length": float(np.mean(lengths)) if rets else math.nan,
         }
+        successes = list(getattr(self.source, "recent_successes", ()))[-RECENT_EPISODES:]
+        if successes:  # goal tasks: the share of recent episodes that ended with info["is_success"]
+            row["rollout/success_rate"] = float(np.mean(successes))
         row.update({f"rollout/episode_return/{a}": v for a, v in self.agent_recent().items()})
         row.update(learn_metrics)
         row.update(self.hooks.log_row())

@@ -23,6 +23,7 @@ class LoopState:
     solved: dict | None = None  # {"env_steps", "seconds"} when the recent return first reached target_return
     last_eval: tuple[float, float] | None = None  # (mean, std) of the latest evaluation this session
     last_eval_modes: dict = field(default_factory=dict)  # deterministic / stochastic means (eval.both_modes)
+    last_eval_success: float | None = None  # goal tasks: the latest evaluation's share of info["is_success"]
     eval_summary: dict = field(default_factory=dict)  # multi-agent: per-agent returns, self-play outcomes
     eval_s: float = 0.0  # seconds in evaluations this session: reported apart, left out of steps/s
     last_checkpoint: Path | None = None  # the newest checkpoint written or resumed from: finite weights

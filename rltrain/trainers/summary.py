@@ -55,6 +55,11 @@ class LoopSummary:
             "resumed_from_env_steps": start_steps or None,
             "checkpoint": str(checkpoint) if checkpoint else None,
         }
+        successes = getattr(self.source, "recent_successes", None)
+        if successes:  # goal tasks (info["is_success"]): the success rates beside the returns
+            summary["train_success_rate_last100"] = float(np.mean(successes))
+        if final and state.last_eval_success is not None:
+            summary["final_eval_success_rate"] = state.last_eval_success
         if final and state.eval_summary:  # multi-agent: each agent's return, self-play's win / draw / loss
             summary.update(state.eval_summary)
         if state.resume_changes:

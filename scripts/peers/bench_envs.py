@@ -1,7 +1,7 @@
-"""Envs for scripts/bench_defaults.py, scripts/bench_sac_pixels.py and scripts/bench_offpolicy.py that Gymnasium
-does not register: a Dict image + vector task, a memory task, MiniGrid with only its image, a point mass steered
-from pixels and a goal-conditioned reaching task with a Dict of three small vectors (rltrain, as
-``env.id=bench_envs:<name>``, SB3 and RLlib build them from here)."""
+"""Envs for scripts/bench_defaults.py, bench_sac_pixels.py, bench_offpolicy.py and bench_algorithms.py that
+Gymnasium does not register: a Dict image + vector task, a memory task, MiniGrid with only its image, a point mass
+steered from pixels, a goal-conditioned reaching task with a Dict of three small vectors and the bit-flipping goal
+task (rltrain, as ``env.id=bench_envs:<name>``, its tests, SB3 and RLlib build them from here)."""
 
 from __future__ import annotations
 
@@ -174,3 +174,38 @@ class PointReach(gym.Env):
         obs = self._obs()
         reward = float(self.compute_reward(obs["achieved_goal"], obs["desired_goal"], None))
         return obs, reward, False, self.t >= self.max_steps, {"is_success": reward == 0.0}
+
+
+class BitFlip(gym.Env):
+    """The bit-flipping task of Andrychowicz et al. 2017 (sec. 3.1), the hindsight replay paper's motivating
+    example: n bits start random, the goal is another random n-bit string, action i flips bit i, the reward is
+    0 when every bit matches and -1 otherwise, for n steps (truncated; never terminated). Discrete actions, in
+    the robotics Dict: ``observation`` and ``achieved_goal`` are the bits, ``desired_goal`` the target (float32).
+    Without relabelling a learner almost never sees a 0 beyond n of about 10 (2^-n chance per random string)."""
+
+    def __init__(self, n: int = 8):
+        self.n = n
+        bits = gym.spaces.Box(0.0, 1.0, (n,), np.float32)
+        self.observation_space = gym.spaces.Dict({"observation": bits, "achieved_goal": bits, "desired_goal": bits})
+        self.action_space = gym.spaces.Discrete(n)
+
+    def compute_reward(self, achieved_goal, desired_goal, info) -> np.ndarray:
+        """Vectorised over leading axes, as Gymnasium-Robotics' GoalEnv."""
+        return -(np.asarray(achieved_goal) != np.asarray(desired_goal)).any(-1).astype(np.float32)
+
+    def _obs(self) -> dict:
+        return {"observation": self.bits.copy(), "achieved_goal": self.bits.copy(), "desired_goal": self.goal.copy()}
+
+    def reset(self, *, seed: int | None = None, options: dict | None = None):
+        super().reset(seed=seed)
+        self.bits = self.np_random.integers(0, 2, self.n).astype(np.float32)
+        self.goal = self.np_random.integers(0, 2, self.n).astype(np.float32)
+        self.t = 0
+        return self._obs(), {"is_success": bool((self.bits == self.goal).all())}
+
+    def step(self, action):
+        self.bits[int(action)] = 1.0 - self.bits[int(action)]
+        self.t += 1
+        obs = self._obs()
+        reward = float(self.compute_reward(obs["achieved_goal"], obs["desired_goal"], None))
+        return obs, reward, False, self.t >= self.n, {"is_success": reward == 0.0}

@@ -49,6 +49,7 @@ def merge_rollouts(rollouts: list[Rollout] | list[MultiRollout]) -> Rollout | Mu
                    cat([np.ones(r.shape, bool) if r.valid is None else r.valid for r in rollouts]),
                    episode_returns=[x for r in rollouts for x in r.episode_returns],
                    episode_lengths=[x for r in rollouts for x in r.episode_lengths],
+                   episode_successes=[x for r in rollouts for x in r.episode_successes],
                    # recurrent policies: each actor's start state [1, N, H] per tensor, joined like the envs
                    core_state=None if any(r.core_state is None for r in rollouts) else
                    tuple(torch.cat([torch.as_tensor(x) for x in parts], dim=1)
@@ -63,6 +64,7 @@ class ActorSource:
         self.queue, self.stats, self.stop = queue, stats, stop
         self.recent_returns: deque[float] = deque(maxlen=window)
         self.recent_lengths: deque[int] = deque(maxlen=window)
+        self.recent_successes: deque[bool] = deque(maxlen=window)
         self.agent_returns: dict[str, deque[float]] = {}  # a multi-agent env's: each agent's recent returns
         self.episodes, self.window = 0, window
 
@@ -79,6 +81,7 @@ class ActorSource:
         rollout = merge_rollouts([m.rollout() for m in batch])
         self.recent_returns.extend(rollout.episode_returns)
         self.recent_lengths.extend(rollout.episode_lengths)
+        self.recent_successes.extend(getattr(rollout, "episode_successes", []))
         self.episodes += len(rollout.episode_returns)
         for agent, returns in getattr(rollout, "agent_returns", {}).items():
             self.agent_returns.setdefault(agent, deque(maxlen=self.window)).extend(returns)
@@ -86,11 +89,12 @@ class ActorSource:
 
     def state_dict(self) -> dict:
         return {"recent_returns": list(self.recent_returns), "recent_lengths": list(self.recent_lengths),
-                "episodes": self.episodes}
+                "recent_successes": list(self.recent_successes), "episodes": self.episodes}
 
     def load_state_dict(self, state: dict, venv_blob: bytes | None) -> None:
         self.recent_returns.extend(state["recent_returns"])
         self.recent_lengths.extend(state["recent_lengths"])
+        self.recent_successes.extend(state.get("recent_successes", []))
         self.episodes = int(state["episodes"])
 
     def env_state(self) -> bytes | None:
