@@ -113,7 +113,7 @@ def test_every_off_policy_learner_learns_from_relabelled_batches(cls, settings, 
     probed = probe_env(EnvFactory(id=f"bench_envs:{env}", num_envs=1, search_path=PEERS))
     algo = cls(probed.spec, settings(her=True, learning_starts=0, batch_size=16, rollout_len=1), num_envs=1,
                device=CPU, model=SMALL)
-    assert algo.hindsight is not None and algo.sample == algo.hindsight.sample
+    assert algo.hindsight is not None and algo.uniform_batch == algo.hindsight.sample
     from rltrain.trainers.collector import RolloutCollector
 
     collector = RolloutCollector(probed.factory.vector([0]), algo.policy, probed.spec, device=CPU)
@@ -169,3 +169,10 @@ def test_the_success_rate_reaches_metrics_evaluation_summary_and_rltrain_eval(tm
     assert len(evaluations) >= 2 and all(r["eval/success_rate"] != "" for r in evaluations)  # each one has one
     out = run_cli([str(run_dir), "--episodes", "3", "--allow-import"], cwd=tmp_path, module="rltrain.cli.evaluate")
     assert out.returncode == 0 and "success rate: " in out.stdout, out.stderr[-2000:]
+
+
+def test_dqn_refuses_hindsight_with_prioritised_or_n_step_replay():
+    """Relabelling draws uniform one-step rows: priorities and n-step chains were computed for the stored goal."""
+    for bad in ({"prioritized": True}, {"n_step": 3}):
+        with pytest.raises(ConfigError, match="algo.her=true relabels uniform one-step samples"):
+            DQNSettings(her=True, **bad)
