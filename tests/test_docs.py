@@ -8,7 +8,8 @@
 - A block marked ``<!-- docs-test: parse (why) -->`` on the line above (it needs a cluster, SLURM, Ray, a GPU,
   network or an account) is parsed only: ``bash -n``, Hydra's override parser for every ``rltrain`` command
   (also behind ``torchrun``, ``srun``, ``sbatch scripts/ray-slurm.sbatch``), ``ast.parse`` for Python.
-  ``<!-- docs-test: with KEY=VALUE ... -->`` adds overrides to the block's ``rltrain`` runs.
+  ``<!-- docs-test: with KEY=VALUE ... -->`` adds overrides to the block's ``rltrain`` runs (in place of the
+  smoke value of the same key: a budget that must hold one update).
 - ``pip install`` lines are not run (the install is CI's own first step); the extras they name must exist.
 - Every repo path the pages cite in code exists, and every ``rltrain*`` command they name answers ``--help``.
 """
@@ -169,7 +170,9 @@ def training_argv(cmd: Command, extra: list[str], *, keep_set: bool) -> list[str
     if cmd.rltrain_at is None or cmd.argv[0] == "sbatch" or any(t in NOT_A_RUN for t in cmd.argv):
         return cmd.argv
     given = {o.split("=", 1)[0].lstrip("+~") for o in cmd.overrides}
-    smoke = [o for o in SMOKE if not (keep_set and o.split("=", 1)[0] in given)]
+    extra_keys = {o.split("=", 1)[0] for o in extra}  # a ``with`` override replaces the smoke value (a budget)
+    smoke = [o for o in SMOKE
+             if not (keep_set and o.split("=", 1)[0] in given) and o.split("=", 1)[0] not in extra_keys]
     if {"-m", "--multirun"} & set(cmd.argv):
         smoke.append(f"hydra.job.config.override_dirname.exclude_keys=[{','.join(DIRNAME_EXCLUDED)}]")
     return [*cmd.argv, *smoke, *extra]
