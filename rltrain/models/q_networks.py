@@ -101,14 +101,16 @@ class QPolicy(Policy):
         if deterministic:
             return ActOutput(greedy, torch.zeros(greedy.shape, device=device))
         eps = float(self.epsilon)
-        # the random draws come from the CPU generator (the same exploration on CPU and CUDA), then move over
-        explore = (torch.rand(greedy.shape, generator=generator) < eps).to(device)
+        # the random draws are made where the generator lives (the collector's is on CPU: the same exploration on
+        # CPU and CUDA; an evaluation's is on the policy's device), then move to the Q-values' device
+        where = generator.device if generator is not None else torch.device("cpu")
+        explore = (torch.rand(greedy.shape, generator=generator, device=where) < eps).to(device)
         if self.masked:  # explore uniformly among the legal actions
-            legal = action_mask_of(obs).to(torch.float32).cpu()
+            legal = action_mask_of(obs).to(device=where, dtype=torch.float32)
             uniform = torch.multinomial(legal, 1, generator=generator).squeeze(-1).to(device)
             n_legal = legal.sum(-1).to(device)
         else:
-            uniform = torch.randint(0, self.n_actions, greedy.shape, generator=generator).to(device)
+            uniform = torch.randint(0, self.n_actions, greedy.shape, generator=generator, device=where).to(device)
             n_legal = torch.full(greedy.shape, float(self.n_actions), device=device)
         action = torch.where(explore, uniform, greedy)
         # behaviour probability of the chosen action under epsilon-greedy (for logging / off-policy checks)
