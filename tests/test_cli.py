@@ -145,7 +145,8 @@ def test_help_and_cfg_job(cli):
     and the docs page of each group; --cfg job shows what a run composes (the preset included)."""
     res = cli("--help")
     assert res.returncode == 0 and "== Configuration groups ==" in res.stdout
-    assert "rltrain: train" in res.stdout and "algo: a2c, dqn, impala, ippo, mappo, ppo, sac" in res.stdout
+    assert "rltrain: train" in res.stdout
+    assert "algo: a2c, ddpg, dqn, impala, ippo, mappo, ppo, pqn, rainbow, sac, td3" in res.stdout
     assert "  lr: 0.0003\n" in res.stdout and "  rollout_len: null\n" in res.stdout  # PPOSettings, not ppo_cartpole
     assert "experiment=auto (the default) adds experiment=ppo_cartpole (tuned for algo=ppo on CartPole-v1)" in \
         res.stdout
