@@ -1,4 +1,4 @@
-"""Issue 23: generic defaults that learn, the model a run built shown, settings the env implies inferred, and
+"""Generic defaults that learn, the model a run built shown, settings the env implies inferred, and
 evaluations in both modes. (The preset resolution itself: tests/test_presets.py.)"""
 
 from __future__ import annotations

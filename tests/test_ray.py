@@ -9,6 +9,7 @@ exactly one actor on each worker node. Every run is the real CLI in a subprocess
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import re
@@ -85,19 +86,28 @@ def _summary(run: Path) -> dict:
 TIME_COLUMNS = ("time/", "actors/dequeue_wait_s", "actors/queue_fill")  # wall-clock or arrival-timing figures
 
 
-def test_sync_ray_writes_the_local_metric_rows(cluster, tmp_path):
-    args = [*FAST, "trainer.sync=true", "total_env_steps=1024", "seed=3"]
+def _local_then_ray(tmp_path, cluster, args: list[str]):
+    """The same run with local actors (run dir ``local``), then with Ray actors on the worker nodes (``remote``)."""
     local = _run(tmp_path, *args, "hydra.run.dir=local", "trainer.start_method=fork")
     assert local.returncode == 0, local.stderr[-3000:]
     remote = _run(tmp_path, *args, "hydra.run.dir=remote", "trainer.backend=ray",
                   f"trainer.ray.address={cluster.address}", ON_NODES)
     assert remote.returncode == 0, remote.stderr[-3000:]
     _no_actor_left()
+    return local, remote
 
-    def rows(run: str) -> list[dict]:
-        return [{k: v for k, v in r.items() if not k.startswith(TIME_COLUMNS)}
-                for r in read_metrics(tmp_path / run / "metrics.csv")]
 
+def _rows(tmp_path, run: str) -> list[dict]:
+    """A run's metrics rows without the wall-clock and arrival-timing columns."""
+    return [{k: v for k, v in r.items() if not k.startswith(TIME_COLUMNS)}
+            for r in read_metrics(tmp_path / run / "metrics.csv")]
+
+
+def test_sync_ray_writes_the_local_metric_rows(cluster, tmp_path):
+    args = [*FAST, "trainer.sync=true", "total_env_steps=1024", "seed=3"]
+    local, remote = _local_then_ray(tmp_path, cluster, args)
+
+    rows = functools.partial(_rows, tmp_path)
     assert len(rows("local")) >= 3 and rows("remote") == rows("local")
     s = _summary(tmp_path / "remote")
     assert s["final_eval_return"] == _summary(tmp_path / "local")["final_eval_return"]
@@ -121,17 +131,9 @@ def test_sync_ray_trains_a_multi_agent_env_as_local_actors_do(cluster, tmp_path,
     args = ["trainer=subprocess_actors", "trainer.sync=true", "debug=smoke", "env.num_envs=2", "algo.rollout_len=32",
             "algo.update_epochs=1", "eval.every_env_steps=0", "eval.episodes=2", "checkpoint.every_env_steps=0",
             "log.every_env_steps=256", "logger.progress=plain", "total_env_steps=1024", "seed=5", *AGENTS[case]]
-    local = _run(tmp_path, *args, "hydra.run.dir=local", "trainer.start_method=fork")
-    assert local.returncode == 0, local.stderr[-3000:]
-    remote = _run(tmp_path, *args, "hydra.run.dir=remote", "trainer.backend=ray",
-                  f"trainer.ray.address={cluster.address}", ON_NODES)
-    assert remote.returncode == 0, remote.stderr[-3000:]
-    _no_actor_left()
+    local, remote = _local_then_ray(tmp_path, cluster, args)
 
-    def rows(run: str) -> list[dict]:
-        return [{k: v for k, v in r.items() if not k.startswith(TIME_COLUMNS)}
-                for r in read_metrics(tmp_path / run / "metrics.csv")]
-
+    rows = functools.partial(_rows, tmp_path)
     assert len(rows("local")) >= 2 and rows("remote") == rows("local")
     s, ls = _summary(tmp_path / "remote"), _summary(tmp_path / "local")
     assert s["status"] == "completed" and len({p["node_id"] for p in s["actor_nodes"].values()}) == 2
