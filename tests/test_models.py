@@ -358,3 +358,28 @@ def test_checkpoint_round_trip_gives_identical_outputs(case, tmp_path):
         fresh.load_state_dict(torch.load(path, weights_only=True))
         for a, b in zip(fresh(obs), model(obs), strict=True):
             assert torch.equal(a, b)
+
+
+@pytest.mark.parametrize("activation", ["relu", "tanh", "elu", "silu"])
+def test_mlp_forward_and_gradients_are_bit_for_bit_the_layers_own(activation):
+    # MLP runs F.linear and the activation itself (ReLU / tanh in place on the Linear's output): the values and
+    # every gradient must be exactly those of nn.Sequential calling each layer, and the input is left untouched
+    from torch import nn
+
+    from rltrain.models.layers import mlp
+
+    torch.manual_seed(0)
+    net = mlp(5, (16, 16), 3, activation=activation)
+    x = torch.randn(8, 5, requires_grad=True)
+    kept = x.detach().clone()
+    ours = net(x)
+    ours.square().sum().backward()
+    grads = [p.grad.clone() for p in net.parameters()] + [x.grad.clone()]
+    net.zero_grad()
+    x.grad = None
+    theirs = nn.Sequential.forward(net, x)
+    theirs.square().sum().backward()
+    assert torch.equal(ours, theirs) and torch.equal(x.detach(), kept)
+    assert all(torch.equal(a, b) for a, b in zip(grads, [*(p.grad for p in net.parameters()), x.grad], strict=True))
+    with torch.inference_mode():
+        assert torch.equal(net(x.detach()), theirs.detach())

@@ -192,6 +192,27 @@ def test_numpy_epsilon_greedy_actor_acts_as_the_torch_policy():
     assert masked.policy.numpy_actor() is None
 
 
+def test_numpy_actor_of_a_quantile_head_acts_on_the_mean_quantile():
+    """QR-DQN on float vectors acts through the numpy actor too: Q is the mean of each action's K quantiles, as
+    the torch policy's; heads with more than one Linear (dueling, noisy) or C51's atoms keep the torch path, and
+    the update stays autograd's (the numpy TD step is DQN's loss)."""
+    torch.manual_seed(0)
+    qr = DQN(CARTPOLE, DQNSettings(distributional="qr", n_quantiles=7), num_envs=1, device=CPU)
+    assert qr.numpy_step is None
+    obs = np.random.default_rng(0).normal(size=(2000, 4)).astype(np.float32)
+    qr.policy.epsilon.fill_(0.0)
+    actor = qr.policy.numpy_actor()
+    with torch.no_grad():
+        q = qr.policy(torch.from_numpy(obs)).numpy()
+    out = actor.forward(obs)
+    assert out.shape == (2000, 2) and actor.out_dim == 2
+    np.testing.assert_allclose(out, q, rtol=1e-5, atol=1e-6)
+    noise = np.random.default_rng(1).random((1, 2000, 2)).astype(np.float32)
+    assert np.array_equal(actor.action(out, actor.perturb(noise)[0]), q.argmax(-1))
+    for other in (DQNSettings(distributional="qr", n_quantiles=7, dueling=True), DQNSettings(distributional="c51")):
+        assert DQN(CARTPOLE, other, num_envs=1, device=CPU).policy.numpy_actor() is None
+
+
 @pytest.mark.parametrize("loss,double_dqn,activation,max_grad_norm", [
     ("huber", False, "relu", 0.5), ("mse", True, "tanh", None), ("huber", True, "elu", 10.0),
     ("mse", False, "silu", 0.5)])

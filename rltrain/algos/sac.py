@@ -161,10 +161,12 @@ class SAC(OffPolicy):
                 self.actor_optimizer.step()
                 entropy = -logp.detach().mean()
                 if self.autotune:
-                    # gradient pushes alpha up when the entropy is below target, down when above
-                    alpha_loss = -(self.log_alpha * (logp.detach() + self.target_entropy)).mean()
-                    self.alpha_optimizer.zero_grad(set_to_none=True)
-                    alpha_loss.backward()
+                    # loss -log_alpha * E[log pi + target]: its gradient pushes alpha up when the entropy is
+                    # below target, down when above. The gradient of this one scalar is written directly,
+                    # -E[log pi + target], rather than by a second autograd pass.
+                    gap = (logp.detach() + self.target_entropy).mean()
+                    alpha_loss = -self.log_alpha.detach() * gap
+                    self.log_alpha.grad = -gap
                     self.sync.grads([self.log_alpha])
                     self.alpha_optimizer.step()
                     alpha = self.log_alpha.detach().exp()

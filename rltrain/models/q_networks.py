@@ -70,12 +70,19 @@ class QPolicy(Policy):
         self.register_buffer("epsilon", torch.tensor(1.0))
         # a plain MLP over float vectors, no mask: numpy acting (numpy_actor) and DQN's numpy TD step apply.
         # mlp_layers: its Linear layers in order (encoder MLP, then the head), mlp_activation: between them
-        plain = not self.masked and is_float_vector(spec.observation) and isinstance(self.q.encoder, MLPEncoder) \
-            and self.q.options.plain
+        o = self.q.options
+        mlp_head = not self.masked and is_float_vector(spec.observation) and isinstance(self.q.encoder, MLPEncoder)
+        plain = mlp_head and o.plain
         self.mlp_layers = [m for m in self.q.encoder.mlp if isinstance(m, nn.Linear)] + [self.q.head.linear] \
             if plain else []
         self.mlp_activation = next((name for name, cls in ACTIVATIONS.items() for m in self.q.encoder.mlp
-                                    if isinstance(m, cls)), "relu") if plain else ""
+                                    if isinstance(m, cls)), "relu") if mlp_head else ""
+        # QR-DQN's head on the same MLP is one Linear too, with K quantiles per action whose mean is Q (Dabney et
+        # al. 2018): the numpy actor runs it and averages them (no numpy TD step: that one is DQN's loss)
+        quantile_head = mlp_head and o.distributional == "qr" and not (o.dueling or o.noisy or o.layer_norm)
+        self.actor_layers = self.mlp_layers or ([m for m in self.q.encoder.mlp if isinstance(m, nn.Linear)]
+                                                + [self.q.head.advantage] if quantile_head else [])
+        self.quantiles = o.atoms if quantile_head else 1
         self._actor: tuple[tuple[int, ...], EpsilonGreedyActor] | None = None  # (weight addresses, actor)
 
     def forward(self, obs: Obs) -> Tensor:
@@ -122,13 +129,14 @@ class QPolicy(Policy):
         fast path (a torch forward of a small MLP on one observation is mostly per-op overhead); None for
         anything else (encoders with weights before the MLP, action masks, an accelerator). The actor holds views
         of the weights, so it follows every update in place; it is rebuilt when they move (``to``, ``assign``)."""
-        linears = self.mlp_layers
+        linears = self.actor_layers
         if not linears or self.epsilon.device.type != "cpu":
             return None
         where = tuple(p.data_ptr() for m in linears for p in (m.weight, m.bias))
         if self._actor is None or self._actor[0] != where:
             layers = [(m.weight.detach().numpy().T, m.bias.detach().numpy()) for m in linears]
-            self._actor = where, EpsilonGreedyActor(layers, activation=self.mlp_activation, epsilon=0.0)
+            self._actor = where, EpsilonGreedyActor(layers, activation=self.mlp_activation, epsilon=0.0,
+                                                    quantiles=self.quantiles)
         actor = self._actor[1]
         actor.epsilon = np.float32(float(self.epsilon))
         return actor
@@ -146,14 +154,21 @@ class QPolicy(Policy):
 class EpsilonGreedyActor(NumpyActor):
     """Epsilon-greedy over a numpy copy of Q(s, .) (``QPolicy.numpy_actor``), in ``NumpyActor``'s protocol: the
     collector's uniform noise [..., A] per step decides, its first column whether to explore (< epsilon) and its
-    last which action then (uniform over the A)."""
+    last which action then (uniform over the A). ``quantiles`` K > 1: the net outputs K quantiles per action
+    ([..., A * K], action-major as ``QHeads``), and Q is their mean (QR-DQN)."""
 
-    def __init__(self, layers: list[tuple[np.ndarray, np.ndarray]], *, activation: str, epsilon: float):
+    def __init__(self, layers: list[tuple[np.ndarray, np.ndarray]], *, activation: str, epsilon: float,
+                 quantiles: int = 1):
         super().__init__(layers, activation=activation, discrete=True)
         self.epsilon = np.float32(epsilon)
+        self.quantiles = quantiles
+        self.out_dim //= quantiles
 
     def forward(self, obs: np.ndarray) -> np.ndarray:
-        return super().forward(obs.astype(np.float32, copy=False))  # as the torch path, which casts first
+        out = super().forward(obs.astype(np.float32, copy=False))  # as the torch path, which casts first
+        if self.quantiles > 1:
+            out = out.reshape(*out.shape[:-1], self.out_dim, self.quantiles).mean(-1)
+        return out
 
     def perturb(self, noise: np.ndarray) -> list[tuple[np.ndarray, np.ndarray]]:
         """noise [T, N, A] -> per step (explore [N] bool, the uniform action [N]), for the whole rollout at once."""

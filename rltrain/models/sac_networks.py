@@ -63,6 +63,10 @@ class SeparateTwinQ(nn.Module):
             return (self.qf1(features, action),)
         return self.qf1(features, action), self.qf2(features, action)
 
+    def first_head(self, features: Obs, action: Tensor) -> Tensor:
+        """Q1 alone [B] (TD3's actor loss reads Q1 only: no Q2 forward to throw away)."""
+        return self.qf1(features, action)
+
     def forward(self, obs: Obs, action: Tensor) -> tuple[Tensor, ...]:
         return self.heads(self.features(obs), action)
 
@@ -94,6 +98,10 @@ class SharedEncoderTwinQ(nn.Module):
         if self.n_critics == 1:
             return (self.q1(x).squeeze(-1),)
         return self.q1(x).squeeze(-1), self.q2(x).squeeze(-1)
+
+    def first_head(self, features: Tensor, action: Tensor) -> Tensor:
+        """Q1 alone [B] (TD3's actor loss reads Q1 only: no Q2 forward to throw away)."""
+        return self.q1(torch.cat([features, action.to(features.device)], -1)).squeeze(-1)
 
     def forward(self, obs: Obs, action: Tensor) -> tuple[Tensor, ...]:
         return self.heads(self.features(obs), action)

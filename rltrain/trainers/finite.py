@@ -137,6 +137,10 @@ def tensors_problem(tensors: list[tuple[str, torch.Tensor]]) -> str | None:
     return None
 
 
+# weight writes (gradient steps, target syncs) of an off-policy learner between two reads of its weights
+WEIGHT_CHECK_WRITES = 16
+
+
 class FiniteGuard:
     """The loop's guard: rollouts before ``learn()``, metrics and weights after it, weights again before a
     checkpoint is written. Workers agree first (one tiny all-reduce), so every rank stops at the same
@@ -155,15 +159,24 @@ class FiniteGuard:
 
     def check_update(self, metrics: Metrics, update: int, env_step: int) -> None:
         # the weights are checked only when they changed: an algorithm that counts its weight writes
-        # (off-policy learners update on a fraction of the env steps) says so; others are checked every time
+        # (off-policy learners update on a fraction of the env steps) says so, and is checked once per
+        # WEIGHT_CHECK_WRITES of them (SAC writes every env step, and one read of the norms is a tenth of a
+        # small update); a NaN weight in between shows in the next update's losses, which metrics_problem reads
+        # every time, and check_weights runs before every checkpoint. Others are checked every time.
         writes = self.algo.weight_writes
-        stale = writes is None or writes != self._checked_writes
+        if writes is None:
+            stale = True
+        elif self._checked_writes is None:
+            stale = writes > 0
+        else:
+            stale = writes - self._checked_writes >= WEIGHT_CHECK_WRITES
         # the weights first: a non-finite gradient reaches them in the same step (Adam's moments, clipping's
         # norm), so finite weights clear the gradients too; the named search (gradients first) runs only then
         moved = stale and not _all_finite(self.params)
         self._stop_if(metrics_problem(metrics) or (tensors_problem(self.tensors) if moved else None), update,
                       env_step)
-        self._checked_writes = writes
+        if stale:
+            self._checked_writes = writes
 
     def check_weights(self) -> None:
         """This worker's weights, before a checkpoint: never write NaN weights over the last finite one."""
