@@ -103,7 +103,7 @@ def _loop(overrides: list[str], tmp: Path):
 
 def count_case(overrides: list[str]) -> dict:
     """{phase: {"units": n, "per_unit": {function: calls per unit}}} for one case."""
-    from rltrain.envs.vector import CallWatch
+    from rltrain.envs.deadline import ENV_CALLS
 
     phases = {p: CallCounter() for p in ("collect", "learn", "eval")}
     units = {"collect": 0, "learn": 0, "eval": 0}
@@ -119,11 +119,11 @@ def count_case(overrides: list[str]) -> dict:
             if counted:
                 units["collect"] += rollout.num_steps
                 units["learn"] += 1
-        before = CallWatch.calls  # evaluation envs count their steps (envs/vector.py _Counted)
+        before = ENV_CALLS[0]  # evaluation envs count their steps (envs/vector.py _Counted)
         loop.state.best_eval = float("inf")  # no new best: the checkpoint it would write is not evaluation
         with phases["eval"]:
             loop.evaluate()
-        units["eval"] = CallWatch.calls - before
+        units["eval"] = ENV_CALLS[0] - before
         source.close()
     return {p: {"units": units[p], "per_unit": {k: round(v / units[p], 4) for k, v in sorted(c.calls.items())}}
             for p, c in phases.items()}

@@ -278,6 +278,9 @@ def register() -> None:
 
     resolvers.register()
     store = ConfigStore.instance()
+    node = store.repo.get("schema.yaml")
+    if node is not None and node.provider == "rltrain":
+        return  # stored already in this process (an entry point ran it, then Hydra's plugin scan)
     root = root_node()
     scalars = {k: v for k, v in root.items() if not isinstance(v, Node)}
     groups = {k: v for k, v in root.items() if isinstance(v, Node)}

@@ -18,6 +18,7 @@ from __future__ import annotations
 import dataclasses
 import io
 import pickle
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -27,6 +28,7 @@ import numpy as np
 
 from rltrain.data.agents import AgentsSpec, flat_size, vector_space
 from rltrain.data.structs import MASK_KEY, EnvSpec, ObsSpace
+from rltrain.envs.deadline import ENV_CALLS
 from rltrain.envs.spaces import _describe_obs, env_spec
 from rltrain.envs.vector import CallWatch, EnvCallAbandoned, EnvFault, env_fault
 from rltrain.errors import ConfigError
@@ -37,6 +39,8 @@ PROBE_STEPS = 2000  # ... and at most this many steps in all
 
 def is_multiagent(env: Any) -> bool:
     """A PettingZoo ``ParallelEnv`` or ``AECEnv`` (wrapped or not)."""
+    if "pettingzoo.utils.env" not in sys.modules:
+        return False  # no such env exists before its base classes' module is loaded: a Gymnasium run never imports it
     try:
         from pettingzoo.utils.env import AECEnv, ParallelEnv
     except ImportError:
@@ -179,7 +183,7 @@ class AgentEnv:
     def step(self, actions: dict[str, Any]) -> list[Closed]:
         """Act for ``acting`` (a dict over exactly those agents); the transitions that closed."""
         self.steps += 1
-        CallWatch.calls += 1  # progress, for a worker's heartbeat (evaluation steps envs outside a vector env)
+        ENV_CALLS[0] += 1  # progress, for a worker's heartbeat (evaluation steps envs outside a vector env)
         cut = bool(self.max_steps) and self.steps >= self.max_steps
         if self.aec:
             agent = self.acting[0]

@@ -9,11 +9,8 @@ Observations keep the env's dtype (uint8 frames, bool MinAtar planes, float vect
 and scales them. Envs built with an ``env.wrappers`` list report real game scores (see
 ``rltrain.envs.wrappers``): ``pop_real_episodes`` hands them over, in (step, env) order.
 
-Faults in the envs end in one line that names the env and its step (``EnvFault``): an env that raises, returns
-an observation of the wrong shape or a reward that is not a number, or does not return from ``step``/``reset``
-within ``env.step_timeout_s``. The deadline is a ``SIGALRM`` timer armed around each vector step of the main
-thread (two ``setitimer`` calls per step; no thread), so it also catches a loop that a heartbeat thread would
-still report alive. The same timer abandons a call stuck when a stop signal arrives (``CallWatch.abandon``).
+Faults in the envs end in one line that names the env and its step (``EnvFault``; the deadline and the faults
+are envs/deadline.py's): ``step`` keeps the deadline timer running across a rollout's steps and ``idle`` clears it.
 Async env workers die with their parent (``die_with_parent``) and leave stopping to it (SIGINT ignored).
 """
 
@@ -22,8 +19,6 @@ from __future__ import annotations
 import os
 import pickle
 import signal
-import threading
-import time
 from collections.abc import Callable
 
 import gymnasium as gym
@@ -31,113 +26,23 @@ import numpy as np
 
 from rltrain.data.structs import obs_map, obs_put
 from rltrain.envs.bounds import IntegerBounds, ObsOutOfSpace, checked_env, put_checked
+from rltrain.envs.deadline import ENV_CALLS, CallWatch, EnvCallAbandoned, EnvFault, env_fault, timeout_fault
 from rltrain.envs.lifetime import die_with_parent
 from rltrain.envs.reports import EpisodeReports
-from rltrain.errors import ConfigError
-
-ABANDON_AFTER_S = 0.5  # a stop signal abandons an env call still running this long after it arrived
-
-
-class EnvFault(ConfigError):
-    """An env misbehaved (raised, bad output, hung): one line naming the env index and its step."""
-
-    def __init__(self, message: str, *, env_index: int, env_step: int):
-        super().__init__(message)
-        self.env_index, self.env_step = env_index, env_step
-
-
-class EnvCallAbandoned(Exception):
-    """A stop signal arrived while an env call was stuck; the call was given up (the envs are unusable)."""
-
-    def __init__(self, env_index: int, env_step: int, stuck_s: float):
-        super().__init__(f"env {env_index} was stuck in step {env_step} for {stuck_s:.1f}s when the stop signal "
-                         "came; the call was abandoned")
-        self.env_index, self.env_step, self.stuck_s = env_index, env_step, stuck_s
-
-
-class CallWatch:
-    """Deadline and stop-abandon for the env calls of this process's main thread (one per vector env).
-
-    ``begin``/``end`` around a vector step arm and clear an ``ITIMER_REAL`` timer; its ``SIGALRM`` raises
-    ``EnvFault`` (the step outlived ``timeout_s``) or ``EnvCallAbandoned`` (``abandon`` was called: a stop
-    signal came and the call did not return within ``ABANDON_AFTER_S``). Off the main thread it does nothing.
-    """
-
-    calls = 0  # env calls begun in this process, by every watch: the liveness a worker's heartbeat reports
-
-    def __init__(self, timeout_s: float | None):
-        self.timeout_s = timeout_s
-        self.env, self.step, self.started = -1, 0, 0.0
-        self.busy, self.stopping = False, False
-        # main thread only (signals), and never over someone else's timer (a test runner's alarm, say)
-        self.enabled = threading.current_thread() is threading.main_thread() and \
-            signal.getitimer(signal.ITIMER_REAL) == (0.0, 0.0)
-        self._previous = signal.signal(signal.SIGALRM, self._alarm) if self.enabled else None
-
-    def close(self) -> None:
-        """Give SIGALRM back to whoever had it."""
-        if self.enabled:
-            self.enabled = False
-            signal.setitimer(signal.ITIMER_REAL, 0)
-            signal.signal(signal.SIGALRM, self._previous if self._previous is not None else signal.SIG_DFL)
-
-    def begin(self, step: int) -> None:
-        self.step, self.busy, self.env = step, True, -1
-        CallWatch.calls += 1
-        if self.enabled:
-            self.started = time.monotonic()
-            if self.stopping:
-                signal.setitimer(signal.ITIMER_REAL, ABANDON_AFTER_S)
-            elif self.timeout_s:
-                signal.setitimer(signal.ITIMER_REAL, self.timeout_s)
-
-    def end(self) -> None:
-        self.busy = False
-        if self.enabled and (self.timeout_s or self.stopping):
-            signal.setitimer(signal.ITIMER_REAL, 0)
-
-    def abandon(self) -> None:
-        """A stop was requested (called from the signal handler): give a stuck call ``ABANDON_AFTER_S``."""
-        self.stopping = True
-        if self.enabled and self.busy:
-            signal.setitimer(signal.ITIMER_REAL, ABANDON_AFTER_S)
-
-    def _alarm(self, signum, frame) -> None:
-        if not self.busy:
-            return
-        stuck = time.monotonic() - self.started
-        env = max(self.env, 0)
-        self.busy = False
-        signal.setitimer(signal.ITIMER_REAL, 0)
-        if self.stopping:
-            raise EnvCallAbandoned(env, self.step, stuck)
-        raise timeout_fault(env, self.step, self.timeout_s)
 
 
 class _Counted(gym.Wrapper):
-    """Counts its steps as env calls (``CallWatch.calls``): evaluation is progress for a worker's heartbeat."""
+    """Counts its steps as env calls (envs/deadline.py's ``ENV_CALLS``): evaluation is progress for a worker's
+    heartbeat."""
 
     def step(self, action):
-        CallWatch.calls += 1
+        ENV_CALLS[0] += 1
         return self.env.step(action)
 
 
 def counted(make: Callable[..., gym.Env]) -> Callable[..., gym.Env]:
     """``make`` whose envs count their steps as progress (see ``_Counted``)."""
     return lambda **kwargs: _Counted(make(**kwargs))
-
-
-def timeout_fault(env_index: int, env_step: int, timeout_s: float | None) -> EnvFault:
-    return EnvFault(f"env {env_index} did not return from its step {env_step} within env.step_timeout_s="
-                    f"{timeout_s:g}s (a hung env; raise env.step_timeout_s, or null disables the check)",
-                    env_index=env_index, env_step=env_step)
-
-
-def env_fault(err: BaseException, env_index: int, env_step: int, call: str) -> EnvFault:
-    """The one line for an env whose ``call`` raised or returned something unusable."""
-    what = f"{type(err).__name__}: {err}".splitlines()[0]
-    return EnvFault(f"env {env_index} failed in {call} at its step {env_step}: {what}", env_index=env_index,
-                    env_step=env_step)
 
 
 class VecEnv(EpisodeReports):
@@ -202,6 +107,7 @@ class VecEnv(EpisodeReports):
         watch = self.watch
         self.steps += 1
         watch.begin(self.steps)
+        stepped, resets = False, []
         try:
             for i, env in enumerate(self.envs):
                 watch.env = i
@@ -210,8 +116,8 @@ class VecEnv(EpisodeReports):
                     o, r, te, tr, info = env.step(acts[i])
                     if real is not None and "real_score" in info:
                         real.append((i, info["real_score"], info["real_length"]))
-                    if o.__class__ is np.ndarray and o.shape == shape and o.dtype == dtype:
-                        final[i] = o  # the common case, checked inline: nothing to cast, nothing to broadcast
+                    if o.__class__ is np.ndarray and o.dtype is dtype and o.shape == shape:
+                        final[i] = o  # the common case, checked inline (a builtin dtype is one object)
                     else:
                         put_checked(final, i, o, space)
                     rew[i] = r
@@ -222,16 +128,27 @@ class VecEnv(EpisodeReports):
                             self._successes.append(bool(info["is_success"]))
                         call = "reset() (its episode had ended)"
                         o, _ = env.reset()
-                    if o.__class__ is np.ndarray and o.shape == shape and o.dtype == dtype:
-                        obs[i] = o
-                    else:
-                        put_checked(obs, i, o, space)
+                        if not (o.__class__ is np.ndarray and o.dtype is dtype and o.shape == shape):
+                            put_checked(obs, i, o, space)  # checked where a fault names the reset; put again below
+                        resets.append((i, o))
                 except (EnvFault, EnvCallAbandoned):
                     raise
                 except Exception as err:  # raised, or returned what does not fit the spaces: one line
                     raise env_fault(err, i, self.steps, call) from err
+            stepped = True
         finally:
-            watch.end()
+            watch.end(keep=stepped)  # a fault clears the timer: the caller may go on without this env
+        # the envs that went on act on from their true next observation (one copy, not one row each), the
+        # others from their reset's
+        if self._dict:
+            obs_map(np.copyto, obs, final)
+        else:
+            obs[...] = final
+        for i, o in resets:
+            if o.__class__ is np.ndarray and o.dtype is dtype and o.shape == shape:
+                obs[i] = o
+            else:
+                put_checked(obs, i, o, space)
         if self._bounds is not None:
             self._check_bounds(final, "step()")
             self._check_bounds(obs, "reset()")
@@ -240,6 +157,10 @@ class VecEnv(EpisodeReports):
         if self._dict:
             return obs_map(np.copy, obs), rew.copy(), term.copy(), trunc.copy(), obs_map(np.copy, final)
         return obs.copy(), rew.copy(), term.copy(), trunc.copy(), final.copy()
+
+    def idle(self) -> None:
+        """The caller's loop of steps is done: clear the deadline timer its steps left running."""
+        self.watch.disarm()
 
     def get_state(self) -> bytes | None:
         """Pickled envs (mid-episode state + RNGs) so a resume continues the same trajectories."""
@@ -360,6 +281,10 @@ class AsyncVecEnv(EpisodeReports):
             src = info.get("final_info", {}) if done[i] else info
             if "real_score" in src and src["_real_score"][i]:
                 self._real.append((i, float(src["real_score"][i]), int(src["real_length"][i])))
+
+    def idle(self) -> None:
+        """``VecEnv.idle``; every call here clears its own timer, so this only makes sure."""
+        self.watch.disarm()
 
     def get_state(self) -> bytes | None:
         return None

@@ -100,6 +100,7 @@ class RolloutCollector:
         else:
             values = self._collect_torch(random_actions, obs_buf, act_buf, logp_buf, rew_buf, term_buf, trunc_buf,
                                          next_buf)
+        self.venv.idle()  # the rollout's steps are done: their deadline timer stops (envs/vector.py)
         ep_returns, ep_lengths = self._episode_stats(rew_buf, term_buf | trunc_buf)
         real = self.venv.pop_real_episodes()
         if real is not None:  # env.wrappers: the game's score (unclipped, all lives), not the learner's rewards

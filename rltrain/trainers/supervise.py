@@ -27,7 +27,7 @@ without a word (SIGKILL, OOM killer, segfault) is reported at once as ``Exited``
 A worker that raises sends ``Failed`` with its formatted traceback, then exits 1. The heartbeat reports the
 worker's *loop*, not its liveness as a process: every ``heartbeat_s`` a thread sends a ``Heartbeat`` only if
 the loop made progress since the last one (it polled ``ctx.stop_requested``, or an env call began:
-``CallWatch.calls``), so a loop stuck in an env call or a deadlock goes silent like a dead one; a worker silent
+``ENV_CALLS``), so a loop stuck in an env call or a deadlock goes silent like a dead one; a worker silent
 for ``heartbeat_timeout_s`` is reported ``Unresponsive`` (the parent decides what to do, e.g. ``kill(index)``).
 
 Every worker dies with its parent, under every start method: ``die_with_parent`` (Linux's parent-death signal,

@@ -95,9 +95,9 @@ class WorkerContext:
         self._stop.set()
 
     def _progress(self) -> tuple[int, int]:
-        # env calls begun (envs/vector.py's CallWatch), read without importing it: a worker without envs
-        vector = sys.modules.get("rltrain.envs.vector")
-        return self.ticks, vector.CallWatch.calls if vector is not None else 0
+        # env calls begun (envs/deadline.py's ENV_CALLS), read without importing it: a worker without envs
+        deadline = sys.modules.get("rltrain.envs.deadline")
+        return self.ticks, deadline.ENV_CALLS[0] if deadline is not None else 0
 
     def _heartbeat(self, every_s: float) -> None:
         # relays the loop's progress, never just this thread's: a stuck loop stops the heartbeats
