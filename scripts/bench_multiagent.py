@@ -37,8 +37,18 @@ EPISODES = 10
 ENVS = {
     "spread": {"steps": 100_000, "args": ["env.id=mpe2.simple_spread_v3:parallel_env", "+env.kwargs.N=3",
                                           "+env.kwargs.max_cycles=25", "+env.kwargs.continuous_actions=false"]},
-    "c4": {"steps": 50_000, "args": ["env.id=pettingzoo.classic.connect_four_v3:env", "algo.self_play=true"]},
+    "c4": {"steps": 12 * 4096, "args": ["env.id=pettingzoo.classic.connect_four_v3:env", "algo.self_play=true"]},
 }
+# rltrain's self-play learns in whole updates of 512 rows x 4 envs, the learner moving every other turn: about 4,096
+# turns each (its generic defaults), and it refuses a budget under one. Connect four's budget is rounded up to a
+# whole number of them, and skrl gets the same number of turns (a turn is one env step for both).
+UPDATE_TURNS = {"c4": 4096}
+
+
+def budget(env: str, scale: float) -> int:
+    steps = int(ENVS[env]["steps"] * scale)
+    unit = UPDATE_TURNS.get(env, 1)
+    return max(unit, -(-steps // unit) * unit)
 
 
 def timed(cmd: list[str], cwd: Path) -> tuple[float, subprocess.CompletedProcess]:
@@ -57,7 +67,7 @@ def run_rltrain(env: str, algo: str, steps: int, seed: int, tmp: Path) -> dict:
     if proc.returncode != 0:
         raise SystemExit(f"rltrain failed on {env}/{algo}: {proc.stderr.strip()[-800:]}")
     summary = json.loads((run_dir / "summary.json").read_text())
-    out = {"return": summary["final_eval_return"], "cpu": cpu}
+    out = {"return": summary["final_eval_return"], "cpu": cpu, "steps_run": summary["total_env_steps"]}
     if "eval_vs_random" in summary:
         out.update(summary["eval_vs_random"])
     return out
@@ -87,6 +97,12 @@ def spread(values: list[float]) -> str:
     return f"{mean:.2f} +- {statistics.pstdev(values):.2f}" if len(values) > 1 else f"{mean:.2f}"
 
 
+def cell(runs: list[dict]) -> str:
+    """The return's mean +- std over seeds; on a game, the mean win rate against random moves too."""
+    text = spread([r["return"] for r in runs])
+    return f"{text} (win {statistics.fmean(r['win'] for r in runs):.2f})" if "win" in runs[0] else text
+
+
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--envs", default="spread,c4")
@@ -100,7 +116,7 @@ def main() -> None:
     tools = [("rltrain", run_rltrain)] + ([("skrl", run_skrl)] if has_skrl() else [])
     with tempfile.TemporaryDirectory(prefix="bench-ma-") as tmp:
         for env in args.envs.split(","):
-            steps = int(ENVS[env]["steps"] * args.budget_scale)
+            steps = budget(env, args.budget_scale)
             for algo in args.algos.split(","):
                 for k, seed in enumerate(seeds):
                     for tool, fn in tools if k % 2 == 0 else tools[::-1]:  # both meet the same neighbours
@@ -122,10 +138,10 @@ def main() -> None:
                 skrl = f"skipped (no skrl at {PEERS_PYTHON}; set PEERS_PYTHON) | {cpu_ours:.0f} | - | -"
             else:
                 cpu_theirs = statistics.fmean(r["cpu"] for r in theirs)
-                skrl = f"{spread([r['return'] for r in theirs])} | {cpu_ours:.0f} | {cpu_theirs:.0f} | " \
+                skrl = f"{cell(theirs)} | {cpu_ours:.0f} | {cpu_theirs:.0f} | " \
                        f"{cpu_ours / cpu_theirs:.2f}"
-            print(f"| {env} | {algo} | {int(ENVS[env]['steps'] * args.budget_scale)} | "
-                  f"{spread([r['return'] for r in ours])} | {skrl} |")
+            print(f"| {env} | {algo} | {budget(env, args.budget_scale)} | "
+                  f"{cell(ours)} | {skrl} |")
 
 
 if __name__ == "__main__":
