@@ -12,9 +12,10 @@
 
 rltrain runs as a user would (``python -m rltrain env.id=... algo=ippo|mappo``, its generic defaults, the envs'
 kwargs); skrl as scripts/peers/skrl_multiagent.py writes it (skrl's defaults, 64x64 tanh networks like
-rltrain's). BenchMARL is left out: installing it replaces the peers' torch with another release and its CUDA
-wheels. Each run is a whole process; CPU seconds are its user + system time (rusage), so start-up, training and
-evaluation all count. Tools alternate per seed; only ratios from one run of this script mean anything.
+rltrain's); with ``--benchmarl-python``, BenchMARL's MAPPO on ``spread`` as scripts/peers/benchmarl_mappo.py
+writes it (its defaults; that file says how to install it in a venv of its own, and why not in the peers'). Each
+run is a whole process; CPU seconds are its user + system time (rusage), so start-up, training and evaluation all
+count. Tools alternate per seed; only ratios from one run of this script mean anything.
 """
 
 from __future__ import annotations
@@ -37,8 +38,21 @@ EPISODES = 10
 ENVS = {
     "spread": {"steps": 100_000, "args": ["env.id=mpe2.simple_spread_v3:parallel_env", "+env.kwargs.N=3",
                                           "+env.kwargs.max_cycles=25", "+env.kwargs.continuous_actions=false"]},
-    "c4": {"steps": 50_000, "args": ["env.id=pettingzoo.classic.connect_four_v3:env", "algo.self_play=true"]},
+    "c4": {"steps": 12 * 4096, "args": ["env.id=pettingzoo.classic.connect_four_v3:env", "algo.self_play=true"]},
 }
+# rltrain's self-play learns in whole updates of 512 rows x 4 envs, the learner moving every other turn: about 4,096
+# turns each (its generic defaults; a few more or less, as games end on either seat), and it refuses a budget under
+# one. Connect four's budget is rounded up to a whole number of them, and skrl gets that many turns (a turn is one
+# env step for both). rltrain stops at the first update that reaches its budget, so it is handed half an update
+# less (at one update, the whole): it then runs the same whole number of updates whichever way the turns drift (its
+# turns run are logged).
+UPDATE_TURNS = {"c4": 4096}
+
+
+def budget(env: str, scale: float) -> int:
+    steps = int(ENVS[env]["steps"] * scale)
+    unit = UPDATE_TURNS.get(env, 1)
+    return max(unit, -(-steps // unit) * unit)
 
 
 def timed(cmd: list[str], cwd: Path) -> tuple[float, subprocess.CompletedProcess]:
@@ -50,14 +64,16 @@ def timed(cmd: list[str], cwd: Path) -> tuple[float, subprocess.CompletedProcess
 
 def run_rltrain(env: str, algo: str, steps: int, seed: int, tmp: Path) -> dict:
     run_dir = tmp / f"rltrain-{env}-{algo}-{seed}"
-    cmd = [sys.executable, "-m", "rltrain", f"algo={algo}", *ENVS[env]["args"], f"total_env_steps={steps}",
+    unit = UPDATE_TURNS.get(env, 0)
+    limit = max(unit, steps - unit // 2)  # one update's budget is taken whole: rltrain refuses less
+    cmd = [sys.executable, "-m", "rltrain", f"algo={algo}", *ENVS[env]["args"], f"total_env_steps={limit}",
            f"seed={seed}", "logger=quiet", f"eval.episodes={EPISODES}", "eval.every_env_steps=0",
            "checkpoint.every_env_steps=0", f"hydra.run.dir={run_dir}"]
     cpu, proc = timed(cmd, REPO)
     if proc.returncode != 0:
         raise SystemExit(f"rltrain failed on {env}/{algo}: {proc.stderr.strip()[-800:]}")
     summary = json.loads((run_dir / "summary.json").read_text())
-    out = {"return": summary["final_eval_return"], "cpu": cpu}
+    out = {"return": summary["final_eval_return"], "cpu": cpu, "steps_run": summary["total_env_steps"]}
     if "eval_vs_random" in summary:
         out.update(summary["eval_vs_random"])
     return out
@@ -87,45 +103,79 @@ def spread(values: list[float]) -> str:
     return f"{mean:.2f} +- {statistics.pstdev(values):.2f}" if len(values) > 1 else f"{mean:.2f}"
 
 
+def cell(runs: list[dict]) -> str:
+    """The return's mean +- std over seeds; on a game, the mean win rate against random moves too."""
+    text = spread([r["return"] for r in runs])
+    return f"{text} (win {statistics.fmean(r['win'] for r in runs):.2f})" if "win" in runs[0] else text
+
+
+def run_benchmarl(python: str, steps: int, seed: int, tmp: Path) -> dict:
+    out, folder = tmp / f"benchmarl-{seed}.json", tmp / f"benchmarl-{seed}"
+    folder.mkdir()
+    cmd = [python, str(PEERS / "benchmarl_mappo.py"), "--steps", str(steps), "--seed", str(seed), "--out", str(out),
+           "--save-folder", str(folder)]
+    cpu, proc = timed(cmd, PEERS)
+    if proc.returncode != 0:
+        raise SystemExit(f"BenchMARL failed on spread/mappo: {proc.stderr.strip()[-800:]}")
+    return {**json.loads(out.read_text()), "cpu": cpu}
+
+
+def peer_cells(ours: list[dict], theirs: list[dict] | None, missing: str) -> str:
+    """A table row's peer return, both CPU means and their ratio (rltrain's over the peer's)."""
+    cpu_ours = statistics.fmean(r["cpu"] for r in ours)
+    if theirs is None:
+        return f"{missing} | {cpu_ours:.0f} | - | -"
+    cpu_theirs = statistics.fmean(r["cpu"] for r in theirs)
+    return f"{cell(theirs)} | {cpu_ours:.0f} | {cpu_theirs:.0f} | {cpu_ours / cpu_theirs:.2f}"
+
+
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--envs", default="spread,c4")
     p.add_argument("--algos", default="ippo,mappo")
     p.add_argument("--seeds", default="1,2,3")
     p.add_argument("--budget-scale", type=float, default=1.0)
+    p.add_argument("--benchmarl-python", default=None,
+                   help="a python with BenchMARL (scripts/peers/benchmarl_mappo.py says how): adds its MAPPO on spread")
     p.add_argument("--log", type=Path, default=None, help="append one JSON line per finished run")
     args = p.parse_args()
+    envs, algos = args.envs.split(","), args.algos.split(",")
+    unknown = [e for e in envs if e not in ENVS] + [a for a in algos if a not in ("ippo", "mappo")]
+    if unknown:
+        p.error(f"unknown --envs/--algos {unknown}: envs {', '.join(ENVS)}; algos ippo, mappo")
     seeds = [int(s) for s in args.seeds.split(",")]
     results: dict[tuple[str, str, str], list[dict]] = {}
     tools = [("rltrain", run_rltrain)] + ([("skrl", run_skrl)] if has_skrl() else [])
     with tempfile.TemporaryDirectory(prefix="bench-ma-") as tmp:
-        for env in args.envs.split(","):
-            steps = int(ENVS[env]["steps"] * args.budget_scale)
-            for algo in args.algos.split(","):
+        for env in envs:
+            steps = budget(env, args.budget_scale)
+            for algo in algos:
+                row = tools + ([("benchmarl", lambda e, a, n, s, t: run_benchmarl(args.benchmarl_python, n, s, t))]
+                               if args.benchmarl_python and (env, algo) == ("spread", "mappo") else [])
                 for k, seed in enumerate(seeds):
-                    for tool, fn in tools if k % 2 == 0 else tools[::-1]:  # both meet the same neighbours
+                    for tool, fn in row if k % 2 == 0 else row[::-1]:  # all meet the same neighbours
                         r = fn(env, algo, steps, seed, Path(tmp))
                         results.setdefault((env, algo, tool), []).append(r)
-                        print(json.dumps({"env": env, "algo": algo, "tool": tool, "seed": seed, "steps": steps,
-                                          **r}), flush=True)
+                        line = json.dumps({"env": env, "algo": algo, "tool": tool, "seed": seed, "steps": steps, **r})
+                        print(line, flush=True)
                         if args.log:
                             with args.log.open("a") as f:
-                                f.write(json.dumps({"env": env, "algo": algo, "tool": tool, "seed": seed,
-                                                    "steps": steps, **r}) + "\n")
+                                f.write(line + "\n")
     print("\n| env | algo | steps | rltrain return | skrl return | rltrain CPU s | skrl CPU s | CPU ratio |"
           "\n|---|---|---|---|---|---|---|---|")
-    for env in args.envs.split(","):
-        for algo in args.algos.split(","):
-            ours, theirs = results[(env, algo, "rltrain")], results.get((env, algo, "skrl"))
-            cpu_ours = statistics.fmean(r["cpu"] for r in ours)
-            if theirs is None:
-                skrl = f"skipped (no skrl at {PEERS_PYTHON}; set PEERS_PYTHON) | {cpu_ours:.0f} | - | -"
-            else:
-                cpu_theirs = statistics.fmean(r["cpu"] for r in theirs)
-                skrl = f"{spread([r['return'] for r in theirs])} | {cpu_ours:.0f} | {cpu_theirs:.0f} | " \
-                       f"{cpu_ours / cpu_theirs:.2f}"
-            print(f"| {env} | {algo} | {int(ENVS[env]['steps'] * args.budget_scale)} | "
-                  f"{spread([r['return'] for r in ours])} | {skrl} |")
+    for env in envs:
+        for algo in algos:
+            ours = results[(env, algo, "rltrain")]
+            skrl = peer_cells(ours, results.get((env, algo, "skrl")),
+                              f"skipped (no skrl at {PEERS_PYTHON}; set PEERS_PYTHON)")
+            print(f"| {env} | {algo} | {budget(env, args.budget_scale)} | {cell(ours)} | {skrl} |")
+    if ("spread", "mappo", "benchmarl") in results:
+        ours, theirs = results[("spread", "mappo", "rltrain")], results[("spread", "mappo", "benchmarl")]
+        frames = sorted({r["steps_run"] for r in theirs})
+        print("\n| env | algo | steps | rltrain return | BenchMARL return | rltrain CPU s | BenchMARL CPU s "
+              "| CPU ratio |\n|---|---|---|---|---|---|---|---|")
+        print(f"| spread | mappo | {budget('spread', args.budget_scale)} (BenchMARL: {frames[-1]} frames, whole "
+              f"batches) | {cell(ours)} | {peer_cells(ours, theirs, '')} |")
 
 
 if __name__ == "__main__":

@@ -106,6 +106,9 @@ def test_bench_multiagent_prints_its_table(tmp_path):
     assert out.returncode == 0, out.stderr[-3000:]
     row = next(line for line in out.stdout.splitlines() if line.startswith("| spread | ippo | 2500 |"))
     assert "skipped (no skrl" in row
+    bad = subprocess.run([sys.executable, "scripts/bench_multiagent.py", "--envs", "spreadd"], cwd=REPO,
+                         capture_output=True, text=True, timeout=120, env=env)
+    assert bad.returncode == 2 and "unknown --envs/--algos ['spreadd']" in bad.stderr, bad.stderr
 
 
 def test_bench_algorithms_prints_its_rows_at_a_tiny_budget():
