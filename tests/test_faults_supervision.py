@@ -16,6 +16,8 @@ import sys
 import time
 from pathlib import Path
 
+import gymnasium as gym
+import numpy as np
 import pytest
 
 from rltrain.run.seeding import derive
@@ -170,3 +172,43 @@ def test_sigterm_reaches_a_parallel_agent_stuck_in_an_env_call(tmp_path, no_leak
     summary = _summary(run_dir)
     assert summary["status"] == "interrupted" and "abandoned" in summary["agents"][0]["stop_reason"], summary
     assert "no agent had a checkpoint yet" in err and "checkpoint written" not in err, err
+
+
+class _Slow(gym.Env):
+    """Each step sleeps the next of ``delays`` (seconds)."""
+
+    observation_space = gym.spaces.Box(-1.0, 1.0, (1,), np.float32)
+    action_space = gym.spaces.Discrete(2)
+
+    def __init__(self, delays: list[float]):
+        self.delays = list(delays)
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        return np.zeros(1, np.float32), {}
+
+    def step(self, action):
+        time.sleep(self.delays.pop(0))
+        return np.zeros(1, np.float32), 0.0, False, False, {}
+
+
+def test_the_deadline_a_loop_of_steps_keeps_armed_gives_each_step_its_own_time():
+    """A loop of steps keeps one deadline timer armed (no system call per step): steps that each take most of
+    ``env.step_timeout_s`` never fault though together they outlive it many times over (the timer is judged
+    against the call running when it fires); the step that outlives it faults in one line naming its step; the
+    timer is cleared when the loop is done, so nothing after it sees a SIGALRM."""
+    from rltrain.envs.vector import EnvFault, VecEnv
+
+    venv = VecEnv([lambda: _Slow([0.3] * 6 + [3.0])], seeds=[0], step_timeout_s=0.5)
+    try:
+        venv.reset()
+        for _ in range(6):  # 1.8 s of steps under a 0.5 s deadline, kept armed between them
+            venv.step(np.zeros(1, np.int64))
+        started = time.monotonic()
+        with pytest.raises(EnvFault, match=r"^env 0 did not return from its step 7 within env.step_timeout_s=0.5s"):
+            venv.step(np.zeros(1, np.int64))
+        assert time.monotonic() - started < 2.0  # the hung step was cut at its own deadline, not the sleep's end
+        venv.idle()
+        assert signal.getitimer(signal.ITIMER_REAL) == (0.0, 0.0)
+    finally:
+        venv.close()
