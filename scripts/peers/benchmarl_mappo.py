@@ -1,17 +1,19 @@
 """BenchMARL's MAPPO on MPE simple_spread, as a BenchMARL user writes it (run by scripts/bench_multiagent.py with
 ``--benchmarl-python``): ``python benchmarl_mappo.py --steps N --seed S --out F``.
 
-BenchMARL installs into a venv of its own: its ``torchvision`` requirement otherwise pulls the newest torch with its
-CUDA wheels over the peers' CPU torch. What works (BenchMARL 1.5.2, TorchRL 0.11.1, TensorDict 0.11.0 on torch
-2.13 CPU)::
+BenchMARL installs into a venv of its own: ``pip install benchmarl`` (1.5.2) requires ``torchvision`` unpinned,
+pip picks torchvision 0.29.1, which pins torch 2.14.1, and so replaces the peers' torch 2.13.0+cpu with 2.14.1 and
+its CUDA 13 wheels (cuda-toolkit, nvidia-*, triton). Pinning torchvision to 0.28 (torch 2.13's) keeps the CPU torch.
+What works (BenchMARL 1.5.2, TorchRL 0.11.1, TensorDict 0.11.0 on torch 2.13 CPU)::
 
     python3 -m venv /tmp/benchmarl-venv && /tmp/benchmarl-venv/bin/pip install torch==2.13.0 "torchvision<0.29" \
-        av hydra-core tqdm cloudpickle pyvers importlib_metadata orjson pettingzoo mpe2
+        "av<14" hydra-core tqdm cloudpickle pyvers importlib_metadata orjson pettingzoo mpe2
     /tmp/benchmarl-venv/bin/pip install --no-deps benchmarl==1.5.2 torchrl==0.11.1 tensordict==0.11.0
 
 TorchRL's PettingZoo env finds the MPE games under ``pettingzoo.mpe``, which PettingZoo 1.25+ replaced by an
 ImportError pointing to the ``mpe2`` package: the task's env factory is swapped for TorchRL's ``PettingZooWrapper``
-around ``mpe2.simple_spread_v3`` with the arguments BenchMARL would pass (categorical actions, the global state).
+around ``mpe2.simple_spread_v3`` with the arguments BenchMARL would pass (categorical actions, the global state),
+with discrete actions as the other tools have them (``prefer_continuous_actions=False``).
 Everything else is BenchMARL's defaults (its MAPPO and MLP yaml, its experiment yaml: 6,000 frames per batch over
 10 envs, 45 minibatch iterations of 400), on CPU, with no loggers, no evaluation during training and no checkpoints.
 A frame is one joint env step, as an env step is for rltrain and skrl; the collector rounds the budget up to a whole
