@@ -109,48 +109,33 @@ def test_bench_multiagent_prints_its_table(tmp_path):
 
 
 def test_bench_algorithms_prints_its_rows_at_a_tiny_budget():
-    """scripts/bench_algorithms.py at a tiny budget: every row of the DQN family and PQN runs rltrain and prints
-    its CPU and return; the peer column is sb3-contrib's where it is importable, else skipped in one line; C51's
-    peer is CleanRL's published number, quoted with its source."""
-    out = subprocess.run([sys.executable, "scripts/bench_algorithms.py", "--seeds", "1", "--scale", "0.001",
-                          "--only", "qrdqn-cartpole,c51-cartpole,pqn-cartpole", "--budget", "c51-cartpole=1000"],
-                         cwd=REPO, capture_output=True, text=True, timeout=600,
-                         env={**os.environ, "PYTHONPATH": str(REPO)})
-    assert out.returncode == 0, out.stderr[-3000:]
-    rows = {k: v for k, v in _table(out.stdout).items() if k != "row"}  # the header aside
-    assert [k.split(",")[0] for k in rows] == ["QR-DQN CartPole-v1", "C51 CartPole-v1", "PQN CartPole-v1"], out.stdout
-    for cells in rows.values():
-        assert int(cells[0]) >= 1000 and float(cells[4].split()[0]) > 0  # env steps run, rltrain's CPU seconds
-    assert "huggingface.co/cleanrl/CartPole-v1-c51-seed1" in rows["C51 CartPole-v1, CleanRL c51.py settings"][3]
-    assert "same-run ratios; shared VM" in out.stdout
-    if "peer column is skipped" not in out.stderr:
-        assert float(rows["QR-DQN CartPole-v1, rl-zoo3 settings"][5].split()[0]) > 0  # sb3-contrib's CPU
-    bad = subprocess.run([sys.executable, "scripts/bench_algorithms.py", "--only", "qr-dqn"], cwd=REPO,
-                         capture_output=True, text=True, timeout=120)
-    assert bad.returncode != 0 and "unknown rows ['qr-dqn']" in bad.stderr
-
-
-def test_bench_td3_her_prints_its_rows_at_a_tiny_budget():
-    """scripts/bench_td3_her.py at a budget of a few hundred steps: one row per comparison (TD3 on Pendulum,
-    SAC + HER on the goal task, with its success rates); SB3's side where this Python has it, else said skipped."""
+    """scripts/bench_algorithms.py at a tiny budget: TD3, SAC + HER, QR-DQN, C51 and PQN each run rltrain and
+    print its evaluation, return and CPU; a peer column is SB3's / sb3-contrib's where this Python has them, else
+    skipped in one line; C51's peer is CleanRL's published number, quoted with its source; the goal task has
+    success rates. A bad row name is one line and exit 2."""
     import importlib.util
 
-    peer = [] if importlib.util.find_spec("stable_baselines3") else ["--sb3-python", "/nonexistent/python"]
     env = {**os.environ, "PYTHONPATH": str(REPO)}
-    out = subprocess.run([sys.executable, "scripts/bench_td3_her.py", "--runs", "1", "--td3-steps", "300",
-                          "--td3-learning-starts", "200", "--her-steps", "300", *peer],
-                         cwd=REPO, capture_output=True, text=True, timeout=600, env=env)
+    out = subprocess.run([sys.executable, "scripts/bench_algorithms.py", "--seeds", "1", "--scale", "0.001",
+                          "--only", "td3-pendulum,her-sac,qrdqn-cartpole,c51-cartpole,pqn-cartpole",
+                          "--learning-starts", "td3-pendulum=200", "--budget", "c51-cartpole=1000"],
+                         cwd=REPO, capture_output=True, text=True, timeout=900, env=env)
     assert out.returncode == 0, out.stderr[-3000:]
-    rows = {k: v for k, v in _table(out.stdout).items() if k != "row"}  # the header row left out
-    assert [k.split(",")[0] for k in rows] == ["TD3 Pendulum-v1", "SAC + HER PointReach (sparse)"], out.stdout
-    td3, her = rows.values()
-    # cells: CPU (rltrain, SB3), ratio, per seed, final eval (rltrain, SB3), eval success (both), last 100 (both)
-    assert float(td3[0]) > 0 and "mean" in td3[4] and td3[6] == "-" and "mean" in td3[8]  # no success on Pendulum
-    assert "mean" in her[6]  # the goal task's evaluation success rate per seed
-    if peer:
-        assert "SB3 side skipped" in out.stdout and td3[1] == "-" and td3[5] == "-"
+    rows = {k.split(",")[0]: v for k, v in _table(out.stdout).items() if k != "row"}  # the header aside
+    assert list(rows) == ["TD3 Pendulum-v1", "SAC + HER PointReach (sparse)", "QR-DQN CartPole-v1",
+                          "C51 CartPole-v1", "PQN CartPole-v1"], out.stdout
+    # cells: steps, eval (rltrain, peer), last 100 (both), eval success (both), CPU (both), ratio
+    for cells in rows.values():
+        assert int(cells[0]) >= 1000 and float(cells[7].split()[0]) > 0  # env steps run, rltrain's CPU seconds
+        assert cells[1] != "-"  # rltrain's final evaluation
+    assert rows["TD3 Pendulum-v1"][0] == "1200" and rows["TD3 Pendulum-v1"][5] == "-"  # 200 random + 1000
+    assert 0.0 <= float(rows["SAC + HER PointReach (sparse)"][5].split()[0]) <= 1.0  # a success rate
+    assert "huggingface.co/cleanrl/CartPole-v1-c51-seed1" in rows["C51 CartPole-v1"][2]
+    assert "same-run ratios; shared VM" in out.stdout
+    if importlib.util.find_spec("stable_baselines3"):
+        assert float(rows["TD3 Pendulum-v1"][8].split()[0]) > 0 and rows["TD3 Pendulum-v1"][9] != "-"
     else:
-        assert float(td3[1]) > 0 and "mean" in td3[5] and "mean" in her[7]
-    bad = subprocess.run([sys.executable, "scripts/bench_td3_her.py", "--only", "td4"], cwd=REPO,
+        assert "stable_baselines3 not importable" in out.stderr and rows["TD3 Pendulum-v1"][8] == "-"
+    bad = subprocess.run([sys.executable, "scripts/bench_algorithms.py", "--only", "td4"], cwd=REPO,
                          capture_output=True, text=True, timeout=120, env=env)
-    assert bad.returncode != 0 and "unknown --only ['td4']" in bad.stderr
+    assert bad.returncode == 2 and "unknown rows ['td4']" in bad.stderr

@@ -3,7 +3,8 @@
 Runs under a Python that has ``stable-baselines3`` installed (it is not an rltrain dependency):
 
     python scripts/peers/sb3_algorithms.py td3-pendulum SEED STEPS [LEARNING_STARTS]   # rl-zoo3's TD3, Pendulum
-    python scripts/peers/sb3_algorithms.py her-sac SEED STEPS        # SAC + HerReplayBuffer on bench_envs:PointReach
+    python scripts/peers/sb3_algorithms.py td3-mujoco SEED STEPS [LEARNING_STARTS]     # rl-zoo3's TD3, Hopper-v5
+    python scripts/peers/sb3_algorithms.py her-sac SEED STEPS [LEARNING_STARTS]  # SAC + HER, bench_envs:PointReach
 
 Each builds one env, trains for STEPS env steps and prints JSON: the mean return and success rate of the last
 100 training episodes (SB3's ``ep_info_buffer`` / ``ep_success_buffer``), those of a final evaluation of
@@ -39,19 +40,32 @@ def td3_pendulum(seed: int, learning_starts: str = "10000"):
     return model, gym.make("Pendulum-v1")
 
 
-def her_sac(seed: int):
+def td3_mujoco(seed: int, learning_starts: str = "10000"):
+    from stable_baselines3 import TD3
+    from stable_baselines3.common.noise import NormalActionNoise
+
+    # rl-baselines3-zoo hyperparams/td3.yml, the MuJoCo tasks (HalfCheetah, Ant, Hopper, Walker2d): 10k random
+    # steps and Gaussian noise 0.1; everything else is SB3's TD3 default (lr 1e-3, batch 256, 400x300, gamma 0.99)
+    env = make_vec_env("Hopper-v5", n_envs=1, seed=seed)
+    dim = env.action_space.shape[0]
+    noise = NormalActionNoise(mean=np.zeros(dim), sigma=0.1 * np.ones(dim))
+    model = TD3("MlpPolicy", env, learning_starts=int(learning_starts), action_noise=noise, seed=seed, device="cpu")
+    return model, gym.make("Hopper-v5")
+
+
+def her_sac(seed: int, learning_starts: str = "100"):
     from bench_envs import PointReach
     from stable_baselines3 import SAC, HerReplayBuffer
 
     # SAC's defaults with HER's: n_sampled_goal 4, the "future" strategy
     env = make_vec_env(PointReach, n_envs=1, seed=seed)
     model = SAC("MultiInputPolicy", env, replay_buffer_class=HerReplayBuffer,
-                replay_buffer_kwargs={"n_sampled_goal": 4, "goal_selection_strategy": "future"}, seed=seed,
-                device="cpu")
+                replay_buffer_kwargs={"n_sampled_goal": 4, "goal_selection_strategy": "future"},
+                learning_starts=int(learning_starts), seed=seed, device="cpu")
     return model, PointReach()
 
 
-CASES = {"td3-pendulum": td3_pendulum, "her-sac": her_sac}
+CASES = {"td3-pendulum": td3_pendulum, "td3-mujoco": td3_mujoco, "her-sac": her_sac}
 
 
 def evaluate(model, env, seed: int) -> tuple[float, float | None]:

@@ -2,8 +2,8 @@
 
 Runs under a Python that has ``sb3-contrib`` installed (not an rltrain dependency):
 
-    python scripts/peers/sb3_qrdqn.py cartpole SEED STEPS   # rl-baselines3-zoo's QR-DQN CartPole-v1 settings
-    python scripts/peers/sb3_qrdqn.py minatar SEED STEPS    # MinAtar/Breakout-v1, MLP on the flattened planes
+    python scripts/peers/sb3_qrdqn.py qrdqn-cartpole SEED STEPS   # rl-baselines3-zoo's QR-DQN CartPole-v1 settings
+    python scripts/peers/sb3_qrdqn.py qrdqn-minatar SEED STEPS    # MinAtar/Breakout-v1, MLP on the flattened planes
 
 Each trains one env for STEPS env steps and prints JSON: the mean of the last 100 training episodes. The
 settings are spelled out here and in ``bench_algorithms.py`` (the rltrain side names the same values).
@@ -32,7 +32,7 @@ MINATAR = dict(learning_rate=2.5e-4, batch_size=32, buffer_size=100_000, learnin
 def main() -> None:
     case, seed, steps = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
     torch.set_num_threads(1)
-    if case == "cartpole":
+    if case == "qrdqn-cartpole":
         env, kwargs = make_vec_env("CartPole-v1", n_envs=1, seed=seed), CARTPOLE
     else:
         import minatar.gym
