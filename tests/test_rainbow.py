@@ -209,7 +209,10 @@ def test_dueling_noisy_and_distributional_heads():
     assert not torch.equal(noisy(x), noisy(x))  # fresh factorised noise per forward while training
     noisy.eval()
     torch.testing.assert_close(noisy(x), x @ noisy.weight_mu.T + noisy.bias_mu)  # the mean weights in eval
-    assert dueling.mlp_layers == [] and qr.numpy_actor() is None  # options act and learn through torch
+    # dueling acts and learns through torch; QR-DQN's one-Linear head acts through the numpy actor (the mean
+    # quantile) and learns through torch (mlp_layers: the numpy TD step's, plain DQN's only)
+    assert dueling.mlp_layers == [] and dueling.numpy_actor() is None and qr.mlp_layers == []
+    np.testing.assert_allclose(qr.numpy_actor().forward(x.numpy()), qr(x).detach().numpy(), rtol=1e-5, atol=1e-6)
 
 
 @pytest.mark.parametrize("options", [dict(n_step=3), dict(prioritized=True), dict(dueling=True),
