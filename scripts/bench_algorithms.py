@@ -44,8 +44,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import resource
 import statistics
 import subprocess
 import sys
@@ -53,8 +51,9 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
-PEERS = REPO / "scripts" / "peers"
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_offpolicy import PEERS, REPO, path_env, timed  # noqa: E402
+
 EVAL_EPISODES = 10  # both sides' final evaluation (scripts/peers/sb3_algorithms.py's EVAL_EPISODES)
 COMMON = ["logger=quiet", "eval.every_env_steps=0", f"eval.episodes={EVAL_EPISODES}", "checkpoint.every_env_steps=0"]
 # what each peer script imports: a row's peer column is skipped (and said so) where its Python lacks them
@@ -122,21 +121,17 @@ def all_rows() -> list[Row]:
     return [*td3_and_her_rows(), *dqn_family_rows()]
 
 
-def timed(cmd: list[str], *, cwd: Path) -> tuple[float, subprocess.CompletedProcess]:
-    """Run ``cmd`` to the end, one thread, this checkout and scripts/peers importable: (CPU s of its tree, proc)."""
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join([str(REPO), str(PEERS)])}
-    before = resource.getrusage(resource.RUSAGE_CHILDREN)
-    proc = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, env=env, timeout=4 * 86400)
-    after = resource.getrusage(resource.RUSAGE_CHILDREN)
-    if proc.returncode != 0:
-        raise RuntimeError(f"{' '.join(cmd)} failed:\n{proc.stderr[-3000:]}")
-    return (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime), proc
+def cpu_timed(cmd: list[str], *, cwd: Path) -> tuple[float, subprocess.CompletedProcess]:
+    """bench_offpolicy's ``timed`` with this checkout and scripts/peers importable, one thread, no time limit a
+    MuJoCo row's million steps would hit: (CPU s of the process tree, the completed process)."""
+    _, cpu, proc = timed(cmd, cwd=cwd, env={**path_env(REPO, PEERS), "OMP_NUM_THREADS": "1"}, timeout=4 * 86400)
+    return cpu, proc
 
 
 def run_rltrain(row: Row, seed: int, steps: int, learning_starts: int | None) -> dict:
     starts = [f"algo.learning_starts={learning_starts}"] if learning_starts is not None else []
     with tempfile.TemporaryDirectory() as tmp:
-        cpu, _ = timed([sys.executable, "-m", "rltrain", *row.overrides, *starts, *COMMON, f"seed={seed}",
+        cpu, _ = cpu_timed([sys.executable, "-m", "rltrain", *row.overrides, *starts, *COMMON, f"seed={seed}",
                         f"total_env_steps={steps}", f"hydra.run.dir={tmp}/run"], cwd=Path(tmp))
         summary = json.loads((Path(tmp) / "run" / "summary.json").read_text())
     return {"cpu": cpu, "return": summary.get("train_return_last100"), "eval": summary.get("final_eval_return"),
@@ -146,7 +141,7 @@ def run_rltrain(row: Row, seed: int, steps: int, learning_starts: int | None) ->
 def run_peer(python: str, row: Row, seed: int, steps: int, learning_starts: int | None) -> dict:
     starts = [str(learning_starts)] if learning_starts is not None else []
     with tempfile.TemporaryDirectory() as tmp:
-        cpu, proc = timed([python, str(PEERS / row.peer), row.name, str(seed), str(steps), *starts], cwd=Path(tmp))
+        cpu, proc = cpu_timed([python, str(PEERS / row.peer), row.name, str(seed), str(steps), *starts], cwd=Path(tmp))
     out = json.loads(proc.stdout.strip().splitlines()[-1])
     return {"cpu": cpu, "return": out.get("train_return_last100"), "eval": out.get("final_eval_return"),
             "eval_success": out.get("final_eval_success_rate")}

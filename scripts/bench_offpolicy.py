@@ -59,11 +59,12 @@ def sac_args(width: int) -> list[str]:
             "algo.autotune=true", f"model.hidden_sizes=[{width},{width}]", "model.activation=relu"]
 
 
-def timed(cmd: list[str], *, cwd: Path, env: dict) -> tuple[float, float, subprocess.CompletedProcess]:
+def timed(cmd: list[str], *, cwd: Path, env: dict, timeout: float = 3600
+          ) -> tuple[float, float, subprocess.CompletedProcess]:
     """Run ``cmd`` to the end: (wall s, CPU s of the child process tree, the completed process)."""
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     t0 = time.perf_counter()
-    proc = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, env=env, timeout=3600)
+    proc = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, env=env, timeout=timeout)
     wall = time.perf_counter() - t0
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     if proc.returncode != 0:

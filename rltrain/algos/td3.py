@@ -155,7 +155,7 @@ class TD3(OffPolicy):
         if self.gradient_steps_taken % self.delay == 0:
             if isinstance(features, Tensor) and features.requires_grad:
                 features = features.detach()  # the encoder is the critic's to train (DrQ-v2)
-            actor_loss = -self.critic.first_head(features, self.policy.action_from(features)).mean()
+            actor_loss = -self.critic.heads(features, self.policy.action_from(features), first_only=True)[0].mean()
             self.actor_optimizer.zero_grad(set_to_none=True)
             # gradients for the actor only: the critics' weight gradients of this loss would be thrown away
             actor_loss.backward(inputs=self.actor_params)

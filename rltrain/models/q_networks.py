@@ -73,15 +73,14 @@ class QPolicy(Policy):
         o = self.q.options
         mlp_head = not self.masked and is_float_vector(spec.observation) and isinstance(self.q.encoder, MLPEncoder)
         plain = mlp_head and o.plain
-        self.mlp_layers = [m for m in self.q.encoder.mlp if isinstance(m, nn.Linear)] + [self.q.head.linear] \
-            if plain else []
+        encoder_linears = [m for m in self.q.encoder.mlp if isinstance(m, nn.Linear)] if mlp_head else []
+        self.mlp_layers = encoder_linears + [self.q.head.linear] if plain else []
         self.mlp_activation = next((name for name, cls in ACTIVATIONS.items() for m in self.q.encoder.mlp
                                     if isinstance(m, cls)), "relu") if mlp_head else ""
         # QR-DQN's head on the same MLP is one Linear too, with K quantiles per action whose mean is Q (Dabney et
         # al. 2018): the numpy actor runs it and averages them (no numpy TD step: that one is DQN's loss)
         quantile_head = mlp_head and o.distributional == "qr" and not (o.dueling or o.noisy or o.layer_norm)
-        self.actor_layers = self.mlp_layers or ([m for m in self.q.encoder.mlp if isinstance(m, nn.Linear)]
-                                                + [self.q.head.advantage] if quantile_head else [])
+        self.actor_layers = self.mlp_layers or (encoder_linears + [self.q.head.advantage] if quantile_head else [])
         self.quantiles = o.atoms if quantile_head else 1
         self._actor: tuple[tuple[int, ...], EpsilonGreedyActor] | None = None  # (weight addresses, actor)
 

@@ -57,15 +57,12 @@ class SeparateTwinQ(nn.Module):
     def features(self, obs: Obs) -> Obs:
         return obs  # each Q network encodes the observation itself
 
-    def heads(self, features: Obs, action: Tensor) -> tuple[Tensor, ...]:
-        """features (here the observation [B, ...]), action [B, A] -> (Q1 [B], Q2 [B]) (or (Q1,))."""
-        if self.n_critics == 1:
+    def heads(self, features: Obs, action: Tensor, *, first_only: bool = False) -> tuple[Tensor, ...]:
+        """features (here the observation [B, ...]), action [B, A] -> (Q1 [B], Q2 [B]) (or (Q1,): one critic, or
+        ``first_only`` for a loss that reads Q1 alone, TD3's actor's: no Q2 forward to throw away)."""
+        if self.n_critics == 1 or first_only:
             return (self.qf1(features, action),)
         return self.qf1(features, action), self.qf2(features, action)
-
-    def first_head(self, features: Obs, action: Tensor) -> Tensor:
-        """Q1 alone [B] (TD3's actor loss reads Q1 only: no Q2 forward to throw away)."""
-        return self.qf1(features, action)
 
     def forward(self, obs: Obs, action: Tensor) -> tuple[Tensor, ...]:
         return self.heads(self.features(obs), action)
@@ -92,16 +89,12 @@ class SharedEncoderTwinQ(nn.Module):
         """obs [B, ...] (or a dict of them, stored dtype) -> features [B, F]: the one encoder forward."""
         return self.encoder(obs)
 
-    def heads(self, features: Tensor, action: Tensor) -> tuple[Tensor, ...]:
-        """features [B, F], action [B, A] -> (Q1 [B], Q2 [B]) (or (Q1,))."""
+    def heads(self, features: Tensor, action: Tensor, *, first_only: bool = False) -> tuple[Tensor, ...]:
+        """features [B, F], action [B, A] -> (Q1 [B], Q2 [B]) (or (Q1,): one critic, or ``first_only``)."""
         x = torch.cat([features, action.to(features.device)], -1)
-        if self.n_critics == 1:
+        if self.n_critics == 1 or first_only:
             return (self.q1(x).squeeze(-1),)
         return self.q1(x).squeeze(-1), self.q2(x).squeeze(-1)
-
-    def first_head(self, features: Tensor, action: Tensor) -> Tensor:
-        """Q1 alone [B] (TD3's actor loss reads Q1 only: no Q2 forward to throw away)."""
-        return self.q1(torch.cat([features, action.to(features.device)], -1)).squeeze(-1)
 
     def forward(self, obs: Obs, action: Tensor) -> tuple[Tensor, ...]:
         return self.heads(self.features(obs), action)
