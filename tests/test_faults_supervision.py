@@ -197,7 +197,8 @@ def test_the_deadline_a_loop_of_steps_keeps_armed_gives_each_step_its_own_time()
     ``env.step_timeout_s`` never fault though together they outlive it many times over (the timer is judged
     against the call running when it fires); the step that outlives it faults in one line naming its step; the
     timer is cleared when the loop is done, so nothing after it sees a SIGALRM."""
-    from rltrain.envs.vector import EnvFault, VecEnv
+    from rltrain.envs.deadline import EnvFault
+    from rltrain.envs.vector import VecEnv
 
     venv = VecEnv([lambda: _Slow([0.3] * 6 + [3.0])], seeds=[0], step_timeout_s=0.5)
     try:

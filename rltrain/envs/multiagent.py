@@ -28,9 +28,8 @@ import numpy as np
 
 from rltrain.data.agents import AgentsSpec, flat_size, vector_space
 from rltrain.data.structs import MASK_KEY, EnvSpec, ObsSpace
-from rltrain.envs.deadline import ENV_CALLS
+from rltrain.envs.deadline import ENV_CALLS, CallWatch, EnvCallAbandoned, EnvFault, env_fault
 from rltrain.envs.spaces import _describe_obs, env_spec
-from rltrain.envs.vector import CallWatch, EnvCallAbandoned, EnvFault, env_fault
 from rltrain.errors import ConfigError
 
 PROBE_EPISODES = 4  # random games the self-play check plays

@@ -28,7 +28,7 @@ import numpy as np
 from rltrain.algos.base import Algorithm
 from rltrain.data.agents import AgentsSpec
 from rltrain.data.structs import Metrics
-from rltrain.envs.vector import EnvCallAbandoned, EnvFault
+from rltrain.envs.deadline import EnvCallAbandoned, EnvFault
 from rltrain.errors import ConfigError
 from rltrain.run.seeding import seed_process
 from rltrain.run.signals import StopFlag, StopRequested, during

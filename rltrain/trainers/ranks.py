@@ -18,7 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from rltrain.envs.vector import EnvFault
+from rltrain.envs.deadline import EnvFault
 from rltrain.errors import ConfigError
 from rltrain.run.signals import StopFlag, StopRequested
 from rltrain.trainers.rendezvous import LaunchInfo, free_port

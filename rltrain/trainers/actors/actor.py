@@ -31,8 +31,8 @@ import torch
 
 from rltrain.data.agents import AgentsSpec
 from rltrain.data.structs import EnvSpec, Rollout
+from rltrain.envs.deadline import EnvCallAbandoned
 from rltrain.envs.make import EnvFactory
-from rltrain.envs.vector import EnvCallAbandoned
 from rltrain.run.seeding import SeedTree, seed_process
 from rltrain.trainers.actors.seams import WeightsHandle
 from rltrain.trainers.supervise import WorkerContext
