@@ -54,8 +54,12 @@ def _train(tmp_path: Path, *overrides: str, name: str = "run", env: dict | None 
      "eval.every_env_steps=512"],
     ["algo=sac", "env.id=bench_envs:PointReach", f"env.search_path={PEERS}", "algo.her=true",
      "algo.learning_starts=256", "algo.buffer_size=4096", "total_env_steps=1024", "eval.every_env_steps=512"],
+    # multi-agent: three agents with spaces of their own (Box / Discrete / Dict + MultiDiscrete), per-agent
+    # policies for IPPO, one centralised critic for MAPPO
+    ["env.id=tests.helpers.agent_envs:uneven", "algo=ippo", "algo.rollout_len=16"],
+    ["env.id=tests.helpers.agent_envs:uneven", "algo=mappo", "algo.rollout_len=16"],
 ], ids=["ppo", "ppo-lstm", "a2c", "impala", "dqn", "sac", "rainbow", "qrdqn-nstep-per", "pqn", "td3",
-        "ddpg-image", "sac-her"])
+        "ddpg-image", "sac-her", "ippo", "mappo"])
 def test_each_algorithm_family_trains_in_process_on_cuda(tmp_path, overrides):
     """In-process (``rltrain.train``, sequential trainer), so the device memory this process allocated shows
     the networks and the update really ran on the GPU."""
