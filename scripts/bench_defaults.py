@@ -3,6 +3,7 @@
     python scripts/bench_defaults.py --sb3-python PY --rllib-python PY   # every row, 3 seeds: the table the docs
                                                                          # quote (hours)
     python scripts/bench_defaults.py --envs taxi,frozenlake --seeds 1 --budget-scale 0.2
+    python scripts/bench_defaults.py --envs dict-goal-impala --own-budget-scale 2   # compute-matched reading
     python scripts/bench_defaults.py --list
 
 rltrain runs as a user would: ``python -m rltrain env.id=<task> [algo=<algo>]``, nothing else tuned
@@ -20,6 +21,11 @@ Both evaluate 10 episodes deterministic and 10 stochastic at the end. Each run i
 are the child's user + system time (rusage, its actor processes included), so start-up, training and evaluation
 all count. rltrain and its peers alternate per seed so that they meet the same neighbours on a shared machine;
 only ratios from one run of this script mean anything (a VM's speed drifts between runs).
+
+``--own-budget-scale X`` gives rltrain's runs X times the peers' env steps: the compute-matched reading of a goal
+set as "the peer's return at <= 0.8x its CPU" (an algorithm that spends less per step may take more steps within
+that CPU). The steps column then shows both budgets (rltrain / peer), and the CPU ratio is still whole process
+against whole process, so a row under it is judged on the same two goals, never on equal steps.
 """
 
 from __future__ import annotations
@@ -178,6 +184,8 @@ def main() -> None:
     ap.add_argument("--envs", default=",".join(r.name for r in ROWS), help="comma-separated row names")
     ap.add_argument("--seeds", default="1,2,3")
     ap.add_argument("--budget-scale", type=float, default=1.0, help="multiply every row's env-step budget")
+    ap.add_argument("--own-budget-scale", type=float, default=1.0,
+                    help="rltrain's env steps as a multiple of its peers' (compute-matched rows; printed beside them)")
     ap.add_argument("--sb3-python", default=sys.executable, help="a Python with stable-baselines3 (and minigrid)")
     ap.add_argument("--rllib-python", help="a Python with ray[rllib] for the rllib peer (none: that peer is skipped)")
     ap.add_argument("--list", action="store_true", help="print the rows and exit")
@@ -192,28 +200,34 @@ def main() -> None:
     unknown = [w for w in wanted if w not in {r.name for r in ROWS}]
     if unknown:
         raise SystemExit(f"unknown --envs {unknown}; rows: {', '.join(r.name for r in ROWS)}")
+    if not args.budget_scale > 0 or not args.own_budget_scale > 0:
+        raise SystemExit("--budget-scale and --own-budget-scale must be > 0")
     seeds = [int(s) for s in args.seeds.split(",")]
     pythons = {"sb3": args.sb3_python, "rllib": args.rllib_python}
     head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True)
     print(f"measured at commit {head.stdout.strip() or 'unknown'}", flush=True)  # figures quoted from it name it
+    if args.own_budget_scale != 1:
+        print(f"compute-matched: rltrain runs {args.own_budget_scale:g}x its peers' env steps (steps column: "
+              "rltrain / peer)", flush=True)
     print(f"{'row':20} {'algo':6} {'peer':6} {'steps':>8}  {'rltrain det':>15} {'rltrain stoch':>15} {'peer det':>15} "
           f"{'peer stoch':>15} {'CPU s rl':>9} {'CPU s peer':>10} {'ratio':>6}", flush=True)
     totals: dict[str, list[float]] = {}
     with tempfile.TemporaryDirectory(prefix="bench-defaults-") as tmp:
         for row in [r for r in ROWS if r.name in wanted]:
             steps = max(1, int(row.steps * args.budget_scale))
+            own = max(1, int(steps * args.own_budget_scale))
             ours: list[dict] = []
             theirs: dict[str, list[dict]] = {p: [] for p in row.peers}
             for seed in seeds:  # alternate: rltrain and its peers meet the same neighbours
-                ours.append(run_rltrain(row, steps, seed, Path(tmp)))
-                _log(args.log, row, steps, seed, "rltrain", ours[-1])
+                ours.append(run_rltrain(row, own, seed, Path(tmp)))
+                _log(args.log, row, own, seed, "rltrain", ours[-1])
                 for peer in row.peers:
                     res = run_peer(peer, row, steps, seed, Path(tmp), pythons)
                     if res is not None:
                         theirs[peer].append(res)
                         _log(args.log, row, steps, seed, peer, res)
             for peer, runs in theirs.items():
-                _print_row(row, peer, steps, ours, runs, totals)
+                _print_row(row, peer, steps if own == steps else f"{own:,}/{steps:,}", ours, runs, totals)
     for peer, (ours_cpu, theirs_cpu) in totals.items():
         print(f"{'total vs ' + peer:20} {'':6} {'':6} {'':8}  {'':15} {'':15} {'':15} {'':15} {ours_cpu:9.1f} "
               f"{theirs_cpu:10.1f} {ours_cpu / max(theirs_cpu, 1e-9):6.2f}")
@@ -226,17 +240,22 @@ def _log(log: Path | None, row: Row, steps: int, seed: int, who: str, res: dict)
             f.write(json.dumps({"row": row.name, "steps": steps, "seed": seed, "who": who, **res}) + "\n")
 
 
-def _print_row(row: Row, peer: str, steps: int, ours: list[dict], runs: list[dict], totals: dict) -> None:
+def _steps(steps: int | str) -> str:
+    """The steps column: one budget, or rltrain's / the peer's under --own-budget-scale."""
+    return f"{steps:8,}" if isinstance(steps, int) else f"{steps:>8}"
+
+
+def _print_row(row: Row, peer: str, steps: int | str, ours: list[dict], runs: list[dict], totals: dict) -> None:
     cpu = sum(o["cpu"] for o in ours)
     if not runs:
-        print(f"{row.name:20} {row.algo:6} {peer:6} {steps:8,}  {spread([o['deterministic'] for o in ours]):>15} "
+        print(f"{row.name:20} {row.algo:6} {peer:6} {_steps(steps)}  {spread([o['deterministic'] for o in ours]):>15} "
               f"{spread([o['stochastic'] for o in ours]):>15} {'skipped: no --' + peer + '-python':>31} {cpu:9.1f}",
               flush=True)
         return
     peer_cpu = sum(t["cpu"] for t in runs)
     acc = totals.setdefault(peer, [0.0, 0.0])
     acc[0], acc[1] = acc[0] + cpu, acc[1] + peer_cpu
-    print(f"{row.name:20} {row.algo:6} {peer:6} {steps:8,}  {spread([o['deterministic'] for o in ours]):>15} "
+    print(f"{row.name:20} {row.algo:6} {peer:6} {_steps(steps)}  {spread([o['deterministic'] for o in ours]):>15} "
           f"{spread([o['stochastic'] for o in ours]):>15} {spread([t['deterministic'] for t in runs]):>15} "
           f"{spread([t['stochastic'] for t in runs]):>15} {cpu:9.1f} {peer_cpu:10.1f} {cpu / peer_cpu:6.2f}  "
           f"{row.note}", flush=True)

@@ -93,6 +93,9 @@ def test_bench_defaults_lists_its_rows_and_refuses_an_unknown_one():
     bad = subprocess.run([sys.executable, "scripts/bench_defaults.py", "--envs", "taxy"], cwd=REPO,
                          capture_output=True, text=True, timeout=120)
     assert bad.returncode != 0 and "unknown --envs ['taxy']" in bad.stderr, bad.stderr
+    zero = subprocess.run([sys.executable, "scripts/bench_defaults.py", "--envs", "taxi", "--own-budget-scale", "0"],
+                          cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert zero.returncode != 0 and "--own-budget-scale must be > 0" in zero.stderr, zero.stderr
 
 
 def test_bench_multiagent_prints_its_table(tmp_path):
