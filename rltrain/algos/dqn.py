@@ -202,12 +202,12 @@ class DQN(OffPolicy):
         """One TD step on a minibatch (numpy's or autograd's); returns detached [td_loss, mean Q(s, a)]. Prioritised
         replay's drawn rows get their new priorities."""
         stats, priority = self.numpy_step.step(batch) if self.numpy_step is not None else self.autograd_step(batch)
-        if batch.slots is not None:
-            self.buffer.update_priorities(batch.slots, priority)
+        if batch.slots is not None:  # (read back from the device only here: without PER no step waits for it)
+            self.buffer.update_priorities(batch.slots, priority.cpu().numpy())
         return stats
 
-    def autograd_step(self, batch: Batch) -> tuple[Tensor, np.ndarray]:
-        """The TD step in torch: ([td_loss, mean Q(s, a)], the per-transition priorities [B])."""
+    def autograd_step(self, batch: Batch) -> tuple[Tensor, Tensor]:
+        """The TD step in torch: ([td_loss, mean Q(s, a)], the per-transition priorities [B]), detached."""
         s, b = self.settings, batch
         # the buffer hands observations out in their stored dtype (a dict of them for Dict spaces); the
         # Q-network converts them (the MLP casts to float, an encoder also scales uint8 pixels)
@@ -246,7 +246,7 @@ class DQN(OffPolicy):
         if s.max_grad_norm is not None:
             clip_grad_norm(self.params, s.max_grad_norm)
         self.optimizer.step()
-        return torch.stack([loss.detach(), q.detach().mean()]), priority.detach().cpu().numpy()
+        return torch.stack([loss.detach(), q.detach().mean()]), priority.detach()
 
     def networks_state(self) -> dict:
         return {"policy": self.policy.state_dict(), "target": self.target.state_dict(),

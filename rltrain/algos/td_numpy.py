@@ -99,7 +99,7 @@ class NumpyTDStep:
             return (log_softmax(raw)[1] * self.atoms).sum(-1)
         return raw[..., 0]
 
-    def step(self, batch: Batch) -> tuple[Tensor, np.ndarray]:
+    def step(self, batch: Batch) -> tuple[Tensor, Tensor]:
         """One TD step on ``batch``; returns ([td_loss, mean Q(s, a)], the per-transition priorities [B]) as
         ``DQN.update``'s autograd step does."""
         n = len(batch.rewards)
@@ -133,7 +133,7 @@ class NumpyTDStep:
         if self.max_grad_norm is not None:
             clip_grad_norm(self.flat, self.max_grad_norm)
         self.optimizer.step()
-        return torch.tensor([loss, float(q.mean())], dtype=torch.float32), priority
+        return torch.tensor([loss, float(q.mean())], dtype=torch.float32), torch.from_numpy(priority)
 
     # Each loss: (the chosen action's outputs raw [B, K], rewards [B], discounts [B], the target's outputs for a'
     # [B, K]) -> (loss per transition [B], its gradient with respect to raw [B, K], Q(s, a) [B], priority [B]).
