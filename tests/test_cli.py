@@ -261,9 +261,16 @@ def test_the_docs_pages_help_names_exist():
     import re
 
     from rltrain.cli.resolvers import DOCS
+    from rltrain.cli.schema import options
 
     pages = {p for _, text in DOCS for p in re.findall(r"docs/[\w/<>.-]+\.md", text)}
-    pages = {p.replace("<name>", algo) for p in pages for algo in ("ppo", "a2c", "dqn", "sac", "impala")}
+    algos = dict(DOCS)["algo=<name>"]
+    named = set(re.findall(r"\w+", algos.partition("(")[2].partition(";")[0]))
+    elsewhere = dict(re.findall(r"(\w+) on (\w+)\.md", algos))
+    # every algorithm has a page: its own (named in the line), a sibling's (named "x on y.md") or multi-agent's
+    for algo in options("algos"):
+        assert algo in named | set(elsewhere) or f"algo={algo}" in " ".join(k for k, _ in DOCS), algo
+    pages = {p.replace("<name>", algo) for p in pages for algo in [*named, *elsewhere.values()]}
     assert len(pages) >= 15
     if not (REPO / "mkdocs.yml").exists():
         pytest.skip("the docs site (mkdocs.yml, docs/) is not in this checkout yet")

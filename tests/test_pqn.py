@@ -107,6 +107,8 @@ def test_pqn_runs_under_distributed_simulator_with_identical_replicas(tmp_path):
 @pytest.mark.learning
 @pytest.mark.slow
 def test_pqn_learns_cartpole(tmp_path):
-    summary = run(compose_cfg(["logger=quiet", "experiment=pqn_cartpole", "total_env_steps=60000", "seed=1"]),
-                  tmp_path)
+    # the preset's whole budget: its greedy policy must still balance at the end, not only have learned on the way
+    # (with CleanRL's final epsilon 0.05 this seed reached 500 mid-run and ended at 61)
+    summary = run(compose_cfg(["logger=quiet", "experiment=pqn_cartpole", "seed=1"]), tmp_path)
     assert summary["train_return_last100"] >= 150, summary
+    assert summary["final_eval_return"] >= 475, summary

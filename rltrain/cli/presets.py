@@ -19,6 +19,8 @@ from pathlib import Path
 
 import yaml
 
+# libyaml's loader where PyYAML was built with it: every run reads all ~45 preset files before composing
+_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 CONF = Path(__file__).resolve().parent.parent / "conf"
 FAMILY_GROUPS = {"mujoco", "atari", "minatar"}  # env groups whose presets fit any task of the family
 OFF = ("none", "null", "None")  # experiment=none: the generic defaults, no preset
@@ -64,7 +66,7 @@ def wrapper_names(wrappers) -> tuple[str, ...]:
 
 def _read(conf: Path, name: str) -> tuple[dict[str, str], dict]:
     """(groups overridden, the ``env`` keys set) by one experiment file, following experiments it builds on."""
-    doc = yaml.safe_load((conf / "experiment" / f"{name}.yaml").read_text()) or {}
+    doc = yaml.load((conf / "experiment" / f"{name}.yaml").read_text(), Loader=_LOADER) or {}
     groups: dict[str, str] = {}
     env: dict = {}
     for item in doc.get("defaults") or []:
@@ -76,13 +78,27 @@ def _read(conf: Path, name: str) -> tuple[dict[str, str], dict]:
     return groups, {**env, **(doc.get("env") or {})}
 
 
+_READ: dict[tuple, list[Preset]] = {}  # (conf, each experiment and env file's name and mtime) -> its presets
+
+
 def presets(conf: Path = CONF) -> list[Preset]:
+    """Every preset in ``conf/experiment``, read once per process while no file there changes (a run asks
+    twice: to resolve ``experiment=auto`` and for the generic-defaults note; a test's sweep, hundreds)."""
+    files = sorted((conf / "experiment").glob("*.yaml"))
+    key = (str(conf), *((str(f), f.stat().st_mtime_ns) for f in [*files, *sorted((conf / "env").glob("*.yaml"))]))
+    if key not in _READ:
+        _READ.clear()
+        _READ[key] = _scan(conf, files)
+    return list(_READ[key])
+
+
+def _scan(conf: Path, files: list[Path]) -> list[Preset]:
     out = []
-    for path in sorted((conf / "experiment").glob("*.yaml")):
+    for path in files:
         groups, env = _read(conf, path.stem)
         if "algo" not in groups or "env" not in groups:
             continue
-        env = {**(yaml.safe_load((conf / "env" / f"{groups['env']}.yaml").read_text()) or {}), **env}
+        env = {**(yaml.load((conf / "env" / f"{groups['env']}.yaml").read_text(), Loader=_LOADER) or {}), **env}
         env_id = str(env.get("id"))
         out.append(Preset(path.stem, groups["algo"], env_id, family(env_id), groups["env"] in FAMILY_GROUPS,
                           wrapper_names(env.get("wrappers"))))
@@ -145,7 +161,7 @@ def auto_preset(algo: str, env_group: str, env_id: str, wrappers=(), conf: Path 
 
 
 def _group_default(conf: Path, group: str) -> str:
-    for item in (yaml.safe_load((conf / "train.yaml").read_text()) or {}).get("defaults") or []:
+    for item in (yaml.load((conf / "train.yaml").read_text(), Loader=_LOADER) or {}).get("defaults") or []:
         if isinstance(item, dict) and group in item:
             return str(item[group])
     raise KeyError(group)
@@ -176,7 +192,7 @@ def resolve_experiment(overrides: list[str], conf: Path = CONF) -> tuple[list[st
         return rest, (f"experiment=auto with {added[0]}=...: that group may choose the algo or the env, so no "
                       "preset is applied and the generic defaults are used (name a preset with experiment=...)")
     try:
-        env = yaml.safe_load((conf / "env" / f"{env_group}.yaml").read_text()) or {}
+        env = yaml.load((conf / "env" / f"{env_group}.yaml").read_text(), Loader=_LOADER) or {}
     except FileNotFoundError:
         return rest, None  # composition names the unknown env group
     env_id = str(values.get("env.id") or env.get("id"))

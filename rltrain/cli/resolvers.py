@@ -23,7 +23,9 @@ MAX_NAME = 120  # characters of overrides in a job dir's name (file systems allo
 DOCS = (
     ("first steps", "docs/getting-started.md"),
     ("every key", "docs/reference/config.md (each default, its meaning and source)"),
-    ("algo=<name>", "docs/algorithms/<name>.md (ppo, a2c, dqn, sac, impala), its presets (experiment=) too"),
+    ("algo=<name>", "docs/algorithms/<name>.md (ppo, a2c, dqn, sac, td3, impala, pqn; ddpg on td3.md, rainbow on "
+                    "dqn.md), its presets (experiment=) too"),
+    ("algo.her=true", "docs/algorithms/her.md (goal-conditioned tasks: hindsight experience replay)"),
     ("algo=ippo, algo=mappo", "docs/guide/multi-agent.md (PettingZoo envs)"),
     ("trainer=parallel", "docs/scaling/parallel.md"),
     ("trainer=distributed_simulator", "docs/scaling/distributed.md"),
