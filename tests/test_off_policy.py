@@ -194,11 +194,11 @@ def test_numpy_epsilon_greedy_actor_acts_as_the_torch_policy():
 
 def test_numpy_actor_of_a_quantile_head_acts_on_the_mean_quantile():
     """QR-DQN on float vectors acts through the numpy actor too: Q is the mean of each action's K quantiles, as
-    the torch policy's; heads with more than one Linear (dueling, noisy) or C51's atoms keep the torch path, and
-    the update stays autograd's (the numpy TD step is DQN's loss)."""
+    the torch policy's; heads with more than one Linear (dueling, noisy) or C51's atoms keep the torch path. (The
+    update is numpy's too: tests/test_rainbow.py checks it against autograd.)"""
     torch.manual_seed(0)
     qr = DQN(CARTPOLE, DQNSettings(distributional="qr", n_quantiles=7), num_envs=1, device=CPU)
-    assert qr.numpy_step is None
+    assert qr.numpy_step is not None
     obs = np.random.default_rng(0).normal(size=(2000, 4)).astype(np.float32)
     qr.policy.epsilon.fill_(0.0)
     actor = qr.policy.numpy_actor()

@@ -210,28 +210,35 @@ def test_dueling_noisy_and_distributional_heads():
     noisy.eval()
     torch.testing.assert_close(noisy(x), x @ noisy.weight_mu.T + noisy.bias_mu)  # the mean weights in eval
     # dueling acts and learns through torch; QR-DQN's one-Linear head acts through the numpy actor (the mean
-    # quantile) and learns through torch (mlp_layers: the numpy TD step's, plain DQN's only)
-    assert dueling.mlp_layers == [] and dueling.numpy_actor() is None and qr.mlp_layers == []
+    # quantile) and learns through numpy (mlp_layers: the numpy TD step's), C51's learns there and acts in torch
+    assert dueling.mlp_layers == [] and dueling.numpy_actor() is None and len(qr.mlp_layers) == 2
+    assert len(c51.mlp_layers) == 2 and c51.numpy_actor() is None
     np.testing.assert_allclose(qr.numpy_actor().forward(x.numpy()), qr(x).detach().numpy(), rtol=1e-5, atol=1e-6)
+
+
+def vector_rollout(streams: Streams, T: int) -> Rollout:
+    """T steps of ``streams`` with distinct 4-d observations (CartPole's shape) made from the ids and the action
+    each id's parity."""
+    r = streams.rollout(T)
+    r.actions = (r.obs[..., 0] % 2).astype(np.int64)
+    features = np.array([1.0, 2.1, 3.3, 4.7], np.float32)
+    r.obs, r.next_obs = np.sin(r.obs * features), np.sin(r.next_obs * features)
+    return r
 
 
 @pytest.mark.parametrize("options", [dict(n_step=3), dict(prioritized=True), dict(dueling=True),
                                      dict(distributional="c51", n_atoms=11, v_min=-5.0, v_max=5.0, gamma=0.1),
                                      dict(distributional="qr", n_quantiles=16), dict(noisy=True)],
                          ids=["nstep", "per", "dueling", "c51", "qr", "noisy"])
-def test_each_option_takes_the_torch_path_and_lowers_its_loss(options):
-    """Repeated TD steps on one fixed batch fit it: the option's loss falls (a broken target or sign would not)."""
+def test_each_option_lowers_its_loss(options):
+    """Repeated TD steps on one fixed batch fit it: the option's loss falls (a broken target or sign would not).
+    Dueling and noisy heads take the torch path, the rest numpy's (checked against autograd below)."""
     torch.manual_seed(0)
     np.random.seed(0)
     settings = DQNSettings(learning_starts=0, batch_size=32, buffer_size=1000, lr=3e-3, **options)
     dqn = DQN(CARTPOLE, settings, num_envs=2, device=CPU, model=ModelSettings(hidden_sizes=(32,)))
-    assert dqn.numpy_step is None
-    streams = Streams(2, seed=1)
-    r = streams.rollout(60)
-    r.actions = (r.obs[..., 0] % 2).astype(np.int64)
-    features = np.array([1.0, 2.1, 3.3, 4.7], np.float32)  # distinct 4-d observations from the ids
-    r.obs, r.next_obs = np.sin(r.obs * features), np.sin(r.next_obs * features)
-    dqn.buffer.add_rollout(r)
+    assert (dqn.numpy_step is None) == (settings.dueling or settings.noisy)
+    dqn.buffer.add_rollout(vector_rollout(Streams(2, seed=1), 60))
     batch = dqn.sample(0.5)
     if settings.prioritized:
         assert batch.weights is not None and float(batch.weights.max()) == 1.0 and dqn.beta == pytest.approx(0.7)
@@ -240,11 +247,70 @@ def test_each_option_takes_the_torch_path_and_lowers_its_loss(options):
     assert losses[-1] < 0.5 * losses[0]
 
 
+NUMPY_CASES = {
+    "qr": dict(distributional="qr", n_quantiles=7),
+    "qr_double_nstep_per": dict(distributional="qr", n_quantiles=7, double_dqn=True, n_step=3, prioritized=True),
+    "qr_nstep": dict(distributional="qr", n_quantiles=5, n_step=2, max_grad_norm=None, model_activation="tanh"),
+    "c51": dict(distributional="c51", n_atoms=11, v_min=-4.0, v_max=4.0),
+    "c51_double_nstep_per": dict(distributional="c51", n_atoms=11, v_min=-4.0, v_max=4.0, double_dqn=True,
+                                 n_step=3, prioritized=True, adam_eps=1.5e-4),
+    "huber_nstep_per": dict(n_step=3, prioritized=True, double_dqn=True),
+}
+
+
+@pytest.mark.parametrize("case", NUMPY_CASES)
+def test_numpy_td_step_is_autograds_with_each_option(case):
+    """The numpy TD step (algos/td_numpy.py) against autograd's (numpy_update=false) on the same replay and the
+    same batches, with QR-DQN's and C51's heads, n-step returns, prioritised replay and Double DQN: the same loss
+    and mean Q, the same new priorities, then the same weights and Adam moments after several steps."""
+    options = dict(NUMPY_CASES[case])
+    activation, max_grad_norm = options.pop("model_activation", "relu"), options.pop("max_grad_norm", 0.5)
+
+    def make(numpy_update: bool) -> DQN:
+        torch.manual_seed(0)
+        settings = DQNSettings(numpy_update=numpy_update, learning_starts=0, batch_size=32, buffer_size=1000,
+                               lr=3e-3, max_grad_norm=max_grad_norm, **options)
+        dqn = DQN(CARTPOLE, settings, num_envs=2, device=CPU,
+                  model=ModelSettings(hidden_sizes=(16, 8), activation=activation))
+        rollout = vector_rollout(Streams(2, seed=1), 80)
+        rollout.rewards *= 3
+        dqn.buffer.add_rollout(rollout)
+        return dqn
+
+    fast, slow = make(True), make(False)
+    assert fast.numpy_step is not None and slow.numpy_step is None
+    np.random.seed(0)
+    for i in range(6):
+        batch = fast.sample(0.1 * i)
+        torch.testing.assert_close(fast.update(batch), slow.update(batch), rtol=1e-5, atol=1e-6)
+        if batch.slots is not None:
+            leaves = [dqn.buffer.tree.leaves(batch.slots) for dqn in (fast, slow)]
+            np.testing.assert_allclose(*leaves, rtol=1e-5)
+    for p, q in zip(fast.policy.parameters(), slow.policy.parameters(), strict=True):
+        torch.testing.assert_close(p, q, rtol=1e-5, atol=1e-6)
+    ours, theirs = fast.optimizer.state_dict()["state"], slow.optimizer.state_dict()["state"]
+    assert ours.keys() == theirs.keys()
+    for i in ours:
+        for moment in ("exp_avg", "exp_avg_sq"):
+            torch.testing.assert_close(ours[i][moment], theirs[i][moment], rtol=1e-4, atol=1e-8)
+
+
+def test_numpy_td_step_takes_only_one_mlp():
+    """Dueling streams, noisy layers, an image encoder or an action mask keep the autograd TD step."""
+    for options in (dict(dueling=True), dict(noisy=True), dict(distributional="qr", dueling=True),
+                    dict(distributional="c51", noisy=True)):
+        assert DQN(CARTPOLE, DQNSettings(**options), num_envs=1, device=CPU).numpy_step is None, options
+    pixels = EnvSpec("Pixels", (4, 84, 84), "discrete", (), n_actions=3, obs_dtype="uint8")
+    assert DQN(pixels, DQNSettings(distributional="qr", buffer_size=100), num_envs=1, device=CPU).numpy_step is None
+    assert DQN(CARTPOLE, DQNSettings(distributional="qr", numpy_update=False), num_envs=1,
+               device=CPU).numpy_step is None
+
+
 def test_rainbow_defaults_are_hessel_et_al_and_options_are_checked():
     s = RainbowSettings()
     assert (s.n_step, s.prioritized, s.priority_alpha, s.dueling, s.distributional, s.n_atoms, s.noisy,
             s.double_dqn, s.lr, s.adam_eps) == (3, True, 0.5, True, "c51", 51, True, True, 6.25e-5, 1.5e-4)
-    assert Rainbow.name == "rainbow" and not s.plain and DQNSettings().plain
+    assert Rainbow.name == "rainbow"
     with pytest.raises(ConfigError, match="algo.distributional=quantile"):
         DQNSettings(distributional="quantile")
     with pytest.raises(ConfigError, match="v_min"):

@@ -65,9 +65,11 @@ class DQNSettings(HindsightSettings):
     #                               Source: SB3
     frame_stack: int | None = None  # K: observations are K-frame stacks, stored once per frame; null: the
     #                               env's (read from its FrameStackObservation); 0: off. Source: rltrain
-    numpy_update: bool = True  # on CPU, a plain MLP over float vectors: the TD step in numpy (algos/td_numpy.py;
-    #                               the same loss and checkpoints); false: autograd (what CUDA and encoders run).
-    #                               Source: rltrain (an implementation choice; the results are autograd's)
+    numpy_update: bool = True  # on CPU, an MLP over float vectors with a one-Linear head (plain, qr or c51; any
+    #                               n_step, prioritized, double_dqn): the TD step in numpy (algos/td_numpy.py; the
+    #                               same loss and checkpoints); false: autograd (what CUDA, encoders, dueling and
+    #                               noisy heads run). Source: rltrain (an implementation choice; the results are
+    #                               autograd's)
     checkpoint_buffer: bool = field(default=False, metadata={"internal": True})  # put the replay buffer into
     #                               state_dict: set by the CLI from checkpoint.replay_buffer
     n_step: int = 1  # n-step returns read from the replay at sampling time (data/nstep.py). Source: SB3 n_steps
@@ -119,11 +121,6 @@ class DQNSettings(HindsightSettings):
                             atoms=self.n_quantiles if self.distributional == "qr" else self.n_atoms,
                             v_min=self.v_min, v_max=self.v_max, noisy_sigma0=self.noisy_sigma0)
 
-    @property
-    def plain(self) -> bool:
-        """DQN as Mnih et al.: none of the Rainbow options on (what the numpy TD step computes)."""
-        return self.n_step == 1 and not self.prioritized and self.head_options().plain and self.adam_eps == 1e-8
-
 
 class DQN(OffPolicy):
     """DQN's networks and TD step; replay, warm-up, updates owed and the target schedule are ``OffPolicy``'s."""
@@ -154,12 +151,15 @@ class DQN(OffPolicy):
         self.policy = build(spec, model.with_mlp(*self.mlp), "q", **vars(head)).to(device)
         self.target = copy.deepcopy(self.policy).requires_grad_(False)
         self.params = list(self.policy.parameters())
-        # the TD step: in numpy for a plain MLP on CPU (its parameters re-homed into one flat buffer; Adam in
-        # torch's checkpoint format), else autograd
-        self.numpy_step = NumpyTDStep(self.policy.mlp_layers, self.target.mlp_layers,
-                                      activation=self.policy.mlp_activation, lr=s.lr, gamma=s.gamma, loss=s.loss,
-                                      double_dqn=s.double_dqn, max_grad_norm=s.max_grad_norm, sync=self.sync) \
-            if s.numpy_update and s.plain and device.type == "cpu" and self.policy.mlp_layers else None
+        # the TD step: in numpy for an MLP over float vectors whose head is one Linear (plain, QR-DQN, C51) on CPU,
+        # whatever the loss, target and replay options (its parameters re-homed into one flat buffer; Adam in
+        # torch's checkpoint format), else autograd (dueling, noisy, encoders, action masks, CUDA)
+        self.numpy_step = NumpyTDStep(
+            self.policy.mlp_layers, self.target.mlp_layers, activation=self.policy.mlp_activation, lr=s.lr,
+            adam_eps=s.adam_eps, gamma=s.gamma, loss=s.loss, double_dqn=s.double_dqn, max_grad_norm=s.max_grad_norm,
+            sync=self.sync, distributional=head.distributional, outputs=head.outputs,
+            support=getattr(self.policy.q.head, "support", None),
+        ) if s.numpy_update and device.type == "cpu" and self.policy.mlp_layers else None
         self.optimizer = self.numpy_step.optimizer if self.numpy_step else make_adam(self.params, s.lr,
                                                                                       eps=s.adam_eps)
         self.beta = s.priority_beta0  # prioritised replay's importance exponent, annealed in sample()
@@ -199,9 +199,15 @@ class DQN(OffPolicy):
         return batch
 
     def update(self, batch: Batch) -> Tensor:
-        """One TD step on a minibatch; returns detached [td_loss, mean Q(s, a)]."""
-        if self.numpy_step is not None:
-            return self.numpy_step.step(batch)
+        """One TD step on a minibatch (numpy's or autograd's); returns detached [td_loss, mean Q(s, a)]. Prioritised
+        replay's drawn rows get their new priorities."""
+        stats, priority = self.numpy_step.step(batch) if self.numpy_step is not None else self.autograd_step(batch)
+        if batch.slots is not None:  # (read back from the device only here: without PER no step waits for it)
+            self.buffer.update_priorities(batch.slots, priority.cpu().numpy())
+        return stats
+
+    def autograd_step(self, batch: Batch) -> tuple[Tensor, Tensor]:
+        """The TD step in torch: ([td_loss, mean Q(s, a)], the per-transition priorities [B]), detached."""
         s, b = self.settings, batch
         # the buffer hands observations out in their stored dtype (a dict of them for Dict spaces); the
         # Q-network converts them (the MLP casts to float, an encoder also scales uint8 pixels)
@@ -240,9 +246,7 @@ class DQN(OffPolicy):
         if s.max_grad_norm is not None:
             clip_grad_norm(self.params, s.max_grad_norm)
         self.optimizer.step()
-        if b.slots is not None:
-            self.buffer.update_priorities(b.slots, priority.detach().cpu().numpy())
-        return torch.stack([loss.detach(), q.detach().mean()])
+        return torch.stack([loss.detach(), q.detach().mean()]), priority.detach()
 
     def networks_state(self) -> dict:
         return {"policy": self.policy.state_dict(), "target": self.target.state_dict(),

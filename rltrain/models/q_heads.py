@@ -49,11 +49,6 @@ class QHeadOptions:
             raise ConfigError(f"algo.v_min={self.v_min}, algo.v_max={self.v_max}: C51's support needs v_min < v_max")
 
     @property
-    def plain(self) -> bool:
-        """Nothing but DQN's one Linear per action (what the numpy backend runs)."""
-        return self == QHeadOptions()
-
-    @property
     def one_linear(self) -> bool:
         """The head is one Linear per action (whatever the encoder)."""
         return not self.dueling and not self.noisy and self.distributional == "none"

@@ -68,20 +68,20 @@ class QPolicy(Policy):
         self.q = QNetwork(spec, settings, options)
         self.masked = spec.masked
         self.register_buffer("epsilon", torch.tensor(1.0))
-        # a plain MLP over float vectors, no mask: numpy acting (numpy_actor) and DQN's numpy TD step apply.
-        # mlp_layers: its Linear layers in order (encoder MLP, then the head), mlp_activation: between them
+        # an MLP over float vectors, no mask, and a head that is one Linear (K outputs per action: the plain head,
+        # QR-DQN's quantiles, C51's atoms): DQN's numpy TD step applies, and numpy acting where Q is the outputs'
+        # mean (plain, QR-DQN: Dabney et al. 2018). mlp_layers: its Linear layers in order (encoder MLP, then the
+        # head), mlp_activation: between them
         o = self.q.options
         mlp_head = not self.masked and is_float_vector(spec.observation) and isinstance(self.q.encoder, MLPEncoder)
-        plain = mlp_head and o.plain
+        one_stream = mlp_head and not (o.dueling or o.noisy or o.layer_norm)
         encoder_linears = [m for m in self.q.encoder.mlp if isinstance(m, nn.Linear)] if mlp_head else []
-        self.mlp_layers = encoder_linears + [self.q.head.linear] if plain else []
+        head = self.q.head.linear if o.one_linear else self.q.head.advantage
+        self.mlp_layers = encoder_linears + [head] if one_stream else []
         self.mlp_activation = next((name for name, cls in ACTIVATIONS.items() for m in self.q.encoder.mlp
                                     if isinstance(m, cls)), "relu") if mlp_head else ""
-        # QR-DQN's head on the same MLP is one Linear too, with K quantiles per action whose mean is Q (Dabney et
-        # al. 2018): the numpy actor runs it and averages them (no numpy TD step: that one is DQN's loss)
-        quantile_head = mlp_head and o.distributional == "qr" and not (o.dueling or o.noisy or o.layer_norm)
-        self.actor_layers = self.mlp_layers or (encoder_linears + [self.q.head.advantage] if quantile_head else [])
-        self.quantiles = o.atoms if quantile_head else 1
+        self.actor_layers = self.mlp_layers if o.distributional != "c51" else []  # C51's Q is an expectation
+        self.quantiles = o.atoms if o.distributional == "qr" else 1
         self._actor: tuple[tuple[int, ...], EpsilonGreedyActor] | None = None  # (weight addresses, actor)
 
     def forward(self, obs: Obs) -> Tensor:
