@@ -11,7 +11,7 @@ hooks on every step, which a DQN doing thousands of tiny updates feels.
 ``FusedAdam.step`` is ``torch.optim.adam._fused_adam`` for one device and dtype: the float32 ``step``
 counters are incremented with ``torch._foreach_add_`` and ``torch._fused_adam_`` updates parameters and
 moments in place, so the weights are bit for bit what torch's fused Adam gives (but for subnormal floats,
-which the step flushes to zero: ``models/numpy_mlp.subnormals_flushed``). ``state_dict`` /
+which the step flushes to zero, as ``FlatAdam.step`` in models/numpy_mlp.py says). ``state_dict`` /
 ``load_state_dict`` use torch Adam's own format (per-parameter ``step`` / ``exp_avg`` / ``exp_avg_sq``, its
 ``param_groups``), so checkpoints load into either, and ``param_groups`` holds the one group as torch's does
 (``algos.base.set_lr`` anneals its ``lr``). Where the fused kernel is missing (an old torch, parameters that are
@@ -23,7 +23,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from rltrain.models.numpy_mlp import adam_group, subnormals_flushed
+from rltrain.models.numpy_mlp import adam_group
 
 
 class FusedAdam:
@@ -61,10 +61,14 @@ class FusedAdam:
             exp_avg_sqs = [self.exp_avg_sqs[i] for i in live]
         beta1, beta2 = self.group["betas"]
         torch._foreach_add_(steps, 1)
-        with subnormals_flushed():  # a dead unit's moments decay through the subnormals: 20-35x slower there
-            torch._fused_adam_(params, grads, exp_avgs, exp_avg_sqs, [], steps, amsgrad=False, lr=self.group["lr"],
-                               beta1=beta1, beta2=beta2, weight_decay=0.0, eps=self.group["eps"],
-                               maximize=False, grad_scale=None, found_inf=None)
+        # subnormals flushed for the step: a dead unit's moments decay through them, 20-35x slower on x86
+        # (models/numpy_mlp.py, FlatAdam.step, says more)
+        flushing = torch.set_flush_denormal(True)
+        torch._fused_adam_(params, grads, exp_avgs, exp_avg_sqs, [], steps, amsgrad=False, lr=self.group["lr"],
+                           beta1=beta1, beta2=beta2, weight_decay=0.0, eps=self.group["eps"], maximize=False,
+                           grad_scale=None, found_inf=None)
+        if flushing:
+            torch.set_flush_denormal(False)
 
     def state_dict(self) -> dict:
         """What ``torch.optim.Adam(params, fused=True).state_dict()`` holds after the same steps (copies)."""

@@ -20,29 +20,12 @@ import glob
 import math
 import os
 from collections.abc import Callable
-from contextlib import contextmanager
 
 import numpy as np
 import torch
 from torch import Tensor, nn
 
 _BLAS_SETTERS = ("scipy_openblas_set_num_threads64_", "scipy_openblas_set_num_threads", "openblas_set_num_threads")
-
-
-@contextmanager
-def subnormals_flushed():
-    """Run an Adam step with subnormal floats flushed to zero (this thread's CPU flags), then restore them.
-
-    A parameter whose gradient stays 0 (a dead ReLU's weights) decays its Adam moments through float32's
-    subnormal range (``exp_avg_sq`` for ~16k steps at beta2 0.999), where x86 arithmetic is 20-35x slower: one
-    such tensor made a whole off-policy run's Adam cost a third of its CPU. Flushed, the results differ from
-    unflushed Adam only below 1.2e-38. Both Adams use it (``FlatAdam`` here, ``FusedAdam`` in algos/adam.py)."""
-    flushing = torch.set_flush_denormal(True)
-    try:
-        yield
-    finally:
-        if flushing:
-            torch.set_flush_denormal(False)
 
 
 def single_thread_blas() -> bool:
@@ -183,10 +166,13 @@ class FlatAdam:
         self.steps = 0
 
     def step(self) -> None:
-        with subnormals_flushed():
-            self._step()
-
-    def _step(self) -> None:
+        # Subnormal floats flushed to zero for the step (this thread's CPU flags), then restored. A parameter whose
+        # gradient stays 0 (a dead ReLU's weights) decays its moments through float32's subnormal range
+        # (exp_avg_sq for ~16k steps at beta2 0.999), where x86 arithmetic is 20-35x slower: one such tensor made
+        # a whole off-policy run's Adam cost a third of its CPU. Results differ from unflushed Adam only below
+        # 1.2e-38. Two plain calls, no context manager: PPO's update takes 16 steps (scripts/hot_path_counts.py).
+        # FusedAdam (algos/adam.py) does the same.
+        flushing = torch.set_flush_denormal(True)
         b1, b2 = self.betas
         g, m, v, tmp = self.flat.grad, self._m, self._v, self._tmp
         self.steps += 1
@@ -203,6 +189,8 @@ class FlatAdam:
         np.divide(m, tmp, out=tmp)
         tmp *= self.lr / bc1
         self.flat.data -= tmp
+        if flushing:
+            torch.set_flush_denormal(False)
 
     def state_dict(self) -> dict:
         """``torch.optim.Adam.state_dict()`` for the same parameters after the same steps (copies)."""
