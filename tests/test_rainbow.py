@@ -19,8 +19,10 @@ from rltrain.cli.build import run
 from rltrain.data.nstep import nstep_targets
 from rltrain.data.prioritized import PrioritizedReplayBuffer, SumTree
 from rltrain.data.replay import ReplayBuffer
-from rltrain.data.structs import EnvSpec, Rollout
+from rltrain.data.structs import EnvSpec, ObsSpace, Rollout
 from rltrain.errors import ConfigError
+from rltrain.models.encoders import to_float
+from rltrain.models.numpy_mlp import flat_float32
 from rltrain.models.q_heads import NoisyLinear, QHeadOptions
 from rltrain.models.q_networks import QPolicy
 from rltrain.models.settings import ModelSettings
@@ -247,6 +249,22 @@ def test_each_option_lowers_its_loss(options):
     assert losses[-1] < 0.5 * losses[0]
 
 
+PLANES = EnvSpec("Planes", (4, 4, 3), "discrete", (), n_actions=2, obs_dtype="bool")  # MinAtar's kind, smaller
+BYTES = EnvSpec("Bytes", (3, 5), "discrete", (), n_actions=2, obs_dtype="uint8")  # FlatInput divides by 255
+
+
+def box_rollout(streams: Streams, T: int, spec: EnvSpec) -> Rollout:
+    """``vector_rollout``'s transitions with each id drawn as a ``spec``-shaped observation in its dtype (bool
+    planes or bytes from a seeded table: one random, hence distinct, pattern per id)."""
+    r = streams.rollout(T)
+    r.actions = (r.obs[..., 0] % 2).astype(np.int64)
+    shape = (streams.next_id + 1, *spec.obs_shape)
+    rng = np.random.default_rng(7)
+    table = rng.random(shape) < 0.5 if spec.obs_dtype == "bool" else rng.integers(0, 256, shape, np.uint8)
+    r.obs, r.next_obs = table[r.obs[..., 0].astype(np.int64)], table[r.next_obs[..., 0].astype(np.int64)]
+    return r
+
+
 NUMPY_CASES = {
     "qr": dict(distributional="qr", n_quantiles=7),
     "qr_double_nstep_per": dict(distributional="qr", n_quantiles=7, double_dqn=True, n_step=3, prioritized=True),
@@ -255,6 +273,12 @@ NUMPY_CASES = {
     "c51_double_nstep_per": dict(distributional="c51", n_atoms=11, v_min=-4.0, v_max=4.0, double_dqn=True,
                                  n_step=3, prioritized=True, adam_eps=1.5e-4),
     "huber_nstep_per": dict(n_step=3, prioritized=True, double_dqn=True),
+    # observations the MLP encoder flattens and casts (bool planes, uint8 scaled to [0, 1]) take the numpy step too
+    "planes_huber": dict(spec=PLANES),
+    "planes_qr_double_per": dict(spec=PLANES, distributional="qr", n_quantiles=7, double_dqn=True, prioritized=True),
+    "planes_c51_nstep": dict(spec=PLANES, distributional="c51", n_atoms=11, v_min=-4.0, v_max=4.0, n_step=3),
+    "bytes_qr": dict(spec=BYTES, distributional="qr", n_quantiles=5),
+    "bytes_mse": dict(spec=BYTES, loss="mse"),
 }
 
 
@@ -265,14 +289,16 @@ def test_numpy_td_step_is_autograds_with_each_option(case):
     and mean Q, the same new priorities, then the same weights and Adam moments after several steps."""
     options = dict(NUMPY_CASES[case])
     activation, max_grad_norm = options.pop("model_activation", "relu"), options.pop("max_grad_norm", 0.5)
+    spec = options.pop("spec", CARTPOLE)
 
     def make(numpy_update: bool) -> DQN:
         torch.manual_seed(0)
         settings = DQNSettings(numpy_update=numpy_update, learning_starts=0, batch_size=32, buffer_size=1000,
                                lr=3e-3, max_grad_norm=max_grad_norm, **options)
-        dqn = DQN(CARTPOLE, settings, num_envs=2, device=CPU,
-                  model=ModelSettings(hidden_sizes=(16, 8), activation=activation))
-        rollout = vector_rollout(Streams(2, seed=1), 80)
+        dqn = DQN(spec, settings, num_envs=2, device=CPU,
+                  model=ModelSettings(hidden_sizes=(16, 8), activation=activation, encoder="mlp"))
+        streams = Streams(2, seed=1)
+        rollout = vector_rollout(streams, 80) if spec is CARTPOLE else box_rollout(streams, 80, spec)
         rollout.rewards *= 3
         dqn.buffer.add_rollout(rollout)
         return dqn
@@ -282,6 +308,7 @@ def test_numpy_td_step_is_autograds_with_each_option(case):
     np.random.seed(0)
     for i in range(6):
         batch = fast.sample(0.1 * i)
+        assert batch.obs.dtype == getattr(torch, spec.obs_dtype)  # stored as the env's: the step converts
         torch.testing.assert_close(fast.update(batch), slow.update(batch), rtol=1e-5, atol=1e-6)
         if batch.slots is not None:
             leaves = [dqn.buffer.tree.leaves(batch.slots) for dqn in (fast, slow)]
@@ -304,6 +331,42 @@ def test_numpy_td_step_takes_only_one_mlp():
     assert DQN(pixels, DQNSettings(distributional="qr", buffer_size=100), num_envs=1, device=CPU).numpy_step is None
     assert DQN(CARTPOLE, DQNSettings(distributional="qr", numpy_update=False), num_envs=1,
                device=CPU).numpy_step is None
+
+
+def test_numpy_path_takes_every_box_the_mlp_encoder_flattens():
+    """The numpy TD step and epsilon-greedy actor take any Box or MultiBinary observation the MLP encoder
+    flattens and casts (bool planes, uint8 bytes divided by 255, ints, a 3-D float box), with the torch policy's
+    Q-values; one-hot inputs (Discrete) and a CNN over the same planes keep torch."""
+    mlp = ModelSettings(hidden_sizes=(16,), encoder="mlp")
+    bits = ObsSpace("multi_binary", (6,), "int8")
+    specs = [PLANES, BYTES, EnvSpec("Ints", (2, 3), "discrete", (), n_actions=3, obs_dtype="int64"),
+             EnvSpec("Floats", (2, 3, 4), "discrete", (), n_actions=3),
+             EnvSpec("Bits", (6,), "discrete", (), n_actions=2, obs_dtype="int8", obs_space=bits)]
+    rng = np.random.default_rng(0)
+    for spec in specs:
+        shape, dtype = (50, *spec.obs_shape), spec.obs_dtype
+        obs = rng.random(shape) < 0.5 if dtype == "bool" else rng.normal(size=shape).astype(dtype) \
+            if dtype == "float32" else rng.integers(0, 2 if dtype == "int8" else 256, shape).astype(dtype)
+        for head in ("none", "qr", "c51"):
+            torch.manual_seed(0)
+            dqn = DQN(spec, DQNSettings(distributional=head, n_quantiles=7, buffer_size=100), num_envs=1,
+                      device=CPU, model=mlp)
+            assert dqn.numpy_step is not None, (spec.env_id, head)
+            np.testing.assert_array_equal(flat_float32(obs), to_float(torch.from_numpy(obs).flatten(1)).numpy())
+            if head == "c51":  # C51's Q is an expectation over atoms: it learns in numpy and acts in torch
+                assert dqn.policy.numpy_actor() is None
+                continue
+            dqn.policy.epsilon.fill_(0.0)
+            with torch.no_grad():
+                q = dqn.policy(torch.from_numpy(obs)).numpy()
+            np.testing.assert_allclose(dqn.policy.numpy_actor().forward(obs), q, rtol=1e-5, atol=1e-6)
+    every_byte = np.arange(256, dtype=np.uint8).reshape(2, 8, 16)
+    assert np.array_equal(flat_float32(every_byte), to_float(torch.from_numpy(every_byte)).flatten(1).numpy())
+    cnn = DQN(PLANES, DQNSettings(distributional="qr", buffer_size=100), num_envs=1, device=CPU)  # auto: MinAtar's
+    assert cnn.numpy_step is None and cnn.policy.numpy_actor() is None
+    cells = EnvSpec("Cells", (), "discrete", (), n_actions=2, obs_dtype="int64",
+                    obs_space=ObsSpace("discrete", (), "int64", n=5))
+    assert DQN(cells, DQNSettings(buffer_size=100), num_envs=1, device=CPU, model=mlp).numpy_step is None
 
 
 def test_rainbow_defaults_are_hessel_et_al_and_options_are_checked():

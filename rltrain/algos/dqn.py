@@ -65,11 +65,15 @@ class DQNSettings(HindsightSettings):
     #                               Source: SB3
     frame_stack: int | None = None  # K: observations are K-frame stacks, stored once per frame; null: the
     #                               env's (read from its FrameStackObservation); 0: off. Source: rltrain
-    numpy_update: bool = True  # on CPU, an MLP over float vectors with a one-Linear head (plain, qr or c51; any
-    #                               n_step, prioritized, double_dqn): the TD step in numpy (algos/td_numpy.py; the
-    #                               same loss and checkpoints); false: autograd (what CUDA, encoders, dueling and
-    #                               noisy heads run). Source: rltrain (an implementation choice; the results are
-    #                               autograd's)
+    numpy_update: bool = True  # on CPU, an MLP over a flattened Box or MultiBinary (float vectors, bool / int /
+    #                               uint8 planes such as MinAtar's under model.encoder=mlp) with a one-Linear head
+    #                               (plain, qr or c51; any n_step, prioritized, double_dqn): the TD step in numpy
+    #                               (algos/td_numpy.py; the same loss and checkpoints); false: autograd (what CUDA,
+    #                               CNN, Dict and one-hot encoders, dueling and noisy heads run). QR-DQN on MinAtar
+    #                               Breakout's planes with it: 0.50x sb3-contrib's whole-process CPU at level
+    #                               returns (3 seeds, 20k steps, 2026-11-27, commit 5e6361d; a same-run ratio on a
+    #                               shared VM: docs/algorithms/dqn.md). Source: rltrain (an implementation choice;
+    #                               the results are autograd's)
     checkpoint_buffer: bool = field(default=False, metadata={"internal": True})  # put the replay buffer into
     #                               state_dict: set by the CLI from checkpoint.replay_buffer
     n_step: int = 1  # n-step returns read from the replay at sampling time (data/nstep.py). Source: SB3 n_steps
@@ -151,7 +155,7 @@ class DQN(OffPolicy):
         self.policy = build(spec, model.with_mlp(*self.mlp), "q", **vars(head)).to(device)
         self.target = copy.deepcopy(self.policy).requires_grad_(False)
         self.params = list(self.policy.parameters())
-        # the TD step: in numpy for an MLP over float vectors whose head is one Linear (plain, QR-DQN, C51) on CPU,
+        # the TD step: in numpy for an MLP over a flattened Box whose head is one Linear (plain, QR-DQN, C51) on CPU,
         # whatever the loss, target and replay options (its parameters re-homed into one flat buffer; Adam in
         # torch's checkpoint format), else autograd (dueling, noisy, encoders, action masks, CUDA)
         self.numpy_step = NumpyTDStep(

@@ -1,5 +1,6 @@
-"""DQN's TD step on the numpy backend, for a Q-network that is one MLP over float vectors on CPU:
-``NumpyTDStep``.
+"""DQN's TD step on the numpy backend, for a Q-network that is one MLP on CPU: ``NumpyTDStep``. Its input is any
+Box (or MultiBinary) observation the MLP encoder reads flattened (float vectors, bool / int / uint8 planes such
+as MinAtar's, multi-dimensional boxes), converted as the encoder converts it (``numpy_mlp.flat_float32``).
 
 The maths is exactly ``DQN.update``'s autograd step, for every option that keeps the network one MLP whose last
 Linear gives K outputs per action ([B, A * K], action-major as ``QHeads``): the plain head (K = 1, Mnih et al.
@@ -8,8 +9,8 @@ atom logits (Bellemare et al. 2017; cross-entropy to the projected target, ``c51
 DQN's target (van Hasselt et al. 2016), n-step returns (the batch's ``discounts``) and prioritised replay's
 importance weights (Schaul et al. 2016), handing back the same per-transition priorities. Each loss's gradient
 with respect to the chosen action's K outputs is written by hand; backpropagation through the MLP, global
-grad-norm clipping and Adam are ``models/numpy_mlp.py``'s. Dueling streams, noisy layers, LayerNorm and encoders
-other than the MLP keep autograd (the network then is not one MLP).
+grad-norm clipping and Adam are ``models/numpy_mlp.py``'s. Dueling streams, noisy layers, LayerNorm, action masks,
+one-hot (Discrete, MultiDiscrete) inputs and encoders other than the MLP keep autograd (``QPolicy.mlp_layers``).
 
 Why: a small Q-network's autograd step is ~50 torch ops of dispatch overhead each, for arithmetic numpy does in
 a fraction of the time; DQN takes one such step every few env steps. ``tests/test_off_policy.py`` and
@@ -35,6 +36,7 @@ from rltrain.models.numpy_mlp import (
     FlatParams,
     adam_group,
     clip_grad_norm,
+    flat_float32,
     single_thread_blas,
 )
 
@@ -103,8 +105,7 @@ class NumpyTDStep:
         """One TD step on ``batch``; returns ([td_loss, mean Q(s, a)], the per-transition priorities [B]) as
         ``DQN.update``'s autograd step does."""
         n = len(batch.rewards)
-        obs = batch.obs.numpy().reshape(n, -1).astype(np.float32, copy=False)
-        next_obs = batch.next_obs.numpy().reshape(n, -1).astype(np.float32, copy=False)
+        obs, next_obs = flat_float32(batch.obs.numpy()), flat_float32(batch.next_obs.numpy())  # as FlatInput's
         actions, rewards = batch.actions.numpy().astype(np.int64, copy=False), batch.rewards.numpy()
         rows = np.arange(n)
         # gamma^k (1 - terminated): the bootstrap's weight, k = 1 unless n-step

@@ -51,6 +51,16 @@ def single_thread_blas() -> bool:
     return done
 
 
+def flat_float32(obs: np.ndarray) -> np.ndarray:
+    """A Box or MultiBinary batch [B, *shape] in its stored dtype -> float32 [B, prod(shape)]: the numbers
+    ``FlatInput`` (encoders.py) hands an MLP encoder, for the numpy paths that replace one. As its ``to_float``:
+    uint8 divided by 255 in float32 (the same rounding as torch's ``div_``), bool, int and float cast."""
+    x = obs.reshape(len(obs), -1)
+    if x.dtype == np.uint8:
+        return np.divide(x, np.float32(255.0), dtype=np.float32)
+    return x.astype(np.float32, copy=False)
+
+
 # Hidden-layer activations: forward f(z) -> new array, and backward g *= f'(z) in place, given the
 # output a = f(z) and the pre-activation z. tanh, relu and elu have derivatives computable from a alone;
 # silu's needs z (the caller keeps it only when ``NEEDS_PRE_ACTIVATION``). Derivatives at the kinks

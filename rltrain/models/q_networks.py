@@ -14,11 +14,11 @@ from torch import Tensor, nn
 
 from rltrain.data.structs import MASK_KEY, ActOutput, EnvSpec, Policy, action_mask_of
 from rltrain.errors import ConfigError
-from rltrain.models.actor_critic import is_float_vector
 from rltrain.models.distributions import mask_logits
 from rltrain.models.encoders import Encoder, MLPEncoder, Obs, make_encoder
 from rltrain.models.heads import QHead
 from rltrain.models.layers import ACTIVATIONS, NumpyActor, mlp
+from rltrain.models.numpy_mlp import flat_float32
 from rltrain.models.q_heads import LayerNormMLP, NormedFeatures, QHeadOptions, QHeads
 from rltrain.models.settings import ModelSettings
 
@@ -68,12 +68,14 @@ class QPolicy(Policy):
         self.q = QNetwork(spec, settings, options)
         self.masked = spec.masked
         self.register_buffer("epsilon", torch.tensor(1.0))
-        # an MLP over float vectors, no mask, and a head that is one Linear (K outputs per action: the plain head,
-        # QR-DQN's quantiles, C51's atoms): DQN's numpy TD step applies, and numpy acting where Q is the outputs'
-        # mean (plain, QR-DQN: Dabney et al. 2018). mlp_layers: its Linear layers in order (encoder MLP, then the
-        # head), mlp_activation: between them
+        # an MLP over a flattened Box or MultiBinary observation (float vectors, bool / int / uint8 planes, which
+        # numpy converts as FlatInput does: numpy_mlp.flat_float32; not Discrete's one-hot), no mask, and a head
+        # that is one Linear (K outputs per action: the plain head, QR-DQN's quantiles, C51's atoms): DQN's numpy
+        # TD step applies, and numpy acting where Q is the outputs' mean (plain, QR-DQN: Dabney et al. 2018).
+        # mlp_layers: its Linear layers in order (encoder MLP, then the head), mlp_activation: between them
         o = self.q.options
-        mlp_head = not self.masked and is_float_vector(spec.observation) and isinstance(self.q.encoder, MLPEncoder)
+        flat_box = spec.observation.kind in ("box", "multi_binary")
+        mlp_head = not self.masked and flat_box and type(self.q.encoder) is MLPEncoder  # not a subclass's encode
         one_stream = mlp_head and not (o.dueling or o.noisy or o.layer_norm)
         encoder_linears = [m for m in self.q.encoder.mlp if isinstance(m, nn.Linear)] if mlp_head else []
         head = self.q.head.linear if o.one_linear else self.q.head.advantage
@@ -124,9 +126,10 @@ class QPolicy(Policy):
         return ActOutput(action, prob.log())
 
     def numpy_actor(self) -> EpsilonGreedyActor | None:
-        """Q(s, .) over float vectors on CPU in numpy, acting epsilon-greedily at this epsilon, for the collector's
-        fast path (a torch forward of a small MLP on one observation is mostly per-op overhead); None for
-        anything else (encoders with weights before the MLP, action masks, an accelerator). The actor holds views
+        """Q(s, .) of an MLP over a flattened Box on CPU in numpy (``mlp_layers``), acting epsilon-greedily at this
+        epsilon, for the collector's fast path (a torch forward of a small MLP on one observation is mostly
+        per-op overhead); None for anything else (encoders with weights before the MLP, action masks, C51, an
+        accelerator). The actor holds views
         of the weights, so it follows every update in place; it is rebuilt when they move (``to``, ``assign``)."""
         linears = self.actor_layers
         if not linears or self.epsilon.device.type != "cpu":
@@ -164,7 +167,7 @@ class EpsilonGreedyActor(NumpyActor):
         self.out_dim //= quantiles
 
     def forward(self, obs: np.ndarray) -> np.ndarray:
-        out = super().forward(obs.astype(np.float32, copy=False))  # as the torch path, which casts first
+        out = super().forward(flat_float32(obs))  # as the torch path, which flattens and casts (FlatInput) first
         if self.quantiles > 1:
             out = out.reshape(*out.shape[:-1], self.out_dim, self.quantiles).mean(-1)
         return out
