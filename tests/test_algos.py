@@ -13,7 +13,7 @@ from rltrain.algos.a2c import A2C
 from rltrain.algos.base import Sync
 from rltrain.algos.ddpg import DDPG
 from rltrain.algos.dqn import DQN
-from rltrain.algos.impala import IMPALA
+from rltrain.algos.impala import IMPALA, IMPALASettings
 from rltrain.algos.ppo import PPO
 from rltrain.algos.sac import SAC
 from rltrain.algos.td3 import TD3
@@ -33,7 +33,7 @@ CASES = [
     ("a2c", A2C, CARTPOLE, {"rollout_len": T}),
     ("a2c_box_gae", A2C, PENDULUM, {"rollout_len": T, "gae_lambda": 0.95, "norm_obs": True, "norm_reward": True}),
     ("impala", IMPALA, CARTPOLE, {"rollout_len": T}),
-    ("impala_box", IMPALA, PENDULUM, {"rollout_len": T, "optimizer": "adam", "norm_reward": True}),
+    ("impala_box", IMPALA, PENDULUM, {"rollout_len": T, "optimizer": "adam", "norm_reward": True, "num_epochs": 2}),
     ("dqn", DQN, CARTPOLE, {**OFF, "rollout_len": T}),
     ("dqn_double_polyak", DQN, CARTPOLE, {**OFF, "rollout_len": T, "double_dqn": True, "tau": 0.5,
                                           "target_network_frequency": 1, "max_grad_norm": 10.0}),
@@ -193,6 +193,26 @@ def test_impala_is_on_policy_under_its_own_rollout():
     metrics = algo.learn(synthetic_rollout(algo, CARTPOLE), progress=0.0)
     assert metrics["train/rho_mean"] == pytest.approx(1.0, abs=1e-5)
     assert metrics["train/rho_clip_frac"] == 0.0
+
+
+def test_impala_num_epochs_are_gradient_steps_on_the_same_batch():
+    """``num_epochs=2`` is two whole-batch steps, each recomputing V-trace against the weights it starts from:
+    bitwise the same weights as learning twice from the same rollout with one epoch; the rho statistics are the
+    first pass's (1: the learner's own rollout), though the second pass runs off-policy."""
+    sync = CountingSync()
+    twice = make(IMPALA, CARTPOLE, {"rollout_len": T, "num_epochs": 2}, sync=sync)
+    once = make(IMPALA, CARTPOLE, {"rollout_len": T})
+    rollout = synthetic_rollout(twice, CARTPOLE)
+    metrics = twice.learn(rollout, progress=0.0)
+    assert sync.grad_calls == 2
+    assert metrics["train/rho_mean"] == pytest.approx(1.0, abs=1e-5)
+    once.learn(rollout, progress=0.0)
+    second = once.learn(rollout, progress=0.0)
+    assert second["train/rho_mean"] != pytest.approx(1.0, abs=1e-5)  # the weights moved: pass 2 is off-policy
+    for a, b in zip(twice.params, once.params, strict=True):
+        assert torch.equal(a, b)
+    with pytest.raises(ConfigError, match="algo.num_epochs=0 must be > 0"):
+        IMPALASettings(num_epochs=0)
 
 
 def test_dqn_epsilon_schedule_and_warmup():

@@ -310,7 +310,7 @@ RECURRENT_OTHER = ["env=cartpole_novel", "model.core=lstm", "model.core_size=16"
                                      ["trainer=distributed_simulator", "trainer.world_size=2"],
                                      ["trainer=subprocess_actors", "trainer.num_actors=2"],
                                      [*RECURRENT_OTHER, "algo=a2c", "algo.rollout_len=8"],
-                                     [*RECURRENT_OTHER, "algo=impala", "trainer=subprocess_actors",
+                                     [*RECURRENT_OTHER, "algo=impala", "algo.num_epochs=2", "trainer=subprocess_actors",
                                       "trainer.num_actors=2"]],
                          ids=["parallel", "distributed_simulator", "subprocess_actors", "a2c", "impala-actors"])
 def test_recurrent_ppo_runs_under_every_trainer(cli, tmp_path, trainer):
