@@ -74,22 +74,23 @@ class HindsightSampler:
         """gids [V] of sampleable transitions -> [V] gids of a transition drawn uniformly from each one to the
         last of its episode whose successor has arrived (inclusive)."""
         buf, C = self.buffer, self.buffer.capacity
-        chain = [gids]
-        alive = np.ones(len(gids), bool)
+        next_gid, final = buf.next_gid, buf.final
+        cur = gids % C  # walked in slots: one modulo per step
+        chain = [cur]
         while True:
-            cur = chain[-1]
-            nxt = buf.next_gid[cur % C]
+            nxt = next_gid[cur] % C
             # the next row continues the episode if it is a transition (not the episode's final row) whose own
-            # successor has arrived
-            ok = alive & ~buf.final[nxt % C] & (buf.next_gid[nxt % C] >= 0)
+            # successor has arrived. A chain that stopped stays on its row, whose next row fails this again (the
+            # buffer does not change during the walk): no mask of the chains still running is needed
+            ok = ~final[nxt] & (next_gid[nxt] >= 0)
             if not ok.any():
                 break
-            alive = ok
-            chain.append(np.where(ok, nxt, cur))
-        steps = np.stack(chain)  # [L, V]; a finished chain repeats its last row
+            cur = np.where(ok, nxt, cur)
+            chain.append(cur)
+        steps = np.stack(chain)  # [L, V] slots; a finished chain repeats its last row
         lengths = 1 + (steps[1:] != steps[:-1]).sum(0)
         pick = (np.random.random(len(gids)) * lengths).astype(np.int64)
-        return steps[pick, np.arange(len(gids))]
+        return buf._gids(steps[pick, np.arange(len(gids))])
 
     def rewards(self, achieved: np.ndarray, desired: np.ndarray) -> np.ndarray:
         """``compute_reward`` on [V, G] goals -> [V] float32: one vectorised call where the env's is."""

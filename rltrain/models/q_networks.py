@@ -230,5 +230,13 @@ class ContinuousQNetwork(nn.Module):
 
     def forward(self, obs: Obs, action: Tensor) -> Tensor:
         """obs [B, ...] (or a dict of them), action [B, A] -> Q [B]."""
+        return self.value(self.mlp_input(obs, action))
+
+    def mlp_input(self, obs: Obs, action: Tensor) -> Tensor:
+        """obs [B, ...] (or a dict of them), action [B, A] -> the MLP's input, encoder(obs) ++ action [B, F + A]."""
         features = self.encoder(obs)
-        return self.q(torch.cat([features, action.to(features.device)], -1)).squeeze(-1)
+        return torch.cat([features, action.to(features.device)], -1)
+
+    def value(self, x: Tensor) -> Tensor:
+        """The MLP's input [B, F + A] -> Q [B]."""
+        return self.q(x).squeeze(-1)

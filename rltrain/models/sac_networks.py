@@ -53,6 +53,9 @@ class SeparateTwinQ(nn.Module):
         if n_critics == 2:
             self.qf2 = ContinuousQNetwork(spec, settings, flat_input=flat_input)
         self.n_critics = n_critics
+        # flat encoders have no weights and do the same in both critics: encode obs ++ action once for both MLPs,
+        # as SB3's ContinuousCritic does (the same bits, and the same gradient into the action: a sum of two)
+        self.one_input = flat_input
 
     def features(self, obs: Obs) -> Obs:
         return obs  # each Q network encodes the observation itself
@@ -62,6 +65,9 @@ class SeparateTwinQ(nn.Module):
         ``first_only`` for a loss that reads Q1 alone, TD3's actor's: no Q2 forward to throw away)."""
         if self.n_critics == 1 or first_only:
             return (self.qf1(features, action),)
+        if self.one_input:
+            x = self.qf1.mlp_input(features, action)
+            return self.qf1.value(x), self.qf2.value(x)
         return self.qf1(features, action), self.qf2(features, action)
 
     def forward(self, obs: Obs, action: Tensor) -> tuple[Tensor, ...]:
