@@ -104,7 +104,8 @@ def test_multi_actions_train_under_every_trainer(tmp_path, env, algo, trainer, c
 
 def test_multi_discrete_learns_resumes_bitwise_evaluates_and_exports(tmp_path):
     # anneal_lr=false: a schedule over the budget would differ between a 2N and an N run
-    base = [*TINY, f"env.id={MD}", "algo=ppo", "algo.lr=3e-3", "algo.anneal_lr=false"]
+    # 4 minibatches of 16 rows: the default 32 would split this 64-row batch into pairs
+    base = [*TINY, f"env.id={MD}", "algo=ppo", "algo.lr=3e-3", "algo.anneal_lr=false", "algo.num_minibatches=4"]
     once = run(compose_cfg([*base, "total_env_steps=2048"]), tmp_path / "once")
     assert once["final_eval_return"] >= 6.0, once  # 8 steps x 1 when every component is right; random: ~2.3
     run(compose_cfg([*base, "total_env_steps=1024"]), tmp_path / "twice")
