@@ -35,7 +35,11 @@ class FusedAdam:
             raise ValueError("optimizer got an empty parameter list")
         self.group = {**adam_group(lr, eps), "betas": tuple(betas), "params": self.params}
         self.param_groups = [self.group]
-        self.steps = [torch.zeros((), dtype=torch.float32, device=p.device) for p in self.params]
+        # one float32 step counter per parameter, as torch keeps them, but as views into one vector: when every
+        # parameter has a gradient (the common case) one in-place add moves them all, where torch's per-tensor
+        # _foreach_add_ on CPU converts the scalar and launches an add per parameter
+        self.step_vector = torch.zeros(len(self.params), dtype=torch.float32, device=self.params[0].device)
+        self.steps = list(self.step_vector.unbind())
         self.exp_avgs = [torch.zeros_like(p, memory_format=torch.preserve_format) for p in self.params]
         self.exp_avg_sqs = [torch.zeros_like(p, memory_format=torch.preserve_format) for p in self.params]
 
@@ -60,7 +64,10 @@ class FusedAdam:
             steps, exp_avgs = [self.steps[i] for i in live], [self.exp_avgs[i] for i in live]
             exp_avg_sqs = [self.exp_avg_sqs[i] for i in live]
         beta1, beta2 = self.group["betas"]
-        torch._foreach_add_(steps, 1)
+        if steps is self.steps:
+            self.step_vector.add_(1.0)
+        else:
+            torch._foreach_add_(steps, 1)
         # subnormals flushed for the step: a dead unit's moments decay through them, 20-35x slower on x86
         # (models/numpy_mlp.py, FlatAdam.step, says more)
         flushing = torch.set_flush_denormal(True)
