@@ -139,6 +139,7 @@ def test_dict_and_recurrent_policies_act_on_one_observation_or_a_batch(tmp_path)
 
 
 def test_the_documented_python_api_example_runs(tmp_path):
+    """The block as the page shows it (tests/test_docs.py only parses it: this test runs it and checks its run)."""
     page = (REPO / "docs" / "guide" / "checkpoints.md").read_text()
     section = page.split("## Python API", 1)[1].split("\n## ", 1)[0]
     code = re.search(r"```python\n(.*?)```", section, re.S).group(1)
