@@ -19,8 +19,8 @@ from tests.conftest import compose_cfg, run_cli
 REPO = Path(__file__).resolve().parents[1]
 TINY = ["total_env_steps=512", "env.num_envs=2", "eval.every_env_steps=0", "eval.episodes=2", "logger=quiet",
         "logger.progress=off"]
-# one epoch per update: the test is about acting on the trained run's observations, not about what it learned
-DICT = ["algo=ppo", "algo.rollout_len=16", "algo.update_epochs=1", "model.hidden_sizes=[16]", "model.cnn_features=16",
+# minibatches of 16 rows: PPO's default 32 would split each 32-row batch into single rows (5,120 gradient steps)
+DICT = ["algo=ppo", "algo.rollout_len=16", "algo.num_minibatches=2", "model.hidden_sizes=[16]", "model.cnn_features=16",
         "env.id=tests.helpers.obs_envs:DictEnv", "+env.kwargs.image_shape=[10,10,3]", "+env.kwargs.nested=true"]
 RECURRENT = ["algo=ppo", "env=cartpole_novel", "model.core=lstm", "model.core_size=16", "algo.rollout_len=16"]
 
