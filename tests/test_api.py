@@ -19,7 +19,8 @@ from tests.conftest import compose_cfg, run_cli
 REPO = Path(__file__).resolve().parents[1]
 TINY = ["total_env_steps=512", "env.num_envs=2", "eval.every_env_steps=0", "eval.episodes=2", "logger=quiet",
         "logger.progress=off"]
-DICT = ["algo=ppo", "algo.rollout_len=16", "model.hidden_sizes=[16]", "model.cnn_features=16",
+# minibatches of 16 rows: PPO's default 32 would split each 32-row batch into single rows (5,120 gradient steps)
+DICT = ["algo=ppo", "algo.rollout_len=16", "algo.num_minibatches=2", "model.hidden_sizes=[16]", "model.cnn_features=16",
         "env.id=tests.helpers.obs_envs:DictEnv", "+env.kwargs.image_shape=[10,10,3]", "+env.kwargs.nested=true"]
 RECURRENT = ["algo=ppo", "env=cartpole_novel", "model.core=lstm", "model.core_size=16", "algo.rollout_len=16"]
 
@@ -139,6 +140,7 @@ def test_dict_and_recurrent_policies_act_on_one_observation_or_a_batch(tmp_path)
 
 
 def test_the_documented_python_api_example_runs(tmp_path):
+    """The block as the page shows it (tests/test_docs.py only parses it: this test runs it and checks its run)."""
     page = (REPO / "docs" / "guide" / "checkpoints.md").read_text()
     section = page.split("## Python API", 1)[1].split("\n## ", 1)[0]
     code = re.search(r"```python\n(.*?)```", section, re.S).group(1)

@@ -160,7 +160,7 @@ TINY = ["total_env_steps=256", "env.num_envs=2", "eval.every_env_steps=128", "ev
 
 
 def test_a_text_key_is_refused_in_one_line_naming_it_or_dropped_with_ignore_keys(tmp_path):
-    base = ["algo=ppo", "algo.rollout_len=16", *TINY, "+env.kwargs.text=true"]
+    base = ["algo=ppo", "algo.rollout_len=16", "algo.num_minibatches=2", *TINY, "+env.kwargs.text=true"]
     with pytest.raises(ConfigError) as err:
         run(compose_cfg(base), tmp_path / "refused")
     text = str(err.value)

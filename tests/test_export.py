@@ -12,9 +12,13 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 
 import rltrain
-from tests.conftest import run_cli
+from rltrain.cli.build import run
+from tests.conftest import compose_cfg
+
+torch.set_num_threads(1)
 
 REPO = str(Path(__file__).resolve().parents[1])
 BASE = ["debug=smoke", "total_env_steps=512", "env.num_envs=2", "eval.every_env_steps=0", "logger=quiet"]
@@ -156,12 +160,13 @@ def trained(tmp_path_factory):
         if case not in runs:
             if case == "ppo_image":
                 pytest.importorskip("minatar")
-            root = tmp_path_factory.mktemp(case)
+            # trained in this process, as the grid's sequential cases are (tests/test_grid.py): what is tested
+            # here is the export of the run dir it leaves, and a fresh interpreter per case only cost its start
+            run_dir = tmp_path_factory.mktemp(case) / "run"
             overrides = CASES[case] if case in CASES else RECURRENT[case]
-            res = run_cli([*BASE, *overrides, f"hydra.run.dir={root / 'run'}"], cwd=root, timeout=300,
-                          env={"PYTHONPATH": REPO})
-            assert res.returncode == 0, res.stderr
-            runs[case] = root / "run"
+            summary = run(compose_cfg([*BASE, *overrides]), run_dir)
+            assert summary["status"] == "completed", summary
+            runs[case] = run_dir
         return runs[case]
 
     return get

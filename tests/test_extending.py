@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import re
+import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -19,13 +20,25 @@ from rltrain.run.checkpoint import load_checkpoint
 PAGE = Path(__file__).resolve().parent.parent / "docs" / "contributing.md"
 
 
+def example_section() -> str:
+    return PAGE.read_text().split("### An encoder or an action distribution", 1)[1].split("\n## ", 1)[0]
+
+
 def example_module() -> str:
     """The ``my_encoders.py`` code block of the page's "An encoder or an action distribution" section."""
-    section = PAGE.read_text().split("### An encoder or an action distribution", 1)[1].split("\n## ", 1)[0]
-    blocks = re.findall(r"```python\n(.*?)```", section, re.S)
+    blocks = re.findall(r"```python\n(.*?)```", example_section(), re.S)
     module = [b for b in blocks if b.startswith("# my_encoders.py")]
     assert len(module) == 1, "the section has one '# my_encoders.py' block"
     return module[0]
+
+
+def example_overrides() -> list[str]:
+    """The overrides of the section's ``rltrain`` command (tests/test_docs.py only parses that block: it is run
+    here, as written plus the smoke budget)."""
+    (block,) = re.findall(r"```bash\n(.*?)```", example_section(), re.S)
+    argv = shlex.split(block, comments=True)
+    assert argv[0] == "rltrain" and "model.imports=[my_encoders]" in argv, argv
+    return argv[1:]
 
 
 @pytest.mark.parametrize("trainer", ["sequential", "subprocess_actors"])
@@ -35,8 +48,8 @@ def test_readme_encoder_example_trains_from_the_cli(tmp_path, trainer):
     extra = ["algo=impala", "trainer.num_actors=1"] if trainer == "subprocess_actors" else []
     # the console script, as a user runs it: the launch directory is not on its sys.path by itself
     rltrain = str(Path(sys.executable).with_name("rltrain"))
-    cmd = [rltrain, "debug=smoke", "logger=quiet", f"trainer={trainer}", *extra,
-           "model.imports=[my_encoders]", "model.encoder=layernorm_mlp", f"hydra.run.dir={run_dir}"]
+    cmd = [rltrain, *example_overrides(), "debug=smoke", "logger=quiet", f"trainer={trainer}", *extra,
+           f"hydra.run.dir={run_dir}"]
     # the workers of subprocess_actors are started by spawn / forkserver: they import my_encoders themselves
     proc = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]

@@ -67,6 +67,13 @@ def test_shutdown_escalates_to_sigkill(orphan_watch):
     assert rep["shutdown_s"] < 15
 
 
+def test_shutdown_reads_the_pipes_so_a_worker_blocked_sending_can_stop(orphan_watch):
+    """A worker blocked writing a message bigger than the pipe's buffer (an actor's rollout of Atari frames)
+    returns on the Stop once the shutdown drains its pipe; without the draining it ends by SIGKILL."""
+    rep = scenario("flood")
+    assert rep["returned"] == ["worker-0", "worker-1"] and rep["alive"] == []
+
+
 @pytest.mark.parametrize("method", ["forkserver", "spawn", "fork"])
 def test_forkserver_workers_share_one_import_of_torch(method, orphan_watch):
     """forkserver: the server imported torch and the target's module once, before forking both workers;

@@ -247,9 +247,7 @@ class WorkerGroup:
             return
         self._closed = True
         self.stop_all("shutdown")
-        deadline = time.monotonic() + grace_s
-        for w in self.workers:
-            w.process.join(timeout=max(deadline - time.monotonic(), 0.0))
+        self._join_draining(time.monotonic() + grace_s)
         for escalate, wait_s in ((lambda p: p.terminate(), term_s), (lambda p: p.kill(), 5.0)):
             alive = [w.process for w in self.workers if w.process.is_alive()]
             for p in alive:
@@ -260,6 +258,26 @@ class WorkerGroup:
             w.conn.close()
             if w.process.exitcode is not None:
                 w.process.close()  # releases the sentinel fd
+
+    def _join_draining(self, deadline: float) -> None:
+        """Wait for the workers to exit until ``deadline``, reading and dropping what they still send: a worker
+        blocked writing a message larger than the pipe's buffer (an actor's rollout of image frames) only gets
+        back to its loop, and to the ``Stop``, once the other end reads."""
+        readable = {w.conn: w for w in self.workers}
+        while True:
+            alive = [w for w in self.workers if w.process.is_alive()]
+            remaining = deadline - time.monotonic()
+            if not alive or remaining <= 0:
+                return
+            conns = [w.conn for w in alive if w.conn in readable]
+            for conn in wait(conns + [w.process.sentinel for w in alive], timeout=remaining):
+                if conn not in readable:
+                    continue  # a sentinel: that worker has exited
+                try:
+                    while conn.poll(0):
+                        conn.recv()
+                except (EOFError, OSError):
+                    del readable[conn]  # closed: only its sentinel is left to wait on
 
     def __enter__(self) -> WorkerGroup:
         return self

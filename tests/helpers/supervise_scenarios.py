@@ -10,10 +10,13 @@ from __future__ import annotations
 import importlib
 import json
 import os
+import shutil
 import signal
 import sys
+import tempfile
 import time
 from dataclasses import dataclass
+from pathlib import Path
 
 from rltrain.trainers.supervise import Done, Exited, Failed, Started, Unresponsive, WorkerGroup
 
@@ -43,6 +46,24 @@ def until_stopped(ctx, _: int) -> dict:
     while not ctx.wait_stop(0.05):
         pass
     return {"stopped": ctx.stop_reason}
+
+
+@dataclass(frozen=True)
+class Frames:
+    data: bytes
+
+
+def flooding(ctx, returned_dir: str) -> dict:
+    """Sends messages larger than a pipe's buffer until stopped, as an actor sends rollouts of image frames: each
+    send blocks until the parent reads, so it sees the ``Stop`` only if the parent keeps reading. Leaves a file
+    in ``returned_dir`` when it returns (a SIGKILL leaves none)."""
+    ctx.send(Tick(ctx.index, 0, os.getpid()))
+    sent = 0
+    while not ctx.stop_requested:
+        ctx.send(Frames(bytes(1 << 20)))
+        sent += 1
+    Path(returned_dir, f"worker-{ctx.index}").touch()
+    return {"sent": sent}
 
 
 def stubborn(ctx, _: int) -> None:
@@ -84,12 +105,13 @@ def with_child(ctx, _: int) -> dict:
 
 def run(name: str, method: str) -> dict:
     report: dict = {"events": [], "pids": [], "parent": os.getpid()}
+    returned_dir = tempfile.mkdtemp(prefix="rltrain-flood-")
     # the targets by their module's real name, not ``__main__``: the fork server can preload that module
     me = importlib.import_module("tests.helpers.supervise_scenarios")
     target, payload = {"ok": (me.counting, 5), "raise": (me.raising, 3), "sigkill": (me.until_stopped, 0),
                        "stop": (me.until_stopped, 0), "stubborn": (me.stubborn, 0), "imports": (me.imports, 0),
                        "child": (me.with_child, 0), "child_of_daemon": (me.with_child, 0),
-                       "stuck": (me.stuck, 0), "polling": (me.polling, 0)}[name]
+                       "stuck": (me.stuck, 0), "polling": (me.polling, 0), "flood": (me.flooding, returned_dir)}[name]
     t0 = time.monotonic()
     silent_after = 1.5 if name in ("stuck", "polling") else 60.0
     with WorkerGroup(start_method=method, heartbeat_s=0.2, heartbeat_timeout_s=silent_after,
@@ -120,13 +142,17 @@ def run(name: str, method: str) -> dict:
                 if isinstance(ev, wanted) and not stopped:
                     group.stop_all("test stop")
                     stopped = True
-            if name == "stubborn" and len(report["pids"]) == 2:
+            if name in ("stubborn", "flood") and len(report["pids"]) == 2:
                 break
         t1 = time.monotonic()
         if name == "stubborn":
             group.shutdown(grace_s=0.5, term_s=0.5)
+        if name == "flood":  # the workers are blocked in a send this process no longer reads: shutdown must
+            group.shutdown(grace_s=20.0, term_s=1.0)  # drain their pipes, or they end by SIGKILL after 21 s
         report["shutdown_s"] = time.monotonic() - t1
-        report["exitcodes"] = [w.process.exitcode if name != "stubborn" else None for w in group.workers]
+        report["exitcodes"] = [w.process.exitcode if name not in ("stubborn", "flood") else None for w in group.workers]
+    report["returned"] = sorted(p.name for p in Path(returned_dir).iterdir())
+    shutil.rmtree(returned_dir)
     report["alive"] = [pid for pid in set(report["pids"]) if _alive(pid)]
     return report
 
