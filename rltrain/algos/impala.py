@@ -76,7 +76,7 @@ class IMPALASettings(AlgoSettings):
     #                      80-step batch left the policy near uniform for 20k steps on a Dict image task; with 2
     #                      passes and the clip at 0.5 (3 seeds, experiment=none): greedy 0.83 vs 0.33 on it at 50k
     #                      steps, 500 vs 476 on CartPole-v1 and -89 vs -239 on Acrobot-v1 at 100k, 1.0 either way
-    #                      on a cue-recall memory task (LSTM), at about 1.5-2x the CPU per step.
+    #                      on a cue-recall memory task (LSTM), at about 1.3-2.1x the CPU per step.
     #                      experiment=impala_atari keeps the paper's 1
     init_log_std: float = 0.0  # Box actions: initial log std of the Gaussian. Source: SB3 log_std_init=0.0
     #                            (the paper has discrete actions only)
