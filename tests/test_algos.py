@@ -201,7 +201,7 @@ def test_impala_num_epochs_are_gradient_steps_on_the_same_batch():
     first pass's (1: the learner's own rollout), though the second pass runs off-policy."""
     sync = CountingSync()
     twice = make(IMPALA, CARTPOLE, {"rollout_len": T, "num_epochs": 2}, sync=sync)
-    once = make(IMPALA, CARTPOLE, {"rollout_len": T})
+    once = make(IMPALA, CARTPOLE, {"rollout_len": T, "num_epochs": 1})
     rollout = synthetic_rollout(twice, CARTPOLE)
     metrics = twice.learn(rollout, progress=0.0)
     assert sync.grad_calls == 2
