@@ -19,13 +19,15 @@ import traceback
 from pathlib import Path
 
 import gymnasium as gym
+import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 
 def make_env(env: str, kwargs: dict) -> gym.Env:
     """The task as RLlib's default model takes it: a Discrete or Dict observation flattened into one float vector
-    (one-hot; keys concatenated), as gymnasium's FlattenObservation does (RLlib's default encoders read Box only)."""
+    (one-hot; keys concatenated), as gymnasium's FlattenObservation does (RLlib's default encoders read Box only),
+    in float32."""
     if ":" in env and env.split(":")[0] == "bench_envs":
         import bench_envs
 
@@ -34,6 +36,8 @@ def make_env(env: str, kwargs: dict) -> gym.Env:
         made = gym.make(env, **kwargs)
     if not isinstance(made.observation_space, gym.spaces.Box):
         made = gym.wrappers.FlattenObservation(made)
+    if made.observation_space.dtype != np.float32:  # a one-hot of a Discrete flattens to int64: RLlib's MLP reads
+        made = gym.wrappers.DtypeObservation(made, np.float32)  # float32 only (values kept, not rescaled)
     return made
 
 
