@@ -39,6 +39,31 @@ def test_nodelist_expansion():
     assert expand_nodelist("r[1-2]n[3-4]") == ["r1n3", "r1n4", "r2n3", "r2n4"]
 
 
+def test_a_rank_ends_its_watchdog_before_it_leaves_the_group():
+    """The heartbeat watchdog stops when asked (run_rank asks before destroy_process_group): a daemon thread left
+    inside a store call at interpreter exit aborts the process with SIGABRT after a completed run."""
+    from rltrain.trainers.distributed import TorchDistSync
+
+    class Store:  # counts the heartbeats, as the rendezvous store's add does
+        beats = 0
+
+        def add(self, key, n):
+            Store.beats += n
+            return Store.beats
+
+    sync = TorchDistSync(rank=0, world_size=1, timeout_s=60.0, grad_device=torch.device("cpu"), store=Store())
+    sync.start_watchdog()
+    deadline = time.monotonic() + 30
+    while Store.beats == 0 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert Store.beats > 0  # it was beating
+    sync.stop_watchdog()
+    assert not sync._watch_thread.is_alive()
+    beats = Store.beats
+    time.sleep(1.2)
+    assert Store.beats == beats  # and beats no more
+
+
 def test_detect_torchrun_and_slurm(monkeypatch):
     assert detect_launch({}) is None
     assert detect_launch({"SLURM_PROCID": "0", "SLURM_NTASKS": "1", "SLURM_NODELIST": "a1"}) is None  # 1 task: spawn

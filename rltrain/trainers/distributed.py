@@ -66,6 +66,8 @@ class TorchDistSync(Sync):
         self.grad_device, self.grad_group, self.backend = grad_device, grad_group, backend
         self.store = store  # the rendezvous store: each rank's heartbeat counter (``gone_peers``)
         self._busy: tuple[str, float] | None = None
+        self._watch_done = threading.Event()
+        self._watch_thread: threading.Thread | None = None
 
     def _beats(self) -> dict[int, int]:
         out = {}
@@ -145,8 +147,7 @@ class TorchDistSync(Sync):
         """Abort when a collective outlives ``timeout_s`` (+ grace), or when our spawning parent is gone."""
 
         def watch() -> None:
-            while True:
-                time.sleep(0.5)
+            while not self._watch_done.wait(0.5):
                 if self.store is not None:  # this rank lives (``gone_peers``); a gone store: the collectives say so
                     with contextlib.suppress(Exception):
                         self.store.add(f"{BEAT_KEY}/{self.rank}", 1)
@@ -158,7 +159,16 @@ class TorchDistSync(Sync):
                 if parent_pid is not None and os.getppid() != parent_pid:
                     os._exit(71)  # the supervisor died (SIGKILL): never linger as an orphan
 
-        threading.Thread(target=watch, name="rltrain-watchdog", daemon=True).start()
+        self._watch_thread = threading.Thread(target=watch, name="rltrain-watchdog", daemon=True)
+        self._watch_thread.start()
+
+    def stop_watchdog(self, *, wait_s: float = 5.0) -> None:
+        """End the watchdog before the rank leaves the group. Left running, it may be inside a store call (the GIL
+        released) when the interpreter exits; the thread then ends by forced unwinding through C++ frames that must
+        not unwind, and the process aborts with SIGABRT after a completed run (seen on a loaded machine)."""
+        self._watch_done.set()
+        if self._watch_thread is not None:
+            self._watch_thread.join(timeout=wait_s)  # a store call on a gone host may block: do not wait on it
 
 
 def init_distributed(launch: LaunchInfo, *, backend: str, device: torch.device, timeout_s: float,
@@ -257,6 +267,7 @@ def run_rank(launch: LaunchInfo, settings: RunSettings, run_dir: Path, *, backen
         err.gone = sync.gone_peers()  # which rank died first, for the line and the summary
         raise
     finally:
+        sync.stop_watchdog()
         if dist.is_initialized():
             dist.destroy_process_group()
 
