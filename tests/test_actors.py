@@ -205,7 +205,7 @@ def test_ray_is_imported_only_by_the_ray_backend_and_only_when_chosen():
 def _reader(handle, conn, stop):
     weights = SharedWeights.attach(handle)
     last, versions = -1, []
-    while not stop.is_set():
+    while not stop.value:  # a lock-free flag: a reader SIGKILLed inside Event.is_set() would hold its lock
         update = weights.read_if_newer(last)
         if update:
             last, state = update
@@ -245,29 +245,39 @@ def shm_scenario() -> None:
         assert version == 7 and reader.env_steps == 99 and torch.equal(got["b"], torch.ones(3, dtype=torch.int64))
         reader.close()
         ctx = mp.get_context("fork")
-        stop = ctx.Event()
+        # the harness shares no lock with the readers (a RawValue, not an Event), so killing one cannot wedge
+        # the other or the writer through the test itself; daemon readers, so a failed assert is reported
+        # instead of an exit that waits on them
+        stop = ctx.RawValue("b", 0)
         pipes = [ctx.Pipe() for _ in range(2)]
-        procs = [ctx.Process(target=_reader, args=(weights.handle, pipes[k][1], stop)) for k in range(2)]
+        procs = [ctx.Process(target=_reader, args=(weights.handle, pipes[k][1], stop), daemon=True)
+                 for k in range(2)]
         for p in procs:
             p.start()
-        for parent, _ in pipes:
-            assert parent.poll(60) and parent.recv() == 7
-        for v in range(8, 40):
-            _publish(weights, v)
-            time.sleep(0.005)
-        os.kill(procs[0].pid, signal.SIGKILL)  # a reader killed mid-loop cannot wedge the writer
-        _publish(weights, 40)
-        time.sleep(0.2)
-        stop.set()
-        assert pipes[1][0].poll(60)
-        versions = pipes[1][0].recv()
-        for p in procs:
-            p.join(30)
-        assert procs[1].exitcode == 0 and procs[0].exitcode == -signal.SIGKILL
-        assert versions[-1] == 40 and versions == sorted(set(versions))  # only forward, each version once
-        for a, b in pipes:
-            a.close()
-            b.close()
+        try:
+            for parent, _ in pipes:
+                assert parent.poll(60) and parent.recv() == 7
+            for v in range(8, 40):
+                _publish(weights, v)
+                time.sleep(0.005)
+            os.kill(procs[0].pid, signal.SIGKILL)  # a reader killed mid-loop cannot wedge the writer
+            _publish(weights, 40)
+            time.sleep(0.2)
+            stop.value = 1
+            assert pipes[1][0].poll(60)
+            versions = pipes[1][0].recv()
+            for p in procs:
+                p.join(30)
+            assert procs[1].exitcode == 0 and procs[0].exitcode == -signal.SIGKILL
+            assert versions[-1] == 40 and versions == sorted(set(versions))  # only forward, each version once
+        finally:
+            for p in procs:
+                if p.is_alive():
+                    p.kill()
+                    p.join(5)
+            for a, b in pipes:
+                a.close()
+                b.close()
     assert not path.exists()
     print(path)
 
