@@ -188,6 +188,8 @@ def main() -> None:
                     help="rltrain's env steps as a multiple of its peers' (compute-matched rows; printed beside them)")
     ap.add_argument("--sb3-python", default=sys.executable, help="a Python with stable-baselines3 (and minigrid)")
     ap.add_argument("--rllib-python", help="a Python with ray[rllib] for the rllib peer (none: that peer is skipped)")
+    ap.add_argument("--peers", default="sb3,ppo,rllib",
+                    help="comma-separated: the peers to run where a row names them (e.g. rllib alone)")
     ap.add_argument("--list", action="store_true", help="print the rows and exit")
     ap.add_argument("--log", type=Path, help="append one JSON line per finished run (kept if the script is cut off)")
     args = ap.parse_args()
@@ -203,6 +205,9 @@ def main() -> None:
     if not args.budget_scale > 0 or not args.own_budget_scale > 0:
         raise SystemExit("--budget-scale and --own-budget-scale must be > 0")
     seeds = [int(s) for s in args.seeds.split(",")]
+    chosen = set(args.peers.split(","))
+    if chosen - {"sb3", "ppo", "rllib"}:
+        raise SystemExit(f"unknown --peers {sorted(chosen - {'sb3', 'ppo', 'rllib'})}; peers: sb3, ppo, rllib")
     pythons = {"sb3": args.sb3_python, "rllib": args.rllib_python}
     head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True)
     print(f"measured at commit {head.stdout.strip() or 'unknown'}", flush=True)  # figures quoted from it name it
@@ -217,11 +222,11 @@ def main() -> None:
             steps = max(1, int(row.steps * args.budget_scale))
             own = max(1, int(steps * args.own_budget_scale))
             ours: list[dict] = []
-            theirs: dict[str, list[dict]] = {p: [] for p in row.peers}
+            theirs: dict[str, list[dict]] = {p: [] for p in row.peers if p in chosen}
             for seed in seeds:  # alternate: rltrain and its peers meet the same neighbours
                 ours.append(run_rltrain(row, own, seed, Path(tmp)))
                 _log(args.log, row, own, seed, "rltrain", ours[-1])
-                for peer in row.peers:
+                for peer in theirs:
                     res = run_peer(peer, row, steps, seed, Path(tmp), pythons)
                     if res is not None:
                         theirs[peer].append(res)
