@@ -4,6 +4,7 @@
                                                                          # quote (hours)
     python scripts/bench_defaults.py --envs taxi,frozenlake --seeds 1 --budget-scale 0.2
     python scripts/bench_defaults.py --envs dict-goal-impala --own-budget-scale 2   # compute-matched reading
+    python scripts/bench_defaults.py --envs frozenlake-impala --peers rllib --rllib-python PY   # one peer only
     python scripts/bench_defaults.py --list
 
 rltrain runs as a user would: ``python -m rltrain env.id=<task> [algo=<algo>]``, nothing else tuned
