@@ -96,6 +96,21 @@ def test_bench_defaults_lists_its_rows_and_refuses_an_unknown_one():
     zero = subprocess.run([sys.executable, "scripts/bench_defaults.py", "--envs", "taxi", "--own-budget-scale", "0"],
                           cwd=REPO, capture_output=True, text=True, timeout=120)
     assert zero.returncode != 0 and "--own-budget-scale must be > 0" in zero.stderr, zero.stderr
+    typo = subprocess.run([sys.executable, "scripts/bench_defaults.py", "--peers", "rlib"], cwd=REPO,
+                          capture_output=True, text=True, timeout=120)
+    assert typo.returncode != 0 and "unknown --peers ['rlib']" in typo.stderr, typo.stderr
+
+
+def test_bench_defaults_runs_only_the_peers_asked_for():
+    """``--peers rllib`` on a row whose peers are rltrain's PPO and RLlib: rltrain's run and RLlib's line (skipped
+    here, no --rllib-python), and no PPO run."""
+    out = subprocess.run([sys.executable, "scripts/bench_defaults.py", "--envs", "frozenlake-impala", "--seeds", "1",
+                          "--budget-scale", "0.01", "--peers", "rllib"], cwd=REPO, capture_output=True, text=True,
+                         timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    rows = [line.split() for line in out.stdout.splitlines() if line.startswith("frozenlake-impala")]
+    assert [r[2] for r in rows] == ["rllib"], out.stdout
+    assert "skipped: no --rllib-python" in out.stdout
 
 
 def test_bench_multiagent_prints_its_table(tmp_path):
