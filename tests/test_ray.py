@@ -247,7 +247,10 @@ def test_no_actor_left_stops_the_run_in_one_line(cluster, tmp_path):
                             cwd=tmp_path, stdout=out.open("w"), stderr=subprocess.PIPE, text=True, env=_env(),
                             start_new_session=True)
     try:
-        _wait_for(lambda: (run / "metrics.csv").exists() and len(read_metrics(run / "metrics.csv")) >= 1, proc)
+        # a metrics row needs one actor's data; the summary names both only once each reported its node (the
+        # progress rows say where each runs from then on)
+        _wait_for(lambda: (run / "metrics.csv").exists() and len(read_metrics(run / "metrics.csv")) >= 1
+                  and _both_placed(out), proc)
         cluster.remove_node(lonely, allow_graceful=False)
         _, err = proc.communicate(timeout=150)
     finally:
@@ -260,6 +263,12 @@ def test_no_actor_left_stops_the_run_in_one_line(cluster, tmp_path):
     assert s["status"] == "failed" and "no actor is left" in s["error"]
     assert {"actor_0_gen_0", "actor_1_gen_0"} <= set(s["actor_nodes"])
     _no_actor_left()
+
+
+def _both_placed(stdout: Path) -> bool:
+    """Both actors have said where they run (the progress rows name each actor's node from then on)."""
+    text = stdout.read_text()
+    return "actor 0 on " in text and "actor 1 on " in text
 
 
 def test_node_lost_mid_run_then_sigterm(cluster, tmp_path):

@@ -35,12 +35,16 @@ def _env() -> dict:
 
 def test_ctrl_c_stops_the_private_instance_then_a_fresh_one_resumes(tmp_path, orphan_watch):
     run = tmp_path / "run"
+    stdout = tmp_path / "stdout.txt"
     proc = subprocess.Popen([sys.executable, "-m", "rltrain", *FAST, "total_env_steps=10000000"], cwd=tmp_path,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=_env(),
+                            stdout=stdout.open("w"), stderr=subprocess.PIPE, text=True, env=_env(),
                             start_new_session=True)  # its own process group, as a shell job
     try:
         deadline = time.monotonic() + 180
-        while not ((run / "metrics.csv").exists() and len(read_metrics(run / "metrics.csv")) >= 2):
+        # two metrics rows, and both actors have said where they run (the progress rows name each actor's node
+        # once it reported it; the summary names them only then)
+        while not ((run / "metrics.csv").exists() and len(read_metrics(run / "metrics.csv")) >= 2
+                   and "actor 0 on " in stdout.read_text() and "actor 1 on " in stdout.read_text()):
             assert proc.poll() is None, proc.communicate()[1][-3000:]
             assert time.monotonic() < deadline, "timed out"
             time.sleep(0.2)
