@@ -43,6 +43,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 PEERS = REPO / "scripts" / "peers"
+PEERS_KNOWN = ("sb3", "ppo", "rllib")  # the peers a row may name (--peers picks among them)
 EPISODES = 10
 
 
@@ -55,7 +56,7 @@ class Row:
     kwargs: dict = field(default_factory=dict)
     extra: tuple[str, ...] = ()  # rltrain overrides beyond algo / env (what a user must say for this env)
     note: str = ""
-    peers: tuple[str, ...] = ("sb3",)  # sb3 | ppo (rltrain's PPO defaults) | rllib
+    peers: tuple[str, ...] = ("sb3",)  # of PEERS_KNOWN: sb3 | ppo (rltrain's PPO defaults) | rllib
 
     @property
     def lstm(self) -> bool:
@@ -189,7 +190,7 @@ def main() -> None:
                     help="rltrain's env steps as a multiple of its peers' (compute-matched rows; printed beside them)")
     ap.add_argument("--sb3-python", default=sys.executable, help="a Python with stable-baselines3 (and minigrid)")
     ap.add_argument("--rllib-python", help="a Python with ray[rllib] for the rllib peer (none: that peer is skipped)")
-    ap.add_argument("--peers", default="sb3,ppo,rllib",
+    ap.add_argument("--peers", default=",".join(PEERS_KNOWN),
                     help="comma-separated: the peers to run where a row names them (e.g. rllib alone)")
     ap.add_argument("--list", action="store_true", help="print the rows and exit")
     ap.add_argument("--log", type=Path, help="append one JSON line per finished run (kept if the script is cut off)")
@@ -207,8 +208,8 @@ def main() -> None:
         raise SystemExit("--budget-scale and --own-budget-scale must be > 0")
     seeds = [int(s) for s in args.seeds.split(",")]
     chosen = set(args.peers.split(","))
-    if chosen - {"sb3", "ppo", "rllib"}:
-        raise SystemExit(f"unknown --peers {sorted(chosen - {'sb3', 'ppo', 'rllib'})}; peers: sb3, ppo, rllib")
+    if chosen - set(PEERS_KNOWN):
+        raise SystemExit(f"unknown --peers {sorted(chosen - set(PEERS_KNOWN))}; peers: {', '.join(PEERS_KNOWN)}")
     pythons = {"sb3": args.sb3_python, "rllib": args.rllib_python}
     head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True)
     print(f"measured at commit {head.stdout.strip() or 'unknown'}", flush=True)  # figures quoted from it name it

@@ -282,7 +282,7 @@ def test_node_lost_mid_run_then_sigterm(cluster, tmp_path):
         return "".join(p.read_text() for p in run.glob("*.log"))
 
     try:
-        _wait_for(lambda: "actor 0 on " in out.read_text() and "actor 1 on " in out.read_text(), proc)
+        _wait_for(lambda: _both_placed(out), proc)
         node = re.search(r"actor 0 on .*?node (\w{8})\)", out.read_text()).group(1)  # the progress rows
         victim = next(n for n in cluster.workers if n.node_id.startswith(node))
         cluster.remove_node(victim, allow_graceful=False)
