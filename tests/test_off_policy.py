@@ -18,7 +18,7 @@ from rltrain.cli.build import run
 from rltrain.data.replay import Batch
 from rltrain.data.structs import MASK_KEY, EnvSpec, ObsSpace, Rollout
 from rltrain.models.factory import ModelSettings
-from rltrain.models.heads import LOG_STD_MAX, LOG_STD_MIN
+from rltrain.models.heads import LOG_STD_MAX, LOG_STD_MIN, SquashedGaussianHead, squashed_gaussian_sample
 from tests.conftest import compose_cfg
 
 CPU = torch.device("cpu")
@@ -276,6 +276,47 @@ def test_numpy_squashed_gaussian_actor_acts_as_the_torch_one():
     np.testing.assert_allclose(logp, torch_logp.numpy(), rtol=1e-4, atol=1e-4)
     noisy = SAC(PENDULUM, SACSettings(action_noise=0.3), num_envs=1, device=CPU, model=SMALL)
     assert noisy.policy.numpy_actor() is None
+
+
+def test_squashed_gaussian_log_prob_is_torch_distributions_tanh_normal():
+    """The sample's log pi(a|s) against torch.distributions' own change of variables (a Normal through tanh, then
+    the affine map onto the bounds), on bounds that are not symmetric and three action dimensions; the action is the
+    same map of the same noise; gradients reach mu and the raw log-std; the deterministic action is the mean's."""
+    from torch.distributions import Normal, TransformedDistribution
+    from torch.distributions.transforms import AffineTransform, TanhTransform
+
+    g = torch.Generator().manual_seed(0)
+    low, high = torch.tensor([-2.0, 0.0, -0.5]), torch.tensor([2.0, 3.0, 0.5])
+    scale, bias = (high - low) / 2, (high + low) / 2
+    mu = (torch.randn(64, 3, generator=g) * 0.5).requires_grad_()
+    raw = torch.randn(64, 3, generator=g).requires_grad_()
+    action, logp = squashed_gaussian_sample(mu, raw, scale, bias, generator=torch.Generator().manual_seed(1))
+    eps = torch.randn(64, 3, generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        sigma = torch.exp(LOG_STD_MIN + 0.5 * (LOG_STD_MAX - LOG_STD_MIN) * (torch.tanh(raw) + 1))
+        u = mu + sigma * eps
+        tanh, affine = TanhTransform(), AffineTransform(bias, scale)
+        a = affine(tanh(u))
+        # the change of variables at u itself (a saturated tanh has no stable inverse) ...
+        expected = (Normal(mu, sigma).log_prob(u) - tanh.log_abs_det_jacobian(u, tanh(u))
+                    - affine.log_abs_det_jacobian(tanh(u), a)).sum(-1)
+        # ... and, where tanh is not saturated, the distribution's own log_prob of the action
+        inside = (u.abs() < 3).all(-1)
+        by_inverse = TransformedDistribution(Normal(mu, sigma), [tanh, affine]).log_prob(a).sum(-1)
+    assert inside.sum() >= 16
+    torch.testing.assert_close(action.detach(), a)
+    torch.testing.assert_close(logp.detach(), expected, rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(logp.detach()[inside], by_inverse[inside], rtol=1e-3, atol=1e-3)
+    logp.sum().backward()
+    assert mu.grad.abs().sum() > 0 and raw.grad.abs().sum() > 0
+    # the head's constant sum(log scale) follows the bounds it holds, also after loading another head's state
+    head = SquashedGaussianHead(4, 3, low, high)
+    other = SquashedGaussianHead(4, 3, torch.full((3,), -1.0), torch.full((3,), 1.0))
+    assert head.log_scale_sum == pytest.approx(float(torch.log(scale).sum()))
+    head.load_state_dict(other.state_dict())
+    assert head.log_scale_sum == pytest.approx(0.0)
+    det, _ = squashed_gaussian_sample(mu, raw, scale, bias, deterministic=True)
+    torch.testing.assert_close(det.detach(), torch.tanh(mu.detach()) * scale + bias)
 
 
 def _batch(spec: EnvSpec, B: int, seed: int) -> Batch:

@@ -146,9 +146,9 @@ class SAC(OffPolicy):
             features = features.detach()
 
         # 2. Actor (and alpha), possibly delayed: maximise E[min Q(s, a~pi) - alpha log pi(a|s)].
-        actor_loss = alpha_loss = torch.zeros((), device=self.device)
-        entropy = torch.zeros((), device=self.device)
-        if self.gradient_steps_taken % self.policy_frequency == 0:
+        if self.gradient_steps_taken % self.policy_frequency != 0:
+            actor_loss = alpha_loss = entropy = torch.zeros((), device=self.device)
+        else:
             for _ in range(self.policy_frequency):  # compensate the delay (CleanRL)
                 a, logp = self.policy.sample_from(features)
                 min_q = torch.min(*self.critic.heads(features, a))
@@ -159,22 +159,24 @@ class SAC(OffPolicy):
                 actor_loss.backward(inputs=self.actor_params)
                 self.sync.grads(self.actor_params)
                 self.actor_optimizer.step()
-                entropy = -logp.detach().mean()
+                mean_logp = logp.detach().mean()
+                entropy = -mean_logp
                 if self.autotune:
                     # loss -log_alpha * E[log pi + target]: its gradient pushes alpha up when the entropy is
                     # below target, down when above. The gradient of this one scalar is written directly,
                     # -E[log pi + target], rather than by a second autograd pass.
-                    gap = (logp.detach() + self.target_entropy).mean()
+                    gap = mean_logp + self.target_entropy
                     alpha_loss = -self.log_alpha.detach() * gap
                     self.log_alpha.grad = -gap
                     self.sync.grads([self.log_alpha])
                     self.alpha_optimizer.step()
                     alpha = self.log_alpha.detach().exp()
+                else:
+                    alpha_loss = torch.zeros((), device=self.device)
 
         # 3. Polyak-average the target critic (its encoder too).
         self.target.update()
-        return torch.stack([q_loss.detach(), actor_loss.detach(), alpha_loss.detach(), alpha, entropy,
-                            q1.detach().mean()])
+        return torch.stack([q_loss.detach(), actor_loss.detach(), alpha_loss, alpha, entropy, q1.detach().mean()])
 
     def networks_state(self) -> dict:
         state = {"policy": self.policy.state_dict()}

@@ -13,6 +13,8 @@ from torch import Tensor, nn
 from rltrain.models.layers import layer_init
 
 LOG_STD_MIN, LOG_STD_MAX = -5.0, 2.0  # SAC's log-std range (CleanRL, SpinningUp)
+LOG_STD_HALF_RANGE = 0.5 * (LOG_STD_MAX - LOG_STD_MIN)
+LOG_STD_MID = LOG_STD_MIN + LOG_STD_HALF_RANGE
 _LOG_SQRT_2PI = 0.5 * math.log(2 * math.pi)
 
 # a small last-layer gain keeps the initial policy near uniform / zero-mean (Andrychowicz et al. 2021)
@@ -42,20 +44,28 @@ class QHead(nn.Module):
 
 
 def squashed_gaussian_sample(mu: Tensor, raw_log_std: Tensor, scale: Tensor, bias: Tensor, *,
-                             deterministic: bool = False,
+                             log_scale_sum: float | None = None, deterministic: bool = False,
                              generator: torch.Generator | None = None) -> tuple[Tensor, Tensor]:
     """SAC's policy (Haarnoja et al. 2018, appendix C): a = scale * tanh(u) + bias, u ~ N(mu, sigma).
 
     mu, raw_log_std [B, A] (the network's outputs), scale, bias [A] -> (action [B, A] in the env's bounds,
-    log pi(a|s) [B] with the tanh Jacobian); reparameterised, so differentiable through mu and sigma."""
-    # squash log-std smoothly into [LOG_STD_MIN, LOG_STD_MAX] (keeps gradients, unlike a clamp)
-    log_std = LOG_STD_MIN + 0.5 * (LOG_STD_MAX - LOG_STD_MIN) * (torch.tanh(raw_log_std) + 1)
+    log pi(a|s) [B] with the tanh Jacobian); reparameterised, so differentiable through mu and sigma.
+    ``log_scale_sum``: sum(log(scale)), a constant of the log-probability (``SquashedGaussianHead`` keeps it;
+    None: computed here)."""
+    # squash log-std smoothly into [LOG_STD_MIN, LOG_STD_MAX] (keeps gradients, unlike a clamp):
+    # LOG_STD_MIN + (LOG_STD_MAX - LOG_STD_MIN) (tanh(raw) + 1) / 2
+    log_std = torch.tanh(raw_log_std) * LOG_STD_HALF_RANGE + LOG_STD_MID
     eps = torch.zeros_like(mu) if deterministic else torch.randn(mu.shape, generator=generator, device=mu.device)
     u = mu + log_std.exp() * eps
-    logp_u = (-0.5 * eps**2 - log_std - _LOG_SQRT_2PI).sum(-1)
-    # log|d tanh(u)/du| = log(1 - tanh(u)^2) = 2 (log 2 - u - softplus(-2u)), stable for large |u|
-    log_det = (2.0 * (math.log(2.0) - u - F.softplus(-2.0 * u))).sum(-1) + torch.log(scale).sum()
-    return torch.tanh(u) * scale + bias, logp_u - log_det
+    # log pi(a|s) = sum_i log N(u_i; mu_i, sigma_i) - log|da_i/du_i|, with
+    #   log N(u; mu, sigma) = -eps^2 / 2 - log sigma - log sqrt(2 pi)
+    #   log|da/du| = log scale + log(1 - tanh(u)^2) = log scale + 2 (log 2 - u - softplus(-2u))  (stable for large |u|)
+    # the terms that do not depend on the sample summed once, outside the batch (a SAC update samples twice)
+    if log_scale_sum is None:
+        log_scale_sum = float(torch.log(scale).sum())
+    const = mu.shape[-1] * (_LOG_SQRT_2PI + 2.0 * math.log(2.0)) + log_scale_sum
+    logp = (2.0 * (u + F.softplus(-2.0 * u)) - 0.5 * eps.square() - log_std).sum(-1) - const
+    return torch.tanh(u) * scale + bias, logp
 
 
 class SquashedGaussianHead(nn.Module):
@@ -68,12 +78,18 @@ class SquashedGaussianHead(nn.Module):
         self.log_std = nn.Linear(in_dim, act_dim)
         self.register_buffer("scale", (high - low) / 2.0)
         self.register_buffer("bias", (high + low) / 2.0)
+        self.log_scale_sum = float(torch.log(self.scale).sum())  # kept in step with ``scale`` (loading below)
+
+    def _load_from_state_dict(self, *args, **kwargs) -> None:
+        super()._load_from_state_dict(*args, **kwargs)
+        self.log_scale_sum = float(torch.log(self.scale).sum())
 
     def forward(self, features: Tensor, *, deterministic: bool = False,
                 generator: torch.Generator | None = None) -> tuple[Tensor, Tensor]:
         """features [B, F] -> (action [B, A], log_prob [B])."""
         return squashed_gaussian_sample(self.mean(features), self.log_std(features), self.scale, self.bias,
-                                        deterministic=deterministic, generator=generator)
+                                        log_scale_sum=self.log_scale_sum, deterministic=deterministic,
+                                        generator=generator)
 
 
 class OrnsteinUhlenbeckNoise:

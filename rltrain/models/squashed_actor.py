@@ -17,7 +17,7 @@ from rltrain.data.structs import ActOutput, EnvSpec, Policy
 from rltrain.errors import ConfigError
 from rltrain.models.actor_critic import is_float_vector
 from rltrain.models.encoders import MLPEncoder, Obs, make_encoder
-from rltrain.models.heads import LOG_STD_MAX, LOG_STD_MIN, SquashedGaussianHead
+from rltrain.models.heads import LOG_STD_HALF_RANGE, LOG_STD_MID, SquashedGaussianHead
 from rltrain.models.layers import ACTIVATIONS, NumpyActor
 from rltrain.models.settings import ModelSettings
 
@@ -91,6 +91,8 @@ class SquashedNumpyActor(NumpyActor):
         super().__init__([*hidden, out], activation=activation, discrete=False)
         self.act_dim = mean.out_features
         self.scale, self.bias = head.scale.numpy(), head.bias.numpy()
+        # the log-probability's constant, as squashed_gaussian_sample's
+        self.log_prob_const = self.act_dim * (0.5 * math.log(2 * math.pi) + 2.0 * math.log(2.0)) + head.log_scale_sum
 
     def forward(self, obs: np.ndarray) -> np.ndarray:
         return super().forward(obs.astype(np.float32, copy=False))  # as the torch path, which casts first
@@ -100,7 +102,7 @@ class SquashedNumpyActor(NumpyActor):
 
     def _u(self, out: np.ndarray, eps: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         mu, raw = out[..., : self.act_dim], out[..., self.act_dim:]
-        log_std = LOG_STD_MIN + 0.5 * (LOG_STD_MAX - LOG_STD_MIN) * (np.tanh(raw) + 1)
+        log_std = np.tanh(raw) * LOG_STD_HALF_RANGE + LOG_STD_MID
         return mu + np.exp(log_std) * eps, log_std
 
     def action(self, out: np.ndarray, perturbation: np.ndarray) -> np.ndarray:
@@ -109,8 +111,9 @@ class SquashedNumpyActor(NumpyActor):
     def log_prob(self, out: np.ndarray, action: np.ndarray, noise: np.ndarray) -> np.ndarray:
         eps = self.perturb(noise)
         u, log_std = self._u(out, eps)
-        log_det = (2.0 * (math.log(2.0) - u - np.logaddexp(0.0, -2.0 * u))).sum(-1) + np.log(self.scale).sum()
-        return ((-0.5 * eps**2 - log_std - 0.5 * math.log(2 * math.pi)).sum(-1) - log_det).astype(np.float32)
+        # softplus(x) = logaddexp(0, x)
+        logp = (2.0 * (u + np.logaddexp(0.0, -2.0 * u)) - 0.5 * np.square(eps) - log_std).sum(-1) - self.log_prob_const
+        return logp.astype(np.float32)
 
 
 def check_box_actions(spec: EnvSpec) -> None:
