@@ -63,9 +63,15 @@ def squashed_gaussian_sample(mu: Tensor, raw_log_std: Tensor, scale: Tensor, bia
     # the terms that do not depend on the sample summed once, outside the batch (a SAC update samples twice)
     if log_scale_sum is None:
         log_scale_sum = float(torch.log(scale).sum())
-    const = mu.shape[-1] * (_LOG_SQRT_2PI + 2.0 * math.log(2.0)) + log_scale_sum
+    const = squashed_log_prob_const(mu.shape[-1], log_scale_sum)
     logp = (2.0 * (u + F.softplus(-2.0 * u)) - 0.5 * eps.square() - log_std).sum(-1) - const
     return torch.tanh(u) * scale + bias, logp
+
+
+def squashed_log_prob_const(act_dim: int, log_scale_sum: float) -> float:
+    """What ``squashed_gaussian_sample``'s log pi(a|s) subtracts whatever the sample: A (log sqrt(2 pi) + 2 log 2)
+    plus sum(log scale), for A action dimensions (the numpy actor, models/squashed_actor.py, subtracts the same)."""
+    return act_dim * (_LOG_SQRT_2PI + 2.0 * math.log(2.0)) + log_scale_sum
 
 
 class SquashedGaussianHead(nn.Module):

@@ -17,7 +17,7 @@ from rltrain.data.structs import ActOutput, EnvSpec, Policy
 from rltrain.errors import ConfigError
 from rltrain.models.actor_critic import is_float_vector
 from rltrain.models.encoders import MLPEncoder, Obs, make_encoder
-from rltrain.models.heads import LOG_STD_HALF_RANGE, LOG_STD_MID, SquashedGaussianHead
+from rltrain.models.heads import LOG_STD_HALF_RANGE, LOG_STD_MID, SquashedGaussianHead, squashed_log_prob_const
 from rltrain.models.layers import ACTIVATIONS, NumpyActor
 from rltrain.models.settings import ModelSettings
 
@@ -91,8 +91,7 @@ class SquashedNumpyActor(NumpyActor):
         super().__init__([*hidden, out], activation=activation, discrete=False)
         self.act_dim = mean.out_features
         self.scale, self.bias = head.scale.numpy(), head.bias.numpy()
-        # the log-probability's constant, as squashed_gaussian_sample's
-        self.log_prob_const = self.act_dim * (0.5 * math.log(2 * math.pi) + 2.0 * math.log(2.0)) + head.log_scale_sum
+        self.log_prob_const = squashed_log_prob_const(self.act_dim, head.log_scale_sum)
 
     def forward(self, obs: np.ndarray) -> np.ndarray:
         return super().forward(obs.astype(np.float32, copy=False))  # as the torch path, which casts first
