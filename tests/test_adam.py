@@ -70,3 +70,50 @@ def test_fused_adam_checkpoints_load_both_ways_and_keep_counting():
     saved = again.state_dict()
     _step(ours, again, x)
     assert float(saved["state"][0]["step"]) == 4.0 and float(again.steps[0]) == 5.0
+
+
+def test_input_major_weights_train_as_row_major_ones():
+    """``models.layers.input_major``: a widening Linear stores its weight by columns. Autograd hands it gradients
+    in that layout (``torch._fused_adam_`` reads the parameter, gradient and moments in memory order: a gradient
+    in another layout would be applied to the wrong entries), and training follows a row-major copy to round-off
+    through forward, backward, FusedAdam and a checkpoint round trip."""
+    from rltrain.models.layers import hidden_mlp
+
+    torch.manual_seed(0)
+    ours, _ = hidden_mlp(3, (64, 64), "relu")
+    ours.append(nn.Linear(64, 2))
+    assert ours[0].weight.stride() == (1, 64) and ours[2].weight.stride() == (64, 1)  # widening / square
+    theirs = nn.Sequential(nn.Linear(3, 64), nn.ReLU(), nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 2))
+    theirs.load_state_dict({k: v.contiguous() for k, v in ours.state_dict().items()})
+    assert theirs[0].weight.is_contiguous()
+    opt, ref = make_adam(ours.parameters(), 1e-2, eps=1e-8), torch.optim.Adam(theirs.parameters(), lr=1e-2, eps=1e-8)
+    gen = torch.Generator().manual_seed(1)
+    for _ in range(5):
+        x = torch.randn(256, 3, generator=gen)
+        _step(ours, opt, x)
+        _step(theirs, ref, x)
+        assert all(p.grad.stride() == p.stride() for p in ours.parameters())
+    for (key, a), b in zip(ours.state_dict().items(), theirs.state_dict().values(), strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6, msg=key)
+    # a checkpoint keeps the values; loading one (row-major or not) keeps the layout the model was built with
+    again, _ = hidden_mlp(3, (64, 64), "relu")
+    again.append(nn.Linear(64, 2))
+    again.load_state_dict(theirs.state_dict())
+    assert again[0].weight.stride() == (1, 64) and torch.equal(again[0].weight, theirs[0].weight)
+
+
+def test_a_gradient_in_another_layout_than_its_parameter_is_applied_entry_by_entry():
+    """A gradient set by hand in row-major order on an input-major weight: FusedAdam moves each weight by its own
+    gradient entry (the fused kernel alone would pair them by memory position), as torch's Adam does."""
+    torch.manual_seed(0)
+    weight = torch.randn(3, 8).t()  # [8, 3], input-major
+    ours, theirs = nn.Parameter(weight.clone(memory_format=torch.preserve_format)), nn.Parameter(weight.contiguous())
+    assert ours.stride() == (1, 8)
+    grad = torch.randn(8, 3)  # row-major
+    ours.grad, theirs.grad = grad.clone(), grad.clone()
+    opt = make_adam([ours], 1e-2, eps=1e-8)
+    opt.step()
+    ref = torch.optim.Adam([theirs], lr=1e-2, eps=1e-8)
+    ref.step()
+    torch.testing.assert_close(ours.detach(), theirs.detach(), rtol=0, atol=1e-7)
+    assert ours.stride() == (1, 8)

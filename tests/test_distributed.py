@@ -250,3 +250,30 @@ def test_nccl_on_gpus(cli, tmp_path, no_leaks):
     s = summary(tmp_path / "run")
     assert s["backend"] == "nccl" and s["world_size"] == world and s["status"] == "completed"
     assert len(set(s["rank_param_sha256"])) == 1
+
+
+def test_averaged_gradients_keep_each_parameter_layout(tmp_path):
+    """``TorchDistSync.grads`` over a real gloo group: a parameter without a gradient gets the average in its own
+    layout (an input-major first layer, models.layers.input_major), as autograd would give it; FusedAdam reads
+    parameter and gradient in memory order, so a row-major gradient would move the wrong weights."""
+    import torch.distributed as dist
+
+    from rltrain.models.layers import hidden_mlp
+    from rltrain.trainers.distributed import TorchDistSync
+
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
+    try:
+        net, _ = hidden_mlp(3, (16,), "tanh")
+        weight, bias = net[0].weight, net[0].bias
+        assert weight.stride() == (1, 16)
+        bias.grad = torch.ones(16)
+        sync = TorchDistSync(rank=0, world_size=1, timeout_s=30.0, grad_device=torch.device("cpu"))
+        sync.grads([weight, bias])  # the weight has no gradient: the average of zeros, in its layout
+        assert weight.grad.stride() == weight.stride() and not weight.grad.any()
+        weight.grad = torch.arange(48.0).reshape(3, 16).t()  # [16, 3] in the weight's layout
+        expect = weight.grad.clone()
+        sync.grads([weight, bias])
+        assert weight.grad.stride() == weight.stride() and torch.equal(weight.grad, expect)
+        assert torch.equal(bias.grad, torch.ones(16))
+    finally:
+        dist.destroy_process_group()

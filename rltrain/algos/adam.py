@@ -63,6 +63,11 @@ class FusedAdam:
             params, grads = [self.params[i] for i in live], [grads[i] for i in live]
             steps, exp_avgs = [self.steps[i] for i in live], [self.exp_avgs[i] for i in live]
             exp_avg_sqs = [self.exp_avg_sqs[i] for i in live]
+        # the fused kernel reads parameter, gradient and moments in memory order: a gradient written by hand in
+        # another layout than its parameter's (models.layers.input_major) is first copied into that layout
+        if any(g.stride() != p.stride() for p, g in zip(params, grads, strict=True)):
+            grads = [g if g.stride() == p.stride() else torch.empty_like(p).copy_(g)
+                     for p, g in zip(params, grads, strict=True)]
         beta1, beta2 = self.group["betas"]
         if steps is self.steps:
             self.step_vector.add_(1.0)

@@ -113,8 +113,8 @@ class TorchDistSync(Sync):
         for p, g in zip(params, grads, strict=True):
             n = g.numel()
             chunk = flat[offset:offset + n].view_as(g).to(p.device)
-            if p.grad is None:
-                p.grad = chunk.clone()
+            if p.grad is None:  # in the parameter's layout, as autograd's (models.layers.input_major)
+                p.grad = torch.empty_like(p).copy_(chunk)
             else:
                 p.grad.copy_(chunk)
             offset += n
