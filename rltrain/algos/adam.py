@@ -40,6 +40,9 @@ class FusedAdam:
         # _foreach_add_ on CPU converts the scalar and launches an add per parameter
         self.step_vector = torch.zeros(len(self.params), dtype=torch.float32, device=self.params[0].device)
         self.steps = list(self.step_vector.unbind())
+        # parameters not stored row-major (models.layers.input_major): autograd gives their gradients their layout;
+        # a gradient set by hand may not have it (row-major ones are trusted: every path here writes them so)
+        self.strided = [p for p in self.params if not p.is_contiguous()]
         self.exp_avgs = [torch.zeros_like(p, memory_format=torch.preserve_format) for p in self.params]
         self.exp_avg_sqs = [torch.zeros_like(p, memory_format=torch.preserve_format) for p in self.params]
 
@@ -53,6 +56,10 @@ class FusedAdam:
     @torch.no_grad()
     def step(self) -> None:
         """One Adam step on the parameters that have a gradient (as torch: the others keep their state)."""
+        for p in self.strided:  # the fused kernel reads parameter, gradient and moments in memory order: a
+            #                     gradient written by hand in another layout than its parameter's is copied into it
+            if p.grad is not None and p.grad.stride() != p.stride():
+                p.grad = torch.empty_like(p).copy_(p.grad)
         grads = [p.grad for p in self.params]
         if all(g is not None for g in grads):  # the common case: no per-parameter lists to build
             params, steps, exp_avgs, exp_avg_sqs = self.params, self.steps, self.exp_avgs, self.exp_avg_sqs
@@ -63,11 +70,6 @@ class FusedAdam:
             params, grads = [self.params[i] for i in live], [grads[i] for i in live]
             steps, exp_avgs = [self.steps[i] for i in live], [self.exp_avgs[i] for i in live]
             exp_avg_sqs = [self.exp_avg_sqs[i] for i in live]
-        # the fused kernel reads parameter, gradient and moments in memory order: a gradient written by hand in
-        # another layout than its parameter's (models.layers.input_major) is first copied into that layout
-        if any(g.stride() != p.stride() for p, g in zip(params, grads, strict=True)):
-            grads = [g if g.stride() == p.stride() else torch.empty_like(p).copy_(g)
-                     for p, g in zip(params, grads, strict=True)]
         beta1, beta2 = self.group["betas"]
         if steps is self.steps:
             self.step_vector.add_(1.0)

@@ -91,7 +91,7 @@ def input_major(layer: nn.Linear) -> nn.Linear:
     weight gradient is then ``x.T @ grad`` and the input gradient ``grad @ W`` reads W by rows, where the
     row-major weight makes autograd compute ``(grad.T @ x).T``, a [B, out] x [B, in] product that MKL runs 3-5x
     slower than its transpose when ``in`` is a few columns (a SAC update on Pendulum spent 4.5% of its time in
-    four such products). Autograd gives the gradient the weight's strides, and Adam's moments are made
+    five such products). Autograd gives the gradient the weight's strides, and Adam's moments are made
     ``zeros_like`` it; a gradient written by hand must be too (``torch._fused_adam_`` reads every tensor of a
     parameter in its memory order). Layers that keep or narrow the width stay row-major: there the layouts run
     alike, or the input-major one slower."""
