@@ -249,7 +249,7 @@ def test_no_actor_left_stops_the_run_in_one_line(cluster, tmp_path):
     try:
         # a metrics row needs one actor's data; the summary names both only once each reported its node (the
         # progress rows say where each runs from then on)
-        _wait_for(lambda: _rows(run) >= 1 and _both_placed(out), proc)
+        _wait_for(lambda: _rows_written(run) >= 1 and _both_placed(out), proc)
         cluster.remove_node(lonely, allow_graceful=False)
         _, err = proc.communicate(timeout=150)
     finally:
@@ -270,7 +270,7 @@ def _both_placed(stdout: Path) -> bool:
     return "actor 0 on " in text and "actor 1 on " in text
 
 
-def _rows(run: Path) -> int:
+def _rows_written(run: Path) -> int:
     """Rows in the run's metrics.csv so far (0 before the first is written)."""
     path = run / "metrics.csv"
     return len(read_metrics(path)) if path.exists() else 0
@@ -288,14 +288,14 @@ def test_node_lost_mid_run_then_sigterm(cluster, tmp_path):
 
     try:
         # a metrics row exists before the node goes (the progress rows come on a timer, not with the rows)
-        _wait_for(lambda: _rows(run) >= 1 and _both_placed(out), proc)
+        _wait_for(lambda: _rows_written(run) >= 1 and _both_placed(out), proc)
         node = re.search(r"actor 0 on .*?node (\w{8})\)", out.read_text()).group(1)  # the progress rows
         victim = next(n for n in cluster.workers if n.node_id.startswith(node))
         cluster.remove_node(victim, allow_graceful=False)
         # its actor is lost, restarted as generation 1, which no node can take (each holds one actor_host)
         _wait_for(lambda: "going on with 1 of 2 actors" in log(), proc)  # warnings: also in the run's log
-        steps = _rows(run)
-        _wait_for(lambda: _rows(run) > steps, proc)  # learning goes on
+        steps = _rows_written(run)
+        _wait_for(lambda: _rows_written(run) > steps, proc)  # learning goes on
         os.kill(proc.pid, signal.SIGTERM)
         _, err = proc.communicate(timeout=120)
     finally:
