@@ -151,7 +151,7 @@ class SAC(OffPolicy):
         else:
             for _ in range(self.policy_frequency):  # compensate the delay (CleanRL)
                 a, logp = self.policy.sample_from(features)
-                min_q = torch.min(*self.critic.heads(features, a))
+                min_q = self.critic.min_q(features, a)  # its gradient reaches the action only
                 actor_loss = (alpha * logp - min_q).mean()
                 self.actor_optimizer.zero_grad(set_to_none=True)
                 # gradients for the actor only: the critics' weight gradients of this loss (two of the largest

@@ -28,6 +28,7 @@ from rltrain.errors import ConfigError
 from rltrain.models.encoders import Encoder, Obs, make_encoder
 from rltrain.models.heads import SquashedGaussianHead
 from rltrain.models.layers import hidden_mlp, mlp
+from rltrain.models.min_q import fits, on_cpu, twin_min
 from rltrain.models.q_networks import ContinuousQNetwork
 from rltrain.models.settings import ModelSettings
 from rltrain.models.squashed_actor import SquashedGaussianActor, check_box_actions
@@ -70,6 +71,13 @@ class SeparateTwinQ(nn.Module):
             return self.qf1.value(x), self.qf2.value(x)
         return self.qf1(features, action), self.qf2(features, action)
 
+    def min_q(self, features: Obs, action: Tensor) -> Tensor:
+        """min(Q1, Q2) [B] with a gradient into the action only (SAC's actor loss): ``models/min_q.py`` on CPU where
+        both critics read one input through MLPs it takes, else autograd through both."""
+        if self.one_input and self.n_critics == 2 and fits(self.qf1.q) and fits(self.qf2.q) and on_cpu(action):
+            return twin_min(self.qf1.mlp_input(features, action), self.qf1.q, self.qf2.q)
+        return torch.min(*self.heads(features, action))
+
     def forward(self, obs: Obs, action: Tensor) -> tuple[Tensor, ...]:
         return self.heads(self.features(obs), action)
 
@@ -101,6 +109,12 @@ class SharedEncoderTwinQ(nn.Module):
         if self.n_critics == 1 or first_only:
             return (self.q1(x).squeeze(-1),)
         return self.q1(x).squeeze(-1), self.q2(x).squeeze(-1)
+
+    def min_q(self, features: Tensor, action: Tensor) -> Tensor:
+        """min(Q1, Q2) [B] with a gradient into the action only (SAC's actor loss; ``models/min_q.py`` on CPU)."""
+        if self.n_critics == 2 and fits(self.q1) and fits(self.q2) and on_cpu(features):
+            return twin_min(torch.cat([features, action.to(features.device)], -1), self.q1, self.q2)
+        return torch.min(*self.heads(features, action))
 
     def forward(self, obs: Obs, action: Tensor) -> tuple[Tensor, ...]:
         return self.heads(self.features(obs), action)
