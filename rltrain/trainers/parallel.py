@@ -24,6 +24,7 @@ import yaml
 
 from rltrain.run.agents_display import AgentsDisplay, prefix_agent_output
 from rltrain.run.device import pick_device
+from rltrain.run.heap import keep_heap
 from rltrain.run.plots import few_seeds_note
 from rltrain.run.seeding import SeedTree, derive, write_seeds
 from rltrain.run.signals import StopFlag, StopRequested, during
@@ -94,6 +95,7 @@ def agent_main(ctx: WorkerContext, job: AgentJob) -> dict:
 
     s = job.settings
     torch.set_num_threads(s.torch_threads)
+    keep_heap()
     run_dir = Path(job.run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "config.yaml").write_text(yaml.safe_dump(s.config, sort_keys=False))

@@ -1,0 +1,50 @@
+"""run/heap.py: a training process keeps the memory a step frees, so the next step does not fault it back in."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+# what a learning step does to the heap: allocate a few MiB of tensors of a few hundred KiB, write them, free them
+_STEPS = """
+import ctypes, json, resource, sys, torch
+from rltrain.run.heap import M_MMAP_THRESHOLD, M_TRIM_THRESHOLD, keep_heap
+# glibc's starting thresholds, 128 KiB each (its adaptive rule moves them, or not, depending on what the process
+# freed before): a step's tensors are mapped, or its heap top trimmed, and faulted in again at the next step
+ctypes.CDLL(None).mallopt(M_MMAP_THRESHOLD, 128 * 1024)
+ctypes.CDLL(None).mallopt(M_TRIM_THRESHOLD, 128 * 1024)
+kept = keep_heap() if sys.argv[1] == "keep" else False
+def step():
+    xs = [torch.ones(256, 256) for _ in range(24)]  # 256 KiB each, written
+    return sum(float(x[0, 0]) for x in xs)
+for _ in range(20):
+    step()
+before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+for _ in range(200):
+    step()
+print(json.dumps({"kept": kept, "faults": resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before}))
+"""
+
+
+def _faults(mode: str, **env: str) -> dict:
+    out = subprocess.run([sys.executable, "-c", _STEPS, mode], capture_output=True, text=True, check=True,
+                         env={**os.environ, **env})
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's malloc: Linux")
+def test_a_kept_heap_serves_each_step_without_page_faults():
+    plain, kept = _faults("plain"), _faults("keep")
+    assert kept["kept"] is True
+    assert plain["faults"] >= 200 * 24
+    assert kept["faults"] < 200
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's malloc: Linux")
+def test_thresholds_the_user_set_are_left_alone():
+    assert _faults("keep", MALLOC_TRIM_THRESHOLD_="131072")["kept"] is False
+    assert _faults("keep", GLIBC_TUNABLES="glibc.malloc.trim_threshold=131072")["kept"] is False
