@@ -4,10 +4,11 @@ A learning step allocates and frees the same tensors every time (a SAC update on
 [256, 256] float32 tensors, 256 KiB each). glibc's malloc serves them from the heap once its adaptive mmap
 threshold has grown past their size, but returns the heap's free top to the kernel whenever it exceeds the trim
 threshold (twice the mmap threshold under that same adaptive rule), so the next step faults the same pages back
-in, zero-filled by the kernel: measured here, 65 minor page faults and about 0.13 ms of system time per SAC
-update on Pendulum, about 2% of a run's CPU, and none after fixing the two thresholds at the ceiling glibc's
-adaptive rule would reach on a 64-bit machine (32 MiB for mmap, twice that for trimming). PyTorch's CPU
-performance guide reaches the same end by preloading jemalloc or tcmalloc; this needs no other library.
+in, zero-filled by the kernel: measured on a SAC update on Pendulum, 65 minor page faults and about 0.13 ms of
+system time per update, and none after fixing the two thresholds at the ceiling glibc's adaptive rule would reach
+on a 64-bit machine (32 MiB for mmap, twice that for trimming); the whole run took 0.96x the CPU in paired runs.
+PyTorch's CPU performance guide reaches the same end by preloading jemalloc or tcmalloc; this needs no other
+library.
 
 The cost is the memory a process keeps: freed blocks under 32 MiB go back to its own heap for the next
 allocation, not to the kernel, and up to 64 MiB of free heap top stays mapped. Allocations above 32 MiB (a replay
