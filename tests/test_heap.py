@@ -1,4 +1,5 @@
-"""run/heap.py: a training process keeps the memory a step frees, so the next step does not fault it back in."""
+"""run/heap.py: a training process keeps the memory a step frees, so the next step does not fault it back in;
+run/process.py: ``init_process``, what every training process calls first, sets it with the torch threads."""
 
 from __future__ import annotations
 
@@ -17,7 +18,12 @@ from rltrain.run.heap import M_MMAP_THRESHOLD, M_TRIM_THRESHOLD, keep_heap
 # freed before): a step's tensors are mapped, or its heap top trimmed, and faulted in again at the next step
 ctypes.CDLL(None).mallopt(M_MMAP_THRESHOLD, 128 * 1024)
 ctypes.CDLL(None).mallopt(M_TRIM_THRESHOLD, 128 * 1024)
-kept = keep_heap() if sys.argv[1] == "keep" else False
+if sys.argv[1] == "process":  # the seam every kind of training process goes through
+    from rltrain.run.process import init_process
+    init_process(torch_threads=2)
+    kept = torch.get_num_threads() == 2
+else:
+    kept = keep_heap() if sys.argv[1] == "keep" else False
 def step():
     xs = [torch.ones(256, 256) for _ in range(24)]  # 256 KiB each, written
     return sum(float(x[0, 0]) for x in xs)
@@ -42,6 +48,13 @@ def test_a_kept_heap_serves_each_step_without_page_faults():
     assert kept["kept"] is True
     assert plain["faults"] >= 200 * 24
     assert kept["faults"] < 200
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's malloc: Linux")
+def test_init_process_sets_the_threads_and_keeps_the_heap():
+    result = _faults("process")
+    assert result["kept"] is True  # torch.get_num_threads() is the number asked for
+    assert result["faults"] < 200
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's malloc: Linux")

@@ -22,7 +22,6 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-import torch
 import yaml
 
 from rltrain.algos.base import AlgoSettings
@@ -31,7 +30,7 @@ from rltrain.cli.multiagent import check_agents
 from rltrain.envs.make import EnvFactory, ProbedEnv, probe_env
 from rltrain.errors import ConfigError
 from rltrain.models.settings import ModelSettings
-from rltrain.run.heap import keep_heap
+from rltrain.run.process import init_process
 from rltrain.run.seeding import draw_root_seed
 from rltrain.trainers.settings import RunSettings
 
@@ -266,8 +265,7 @@ def prepare(cfg: Any, run_dir: Path) -> dict:
     cfg["seed_drawn"] = cfg["seed"] is None
     if cfg["seed"] is None:
         cfg["seed"] = draw_root_seed()
-    torch.set_num_threads(int(cfg["torch_threads"]))
-    keep_heap()  # glibc keeps the memory a step frees for the next step (run/heap.py)
+    init_process(torch_threads=cfg["torch_threads"])  # torch threads, glibc's heap (run/process.py)
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "config.yaml").write_text(yaml.safe_dump(cfg, sort_keys=False))
     return cfg

@@ -31,8 +31,8 @@ _USER_KNOBS = ("MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_", "MALLOC_TOP_P
 
 
 def keep_heap() -> bool:
-    """Fix glibc's mmap and trim thresholds in this process (see the module docstring); True when set. Called
-    where each training process sets its torch threads: the launcher, every rank, actor and learner."""
+    """Fix glibc's mmap and trim thresholds in this process (see the module docstring); True when set. Every
+    training process calls it through ``run.process.init_process``, with its torch threads."""
     if not sys.platform.startswith("linux") or any(k in os.environ for k in _USER_KNOBS) or \
             "glibc.malloc" in os.environ.get("GLIBC_TUNABLES", ""):
         return False

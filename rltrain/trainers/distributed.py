@@ -31,7 +31,7 @@ from rltrain.algos.base import Algorithm, Sync
 from rltrain.errors import ConfigError
 from rltrain.run.checkpoint import CheckpointManager, load_checkpoint
 from rltrain.run.device import pick_device
-from rltrain.run.heap import keep_heap
+from rltrain.run.process import init_process
 from rltrain.run.seeding import SeedTree, derive, write_seeds
 from rltrain.run.signals import StopFlag, StopRequested
 from rltrain.run.summary import last_logged_step, newest_checkpoint, resume_command
@@ -245,8 +245,7 @@ def param_digest(module: torch.nn.Module) -> str:
 def run_rank(launch: LaunchInfo, settings: RunSettings, run_dir: Path, *, backend: str, timeout_s: float,
              stop: StopFlag) -> dict:
     """One rank from start to finish: join the group, train, leave the group. Returns its summary."""
-    torch.set_num_threads(settings.torch_threads)
-    keep_heap()
+    init_process(torch_threads=settings.torch_threads)
     device = pick_device(settings.device, local_rank=launch.local_rank)
     if device.type == "cuda":
         torch.cuda.set_device(device)

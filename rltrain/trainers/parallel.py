@@ -24,8 +24,8 @@ import yaml
 
 from rltrain.run.agents_display import AgentsDisplay, prefix_agent_output
 from rltrain.run.device import pick_device
-from rltrain.run.heap import keep_heap
 from rltrain.run.plots import few_seeds_note
+from rltrain.run.process import init_process
 from rltrain.run.seeding import SeedTree, derive, write_seeds
 from rltrain.run.signals import StopFlag, StopRequested, during
 from rltrain.run.stats import aggregate
@@ -91,11 +91,9 @@ class _MessageProgress:
 def agent_main(ctx: WorkerContext, job: AgentJob) -> dict:
     """One agent, in its own process: what ``trainer=sequential`` does, minus signal handling (the parent
     decides when everyone stops)."""
-    import torch
 
     s = job.settings
-    torch.set_num_threads(s.torch_threads)
-    keep_heap()
+    init_process(torch_threads=s.torch_threads)
     run_dir = Path(job.run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "config.yaml").write_text(yaml.safe_dump(s.config, sort_keys=False))

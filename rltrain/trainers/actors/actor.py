@@ -33,7 +33,7 @@ from rltrain.data.agents import AgentsSpec
 from rltrain.data.structs import EnvSpec, Rollout
 from rltrain.envs.deadline import EnvCallAbandoned
 from rltrain.envs.make import EnvFactory
-from rltrain.run.heap import keep_heap
+from rltrain.run.process import init_process
 from rltrain.run.seeding import SeedTree, seed_process
 from rltrain.trainers.actors.seams import WeightsHandle
 from rltrain.trainers.supervise import WorkerContext
@@ -114,8 +114,7 @@ def decode(payload: object, codec: str) -> Rollout:
 def actor_main(ctx: WorkerContext, spec: ActorSpec) -> dict:
     """The target every event source runs (``seams.ActorEvents.start``): heartbeats and tracebacks are the
     event source's business, the loop is this."""
-    torch.set_num_threads(spec.torch_threads)
-    keep_heap()
+    init_process(torch_threads=spec.torch_threads)
     return _ActorLoop(ctx, spec).run()
 
 
