@@ -103,9 +103,13 @@ class SharedEncoderTwinQ(nn.Module):
         """obs [B, ...] (or a dict of them, stored dtype) -> features [B, F]: the one encoder forward."""
         return self.encoder(obs)
 
+    def mlp_input(self, features: Tensor, action: Tensor) -> Tensor:
+        """features [B, F], action [B, A] -> [B, F + A]: what both Q MLPs read."""
+        return torch.cat([features, action.to(features.device)], -1)
+
     def heads(self, features: Tensor, action: Tensor, *, first_only: bool = False) -> tuple[Tensor, ...]:
         """features [B, F], action [B, A] -> (Q1 [B], Q2 [B]) (or (Q1,): one critic, or ``first_only``)."""
-        x = torch.cat([features, action.to(features.device)], -1)
+        x = self.mlp_input(features, action)
         if self.n_critics == 1 or first_only:
             return (self.q1(x).squeeze(-1),)
         return self.q1(x).squeeze(-1), self.q2(x).squeeze(-1)
@@ -113,7 +117,7 @@ class SharedEncoderTwinQ(nn.Module):
     def min_q(self, features: Tensor, action: Tensor) -> Tensor:
         """min(Q1, Q2) [B] with a gradient into the action only (SAC's actor loss; ``models/min_q.py`` on CPU)."""
         if self.n_critics == 2 and fits(self.q1) and fits(self.q2) and on_cpu(features):
-            return twin_min(torch.cat([features, action.to(features.device)], -1), self.q1, self.q2)
+            return twin_min(self.mlp_input(features, action), self.q1, self.q2)
         return torch.min(*self.heads(features, action))
 
     def forward(self, obs: Obs, action: Tensor) -> tuple[Tensor, ...]:

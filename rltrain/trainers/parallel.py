@@ -91,7 +91,6 @@ class _MessageProgress:
 def agent_main(ctx: WorkerContext, job: AgentJob) -> dict:
     """One agent, in its own process: what ``trainer=sequential`` does, minus signal handling (the parent
     decides when everyone stops)."""
-
     s = job.settings
     init_process(torch_threads=s.torch_threads)
     run_dir = Path(job.run_dir)
