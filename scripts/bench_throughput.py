@@ -106,7 +106,7 @@ def measure_train(overrides: list[str], *, warmup: int, measure: int) -> tuple[f
     with tempfile.TemporaryDirectory() as tmp:
         cfg = compose_cfg([*overrides, "logger=quiet", "eval.every_env_steps=0", "checkpoint.every_env_steps=0",
                            "eval.episodes=1", f"total_env_steps={warmup + measure}"])
-        s = settings_from(prepare(cfg, Path(tmp)))
+        s = settings_from(prepare(cfg))
         torch.set_num_threads(s.torch_threads)
         place = Placement(Path(tmp), derive(s.seed, s.env.num_envs), pick_device(s.device))
         loop = TrainLoop(s, place, StopFlag())

@@ -96,7 +96,7 @@ def _loop(overrides: list[str], tmp: Path):
 
     cfg = compose_cfg([*overrides, "seed=1", "logger=quiet", "eval.every_env_steps=0",
                        "checkpoint.every_env_steps=0", "total_env_steps=100000"])
-    s = settings_from(prepare(cfg, tmp))
+    s = settings_from(prepare(cfg))
     torch.set_num_threads(1)
     return TrainLoop(s, Placement(tmp, derive(s.seed, s.env.num_envs), pick_device("cpu")), StopFlag())
 

@@ -79,7 +79,7 @@ def test_the_budget_check_counts_the_rollout_ppo_will_collect_when_rollout_len_i
     assert message in console.export_text().replace("\n", "")
     # at the budget of one update it builds, and every reader of the sizes agrees with the algorithm itself
     enough = [o for o in overrides if not o.startswith("total_env_steps")] + ["total_env_steps=2048"]
-    trainer = build.build_trainer(build.prepare(compose_cfg(enough), tmp_path / "ok"), tmp_path / "ok",
+    trainer = build.build_trainer(build.prepare(compose_cfg(enough)), tmp_path / "ok",
                                   check_only=True)
     size = trainer.update_size()
     assert (size.rollout_len, size.num_minibatches, size.env_steps) == (512, 32, 2048)

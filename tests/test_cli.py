@@ -160,6 +160,10 @@ def test_help_and_cfg_job(cli):
     assert res.returncode == 0 and "adds experiment=sac_pendulum" in res.stdout and "  policy_lr: 0.0003" in res.stdout
     res = cli("--cfg", "job", "algo.lr=0.001")
     assert res.returncode == 0 and "lr: 0.001" in res.stdout and "rollout_len: 64" in res.stdout  # ppo_cartpole's
+    # overrides before the flag: the preset's override joins them, not the flag's value (argparse would refuse it)
+    res = cli("algo=dqn", "algo.lr=0.002", "--cfg", "job")
+    assert res.returncode == 0 and "lr: 0.002" in res.stdout and "target_network_frequency: 128" in res.stdout, \
+        res.stderr
 
 
 def test_whole_floats_are_counts_and_recorded_as_integers(cli, tmp_path):
@@ -188,6 +192,27 @@ def test_multirun_job_dirs_carry_no_escape_characters(cli, tmp_path):
     names = sorted(p.name for p in (tmp_path / "sweep").iterdir() if p.is_dir())
     assert names == [f"{n}_debug=smoke,env.id=tests.helpers.faulty_envs-make_counting,eval.episodes=1,logger=quiet,"
                      f"seed={n + 1},total_env_steps=256" for n in (0, 1)], names
+
+
+def test_a_used_run_dir_keeps_its_record_and_refuses_a_fresh_start(smoke_run, cli, tmp_path):
+    """A command refused at start leaves the finished run's config.yaml as it was (resume=auto compares against
+    it); starting afresh over a run's checkpoints is refused in one line; resume=auto continues that run."""
+    bare = shutil.copytree(smoke_run[1], tmp_path / "bare", ignore=shutil.ignore_patterns("checkpoints"))
+    before = (bare / "config.yaml").read_bytes()
+    res = cli(*SMOKE, "seed=3", "env.id=CartPol-v1", f"hydra.run.dir={bare}")  # refused by the env's probe
+    assert res.returncode == 2 and "did you mean 'CartPole-v1'" in res.stderr, res.stderr
+    assert (bare / "config.yaml").read_bytes() == before
+    run_dir = shutil.copytree(smoke_run[1], tmp_path / "run")
+    res = cli(*SMOKE, "seed=3", f"hydra.run.dir={run_dir}")
+    lines = [ln for ln in res.stderr.splitlines() if ln.strip()]
+    assert res.returncode == 2 and len(lines) == 1, res.stderr
+    assert f"hydra.run.dir={run_dir} holds an earlier run's checkpoints (checkpoints/best.pt, " \
+           "checkpoints/final.pt" in lines[0] and "resume=auto continues that run" in lines[0], lines[0]
+    assert (run_dir / "config.yaml").read_bytes() == before  # the same run's record as the bare copy's
+    steps = json.loads((run_dir / "summary.json").read_text())["total_env_steps"]
+    res = cli(*SMOKE, "seed=3", "resume=auto", f"total_env_steps={steps + 512}", f"hydra.run.dir={run_dir}")
+    assert res.returncode == 0, res.stderr
+    assert json.loads((run_dir / "summary.json").read_text())["total_env_steps"] >= steps + 512
 
 
 def test_sigint_checkpoints_and_prints_resume_command(tmp_path, no_leaks):

@@ -79,7 +79,7 @@ def test_bad_input_is_refused_at_build_in_rltrain_and_rltrain_check(tmp_path, ov
 def test_legitimate_neighbours_of_the_refused_values_still_build(tmp_path):
     for overrides in (["env.max_episode_steps=5"], ["algo.target_kl=null"], ["max_wall_time=1h"],
                       ["algo=dqn", "algo.learning_starts=2047"], ["total_env_steps=256"], ["target_return=475"]):
-        build.build_trainer(build.prepare(compose_cfg([*SMOKE, *overrides]), tmp_path / "run"), tmp_path / "run")
+        build.build_trainer(build.prepare(compose_cfg([*SMOKE, *overrides])), tmp_path / "run")
 
 
 @pytest.mark.parametrize(("overrides", "line"), [

@@ -57,7 +57,7 @@ def _loop(run_dir: Path, hooks: LoopHooks, overrides: list[str]) -> TrainLoop:
     cfg = compose_cfg(["debug=smoke", "env.num_envs=2", "algo.rollout_len=32", "algo.num_minibatches=2",
                        "total_env_steps=256", "eval.every_env_steps=0", "eval.episodes=1",
                        "log.every_env_steps=128", "checkpoint.every_env_steps=0", "logger=quiet", *overrides])
-    s = settings_from(prepare(cfg, run_dir))
+    s = settings_from(prepare(cfg))
     torch.set_num_threads(1)
     place = Placement(run_dir, derive(s.seed, s.env.num_envs), pick_device(s.device))
     return TrainLoop(s, place, StopFlag(), TrainerParts(hooks=hooks))

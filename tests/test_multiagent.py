@@ -285,7 +285,7 @@ def test_rltrain_check_says_the_agents_groups_slots_and_what_a_turn_based_update
     built = {}
 
     def rows(overrides: list[str]) -> dict:
-        built["trainer"] = trainer = build.build_trainer(build.prepare(compose_cfg(overrides), tmp_path / "c"),
+        built["trainer"] = trainer = build.build_trainer(build.prepare(compose_cfg(overrides)),
                                                          tmp_path / "c", check_only=True)
         return dict(check.batch_rows(trainer.settings.config, trainer))
 

@@ -62,8 +62,17 @@ def test_no_note_when_a_preset_is_chosen():
 ])
 def test_experiment_auto_adds_the_preset_made_for_the_algo_and_env(overrides, added, says):
     resolved, line = resolve_experiment(overrides)
-    assert resolved == [o for o in overrides if not o.startswith("experiment=")] + [added]
+    rest = [o for o in overrides if not o.startswith("experiment=")]
+    assert resolved == [added, *rest]  # before the user's overrides: Hydra's parser reads them as one run
     assert says in line and line.endswith("experiment=none for the generic defaults"), line
+
+
+def test_the_preset_joins_the_overrides_not_a_flag_value():
+    assert resolve_experiment(["algo=dqn", "--cfg", "job"])[0] == ["experiment=dqn_cartpole", "algo=dqn", "--cfg",
+                                                                   "job"]
+    assert resolve_experiment(["--cfg", "job", "algo=dqn"])[0] == ["--cfg", "job", "experiment=dqn_cartpole",
+                                                                   "algo=dqn"]
+    assert resolve_experiment(["--cfg", "job"])[0] == ["--cfg", "job", "experiment=ppo_cartpole"]
 
 
 @pytest.mark.parametrize(("overrides", "says"), [

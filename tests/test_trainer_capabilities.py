@@ -19,7 +19,7 @@ SMOKE = ["debug=smoke", "env.num_envs=2", "algo.rollout_len=16", "total_env_step
 
 def built(tmp_path: Path, overrides: list[str]) -> Trainer:
     cfg = compose_cfg([*SMOKE, *overrides])
-    return build_trainer(prepare(cfg, tmp_path), tmp_path)
+    return build_trainer(prepare(cfg), tmp_path)
 
 
 @pytest.mark.parametrize("choice", sorted(options("trainers")))

@@ -258,17 +258,22 @@ def validate(cfg: dict) -> RunSettings:
     return settings
 
 
-def prepare(cfg: Any, run_dir: Path) -> dict:
-    """Plain, validated config with its root seed fixed; writes ``config.yaml`` into the run dir."""
+def prepare(cfg: Any) -> dict:
+    """Plain, validated config with its root seed fixed (``write_config`` records it once the run is built)."""
     cfg = to_plain(cfg)
     validate(cfg)
     cfg["seed_drawn"] = cfg["seed"] is None
     if cfg["seed"] is None:
         cfg["seed"] = draw_root_seed()
     init_process(torch_threads=cfg["torch_threads"])  # torch threads, glibc's heap (run/process.py)
+    return cfg
+
+
+def write_config(cfg: dict, run_dir: Path) -> None:
+    """``config.yaml``: the prepared config of a run that passed every start-up check (a refused command leaves
+    the record of the run already in that dir as it was; resume=auto compares against it)."""
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "config.yaml").write_text(yaml.safe_dump(cfg, sort_keys=False))
-    return cfg
 
 
 def settings_from(cfg: dict) -> RunSettings:
@@ -332,6 +337,7 @@ def show_model(algo: Any, run_dir: Path | None, *, echo: bool) -> None:
              "per frame in the replay)"] if algo.frame_stack else []
     text = f"algo={algo.name}\n" + describe_model(networks_of(algo), notes)
     if run_dir is not None:
+        Path(run_dir).mkdir(parents=True, exist_ok=True)
         Path(run_dir, "model.txt").write_text(text + "\n")
     if echo:
         print("[rltrain] model:\n" + "\n".join("  " + line for line in text.splitlines()), flush=True)
@@ -353,7 +359,11 @@ def run(cfg: Any, run_dir: Path) -> dict:
     with RunDirLock(run_dir) if owner else contextlib.nullcontext():
         plain = to_plain(cfg)
         check_resume_config(plain, run_dir)  # before config.yaml is overwritten with this run's
-        trainer = build_trainer(prepare(plain, run_dir), run_dir)
+        if owner:
+            check_fresh_run_dir(plain, run_dir)
+        prepared = prepare(plain)
+        trainer = build_trainer(prepared, run_dir)
+        write_config(prepared, run_dir)
         if owner:
             sweep_temp_files(run_dir)  # what a killed earlier run left (we hold the lock: nobody is writing)
         try:
@@ -384,6 +394,21 @@ def check_resume_config(cfg: dict, run_dir: Path) -> None:
     error = resume_mismatch("auto", upgrade_config(saved) if isinstance(saved, dict) else {}, cfg)
     if error:
         raise ConfigError(error.replace("resume=auto:", f"resume=auto in {run_dir}:", 1))
+
+
+def check_fresh_run_dir(cfg: dict, run_dir: Path) -> None:
+    """``resume=never`` (the default) in a run dir holding an earlier run's checkpoints: one line, before anything
+    is written. Starting over there would mix two runs: the new run's checkpoints, numbered from step 0, would be
+    the ones pruned beside the old run's later steps, and ``--checkpoint latest`` would pick the old run."""
+    if (cfg.get("resume") or "never") != "never":
+        return
+    found = sorted(p.relative_to(run_dir) for pattern in ("checkpoints/*.pt", "agent_*/checkpoints/*.pt")
+                   for p in run_dir.glob(pattern))
+    if found:
+        shown = ", ".join(map(str, found[:2])) + (f" and {len(found) - 2} more" if len(found) > 2 else "")
+        raise ConfigError(f"hydra.run.dir={run_dir} holds an earlier run's checkpoints ({shown}): resume=auto "
+                          "continues that run; to start afresh pick another hydra.run.dir (or move its checkpoints "
+                          "away)")
 
 
 def writable_run_dir(run_dir: Path) -> None:

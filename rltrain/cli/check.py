@@ -168,6 +168,7 @@ def start_checks(plain: dict, run_dir: Path) -> None:
         finally:
             os.close(fd)
     build.check_resume_config(plain, run_dir)
+    build.check_fresh_run_dir(plain, run_dir)
     resume = plain.get("resume") or "never"
     if resume == "never":
         return

@@ -167,6 +167,14 @@ def _group_default(conf: Path, group: str) -> str:
     raise KeyError(group)
 
 
+def with_override(args: list[str], override: str) -> list[str]:
+    """``args`` with ``override`` placed just before the user's first ``key=value`` (at the end where there is
+    none): Hydra's argument parser reads the overrides as one run of positionals, so one added after a flag and
+    its value (``algo=dqn --cfg job experiment=...``) would be refused as an unrecognised argument."""
+    first = next((i for i, a in enumerate(args) if "=" in a and not a.startswith("-")), len(args))
+    return [*args[:first], override, *args[first:]]
+
+
 def resolve_experiment(overrides: list[str], conf: Path = CONF) -> tuple[list[str], str | None]:
     """(overrides with ``experiment=auto`` resolved, the line to announce or None).
 
@@ -201,7 +209,7 @@ def resolve_experiment(overrides: list[str], conf: Path = CONF) -> tuple[list[st
     if choice == "auto":
         preset = auto_preset(algo, env_group, env_id, wrappers, conf)
         if preset is not None:
-            return rest + [f"experiment={preset.name}"], (
+            return with_override(rest, f"experiment={preset.name}"), (
                 f"preset experiment={preset.name} (tuned for algo={algo} on "
                 f"{'any ' + preset.family + ' task' if preset.generic else env_id}"
                 f"{' with wrappers ' + str(list(preset.wrappers)) if preset.wrappers else ''}); "
