@@ -7,6 +7,7 @@ paths, resume rules, faults (a rank that raises, a rank SIGKILLed) and Ctrl-C.
 
 from __future__ import annotations
 
+import csv
 import json
 import os
 import signal
@@ -121,6 +122,19 @@ def test_local_spawn_trains_identical_replicas_and_resumes(cli, tmp_path, no_lea
     r = cli(*FAST, "trainer.world_size=1", "total_env_steps=4096", "resume=auto", timeout=180, env=TEST_ENV)
     assert r.returncode == 2, r.stderr[-3000:]
     assert "global batch" in r.stderr and "1 x 2 x 64 = 128" in r.stderr and "env.num_envs=4" in r.stderr
+
+
+def test_episodes_are_counted_over_every_rank_as_env_steps_are(cli, tmp_path, no_leaks):
+    """Episodes of exactly 10 steps: 2 ranks x 2 envs x 512 steps end 4 x 51 of them (rank 0's alone: 102),
+    in the summary and in metrics.csv's last row."""
+    r = cli(*FAST, "trainer.world_size=2", "env.id=tests.helpers.faulty_envs:make_counting", "experiment=none",
+            "algo.num_minibatches=2", timeout=180, env=TEST_ENV)
+    assert r.returncode == 0, r.stderr[-3000:]
+    s = summary(tmp_path / "run")
+    assert s["total_env_steps"] == 2048 and s["episodes"] == 4 * 51, s
+    with (tmp_path / "run" / "metrics.csv").open() as f:
+        rows = {int(float(row["env_steps"])): float(row["rollout/episodes"]) for row in csv.DictReader(f)}
+    assert rows[512] == 4 * 12 and rows[2048] == 4 * 51, rows  # at 512: 128 steps per env, 12 episodes each
 
 
 def test_eval_target_return_stops_every_rank_at_the_same_update(cli, tmp_path, no_leaks):

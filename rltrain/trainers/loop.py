@@ -108,6 +108,9 @@ class TrainLoop:
             self.source.close()
             raise
         start_steps = self.counters["env_steps"]
+        # episodes are counted over all workers, as env steps are: the run's count at start plus every worker's
+        # episodes since (a worker's own collector restarts its count where it was not restored)
+        self._episodes_base = (self.counters["episodes"], self.source.episodes)
         if self.is_main:
             self.rows.open(resumed=resumed_from is not None)
         total = s.total_env_steps
@@ -219,7 +222,6 @@ class TrainLoop:
         self.guard.check_update(learn_metrics, update, at_step)
         self.counters["env_steps"] += rollout.num_steps * self.sync.world_size
         self.counters["updates"] += rollouts  # rollouts learned from
-        self.counters["episodes"] = self.source.episodes
         self.hooks.after_learn(rollout, learn_s, algo=self.algo, counters=self.counters)
         return learn_metrics
 
@@ -231,9 +233,13 @@ class TrainLoop:
             self.state.solved = {"env_steps": steps, "seconds": self.counters["wall_time"]}
 
     def _recent_return(self) -> float | None:
-        """Mean of the recent episode returns, pooled over workers (so ranks agree on ``target_return``)."""
+        """Mean of the recent episode returns, pooled over workers (so ranks agree on ``target_return``); sets
+        the episodes counter to the count over all workers in the same all-reduce."""
         window = list(self.source.recent_returns)[-RECENT_EPISODES:]
-        total, count = self.sync.sum(np.array([sum(window), len(window)], np.float64))
+        run_base, own_base = self._episodes_base
+        total, count, new_episodes = self.sync.sum(
+            np.array([sum(window), len(window), self.source.episodes - own_base], np.float64))
+        self.counters["episodes"] = run_base + int(new_episodes)
         return float(total / count) if count else None
 
     def _write_traceback(self, err: BaseException) -> str:
