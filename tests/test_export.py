@@ -314,15 +314,83 @@ def test_onnx_falls_back_to_the_torchscript_exporter_out_loud(trained, tmp_path,
 
 
 
-def test_a_directory_of_runs_names_the_runs_below_it(tmp_path):
-    """A trainer=parallel run (or a sweep dir) has no checkpoint of its own: the one line points one level down."""
+@pytest.mark.parametrize("runs", [("agent_0", "agent_1"), ("0", "1", "2", "3")], ids=["parallel", "sweep"])
+def test_a_directory_of_runs_names_the_runs_below_it(tmp_path, capsys, runs):
+    """A trainer=parallel run (or a sweep dir) has no checkpoint of its own: the one line points one level down,
+    in rltrain-export, rltrain.load_policy and rltrain-eval alike (whichever checkpoint --checkpoint asks for)."""
+    from rltrain.cli.evaluate import main as evaluate
     from rltrain.cli.export import export
     from rltrain.errors import ConfigError
 
-    for agent in ("agent_0", "agent_1"):
-        (tmp_path / "run" / agent / "checkpoints").mkdir(parents=True)
+    top = tmp_path / "run"
+    for name in runs:
+        (top / name / "checkpoints").mkdir(parents=True)
+    named = ", ".join(runs[:3]) + (", ..." if len(runs) > 3 else "")
+    hint = f"no checkpoint found in that directory (its runs {named} have theirs: pass one, e.g. {top / runs[0]})"
     with pytest.raises(ConfigError) as err:
-        export(tmp_path / "run", out=tmp_path / "policy.pt2")
-    assert str(err.value) == (f"checkpoint={tmp_path / 'run'}: no checkpoint found in that directory (its runs "
-                              f"agent_0, agent_1 have theirs: pass one, e.g. {tmp_path / 'run' / 'agent_0'})")
+        export(top, out=tmp_path / "policy.pt2")
+    assert str(err.value) == f"checkpoint={top}: {hint}"
     assert not (tmp_path / "policy.pt2").exists()
+    with pytest.raises(ConfigError) as err:
+        rltrain.load_policy(top)
+    assert str(err.value).endswith(hint)
+    for which in ("final", "best", "latest"):
+        assert evaluate([str(top), "--checkpoint", which]) == 2
+        assert capsys.readouterr().err == f"rltrain-eval: error: {top}: {hint}\n", which
+
+
+def _sha256(path: Path) -> str:
+    import hashlib
+
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def test_the_description_lists_each_format_of_one_checkpoint_and_refuses_another(trained, tmp_path, capsys):
+    """Formats of the same checkpoint (its path and content) exported beside each other share one description
+    that lists them all; one of another checkpoint, of the same path since rewritten, or a .json no export wrote
+    is refused in one line that writes nothing, and --force writes a fresh description."""
+    from rltrain.cli.export import main
+
+    run_dir = trained("ppo_discrete")
+    final, best = run_dir / "checkpoints" / "final.pt", run_dir / "checkpoints" / "best.pt"
+    out = tmp_path / "cartpole"
+    sidecar = out.with_suffix(".json")
+    assert main([str(run_dir), "--out", f"{out}.pt2"]) == 0
+    assert main([str(final), "--format", "torchscript", "--out", f"{out}.pt"]) == 0
+    record = json.loads(sidecar.read_text())
+    assert record["files"] == {"export": "cartpole.pt2", "torchscript": "cartpole.pt"}
+    assert record["checkpoint"] == str(final.resolve()) and record["checkpoint_sha256"] == _sha256(final)
+    capsys.readouterr()
+
+    def refused(args: list[str], why: str) -> None:
+        flag = args[args.index("--out") + 1]
+        sidecar = Path(flag).with_suffix(".json")
+        before = sidecar.read_bytes()
+        assert main(args) == 2
+        err = capsys.readouterr().err
+        assert err == (f"rltrain-export: error: --out={flag}: {sidecar} {why}; pass --force to write a fresh "
+                       "description, or another --out\n"), err
+        assert sidecar.read_bytes() == before and not Path(flag).exists()
+
+    onnx = ["--format", "onnx", "--out", f"{out}.onnx"] if "onnx" in _formats() else ["--out", f"{out}.file"]
+    refused([str(best), *onnx], f"describes an export of another checkpoint ({final.resolve()})")
+    copy = tmp_path / "copy.pt"  # the same path, rewritten since (a resumed run's final.pt)
+    copy.write_bytes(final.read_bytes())
+    assert main([str(copy), "--out", str(tmp_path / "copied.pt2")]) == 0
+    capsys.readouterr()
+    state = torch.load(copy, weights_only=True)
+    state["counters"]["env_steps"] += 1
+    torch.save(state, copy)
+    refused([str(copy), "--format", "torchscript", "--out", str(tmp_path / "copied.pt")],
+            f"describes an export of {copy.resolve()} before it was rewritten (another checkpoint_sha256)")
+    (tmp_path / "mine.json").write_text('{"a": "config of the user\'s own"}')
+    refused([str(final), "--out", str(tmp_path / "mine.pt2")], "is not the description of an export")
+    older = {"files": {"export": "cartpole.pt2"}, "checkpoint": str(final.resolve())}  # before checkpoint_sha256
+    (tmp_path / "older.json").write_text(json.dumps(older))
+    refused([str(final), "--out", str(tmp_path / "older.pt")],
+            f"describes an export of {final.resolve()} that records no checkpoint_sha256 to match")
+
+    assert main([str(best), "--format", "torchscript", "--out", f"{out}.pt", "--force"]) == 0
+    record = json.loads(sidecar.read_text())  # a fresh description: the .pt2 of final.pt is no longer credited
+    assert record["files"] == {"torchscript": "cartpole.pt"} and record["checkpoint"] == str(best.resolve())
+    assert record["checkpoint_sha256"] == _sha256(best)

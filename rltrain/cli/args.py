@@ -35,7 +35,7 @@ def pick_checkpoint(path: Path, which: str) -> Path:
     """The checkpoint file a run dir argument stands for: ``final`` (the end of training; the latest while the
     run has none), ``best`` (the best periodic evaluation) or ``latest`` (the most env steps); a file as it
     is."""
-    from rltrain.run.checkpoint import CheckpointManager
+    from rltrain.run.checkpoint import CheckpointManager, no_checkpoint_in
 
     if not path.is_dir():
         return path
@@ -43,9 +43,10 @@ def pick_checkpoint(path: Path, which: str) -> Path:
     named = ckdir / f"{which}.pt"
     if which in ("final", "best") and named.exists():
         return named
-    if which == "best":
+    if which == "best" and any(ckdir.glob("*.pt")):
         raise ConfigError(f"{path}: no best.pt (no evaluation was run yet); use --checkpoint final or latest")
-    latest = CheckpointManager(ckdir).latest()
+    # no checkpoint at all (a trainer=parallel run, a sweep dir): the line names the runs below, as every tool's
+    latest = None if which == "best" else CheckpointManager(ckdir).latest()
     if latest is None:
-        raise ConfigError(f"{path}: no checkpoint found in that directory")
+        raise no_checkpoint_in(path)
     return latest

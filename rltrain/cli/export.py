@@ -6,7 +6,8 @@ observation normalisation folded in, deterministic (the action distribution's mo
 Gaussian mean for Box, SAC's mean squashed by tanh and scaled to the bounds), Box actions clipped to the action
 space as ``rltrain-eval`` does before stepping an env. Each policy supplies the module itself
 (``export_module()``, built from its own action distribution), so a new registered distribution exports
-with no change here. Beside the file, ``<name>.json`` describes its inputs and outputs.
+with no change here. Beside the file, ``<name>.json`` describes its inputs and outputs and the checkpoint (path,
+sha256); another format of the same checkpoint exported beside it is added to its ``files``.
 
     obs [B, *obs_shape] (the env's dtype: float32, uint8 / bool pixels, int64 Discrete ...)
         -> action [B] int64 | [B, *action_shape] (the distribution's dtype)
@@ -55,7 +56,7 @@ def target_of(path: Path, fmt: str, out: Path | None, *, force: bool) -> Path:
     if fmt not in FORMATS:
         raise ConfigError(f"--format={fmt}: unknown format; use {', '.join(FORMATS)}")
     target = Path(out) if out is not None else run_dir_of(path) / "export" / f"policy{FORMATS[fmt]}"
-    flag = f"--out={out}" if out is not None else f"the default output {target}"
+    flag = output_flag(out, target)
     if target.is_dir():
         raise ConfigError(f"{flag}: is a directory; --out names the file to write (e.g. {target / 'policy'}"
                           f"{FORMATS[fmt]})")
@@ -70,6 +71,51 @@ def target_of(path: Path, fmt: str, out: Path | None, *, force: bool) -> Path:
     if target.exists() and not force:
         raise ConfigError(f"{flag}: exists; pass --force to replace it, or another --out")
     return target
+
+
+def output_flag(out: Path | None, target: Path) -> str:
+    """How a refusal names the output: the ``--out`` given, or the default it stands for."""
+    return f"--out={out}" if out is not None else f"the default output {target}"
+
+
+def described_files(target: Path, fmt: str, source: dict, *, force: bool, flag: str) -> dict[str, str]:
+    """The other formats' files that the description beside ``target`` lists and goes on listing: those exported
+    from the same checkpoint (``source``: its path and sha256) that are still there. A description of anything
+    else (another checkpoint, the same path since rewritten, a file no export wrote) is refused in one line:
+    merging would credit its files to this checkpoint. ``force`` writes a fresh description instead."""
+    sidecar = target.with_suffix(".json")
+    if not sidecar.exists():
+        return {}
+    try:
+        old = json.loads(sidecar.read_text())
+    except (OSError, ValueError):
+        old = None
+    files = old.get("files") if isinstance(old, dict) else None
+    if isinstance(files, dict) and all(old.get(k) == v for k, v in source.items()):
+        return {f: n for f, n in files.items() if isinstance(f, str) and isinstance(n, str) and f != fmt
+                and n != target.name and n == Path(n).name and (target.parent / n).is_file()}
+    if force:
+        return {}
+    if not isinstance(files, dict) or not isinstance(old.get("checkpoint"), str):
+        what = "is not the description of an export"
+    elif old["checkpoint"] != source["checkpoint"]:
+        what = f"describes an export of another checkpoint ({old['checkpoint']})"
+    elif "checkpoint_sha256" not in old:  # an earlier rltrain-export's: the content it came from is unknown
+        what = f"describes an export of {old['checkpoint']} that records no checkpoint_sha256 to match"
+    else:
+        what = f"describes an export of {old['checkpoint']} before it was rewritten (another checkpoint_sha256)"
+    raise ConfigError(f"{flag}: {sidecar} {what}; pass --force to write a fresh description, or another --out")
+
+
+def file_sha256(path: Path) -> str:
+    """The checkpoint's content digest: its path alone does not tell a rewritten final.pt from the one exported."""
+    import hashlib
+
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
 
 
 def run_file_owner(path: Path) -> Path | None:
@@ -132,9 +178,10 @@ def flat_actor(actor, paths: list[tuple[str, ...]]):
     return FlatActor().eval()
 
 
-def describe(spec, *, fmt: str, target: Path, cfg: dict, checkpoint: Path, names: list[str],
+def describe(spec, *, fmt: str, target: Path, cfg: dict, source: dict, files: dict[str, str], names: list[str],
              example: tuple, outputs: tuple, state_names: list[str]) -> dict:
-    """The JSON beside the policy file: every input and output with its shape and dtype ("B": the batch)."""
+    """The JSON beside the policy file: every input and output with its shape and dtype ("B": the batch), the
+    checkpoint (``source``) and the files exported from it beside this one (``files``: format -> name)."""
 
     def tensor(name, t, batch_axis=0):
         shape: list = list(t.shape)
@@ -152,18 +199,8 @@ def describe(spec, *, fmt: str, target: Path, cfg: dict, checkpoint: Path, names
         action["n"] = spec.n_actions
     if spec.action_low:
         action["low"], action["high"] = list(spec.action_low), list(spec.action_high)
-    sidecar = target.with_suffix(".json")
-    files = {}
-    if sidecar.exists():  # another format of the same checkpoint exported beside it: keep listing it
-        try:
-            old = json.loads(sidecar.read_text())
-            if old.get("checkpoint") == str(checkpoint.resolve()):
-                files = {f: n for f, n in dict(old.get("files", {})).items()
-                         if n != target.name and (target.parent / n).exists()}
-        except (OSError, ValueError, TypeError, AttributeError):
-            files = {}
     record = {"files": {**files, fmt: target.name}, "env_id": spec.env_id, "algo": cfg["algo"]["_target_"],
-              "checkpoint": str(checkpoint.resolve()), "inputs": inputs, "outputs": outs, "action": action}
+              **source, "inputs": inputs, "outputs": outs, "action": action}
     if n_obs == 1 and names[0] == "obs":
         record["observation"] = {"shape": inputs[0]["shape"][1:], "dtype": inputs[0]["dtype"]}
     if state_names:
@@ -176,7 +213,15 @@ def describe(spec, *, fmt: str, target: Path, cfg: dict, checkpoint: Path, names
 def export(path: Path, *, fmt: str = DEFAULT_FORMAT, out: Path | None = None, force: bool = False,
            allow_import: bool = False) -> Path:
     """Write the policy file (``out``, default ``<run dir>/export/policy.<ext>``) and ``<out stem>.json``
-    beside it; returns the policy file."""
+    beside it; returns the policy file (a multi-agent env's first agent's: ``export_files`` returns them all)."""
+    return export_files(path, fmt=fmt, out=out, force=force, allow_import=allow_import)[0]
+
+
+def export_files(path: Path, *, fmt: str = DEFAULT_FORMAT, out: Path | None = None, force: bool = False,
+                 allow_import: bool = False) -> list[Path]:
+    """``export``, returning every policy file written: one, or one per agent of a multi-agent env
+    (``<target stem>_<agent><ext>``, each taking that agent's own observation; its index in a shared policy is
+    added inside), each with its ``.json``. Every refusal comes before any file is written."""
     target = target_of(Path(path), fmt, out, force=force)
     if fmt == "onnx":
         missing = [m for m in ("onnx", "onnxscript") if importlib.util.find_spec(m) is None]
@@ -187,30 +232,25 @@ def export(path: Path, *, fmt: str = DEFAULT_FORMAT, out: Path | None = None, fo
 
     loaded = load_policy(Path(path), device="cpu", allow_import=allow_import)  # no env built or imported
     if getattr(loaded.policy, "group_list", None) is not None:  # a multi-agent env: one file per agent
-        return export_agents(loaded.policy, target, fmt=fmt, cfg=loaded.config, checkpoint=loaded.checkpoint,
-                             force=force)
-    return write_policy(loaded.policy.export_module(), loaded.spec, target, fmt=fmt, cfg=loaded.config,
-                        checkpoint=loaded.checkpoint)
-
-
-def export_agents(policies, target: Path, *, fmt: str, cfg: dict, checkpoint: Path, force: bool) -> Path:
-    """One file per agent of a multi-agent env, ``<target stem>_<agent><ext>`` (+ its ``.json``), each taking
-    that agent's own observation (its index in a shared policy is added inside); returns the first."""
-    written = []
-    for agent, policy in policies.per_agent().items():
-        each = target.with_name(f"{target.stem}_{agent}{target.suffix}")
+        policies = {target.with_name(f"{target.stem}_{agent}{target.suffix}"): (policy, policy.spec)
+                    for agent, policy in loaded.policy.per_agent().items()}
+    else:
+        policies = {target: (loaded.policy, loaded.spec)}
+    source = {"checkpoint": str(loaded.checkpoint.resolve()), "checkpoint_sha256": file_sha256(loaded.checkpoint)}
+    kept = {}
+    for each in policies:
         if each.exists() and not force:
             raise ConfigError(f"{each}: exists; pass --force to replace it, or another --out")
-        written.append(write_policy(policy.export_module(), policy.spec, each, fmt=fmt, cfg=cfg,
-                                    checkpoint=checkpoint))
-    return written[0]
+        kept[each] = described_files(each, fmt, source, force=force, flag=output_flag(out, target))
+    return [write_policy(policy.export_module(), spec, each, fmt=fmt, cfg=loaded.config, source=source,
+                         files=kept[each]) for each, (policy, spec) in policies.items()]
 
 
-def write_policy(actor, spec, target: Path, *, fmt: str, cfg: dict, checkpoint: Path) -> Path:
-    """Trace ``actor`` (an export module) for observations of ``spec`` into ``target`` and its ``.json``."""
+def write_policy(actor, spec, target: Path, *, fmt: str, cfg: dict, source: dict, files: dict[str, str]) -> Path:
+    """Trace ``actor`` (an export module) for observations of ``spec`` into ``target`` and its ``.json``
+    (``source``: the checkpoint's path and sha256; ``files``: the other formats' files it goes on listing)."""
     import torch
 
-    ckpt_path = checkpoint
     actor = actor.eval().requires_grad_(False)
     for tensor in [*actor.parameters(), *actor.buffers()]:  # own storage each: fused weights share one buffer,
         tensor.data = tensor.data.clone()                     # which the .pt2 archive cannot split cleanly
@@ -232,7 +272,7 @@ def write_policy(actor, spec, target: Path, *, fmt: str, cfg: dict, checkpoint: 
             os.replace(tmp, target)
         finally:
             tmp.unlink(missing_ok=True)
-        record = describe(spec, fmt=fmt, target=target, cfg=cfg, checkpoint=ckpt_path, names=names,
+        record = describe(spec, fmt=fmt, target=target, cfg=cfg, source=source, files=files, names=names,
                           example=example, outputs=outputs, state_names=state_names)
         target.with_suffix(".json").write_text(json.dumps(record, indent=2) + "\n")
     except OSError as err:  # an unwritable or missing place, a full disk: one line naming it
@@ -344,16 +384,13 @@ def main(argv: list[str] | None = None) -> int:
                         "checkpoint older than its recorded spaces) be imported (trusted files only)")
     args = p.parse_args(argv)
     try:
-        target = export(Path(args.path), fmt=args.format, out=args.out, force=args.force,
-                        allow_import=args.allow_import)
+        written = export_files(Path(args.path), fmt=args.format, out=args.out, force=args.force,
+                               allow_import=args.allow_import)
     except ConfigError as err:
         print(f"rltrain-export: error: {err}", file=sys.stderr)
         return 2
-    if not target.exists():  # a multi-agent env's: one file per agent
-        for each in sorted(target.parent.glob(f"{target.stem}_*{target.suffix}")):
-            print(f"wrote {each} and {each.with_suffix('.json')}")
-        return 0
-    print(f"wrote {target} and {target.with_suffix('.json')}")
+    for each in written:  # a multi-agent env's: one pair per agent
+        print(f"wrote {each} and {each.with_suffix('.json')}")
     return 0
 
 

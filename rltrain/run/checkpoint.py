@@ -274,6 +274,15 @@ class CheckpointManager:
         return best_path
 
 
+def no_checkpoint_in(directory: Path, *, key: str | None = None) -> ConfigError:
+    """The one line for a directory that holds no checkpoint (``key``: the setting or flag that named it), for
+    every tool. A trainer=parallel run or a multirun sweep dir has its runs one level down: the line names them."""
+    runs = sorted(d.name for d in directory.iterdir() if (d / "checkpoints").is_dir())
+    below = (f" (its runs {', '.join(runs[:3])}{', ...' if len(runs) > 3 else ''} have theirs: pass one, "
+             f"e.g. {directory / runs[0]})") if runs else ""
+    return ConfigError(f"{f'{key}=' if key else ''}{directory}: no checkpoint found in that directory{below}")
+
+
 def load_checkpoint(path: Path, *, key: str = "resume", run_dir: Path | None = None,
                     trust_envs: bool = False) -> tuple[dict, bytes | None]:
     """Load a checkpoint file (or the latest in a run dir / checkpoints dir) and, if it may, its env sidecar.
@@ -285,11 +294,7 @@ def load_checkpoint(path: Path, *, key: str = "resume", run_dir: Path | None = N
     if path.is_dir():
         found = CheckpointManager(path / "checkpoints" if (path / "checkpoints").is_dir() else path).latest()
         if found is None:
-            # a trainer=parallel run or a multirun sweep dir: its runs are one level down
-            runs = sorted(d.name for d in path.iterdir() if (d / "checkpoints").is_dir())
-            below = (f" (its runs {', '.join(runs[:3])}{', ...' if len(runs) > 3 else ''} have theirs: pass one, "
-                     f"e.g. {path / runs[0]})") if runs else ""
-            raise ConfigError(f"{key}={path}: no checkpoint found in that directory{below}")
+            raise no_checkpoint_in(path, key=key)
         path = found
     if not path.exists():
         raise ConfigError(f"{key}={path}: no such file or directory")
