@@ -78,6 +78,7 @@ BAD_INPUTS = [
     (["algo.lrr=0.1"], "algo.lrr: unknown key; did you mean 'lr'? (valid: action_mask, rollout_len"),
     (["+algo.lrr=0.1"], "algo.lrr: unknown key; did you mean 'lr'? (valid: action_mask, rollout_len"),
     (["algo.lr=fast"], "algo.lr='fast' has the wrong type: expected float"),
+    (["hydra.run.dir=runs/a=b"], "Error parsing override 'hydra.run.dir=runs/a=b': mismatched input '='"),
     (["algo.update_epochs=2.5"], "algo.update_epochs=2.5 has the wrong type: expected int (a count: a whole"),
     (["total_env_steps=-5"], "total_env_steps=-5 must be a positive integer"),
     (["total_env_steps=0"], "total_env_steps=0 must be a positive integer"),

@@ -181,6 +181,9 @@ def one_line(err: BaseException) -> str:
     lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
     if cause is not None:
         lines += [ln.strip() for ln in str(cause).splitlines()[:1] if ln.strip()]
+    override = getattr(err, "override", None)  # an OverrideParseException: Hydra names the override only sometimes
+    if isinstance(override, str) and override not in text:
+        lines.insert(0, f"Error parsing override '{override}':")
     return " ".join(lines)
 
 
