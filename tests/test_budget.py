@@ -45,6 +45,25 @@ def test_rltrain_check_says_how_the_budget_is_shared(tmp_path):
     assert "total_env_steps 2048, all 3 agents together: 683 / 683 / 682 env steps each" in out, out
 
 
+def test_a_budget_that_whole_updates_pass_by_more_than_1_percent_is_said(tmp_path):
+    """A run ends after whole updates: where that passes total_env_steps by more than 1%, the run's start says where
+    it ends, and rltrain-check's updates row always does."""
+    res = run_cli(["debug=smoke", "logger.progress=plain", "eval.episodes=1", "env.num_envs=3",
+                   "algo.rollout_len=500", "total_env_steps=2000", "hydra.run.dir=run"], cwd=tmp_path, timeout=300)
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert "[rltrain] budget: total_env_steps=2000 runs to 3000 env steps (2 whole updates of algo.rollout_len " \
+           "(500) x env.num_envs (3) = 1500; 50% over)" in res.stdout, res.stdout
+    assert json.loads((tmp_path / "run" / "summary.json").read_text())["total_env_steps"] == 3000
+    res = run_cli(["debug=smoke", "logger.progress=plain", "eval.episodes=1", "total_env_steps=2048",
+                   "hydra.run.dir=run2"], cwd=tmp_path, timeout=300)
+    assert res.returncode == 0 and "budget:" not in res.stdout, res.stdout  # whole updates land on it
+    res = subprocess.run([sys.executable, "-m", "rltrain.cli.check", "debug=smoke", "env.num_envs=3",
+                          "algo.rollout_len=500", "total_env_steps=2000"], cwd=tmp_path, capture_output=True,
+                         text=True, timeout=120, env={"COLUMNS": "200", **_env()})
+    out = " ".join(res.stdout.replace("\u2502", " ").split())
+    assert "2000 total_env_steps / 1500 = 2, whole: the run ends at 3000 env steps" in out, out
+
+
 def _env() -> dict:
     import os
 

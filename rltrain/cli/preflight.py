@@ -166,4 +166,20 @@ def preflight(settings: RunSettings, trainer: Trainer, *, check_only: bool = Fal
     size = trainer.update_size()  # the algorithm's own sizes (PPO's rollout_len=null resolved), not a guess
     check_budget(settings, size)
     check_size(settings, size, spec)
+    if not check_only and not trainer.capabilities.agent_configs and \
+            settings.logger.progress not in ("off", False):  # rltrain-check's table says it in any case
+        line = overshoot_line(settings.total_env_steps, size)
+        if line:
+            print(f"[rltrain] {line}", flush=True)
     return algo
+
+
+def overshoot_line(total: int, size: UpdateSize) -> str | None:
+    """The budget a run of whole updates reaches, said where it passes ``total_env_steps`` by more than 1% (an
+    update is never cut short: its rollout is what the algorithm learns from)."""
+    updates = -(-total // size.env_steps)
+    reached = updates * size.env_steps
+    if reached - total <= 0.01 * total:
+        return None
+    return (f"budget: total_env_steps={total} runs to {reached} env steps ({updates} whole updates of {size.text} "
+            f"= {size.env_steps}; {100 * (reached - total) / total:.0f}% over)")
