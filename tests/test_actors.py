@@ -311,7 +311,7 @@ def test_async_run_logs_lag_and_seeds(cli, tmp_path, orphan_watch, extra):
     assert s["status"] == "completed" and s["total_env_steps"] >= 1024 and s["restarts"] == 0
     rows = read_metrics(run / "metrics.csv")
     for col in ("actors/policy_lag_min", "actors/policy_lag_mean", "actors/policy_lag_max", "actors/queue_fill",
-                "actors/dequeue_wait_s", "time/actor_sps", "time/learner_sps", "actors/policy_version"):
+                "time/dequeue_wait_s", "time/actor_sps", "time/learner_sps", "actors/policy_version"):
         assert col in rows[0], col
     lags = [float(r["actors/policy_lag_max"]) for r in rows if r["actors/policy_lag_max"]]
     assert lags and min(lags) >= 0
@@ -346,6 +346,13 @@ def test_sync_without_preemption_waits_for_full_batches(cli, tmp_path, orphan_wa
     rows = read_metrics(tmp_path / "run" / "metrics.csv")
     sizes = [float(r["actors/batch_rollouts"]) for r in rows if r["actors/batch_rollouts"]]
     assert sizes and min(sizes) == 4.0 and float(rows[-1]["actors/preempted_batches"]) == 0
+    # sync is reproducible from the seed: a rerun differs only in the time/ columns (wall-clock figures)
+    again = cli(*FAST, "total_env_steps=512", "hydra.run.dir=run2", "trainer.sync=true", "trainer.batch_rollouts=4",
+                "trainer.start_method=fork", timeout=180)
+    assert again.returncode == 0, again.stderr[-3000:]
+    rerun = read_metrics(tmp_path / "run2" / "metrics.csv")
+    assert [{k: v for k, v in r.items() if not k.startswith("time/")} for r in rerun] == \
+        [{k: v for k, v in r.items() if not k.startswith("time/")} for r in rows]
 
 
 def test_raising_actor_traceback_reaches_learner_and_error_txt(cli, tmp_path, orphan_watch):

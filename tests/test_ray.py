@@ -83,7 +83,7 @@ def _summary(run: Path) -> dict:
 
 
 # -- same maths as local ----------------------------------------------------------------------------------------
-TIME_COLUMNS = ("time/", "actors/dequeue_wait_s", "actors/queue_fill")  # wall-clock or arrival-timing figures
+TIME_COLUMNS = ("time/", "actors/queue_fill")  # wall-clock or arrival-timing figures
 
 
 def _local_then_ray(tmp_path, cluster, args: list[str]):

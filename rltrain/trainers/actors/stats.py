@@ -67,7 +67,8 @@ class ActorStats:
 
     # -- what the learner logs and shows --------------------------------------------------------------------------
     def row(self, *, restarts: int) -> Metrics:
-        """The ``actors/*`` columns (and ``time/actor_sps``, ``time/learner_sps``) of this metrics row."""
+        """The ``actors/*`` columns (and ``time/actor_sps``, ``time/learner_sps``, ``time/dequeue_wait_s``: wall-clock
+        figures go under ``time/``, the columns a same-seed rerun may differ in) of this metrics row."""
         w, self._window = self._window, {}
         lag = w.get("lag", [])
         now = time.perf_counter()
@@ -81,7 +82,7 @@ class ActorStats:
             "actors/policy_lag_min": float(min(lag)) if lag else math.nan,
             "actors/policy_lag_mean": float(np.mean(lag)) if lag else math.nan,
             "actors/policy_lag_max": float(max(lag)) if lag else math.nan,
-            "actors/queue_fill": mean("queue_fill"), "actors/dequeue_wait_s": mean("dequeue_wait_s"),
+            "actors/queue_fill": mean("queue_fill"), "time/dequeue_wait_s": mean("dequeue_wait_s"),
             "actors/batch_rollouts": mean("batch_rollouts"), "time/actor_sps": actor_sps,
             "time/learner_sps": mean("learner_sps"), "actors/policy_version": float(self.version),
             "actors/restarts": float(restarts),
