@@ -8,6 +8,7 @@ import json
 import os
 import subprocess
 import sys
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -178,8 +179,12 @@ def test_exported_policy_acts_like_the_loaded_policy_without_rltrain(trained, tm
 
     run_dir = trained(case)
     # any name --out gives: the description goes beside each file as <stem>.json
-    models = {fmt: export(run_dir, fmt=fmt, out=tmp_path / fmt / "policy.file", allow_import=True)
-              for fmt in _formats()}
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        models = {fmt: export(run_dir, fmt=fmt, out=tmp_path / fmt / "policy.file", allow_import=True)
+                  for fmt in _formats()}
+    # torch's noise on a sound export reaches no user (the encoders' zero-size anchors, a deprecated pytree check)
+    assert not [w for w in caught if "No complete tensor" in str(w.message) or "LeafSpec" in str(w.message)]
     record = json.loads((tmp_path / "export" / "policy.json").read_text())
     policy = rltrain.load_policy(run_dir, allow_import=True)
     obs = _observations(policy)

@@ -33,6 +33,7 @@ import importlib.util
 import json
 import os
 import sys
+import warnings
 from pathlib import Path
 
 from rltrain.cli.args import OneLineParser
@@ -268,7 +269,14 @@ def write_policy(actor, spec, target: Path, *, fmt: str, cfg: dict, source: dict
     try:
         target.parent.mkdir(parents=True, exist_ok=True)
         try:
-            WRITERS[fmt](module, example, tmp, names, len(paths), len(outputs))
+            with warnings.catch_warnings():
+                # torch's own noise on a sound export, filtered by its exact text here only: the .pt2 archive
+                # groups zero-size buffers (the encoders' device anchors) as one storage with no "complete"
+                # tensor, and the ONNX exporter calls a pytree check torch itself deprecates
+                warnings.filterwarnings("ignore", message="No complete tensor found in the group", category=UserWarning)
+                warnings.filterwarnings("ignore", message=r"`isinstance\(treespec, LeafSpec\)` is deprecated",
+                                        category=FutureWarning)
+                WRITERS[fmt](module, example, tmp, names, len(paths), len(outputs))
             os.replace(tmp, target)
         finally:
             tmp.unlink(missing_ok=True)
