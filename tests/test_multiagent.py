@@ -18,8 +18,9 @@ from rltrain.algos.ippo import IPPO, IPPOSettings
 from rltrain.algos.mappo import MAPPO, MAPPOSettings, ValueNorm
 from rltrain.data.agents import AGENT_ID_KEY, STATE_KEY, AgentsSpec
 from rltrain.envs.make import EnvFactory, probe_env
-from rltrain.envs.multiagent import AgentEnv, random_action
+from rltrain.envs.multiagent import AgentEnv
 from rltrain.errors import ConfigError
+from rltrain.trainers.matches import random_action
 from rltrain.trainers.multiagent import MultiAgentCollector
 from tests.conftest import REPO
 
@@ -328,7 +329,7 @@ REFUSALS = [
     ([f"env.id={UNEVEN}", "algo=ippo", "algo.policies=shared"], "share the policy 'shared' but act or observe in"),
     (["env.id=tests.helpers.agent_envs:odd", "algo=ippo"],
      "agent 'a': observation space Text is not supported"),
-    (["env.id=tests.helpers.agent_envs:odd", "+env.kwargs.kind=index", "algo=mappo"],
+    (["env.id=tests.helpers.agent_envs:odd", "+env.kwargs.kind=tagged", "algo=mappo"],
      "algo=mappo needs a global state: env.id=tests.helpers.agent_envs:odd has no state()"),
     ([f"env.id={TURNS}", "+env.kwargs.zero_sum=false", "algo=ippo", "algo.self_play=true"],
      "algo.self_play=true needs a two-player zero-sum game; env.id=tests.helpers.agent_envs:turns: its players' "
@@ -494,9 +495,10 @@ def spread_run(tmp_path_factory):
     return run_dir
 
 
-def test_load_policy_gives_every_agent_a_policy_on_its_own_observation(spread_run, tmp_path):
+def test_load_policy_gives_every_agent_a_policy_on_its_own_observation(spread_run, tmp_path, capsys):
     """No opt-in: the checkpoint records the agents' spaces and the policy groups, so nothing is imported to
-    build the networks; each exported file computes what its agent's policy does."""
+    build the networks; each exported file computes what its agent's policy does, and rltrain-export names every
+    file it writes."""
     import rltrain
     from rltrain.cli.export import main as export
 
@@ -513,7 +515,10 @@ def test_load_policy_gives_every_agent_a_policy_on_its_own_observation(spread_ru
     shared = [p.module.policy for p in policies.values()]
     assert shared[0] is shared[1] is shared[2]
     out = tmp_path / "pi.pt2"
+    capsys.readouterr()
     assert export([str(spread_run), "--out", str(out)]) == 0
+    assert capsys.readouterr().out.splitlines() == [f"wrote {tmp_path / f'pi_{a}.pt2'} and {tmp_path / f'pi_{a}.json'}"
+                                                    for a in ("agent_0", "agent_1", "agent_2")]
     batch = torch.randn(4, 18)
     for agent, policy in policies.items():
         program = torch.export.load(tmp_path / f"pi_{agent}.pt2").module()

@@ -67,7 +67,11 @@ def policy_groups(spec: AgentsSpec, *, policies: str | dict, agent_id: bool, sta
                   self_play: bool) -> tuple[AgentGroup, ...]:
     """The policy groups of ``spec`` in agent order. ``agent_id``: a group of several agents reads the agent's
     one-hot index; ``state``: (``env`` | ``joined``, its space) for a centralised critic, or None. With
-    ``self_play`` one policy plays every seat."""
+    ``self_play`` one policy plays every seat, so no mapping may be asked for beside it."""
+    if self_play and policies != "auto":
+        raise ConfigError(f"algo.policies={_words(policies)} with algo.self_play=true: self-play trains one policy "
+                          "that plays every seat (against its past versions), so there are no policies to map; drop "
+                          "algo.policies, or set algo.self_play=false to train the mapped policies against each other")
     mapping = dict.fromkeys(spec.agents, "main") if self_play else _mapping(spec, policies)
     groups = []
     for name in dict.fromkeys(mapping.values()):
@@ -86,6 +90,13 @@ def policy_groups(spec: AgentsSpec, *, policies: str | dict, agent_id: bool, sta
                                          frame_stack=None)
         groups.append(AgentGroup(name, agents, group_spec, ids=ids, state=state[0] if state else "", flat=flat))
     return tuple(groups)
+
+
+def _words(policies: str | dict) -> str:
+    """``algo.policies`` as the command line spells it: ``per_agent``, ``{a:x,b:y}``."""
+    if isinstance(policies, dict):
+        return "{" + ",".join(f"{a}:{n}" for a, n in policies.items()) + "}"
+    return str(policies)
 
 
 class GroupPPO(PPO):

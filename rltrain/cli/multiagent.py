@@ -49,7 +49,7 @@ def check_agents(cfg: dict, env: EnvFactory) -> None:
         raise ConfigError(f"algo={name} trains one agent, but env.id={env.id} is a PettingZoo multi-agent env: use "
                           "algo=ippo or algo=mappo (algo=ppo means ippo there)")
     if algo.get("self_play"):
-        from rltrain.envs.multiagent import zero_sum_problem
+        from rltrain.trainers.matches import zero_sum_problem
 
         problem = zero_sum_problem(env.make, env.spec())  # type: ignore[arg-type]
         if problem:

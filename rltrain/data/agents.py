@@ -35,9 +35,10 @@ class AgentsSpec:
     api:     ``parallel`` (every live agent acts each step) or ``aec`` (one agent acts per step)
     agents:  ``possible_agents`` in the env's order
     specs:   each agent's ``EnvSpec`` (an ``action_mask`` key of its Dict observation is the mask, as for one agent)
-    state:   ``env.state()``'s space where the env implements it, else None
-    joined:  the agents' observations flattened and concatenated (the stand-in for a missing global state), or
-             None where some observation has a part that does not flatten to numbers
+    state:   ``env.state()``'s space where it gives an array of numbers, else None (envs/multiagent.py
+             ``global_state``)
+    joined:  the agents' observations flattened and concatenated (the stand-in for a missing global state;
+             Discrete parts one-hot), or None where some observation has a part that does not flatten to numbers
     """
 
     env_id: str
@@ -91,13 +92,18 @@ def same_spaces(a: EnvSpec, b: EnvSpec) -> bool:
 
 
 def flat_size(space: ObsSpace) -> int | None:
-    """Numbers in one observation once flattened (the action mask left out), or None where a part is neither a
-    Box nor MultiBinary (a Discrete index or Text has no place in a joined vector)."""
+    """Numbers in one observation once flattened (the action mask left out; a Discrete index one-hot, a
+    MultiDiscrete one one-hot per component, as the encoders read them), or None where a part has no numbers to
+    join (Text)."""
     if space.kind == "dict":
         sizes = [flat_size(sub) for key, sub in space.parts if key != MASK_KEY]
         return None if any(s is None for s in sizes) else sum(sizes)  # type: ignore[misc]
     if space.kind in ("box", "multi_binary"):
         return math.prod(space.shape)
+    if space.kind == "discrete":
+        return space.n
+    if space.kind == "multi_discrete":
+        return sum(space.nvec)
     return None
 
 

@@ -11,12 +11,16 @@ An ``env.id`` whose factory returns a PettingZoo ``ParallelEnv`` or ``AECEnv`` i
 
 ``AgentVecEnv`` holds N of them with the single-agent vector env's fault reporting (one line naming the env
 and its step, ``env.step_timeout_s``) and pickles them for resume when they pickle.
+
+PettingZoo's env warnings (``pettingzoo.utils.env_logger``: an illegal move, an action out of bounds) are shown
+once each and then counted (``ENV_WARNINGS``); ``report_env_warnings`` says how often each came, at the end.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import io
+import logging
 import pickle
 import sys
 from collections.abc import Callable
@@ -27,13 +31,10 @@ import gymnasium as gym
 import numpy as np
 
 from rltrain.data.agents import AgentsSpec, flat_size, vector_space
-from rltrain.data.structs import MASK_KEY, EnvSpec, ObsSpace
+from rltrain.data.structs import MASK_KEY, ObsSpace
 from rltrain.envs.deadline import ENV_CALLS, CallWatch, EnvCallAbandoned, EnvFault, env_fault
 from rltrain.envs.spaces import _describe_obs, env_spec
 from rltrain.errors import ConfigError
-
-PROBE_EPISODES = 4  # random games the self-play check plays
-PROBE_STEPS = 2000  # ... and at most this many steps in all
 
 
 def is_multiagent(env: Any) -> bool:
@@ -117,24 +118,44 @@ def agents_spec(env: Any, env_id: str, *, masks: bool = True) -> AgentsSpec:
             parts = tuple((k, sub) for k, sub in obs.parts if k != MASK_KEY)
             specs[-1] = dataclasses.replace(specs[-1], obs_space=dataclasses.replace(obs, parts=parts))
     env.reset(seed=0)
-    state = None
-    try:
-        value = np.asarray(env.state())
+    state, value = None, global_state(env)
+    if value is not None:
         space = getattr(env, "state_space", None)
         state = _describe_obs(space) if isinstance(space, gym.spaces.Box) else \
             ObsSpace("box", value.shape, value.dtype.name, name=f"Box{value.shape}")
-    except (NotImplementedError, AttributeError):
-        state = None
     sizes = [flat_size(s.observation) for s in specs]
     joined = None if any(n is None for n in sizes) else vector_space(sum(sizes), "joined observations")
     return AgentsSpec(env_id, api_of(env), agents, tuple(specs), state=state, joined=joined)  # type: ignore[arg-type]
 
 
-def flatten_obs(obs: Any) -> np.ndarray:
-    """One observation's numbers in one float32 vector, the action mask left out (the joined global state)."""
-    if isinstance(obs, dict):
-        parts = [flatten_obs(v) for k, v in obs.items() if k != MASK_KEY]
+def global_state(env: Any) -> np.ndarray | None:
+    """``env.state()`` as an array of numbers, or None where the env has no global state: no ``state`` method
+    (PettingZoo's raw rock-paper-scissors keeps a dict named ``state`` that shadows it, so its wrappers' ``state()``
+    raises TypeError), one that raises (NotImplementedError is PettingZoo's default; any other error is taken
+    the same way: the run goes on with the joined observations, and ``algo.global_state=env`` is refused), or a
+    value that is not an array of numbers."""
+    method = getattr(env, "state", None)
+    if not callable(method):
+        return None
+    try:
+        value = np.asarray(method())
+    except Exception:
+        return None
+    return value if value.dtype.kind in "biuf" and value.size else None
+
+
+def flatten_obs(obs: Any, space: ObsSpace) -> np.ndarray:
+    """One observation's numbers in one float32 vector, the action mask left out (the joined global state): a
+    Discrete index one-hot (as the encoders read it), a MultiDiscrete one one-hot per component."""
+    if space.kind == "dict":  # a Tuple's parts are keyed "0", "1", ...
+        parts = [flatten_obs(obs[k] if isinstance(obs, dict) else obs[int(k)], sub)
+                 for k, sub in space.parts if k != MASK_KEY]
         return np.concatenate(parts) if parts else np.zeros(0, np.float32)
+    if space.kind == "discrete":
+        return np.eye(space.n, dtype=np.float32)[int(obs) - space.start]
+    if space.kind == "multi_discrete":
+        return np.concatenate([np.eye(n, dtype=np.float32)[int(v)]
+                               for n, v in zip(space.nvec, np.asarray(obs).reshape(-1), strict=True)])
     return np.asarray(obs, np.float32).reshape(-1)
 
 
@@ -150,12 +171,52 @@ class Closed:
     obs: Any
 
 
+class RepeatedWarnings(logging.Filter):
+    """On PettingZoo's env logger: each warning let through the first time, then only counted. A policy that
+    ignores the action masks (``algo.action_mask=off``) makes illegal moves all run long, and PettingZoo would
+    print one line (and keep one entry) per move."""
+
+    LOGGER = "pettingzoo.utils.env_logger"
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.counts: dict[str, int] = {}
+
+    def install(self) -> None:
+        logger = logging.getLogger(self.LOGGER)
+        if self not in logger.filters:
+            logger.addFilter(self)
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        text = record.getMessage().split("\n", 1)[0].strip()
+        self.counts[text] = self.counts.get(text, 0) + 1
+        if self.counts[text] == 1:
+            return True
+        from pettingzoo.utils.env_logger import EnvLogger
+
+        EnvLogger.flush()  # its list of every warning, kept for PettingZoo's own tests: one entry per move here
+        return False
+
+
+ENV_WARNINGS = RepeatedWarnings()
+
+
+def report_env_warnings() -> None:
+    """One line per PettingZoo warning that came more than once since the last report (the end of a run's
+    collection, of its final evaluation), with its count; the counts start again."""
+    for text, n in ENV_WARNINGS.counts.items():
+        if n > 1:
+            logging.getLogger("rltrain.envs").warning("PettingZoo's warning %r came %d times (shown once)", text, n)
+    ENV_WARNINGS.counts.clear()
+
+
 class AgentEnv:
     """One PettingZoo env as turns (module docstring). ``max_steps`` (``env.max_episode_steps``) truncates every
     agent after that many steps (AEC: turns). ``returns``: each agent's rewards summed over the episode."""
 
     def __init__(self, env: Any, spec: AgentsSpec, *, max_steps: int | None = None):
         self.env, self.spec, self.max_steps = env, spec, max_steps
+        ENV_WARNINGS.install()
         self.aec = spec.api == "aec"
         self.acting: list[str] = []
         self.obs: dict[str, Any] = {}
@@ -242,7 +303,8 @@ class AgentEnv:
         parts = []
         for agent, spec in zip(self.spec.agents, self.spec.specs, strict=True):
             obs = self.env.observe(agent) if self.aec and agent in self.env.agents else self.latest.get(agent)
-            parts.append(np.zeros(flat_size(spec.observation) or 0, np.float32) if obs is None else flatten_obs(obs))
+            parts.append(np.zeros(flat_size(spec.observation) or 0, np.float32) if obs is None
+                         else flatten_obs(obs, spec.observation))
         return np.concatenate(parts)
 
     def close(self) -> None:
@@ -307,6 +369,7 @@ class AgentVecEnv:
         self.watch.close()
         for env in self.envs:
             env.close()
+        report_env_warnings()
 
 
 class _StatePickler(pickle.Pickler):
@@ -332,43 +395,3 @@ def _none() -> None:
 
 def _set_attributes(obj: Any, state: dict) -> None:
     obj.__dict__.update(state)
-
-
-def random_action(spec: EnvSpec, obs: Any, rng: np.random.Generator) -> Any:
-    """A uniformly random action, legal under the observation's action mask where it carries one (the
-    evaluation opponent, the self-play check)."""
-    if spec.masked and spec.action_kind == "discrete":
-        return int(rng.choice(np.flatnonzero(np.asarray(obs[MASK_KEY]))))
-    if spec.action_kind == "discrete":
-        return int(rng.integers(spec.n_actions))
-    if spec.action_kind == "multi_discrete":
-        return (rng.integers(0, np.asarray(spec.nvec)) + np.asarray(spec.action_start)).reshape(spec.action_shape)
-    if spec.action_kind == "multi_binary":
-        return rng.integers(0, 2, spec.action_shape).astype(np.int8)
-    low, high = np.asarray(spec.action_low, np.float32), np.asarray(spec.action_high, np.float32)
-    return rng.uniform(low, high).astype(np.float32).reshape(spec.action_shape)
-
-
-def zero_sum_problem(make: Callable[[], Any], spec: AgentsSpec, *, seed: int = 0) -> str | None:
-    """Why the env is not a two-player zero-sum game (what self-play needs), or None: two agents with the same
-    spaces, whose rewards sum to zero over each of a few games of random legal moves."""
-    if len(spec.agents) != 2:
-        return f"it has {len(spec.agents)} agents ({', '.join(spec.agents)}), not two players"
-    if not spec.homogeneous:
-        return "its two players observe or act in different spaces (one policy must play both seats)"
-    rng = np.random.default_rng(seed)
-    env = AgentEnv(make(), spec)
-    steps = 0
-    try:
-        for episode in range(PROBE_EPISODES):
-            env.reset(seed=seed + episode)
-            while not env.over and steps < PROBE_STEPS:
-                env.step({a: random_action(spec.spec_of(a), env.obs[a], rng) for a in env.acting})
-                steps += 1
-            total = sum(env.returns.values())
-            if abs(total) > 1e-6 * max(1.0, *(abs(r) for r in env.returns.values())):
-                returns = ", ".join(f"{a} {r:g}" for a, r in env.returns.items())
-                return f"its players' returns do not sum to zero (a game of random moves: {returns})"
-    finally:
-        env.close()
-    return None

@@ -70,6 +70,10 @@ def _draw_panel(ax, runs: Mapping[str, tuple[np.ndarray, np.ndarray]], band: str
     curves: Sequence[tuple[np.ndarray, np.ndarray]] = [c for c in runs.values() if len(c[0])]
     if len(curves) > 1:
         grid, values = align_curves(curves)
+        # the mean and band only where some run has data: runs logged at slightly different steps (a multi-agent
+        # env's turns) leave grid points between their rows that no run covers, and a mean of nothing is NaN
+        covered = np.isfinite(values).any(axis=0) if values.size else np.zeros(0, bool)
+        grid, values = grid[covered], values[:, covered]
         if values.size:
             lo, hi = _band(values, band)
             ax.plot(grid, np.nanmean(values, axis=0), color="black", lw=2, label=f"mean (n={len(curves)})")

@@ -5,6 +5,10 @@ observation; or, for self-play, the learner against a fixed opponent, its seat a
 ``play`` is the one loop: up to ``max_parallel`` episodes side by side, the acting agents grouped by the policy
 that acts for them (one forward per policy per step). A seat given no policy plays uniformly random legal
 moves (``random_action``), from a generator seeded by the eval seed.
+
+A zero-sum game (every agent's return summing to zero in each episode: ``zero_sum``, from the episodes played)
+trained without self-play has a mean over agents that is 0 whatever they learn; its evaluation plays each
+agent's policy against random legal moves instead (``AgentsEvaluation``), as self-play's does.
 """
 
 from __future__ import annotations
@@ -18,8 +22,8 @@ import numpy as np
 import torch
 
 from rltrain.data.agents import AgentsSpec
-from rltrain.data.structs import Metrics, Policy, obs_buffer, obs_map
-from rltrain.envs.multiagent import AgentEnv, random_action
+from rltrain.data.structs import MASK_KEY, EnvSpec, Metrics, Policy, obs_buffer, obs_map
+from rltrain.envs.multiagent import AgentEnv, report_env_warnings
 from rltrain.models.agents import AgentPolicies, AgentPolicy
 from rltrain.models.cores import reset_state
 from rltrain.trainers.episodes import NO_LIMIT_CAP
@@ -27,6 +31,8 @@ from rltrain.trainers.evaluation import Evaluation
 from rltrain.trainers.finite import NonFiniteError, non_finite_line
 
 Seats = Callable[[int, str], Policy | None]  # (episode, agent) -> the policy acting for it, None: random moves
+PROBE_EPISODES = 4  # random games the zero-sum checks play (self-play's, and an evaluation's that cannot tell)
+PROBE_STEPS = 2000  # ... and at most this many steps in all
 
 
 def play(make_env: Callable[..., Any], spec: AgentsSpec, seats: Seats, *, episodes: int, eval_seed: int,
@@ -116,9 +122,10 @@ def evaluate_agents(policies: AgentPolicies, make_env: Callable[..., Any], *, ep
 def evaluate_match(policies: AgentPolicies, make_env: Callable[..., Any], *, opponent: str, episodes: int,
                    eval_seed: int, deterministic: bool = True, device: torch.device | None = None,
                    max_steps: int | None = None) -> tuple[np.ndarray, np.ndarray]:
-    """Self-play's learner against ``opponent`` (``random``: uniformly random legal moves; ``latest``: the
-    pool's newest version), the learner in seat ``j % 2`` in episode j. Returns (the learner's return per
-    episode, its seat per episode)."""
+    """The learner against ``opponent`` (``random``: uniformly random legal moves; ``latest``: the self-play
+    pool's newest version) in every other seat, the learner in seat ``j % agents`` in episode j: self-play's one
+    policy, or else the policy of the agent in that seat. Returns (the learner's return per episode, its seat
+    per episode)."""
     spec, pool = policies.spec, policies.pool
     learner = {a: policies.agent_policy(a) for a in spec.agents}
     other = None
@@ -127,14 +134,74 @@ def evaluate_match(policies: AgentPolicies, make_env: Callable[..., Any], *, opp
         other = {a: AgentPolicy(member, group, a, spec.spec_of(a)) for a in spec.agents}
 
     def seats(episode: int, agent: str) -> Policy | None:
-        if spec.agents.index(agent) == episode % 2:
+        if spec.agents.index(agent) == episode % len(spec.agents):
             return learner[agent]
         return None if other is None else other[agent]
 
     results = play(make_env, spec, seats, episodes=episodes, eval_seed=eval_seed, deterministic=deterministic,
                    device=device, max_steps=max_steps)
-    seat = np.arange(episodes) % 2
+    seat = np.arange(episodes) % len(spec.agents)
     return np.array([r[spec.agents[s]] for r, s in zip(results, seat, strict=True)], np.float64), seat
+
+
+def random_action(spec: EnvSpec, obs: Any, rng: np.random.Generator) -> Any:
+    """A uniformly random action, legal under the observation's action mask where it carries one (the
+    evaluation opponent, the self-play check)."""
+    if spec.masked and spec.action_kind == "discrete":
+        return int(rng.choice(np.flatnonzero(np.asarray(obs[MASK_KEY]))))
+    if spec.action_kind == "discrete":
+        return int(rng.integers(spec.n_actions))
+    if spec.action_kind == "multi_discrete":
+        return (rng.integers(0, np.asarray(spec.nvec)) + np.asarray(spec.action_start)).reshape(spec.action_shape)
+    if spec.action_kind == "multi_binary":
+        return rng.integers(0, 2, spec.action_shape).astype(np.int8)
+    low, high = np.asarray(spec.action_low, np.float32), np.asarray(spec.action_high, np.float32)
+    return rng.uniform(low, high).astype(np.float32).reshape(spec.action_shape)
+
+
+def random_games(make: Callable[[], Any], spec: AgentsSpec, *, seed: int = 0) -> list[dict[str, float]]:
+    """Every agent's return in each of ``PROBE_EPISODES`` games of random legal moves (``PROBE_STEPS`` steps at
+    most in all: a game still going then counts as it stands)."""
+    rng = np.random.default_rng(seed)
+    env = AgentEnv(make(), spec)
+    games, steps = [], 0
+    try:
+        for episode in range(PROBE_EPISODES):
+            env.reset(seed=seed + episode)
+            while not env.over and steps < PROBE_STEPS:
+                env.step({a: random_action(spec.spec_of(a), env.obs[a], rng) for a in env.acting})
+                steps += 1
+            games.append(dict(env.returns))
+    finally:
+        env.close()
+    return games
+
+
+def sums_to_zero(returns: dict[str, float]) -> bool:
+    """One episode's returns of all agents add up to zero (up to float rounding)."""
+    return abs(sum(returns.values())) <= 1e-6 * max(1.0, *(abs(r) for r in returns.values()))
+
+
+def zero_sum(episodes: list[dict[str, float]]) -> bool | None:
+    """What the episodes say of the game: True (zero-sum) when every episode's returns sum to zero and some are
+    not zero, False when an episode's do not sum to zero, None when every return is zero (they cannot tell)."""
+    if not all(sums_to_zero(r) for r in episodes):
+        return False
+    return True if any(v != 0 for r in episodes for v in r.values()) else None
+
+
+def zero_sum_problem(make: Callable[[], Any], spec: AgentsSpec, *, seed: int = 0) -> str | None:
+    """Why the env is not a two-player zero-sum game (what self-play needs), or None: two agents with the same
+    spaces, whose rewards sum to zero over each of a few games of random legal moves."""
+    if len(spec.agents) != 2:
+        return f"it has {len(spec.agents)} agents ({', '.join(spec.agents)}), not two players"
+    if not spec.homogeneous:
+        return "its two players observe or act in different spaces (one policy must play both seats)"
+    for game in random_games(make, spec, seed=seed):
+        if not sums_to_zero(game):
+            returns = ", ".join(f"{a} {r:g}" for a, r in game.items())
+            return f"its players' returns do not sum to zero (a game of random moves: {returns})"
+    return None
 
 
 def outcomes(returns: np.ndarray) -> dict[str, float]:
@@ -148,12 +215,20 @@ class AgentsEvaluation(Evaluation):
     """The loop's evaluations on a multi-agent env (``Evaluation``'s cadence, best checkpoint and timing):
     ``eval/return_mean`` is the mean over agents (and ``eval/return_mean/<agent>`` each agent's); with self-play
     it is the learner's return against random legal moves, with its win / draw / loss rates against them and
-    against the pool's newest version. ``LoopState.eval_summary`` keeps what the summary reports of it."""
+    against the pool's newest version. A zero-sum game without self-play (``zero_sum``, decided at this session's
+    first evaluation from its episodes, and from a few random games where they cannot tell or say zero-sum) is
+    evaluated as self-play is against random moves, each agent's policy in its own seat, its head-to-head
+    returns beside. ``LoopState.eval_summary`` keeps what the summary reports of it."""
+
+    def __init__(self, *args: Any, **kwargs: Any):
+        super().__init__(*args, **kwargs)
+        self.zero_sum: bool | None = None  # None: no evaluation has decided it yet
 
     def _evaluate(self, final: bool) -> Metrics:
         """(``Evaluation.__call__`` runs it: a stop request ends it at once, a new best is checkpointed after.)"""
         ev, t0 = self.s.eval, time.perf_counter()
         policies: AgentPolicies = self.algo.policy  # type: ignore[assignment]
+        agents = policies.spec.agents
         # every episode ends: eval.max_episode_steps, the env's limit, else the cap of an env that has none
         common = {"episodes": ev.episodes, "eval_seed": self.eval_seed, "device": self.device,
                   "max_steps": ev.max_episode_steps or self.s.env.max_episode_steps or NO_LIMIT_CAP}
@@ -161,22 +236,25 @@ class AgentsEvaluation(Evaluation):
         summary: dict = {}
         for deterministic in (ev.deterministic, not ev.deterministic)[: 2 if ev.both_modes else 1]:
             headline = deterministic == ev.deterministic
+            opponents: tuple[str, ...] = ("random", "latest")
             if policies.pool is None:
                 rets = evaluate_agents(policies, self.s.env.make, deterministic=deterministic, **common)
-                per_agent = dict(zip(policies.spec.agents, rets.mean(0).tolist(), strict=True))
-                episode = rets.mean(1)
-            else:
+                per_agent = dict(zip(agents, rets.mean(0).tolist(), strict=True))
+                episode, opponents = rets.mean(1), ()
+                if self._zero_sum(rets):
+                    if headline:
+                        summary.update(zero_sum=True, eval_head_to_head_per_agent=per_agent)
+                        row.update({f"eval/head_to_head/{a}": v for a, v in per_agent.items()})
+                    opponents = ("random",)
+            if opponents:
                 episode, seat = evaluate_match(policies, self.s.env.make, opponent="random",
                                                deterministic=deterministic, **common)
-                per_agent = {a: float(episode[seat == j].mean()) for j, a in enumerate(policies.spec.agents)
-                             if (seat == j).any()}
-                if headline:
-                    summary["eval_vs_random"] = outcomes(episode)
-                    latest, _ = evaluate_match(policies, self.s.env.make, opponent="latest",
-                                               deterministic=deterministic, **common)
-                    summary["eval_vs_latest"] = outcomes(latest)
-                    row.update({f"eval/{k}_vs_random": v for k, v in summary["eval_vs_random"].items()})
-                    row.update({f"eval/{k}_vs_latest": v for k, v in summary["eval_vs_latest"].items()})
+                per_agent = {a: float(episode[seat == j].mean()) for j, a in enumerate(agents) if (seat == j).any()}
+                for opponent in opponents if headline else ():
+                    returns = episode if opponent == "random" else evaluate_match(
+                        policies, self.s.env.make, opponent=opponent, deterministic=deterministic, **common)[0]
+                    summary[f"eval_vs_{opponent}"] = outcomes(returns)
+                    row.update({f"eval/{k}_vs_{opponent}": v for k, v in summary[f"eval_vs_{opponent}"].items()})
             mean = float(episode.mean())
             if not math.isfinite(mean):
                 counters = self.state.counters
@@ -189,7 +267,32 @@ class AgentsEvaluation(Evaluation):
                 summary["final_eval_return_per_agent"] = per_agent
             if ev.both_modes:
                 row[f"eval/return_mean_{'deterministic' if deterministic else 'stochastic'}"] = mean
+        if final:
+            self._final_notes(summary)
         return self._record(row, summary, t0)
+
+    def _zero_sum(self, rets: np.ndarray) -> bool:
+        """Whether the game is zero-sum (decided once a session): the evaluation's head-to-head episodes (``rets``
+        [episodes, agents]) show it, and so do a few games of random moves (policies that always draw tell
+        nothing; a game zero-sum only under the policies' moves is not)."""
+        if self.zero_sum is None:
+            spec = self.algo.policy.spec  # type: ignore[union-attr]
+            episodes = [dict(zip(spec.agents, r, strict=True)) for r in rets.tolist()]
+            if zero_sum(episodes) is not False:
+                episodes += random_games(self.s.env.make, spec, seed=self.eval_seed)
+            self.zero_sum = bool(zero_sum(episodes))
+        return self.zero_sum
+
+    def _final_notes(self, summary: dict) -> None:
+        """What the end of the run says once: a zero-sum game's headline, and PettingZoo's repeated warnings."""
+        if summary.get("zero_sum"):
+            rates = ", ".join(f"{k} {v:.2f}" for k, v in summary["eval_vs_random"].items())
+            print(f"[rltrain] env.id={self.s.env.id} is a zero-sum game (its agents' returns summed to zero in every "
+                  "episode): their mean is 0 whatever they learn (so is train_return_last100), so final_eval_return "
+                  f"is each agent's policy against random legal moves ({rates}; head to head: "
+                  "eval_head_to_head_per_agent); algo.self_play=true trains one policy against its past versions",
+                  flush=True)
+        report_env_warnings()
 
     def _record(self, row: Metrics, summary: dict, t0: float) -> Metrics:
         mean = row["eval/return_mean"]

@@ -158,14 +158,16 @@ def turns(players: int = 2, target: int = 7, zero_sum: bool = True) -> Turns:
 
 class Odd(ParallelEnv):
     """Two agents whose observations rltrain cannot take as they are: ``text`` observes a Text space (no
-    encoder), or (``kind="index"``) Discrete indices with no ``state()`` (no global state can be joined)."""
+    encoder); ``tagged`` a Dict with a Text part beside a Box, and no ``state()`` (no global state can be joined:
+    Text has no numbers); ``index`` Discrete indices with no ``state()`` (joined one-hot)."""
 
     metadata = {"name": "odd_v0"}
 
     def __init__(self, kind: str = "text"):
         self.kind = kind
         self.possible_agents = ["a", "b"]
-        self._obs = spaces.Text(8) if kind == "text" else spaces.Discrete(4)
+        self._obs = {"text": spaces.Text(8), "index": spaces.Discrete(4),
+                     "tagged": spaces.Dict({"pos": spaces.Box(-1, 1, (2,), np.float32), "note": spaces.Text(8)})}[kind]
         self._action = spaces.Discrete(2)
 
     def observation_space(self, agent):

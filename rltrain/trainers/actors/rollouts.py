@@ -26,7 +26,7 @@ def merge_rollouts(rollouts: list[Rollout] | list[MultiRollout]) -> Rollout | Mu
         return rollouts[0]
     if isinstance(rollouts[0], MultiRollout):
         multi: list[MultiRollout] = rollouts  # type: ignore[assignment]
-        agents = {a for m in multi for a in m.agent_returns}
+        agents = dict.fromkeys(a for m in multi for a in m.agent_returns)  # the env's agent order, not a set's
         return MultiRollout({name: merge_rollouts([m.groups[name] for m in multi]) for name in multi[0].groups},
                             sum(m.env_steps for m in multi),
                             episode_returns=[x for m in multi for x in m.episode_returns],
