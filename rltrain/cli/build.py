@@ -15,7 +15,6 @@ import importlib
 import inspect
 import math
 import sys
-import tempfile
 import types
 import typing
 from collections.abc import Sequence
@@ -27,6 +26,7 @@ import yaml
 from rltrain.algos.base import AlgoSettings
 from rltrain.cli.aliases import unknown_key
 from rltrain.cli.multiagent import check_agents
+from rltrain.cli.rundir import check_fresh_run_dir, check_resume_config, writable_run_dir
 from rltrain.envs.make import EnvFactory, ProbedEnv, probe_env
 from rltrain.errors import ConfigError
 from rltrain.models.settings import ModelSettings
@@ -374,49 +374,3 @@ def run(cfg: Any, run_dir: Path) -> dict:
                 raise
             mark_failed(run_dir, message)  # e.g. the final checkpoint failed after the loop: no summary said so
             raise ConfigError(message) from None
-
-
-def check_resume_config(cfg: dict, run_dir: Path) -> None:
-    """``resume=auto`` in a run dir whose recorded run had other trainer / algo / model / env settings: one
-    line listing them (a trainer that keeps its checkpoints elsewhere would otherwise restart from step 0
-    over the run's summary), unless ``resume_allow_changes`` names them."""
-    from rltrain.run.resume_rules import ALLOW_KEY, resume_mismatch, upgrade_config
-
-    allow = cfg.get(ALLOW_KEY) or []
-    if not isinstance(allow, list) or not all(isinstance(a, str) and a for a in allow):
-        raise ConfigError(f"{ALLOW_KEY}={allow!r} must be a list of setting names, e.g. [env.kwargs]")
-    if cfg.get("resume") != "auto" or not (run_dir / "config.yaml").is_file():
-        return
-    try:
-        saved = yaml.safe_load((run_dir / "config.yaml").read_text())
-    except (OSError, yaml.YAMLError):
-        return  # the checkpoint's own config is compared at resume
-    error = resume_mismatch("auto", upgrade_config(saved) if isinstance(saved, dict) else {}, cfg)
-    if error:
-        raise ConfigError(error.replace("resume=auto:", f"resume=auto in {run_dir}:", 1))
-
-
-def check_fresh_run_dir(cfg: dict, run_dir: Path) -> None:
-    """``resume=never`` (the default) in a run dir holding an earlier run's checkpoints: one line, before anything
-    is written. Starting over there would mix two runs: the new run's checkpoints, numbered from step 0, would be
-    the ones pruned beside the old run's later steps, and ``--checkpoint latest`` would pick the old run."""
-    if (cfg.get("resume") or "never") != "never":
-        return
-    found = sorted(p.relative_to(run_dir) for pattern in ("checkpoints/*.pt", "agent_*/checkpoints/*.pt")
-                   for p in run_dir.glob(pattern))
-    if found:
-        shown = ", ".join(map(str, found[:2])) + (f" and {len(found) - 2} more" if len(found) > 2 else "")
-        raise ConfigError(f"hydra.run.dir={run_dir} holds an earlier run's checkpoints ({shown}): resume=auto "
-                          "continues that run; to start afresh pick another hydra.run.dir (or move its checkpoints "
-                          "away)")
-
-
-def writable_run_dir(run_dir: Path) -> None:
-    """Create the run dir and write a file in it, or fail in one line naming it (e.g. ``/proc/x``, read-only)."""
-    try:
-        run_dir.mkdir(parents=True, exist_ok=True)
-        with tempfile.TemporaryFile(dir=run_dir):
-            pass
-    except OSError as err:
-        raise ConfigError(f"hydra.run.dir={run_dir}: cannot write there ({err.strerror or err}); pick a writable "
-                          "hydra.run.dir") from None

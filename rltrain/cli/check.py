@@ -148,7 +148,7 @@ def start_checks(plain: dict, run_dir: Path) -> None:
     import os
     import tempfile
 
-    from rltrain.cli import build
+    from rltrain.cli.rundir import check_fresh_run_dir, check_resume_config
     from rltrain.run.checkpoint import CheckpointManager, load_checkpoint
     from rltrain.run.lock import LOCK_FILE
     from rltrain.run.resume_rules import resume_mismatch
@@ -168,8 +168,8 @@ def start_checks(plain: dict, run_dir: Path) -> None:
             raise ConfigError(f"hydra.run.dir={run_dir}: another rltrain run is using this run dir") from None
         finally:
             os.close(fd)
-    build.check_resume_config(plain, run_dir)
-    build.check_fresh_run_dir(plain, run_dir)
+    check_resume_config(plain, run_dir)
+    check_fresh_run_dir(plain, run_dir)
     resume = plain.get("resume") or "never"
     if resume == "never":
         return
