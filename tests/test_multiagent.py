@@ -298,7 +298,7 @@ def test_rltrain_check_says_the_agents_groups_slots_and_what_a_turn_based_update
     assert team["group clerk per update"].startswith("2 envs x 1 agents = 2 slots x 16 rows (algo.rollout_len: "
                                                      "rows per slot) = 32 rows; 1 minibatch of 32")
     assert team["env steps per update"] == "algo.rollout_len (16) x env.num_envs (2) = 32"
-    assert team["updates"] == "512 total_env_steps / 32 = 16"
+    assert team["updates"] == "512 total_env_steps / 32 = 16, whole: the run ends at 512 env steps"
     # memory: each group's rows at its own row size (its observation plus the global state its critic reads)
     trainer = built["trainer"]
     size, spec = trainer.update_size(), trainer.settings.env_spec
@@ -313,7 +313,7 @@ def test_rltrain_check_says_the_agents_groups_slots_and_what_a_turn_based_update
     assert c4["group main per update"].startswith("2 envs x 1 learner seat = 2 slots x 32 rows")
     assert c4["env steps per update"].startswith("algo.rollout_len (32) x env.num_envs (2) x 2 agents taking turns "
                                                  "(an AEC env step is one agent's turn) = 128 (about")
-    assert c4["updates"] == "1024 total_env_steps / 128 = 8"
+    assert c4["updates"] == "1024 total_env_steps / 128 = 8, whole: the run ends at 1024 env steps or so"
     assert "an AEC env step is one agent's turn" in c4["total_env_steps counts"]
     console = Console(record=True, width=300)
     assert check.check(game, console) == 0 and "group main per update" in console.export_text()

@@ -133,6 +133,12 @@ def test_a_zero_sum_game_without_self_play_is_evaluated_against_random_moves(tmp
     assert {"eval/head_to_head/p0", "eval/win_vs_random", "eval/return_mean/p1"} <= set(header)
     notes = [ln for ln in capsys.readouterr().out.splitlines() if "is a zero-sum game" in ln]
     assert len(notes) == 1 and "algo.self_play=true" in notes[0]
+    from rltrain.cli.evaluate import main as evaluate_main  # rltrain-eval says the same of the run
+
+    assert evaluate_main([str(tmp_path / "zs"), "--episodes", "4", "--allow-import"]) == 0
+    out = capsys.readouterr().out
+    assert "mean return over agents: 0.00" in out and "(zero-sum: 0 whatever is learnt)" in out, out
+    assert "vs random: episodes: 4" in out and "win " in out, out
     # a cooperative game: the mean over its agents, as before, and no note
     summary = _run([f"env.id={TURNS}", "+env.kwargs.zero_sum=false", "algo=ippo", "algo.rollout_len=32"],
                    tmp_path / "coop", monkeypatch)

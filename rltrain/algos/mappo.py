@@ -122,8 +122,8 @@ class MAPPO(IPPO):
         if mode in ("auto", "env") and spec.state is not None:
             return "env", spec.state
         if mode == "env":
-            raise ConfigError(f"algo.global_state=env: env.id={spec.env_id} has no state() (it raises "
-                              "NotImplementedError); use algo.global_state=joined or auto")
+            raise ConfigError(f"algo.global_state=env: env.id={spec.env_id} has no usable state() (missing, "
+                              "raising, or not an array of numbers); use algo.global_state=joined or auto")
         if spec.joined is None:
             parts = ", ".join(f"{a}: {s.observation.name}" for a, s in zip(spec.agents, spec.specs, strict=True))
             raise ConfigError(f"algo=mappo needs a global state: env.id={spec.env_id} has no state() and its agents' "

@@ -119,17 +119,24 @@ def _evaluate(args: argparse.Namespace, stop: StopFlag) -> int:
 def evaluate_agents_lines(policies, env, *, episodes: int, eval_seed: int, deterministic: bool, device) -> list[str]:
     """A multi-agent env's evaluation in words: the mean over agents and each agent's mean return; with
     self-play, the learner against random legal moves (win / draw / loss) and against its latest pool version."""
-    from rltrain.trainers.matches import evaluate_agents, evaluate_match, outcomes
+    from rltrain.trainers.matches import evaluate_agents, evaluate_match, outcomes, zero_sum
 
     common = {"episodes": episodes, "eval_seed": eval_seed, "deterministic": deterministic, "device": device,
               "max_steps": env.max_episode_steps}
+    lines, opponents = [], ("random", "latest")
     if policies.pool is None:
+        agents = policies.spec.agents
         rets = evaluate_agents(policies, env.make, **common)
-        per_agent = "  ".join(f"{a}: {r:.2f}" for a, r in zip(policies.spec.agents, rets.mean(0), strict=True))
-        return [f"episodes: {episodes}  mean return over agents: {rets.mean():.2f}  std: {rets.mean(1).std():.2f}",
-                f"per agent: {per_agent}"]
-    lines = []
-    for opponent in ("random", "latest"):
+        per_agent = "  ".join(f"{a}: {r:.2f}" for a, r in zip(agents, rets.mean(0), strict=True))
+        lines = [f"episodes: {episodes}  mean return over agents: {rets.mean():.2f}  std: {rets.mean(1).std():.2f}",
+                 f"per agent: {per_agent}"]
+        if not zero_sum([dict(zip(agents, r, strict=True)) for r in rets.tolist()]):
+            return lines
+        # a zero-sum game: the mean over agents is 0 whatever they learnt; each policy against random moves, as
+        # the run's own evaluation reports it (final_eval_return)
+        lines[0] += "  (zero-sum: 0 whatever is learnt)"
+        opponents = ("random",)
+    for opponent in opponents:
         rets, _ = evaluate_match(policies, env.make, opponent=opponent, **common)
         o = outcomes(rets)
         lines.append(f"vs {opponent}: episodes: {episodes}  mean return: {rets.mean():.2f}  win {o['win']:.2f}  "
