@@ -19,6 +19,8 @@ Sections (add yours: write ``def section_<name>(args) -> list[Row]`` and registe
                (8 envs x 128, 4 epochs x 4 minibatches) beside SB3's CnnPolicy + AtariWrapper + 4-frame stack
                (needs --sb3-python with ale-py); subprocess_actors IMPALA on Breakout with 2 actors vs 1;
                PPO on MinAtar Breakout (experiment=ppo_minatar); not in the default set
+  rnn_plans    PPO-LSTM on Blackjack / Taxi / CartPole with the recurrent unroll split at every episode start
+               (the plan before segment batching) vs the cost model's plan, paired in one run; not in the default set
 
 Both wall-clock and CPU-time (this process) rates are printed: on a shared machine wall time measures the
 neighbours too, CPU time is the cost of our own code. Timings are not asserted anywhere; compare ratios.
@@ -298,6 +300,37 @@ def section_recurrent(args) -> list[Row]:
     return rows
 
 
+def section_rnn_plans(args) -> list[Row]:
+    """Recurrent PPO (``model.core=lstm``, the defaults otherwise) on short (Blackjack-v1, ~1.4 steps), mixed
+    (Taxi-v4) and long (CartPole-v1) episodes, learning with the fused unroll split at every episode start
+    (``RecurrentCore.unroll_plan="spans"``, the plan before segment batching) and as the cost model picks
+    (``"auto"``): paired, interleaved in this run, since this machine's speed drifts between hours."""
+    from rltrain.models.cores import RecurrentCore
+
+    rounds = 1 if args.quick else 2
+    cases = [("Blackjack-v1", 512, 1024 if args.quick else 3072), ("Taxi-v4", 1024, 2048 if args.quick else 8192),
+             ("CartPole-v1", 1024, 2048 if args.quick else 8192)]
+    rows = []
+    for env_id, warmup, measure in cases:
+        sps: dict[str, list[tuple[float, float]]] = {"spans": [], "auto": []}
+        for _ in range(rounds):
+            for plan in sps:
+                RecurrentCore.unroll_plan = plan
+                try:
+                    wall, cpu, _ = measure_train([f"env.id={env_id}", "model.core=lstm"], warmup=warmup,
+                                                 measure=measure)
+                finally:
+                    RecurrentCore.unroll_plan = "auto"
+                sps[plan].append((wall, cpu))
+        (sw, sc), (aw, ac) = ((statistics.median(w for w, _ in v), statistics.median(c for _, c in v))
+                              for v in sps.values())
+        rows.append(Row("rnn_plans", f"PPO-LSTM {env_id}: spans (before) -> auto", aw, ac,
+                        f"x{aw / sw:.2f} wall, x{ac / sc:.2f} cpu",
+                        f"spans {sw:,.0f} wall / {sc:,.0f} cpu steps/s; median of {rounds}, {measure} steps after "
+                        f"{warmup} warm-up"))
+    return rows
+
+
 def section_sb3(args) -> list[Row]:
     """Stable-Baselines3 beside rltrain at the same moment (this machine's speed drifts ~2x over a day):
     time to solve, interleaved seed by seed (SB3 with rl-baselines3-zoo's CartPole settings, rltrain with its
@@ -337,6 +370,7 @@ SECTIONS: dict[str, Callable[[argparse.Namespace], list[Row]]] = {
     "sb3": section_sb3,
     "pixels": section_pixels,
     "recurrent": section_recurrent,
+    "rnn_plans": section_rnn_plans,
 }
 
 
@@ -361,7 +395,8 @@ def print_table(rows: list[Row]) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--only", default=",".join(k for k in SECTIONS if k not in ("sb3", "pixels", "recurrent")),
+    p.add_argument("--only", default=",".join(k for k in SECTIONS if k not in ("sb3", "pixels", "recurrent",
+                                                                              "rnn_plans")),
                    help=f"comma-separated sections: {', '.join(SECTIONS)}")
     p.add_argument("--quick", action="store_true", help="smaller budgets and one seed")
     p.add_argument("--solve-args", nargs="*", default=[], help="extra overrides for the solve runs")

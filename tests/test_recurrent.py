@@ -369,26 +369,121 @@ def test_recurrent_ppo_learns_cartpole_without_velocities(tmp_path):
     assert returns["lstm"] >= 100.0 > 70.0 > returns["identity"], returns
 
 
+def _reset_masks() -> dict[str, torch.Tensor]:
+    """mask [T, N] cases (0: the state is zeroed before step t): random resets at several rates (Blackjack-like
+    ~1.5-step episodes to long ones), none, all, a single env, restarts at step 0 and at the last step."""
+    g = torch.Generator().manual_seed(1)
+    masks = {f"random p={p}": (torch.rand(24, 5, generator=g) >= p).float() for p in (0.7, 0.3, 0.05)}
+    masks["no reset"] = torch.ones(24, 5)
+    masks["all reset"] = torch.zeros(24, 5)
+    masks["single env"] = (torch.rand(24, 1, generator=g) >= 0.4).float()
+    masks["single env, single step"] = torch.zeros(1, 1)
+    edges = torch.ones(24, 5)
+    edges[0, 1] = edges[-1, 2] = edges[3, 0] = edges[3, 2] = 0  # step 0, the last step, two envs at once
+    masks["edges"] = edges
+    return masks
+
+
+def _unroll(core, x, state, mask, *, keep_states):
+    """(outputs, the gradients of the parameters, of x and of the start state) of a weighted sum of the outputs."""
+    core.zero_grad()
+    x, state = x.clone().requires_grad_(True), tuple(s.clone().requires_grad_(True) for s in state)
+    y, states = core.sequence(x, state, mask, keep_states=keep_states)
+    (y * torch.linspace(-1, 1, y.numel()).reshape(y.shape)).sum().backward()
+    return y.detach(), [p.grad.clone() for p in core.parameters()] + [x.grad] + [s.grad for s in state], states
+
+
+@pytest.mark.parametrize("plan", ["spans", "segments", "auto"])
 @pytest.mark.parametrize("kind", ["lstm", "gru"])
-def test_fused_unroll_matches_the_cell_by_cell_unroll(kind):
-    """The learner's fused spans (one multi-step kernel call between restarts) compute what stepping the cell
-    does, outputs and gradients, with restarts at the first step, mid-rollout, in several envs at once."""
+def test_fused_unroll_matches_the_cell_by_cell_unroll(kind, plan, monkeypatch):
+    """PPO's fused unroll, in either plan (one kernel call per span between restarts, or the envs' episode
+    segments side by side in a few padded calls), computes what stepping the cell does: outputs (the last of
+    which is the final h), gradients of the weights, the inputs and the stored start state, on every mask."""
     from rltrain.models.cores import RecurrentCore
 
+    monkeypatch.setattr(RecurrentCore, "unroll_plan", plan)
+    for name, mask in _reset_masks().items():
+        torch.manual_seed(0)
+        T, N = mask.shape
+        core = RecurrentCore(6, kind=kind, size=5)
+        x = torch.randn(T, N, 6)
+        state = tuple(torch.randn(1, N, 5) for _ in range(2 if kind == "lstm" else 1))
+        y1, g1, states = _unroll(core, x, state, mask, keep_states=True)
+        y2, g2, none = _unroll(core, x, state, mask, keep_states=False)
+        assert len(states) == T and none == [], name
+        torch.testing.assert_close(y2, y1, rtol=1e-5, atol=1e-6, msg=name)
+        torch.testing.assert_close(y2[-1], states[-1][0][0], rtol=1e-5, atol=1e-6, msg=name)  # final h
+        for a, b in zip(g2, g1, strict=True):
+            torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5, msg=name)
+
+
+@pytest.mark.parametrize("kind", ["lstm", "gru"])
+def test_segments_that_reset_wrongly_would_fail_the_equality_check(kind):
+    """The equality check above catches a wrong reset: a segment plan whose later segments start from the
+    carried state instead of zero, or a reset dropped from the mask, moves outputs far past its tolerance."""
+    import dataclasses
+
+    from rltrain.models.cores import RecurrentCore, plan_unroll, unroll_costs
+
     torch.manual_seed(0)
+    mask = _reset_masks()["random p=0.3"]
+    T, N = mask.shape
     core = RecurrentCore(6, kind=kind, size=5)
-    x = torch.randn(9, 4, 6)
-    state = tuple(torch.randn(1, 4, 5) for _ in range(2 if kind == "lstm" else 1))
-    mask = torch.ones(9, 4)
-    mask[0, 1] = mask[3, 0] = mask[3, 2] = mask[7, 3] = 0
-    grads = []
-    for keep_states in (True, False):
-        core.zero_grad()
-        y, states = core.sequence(x, state, mask, keep_states=keep_states)
-        (y * torch.linspace(-1, 1, y.numel()).reshape(y.shape)).sum().backward()
-        grads.append((y.detach(), [p.grad.clone() for p in core.parameters()]))
-        assert len(states) == (9 if keep_states else 0)
-    (y1, g1), (y2, g2) = grads
-    torch.testing.assert_close(y1, y2, rtol=1e-5, atol=1e-6)
-    for a, b in zip(g1, g2, strict=True):
-        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
+    x, state = torch.randn(T, N, 6), tuple(torch.randn(1, N, 5) for _ in range(2 if kind == "lstm" else 1))
+    with torch.no_grad():
+        reference, _ = core.sequence(x, state, mask)
+        plan = plan_unroll((mask == 0).numpy().tobytes(), T, N, unroll_costs("cpu", kind), "segments")
+        assert not plan.opens.all()  # some rows start an episode from zero
+        carried = dataclasses.replace(plan, opens=torch.ones_like(plan.opens))  # every row from the carried state
+        wrong = core._segments(x, state, carried)
+        assert (wrong - reference).abs().max() > 1e-2
+        dropped = mask.clone()
+        dropped[torch.nonzero(mask[1:] == 0)[0][0] + 1, torch.nonzero(mask[1:] == 0)[0][1]] = 1
+        y, _ = core.sequence(x, state, dropped, keep_states=False)
+        assert (y - reference).abs().max() > 1e-2
+
+
+def test_the_plan_follows_the_episode_lengths():
+    """Short episodes (~1.5 steps, as Blackjack's) run as a few padded segment calls instead of a call per step;
+    a rollout without restarts stays one call over all T steps; long episodes on the CPU LSTM keep the spans;
+    on an accelerator, where a launch costs more than rows, segments share one [L, S] call; the choice is a
+    function of the mask (the same mask, the same plan: runs stay reproducible)."""
+    from rltrain.models.cores import SegmentPlan, plan_unroll, unroll_costs
+
+    g = torch.Generator().manual_seed(0)
+    short = (torch.rand(128, 4, generator=g) >= 0.65).numpy()  # ~1.5-step episodes
+    short[0] = True
+    T, N = short.shape
+    cpu, cuda = unroll_costs("cpu", "lstm"), unroll_costs("cuda", "lstm")
+    spans = plan_unroll((~short).tobytes(), T, N, cpu, "spans")
+    assert len(spans) > 100  # the old plan: a kernel call per step, nearly
+    plan = plan_unroll((~short).tobytes(), T, N, cpu)
+    assert isinstance(plan, SegmentPlan) and len(plan.calls) <= 4
+    padded = sum(length * width for length, width in plan.calls)
+    assert T * N <= padded <= 2 * T * N  # bands of lengths: padding at most doubles the work
+    assert sum(width for _, width in plan.calls) == int((~short[1:]).sum()) + N  # one row per segment
+    assert plan_unroll((~short).tobytes(), T, N, cpu) is plan
+    one = plan_unroll((~short).tobytes(), T, N, cuda)
+    assert isinstance(one, SegmentPlan) and len(one.calls) == 1 and one.calls[0][1] == len(one.first)
+    assert plan_unroll(np.zeros((T, N), bool).tobytes(), T, N, cpu) == ()
+    long = np.zeros((T, N), bool)
+    long[60, 1] = True
+    assert plan_unroll(long.tobytes(), T, N, cpu) == (60,)
+
+
+@pytest.mark.parametrize("kind", ["lstm", "gru"])
+def test_short_episodes_take_a_few_kernel_calls(kind, monkeypatch):
+    """The unroll of a Blackjack-like minibatch calls the multi-step kernel a few times, not once per step."""
+    from rltrain.models.cores import RecurrentCore
+
+    core = RecurrentCore(6, kind=kind, size=5)
+    calls, kernel = [], core._kernel
+    monkeypatch.setattr(core, "_kernel", lambda x, state: calls.append(x.shape) or kernel(x, state))
+    mask = (torch.rand(128, 4, generator=torch.Generator().manual_seed(0)) >= 0.65).float()
+    state = core.initial_state(4)
+    core.sequence(torch.randn(128, 4, 6), state, mask, keep_states=False)
+    assert 1 <= len(calls) <= 4, calls
+    calls.clear()
+    monkeypatch.setattr(RecurrentCore, "unroll_plan", "spans")
+    core.sequence(torch.randn(128, 4, 6), state, mask, keep_states=False)
+    assert len(calls) > 100
