@@ -175,16 +175,24 @@ class LoadedPolicy:
 
     def act(self, obs: Any, state: tuple[torch.Tensor, ...] | None = None, *,
             deterministic: bool = True) -> tuple[np.ndarray, tuple[torch.Tensor, ...] | None]:
-        """obs: one observation (the env's shape, or for a Dict space a dict of arrays) or a batch [N, ...] of
-        them -> (action, state). The action is what to step the env with: an int64 (Discrete; [N] for a batch)
-        or a float32 array clipped to the Box bounds ([N, *shape] for a batch), the mode when
-        ``deterministic`` else a sample. ``state``: a recurrent policy's state returned by the previous call
+        """obs: one observation (the env's shape; for a Dict space a dict of arrays, for a Tuple space the env's
+        tuple, at any depth) or a batch [N, ...] of them (a Dict's or a Tuple's arrays batched, as a Gymnasium
+        vector env returns them) -> (action, state). The action is what to step the env with: an int64
+        (Discrete; [N] for a batch) or a float32 array clipped to the Box bounds ([N, *shape] for a batch), the
+        mode when ``deterministic`` else a sample. ``state``: a recurrent policy's state returned by the previous call
         (None: start of an episode); feed-forward policies return None. A policy trained with action masking
         reads the env's mask in the observation, under ``"action_mask"``; without it, one ValueError says so."""
         from rltrain.data.structs import MASK_KEY, action_mask_of, obs_leaves, obs_map
+        from rltrain.envs.spaces import tuples_as_dicts
 
         if self.spec.masked and not (isinstance(obs, dict) and MASK_KEY in obs):
             action_mask_of(obs, list(self._template))  # one line naming the key and how to pass it
+        if isinstance(self._template, dict):
+            try:  # a Tuple observation becomes the dict the policy was trained on (the env's TupleAsDict)
+                obs = tuples_as_dicts(obs, self._template)
+            except (KeyError, ValueError) as err:
+                detail = f"no key {err}" if isinstance(err, KeyError) else err
+                raise ValueError(f"observation does not match {self.spec.observation.name}: {detail}") from None
         single = self._is_single(obs)
         try:
             batch = obs_map(lambda t, x: torch.as_tensor(np.asarray(x, t.dtype)[None] if single else

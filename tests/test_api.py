@@ -139,6 +139,68 @@ def test_dict_and_recurrent_policies_act_on_one_observation_or_a_batch(tmp_path)
     assert not np.array_equal(np.stack(batched), stateless)  # the state matters, so it was carried
 
 
+def test_a_tuple_observation_is_read_as_training_read_it(tmp_path):
+    """Blackjack-v1's Tuple observation, as the env returns it (one, or a vector env's tuple of batched arrays),
+    acts as the Dict the policy was trained on (TupleAsDict's keys "0", "1", "2")."""
+    import gymnasium as gym
+
+    import rltrain
+
+    rltrain.train(["env.id=Blackjack-v1", "algo.rollout_len=64", *TINY, f"hydra.run.dir={tmp_path}"])
+    policy = rltrain.load_policy(tmp_path)
+    env = gym.make("Blackjack-v1")
+    obs = [env.reset(seed=s)[0] for s in range(8)]
+    as_dicts = [{str(i): x for i, x in enumerate(o)} for o in obs]
+    assert [int(policy.act(o)[0]) for o in obs] == [int(policy.act(d)[0]) for d in as_dicts]
+    batch = tuple(np.array(column) for column in zip(*obs, strict=True))
+    actions, _ = policy.act(batch)
+    assert actions.tolist() == [int(policy.act(o)[0]) for o in obs]
+    with pytest.raises(ValueError, match="a tuple of 2 elements where the space has 3"):
+        policy.act(obs[0][:2])
+
+
+def test_a_nested_tuple_observation_is_converted_at_every_depth():
+    """Tuple(Dict, Tuple): the env's own observation (tuples, a dict inside, at any depth) acts like the Dict
+    that TupleAsDict hands the policy in training: the same conversion, on the policy's template."""
+    import gymnasium as gym
+    from gymnasium import spaces
+
+    from rltrain.api import LoadedPolicy
+    from rltrain.envs.make import env_spec
+    from rltrain.envs.spaces import TupleAsDict
+    from rltrain.models.factory import ModelSettings, build
+
+    space = spaces.Tuple((spaces.Dict({"pos": spaces.Box(-1, 1, (2,), np.float32), "flag": spaces.Discrete(2)}),
+                          spaces.Tuple((spaces.MultiBinary(3), spaces.Discrete(4)))))
+
+    class Env(gym.Env):
+        observation_space, action_space = space, gym.spaces.Discrete(5)
+
+    wrapped = TupleAsDict(Env())
+    spec = env_spec(wrapped, "nested")
+    torch.manual_seed(0)
+    module = build(spec, ModelSettings(), "actor_critic")
+
+    def policy() -> LoadedPolicy:  # a fresh sampling generator each: same draws for the same distributions
+        return LoadedPolicy(module, spec=spec, config={}, checkpoint=Path("nested.pt"))
+
+    space.seed(0)
+    raw = [space.sample() for _ in range(16)]
+    trained_on = [wrapped.observation(o) for o in raw]  # what the policy saw in training
+    assert set(trained_on[0]) == {"0", "1"} and set(trained_on[0]["1"]) == {"0", "1"}
+    for deterministic in (True, False):
+        mine, theirs = policy(), policy()
+        assert [int(mine.act(o, deterministic=deterministic)[0]) for o in raw] == \
+            [int(theirs.act(d, deterministic=deterministic)[0]) for d in trained_on]
+    as_lists = [[o[0], list(o[1])] for o in raw]  # lists read as tuples, at every depth
+    assert [int(policy().act(o)[0]) for o in as_lists] == [int(policy().act(d)[0]) for d in trained_on]
+    batch = ({"pos": np.stack([o[0]["pos"] for o in raw]), "flag": np.array([o[0]["flag"] for o in raw])},
+             (np.stack([o[1][0] for o in raw]), np.array([o[1][1] for o in raw])))
+    assert policy().act(batch)[0].tolist() == [int(policy().act(o)[0]) for o in raw]
+    with pytest.raises(ValueError, match="no key 'flag'"):
+        policy().act(({"pos": raw[0][0]["pos"]}, raw[0][1]))
+
+
 def test_the_documented_python_api_example_runs(tmp_path):
     """The block as the page shows it (tests/test_docs.py only parses it: this test runs it and checks its run)."""
     page = (REPO / "docs" / "guide" / "checkpoints.md").read_text()

@@ -59,7 +59,7 @@ def _check_counted(proc: subprocess.Popen, sweep: Path, *, killed: int, jobs: in
                     reason="needs the 'joblib' extra")
 def test_joblib_a_job_killed_from_outside_fails_alone(tmp_path):
     sweep = tmp_path / "sweep"
-    proc = _sweep(tmp_path, "hydra/launcher=joblib", "hydra.launcher.n_jobs=2", "seed=1,2,3", *SLOW)
+    proc = _sweep(tmp_path, "hydra/launcher=joblib_procs", "hydra.launcher.n_jobs=2", "seed=1,2,3", *SLOW)
     try:
         pid = wait_for(lambda: _running_pid("0_*", sweep), timeout=120, what="job 0 training")
         send(pid, signal.SIGKILL)

@@ -316,6 +316,31 @@ def test_eval_video_prints_no_runtime_dir_noise(smoke_run, tmp_path):
     assert list((tmp_path / "run" / "videos").glob("*.mp4"))
 
 
+def test_training_with_eval_video_prints_no_sdl_noise(tmp_path):
+    """eval.video=true in training renders CartPole with pygame: SDL's probes of a display and a sound server
+    must not print (``XDG_RUNTIME_DIR is invalid``) on a headless machine, where the run succeeds."""
+    pytest.importorskip("moviepy")
+    pytest.importorskip("pygame")
+    drop = ("XDG_RUNTIME_DIR", "SDL_VIDEODRIVER", "SDL_AUDIODRIVER", "DISPLAY", "WAYLAND_DISPLAY")
+    env = {k: v for k, v in os.environ.items() if k not in drop and k != "HYDRA_FULL_ERROR"}  # a headless shell
+    env["PYTHONPATH"] = str(Path(__file__).resolve().parents[1])
+    res = subprocess.run([sys.executable, "-m", "rltrain", "debug=smoke", "logger=quiet", "total_env_steps=256",
+                          "eval.every_env_steps=0", "eval.episodes=1", "eval.video=true", "hydra.run.dir=run"],
+                         capture_output=True, text=True, timeout=180, env=env, cwd=tmp_path)
+    assert res.returncode == 0, res.stderr
+    assert list((tmp_path / "run" / "videos").glob("*.mp4"))
+    assert res.stderr == "", res.stderr  # nothing on a successful run's stderr
+
+
+def test_headless_sdl_keeps_the_users_drivers(monkeypatch):
+    from rltrain.trainers.episodes import headless_sdl
+
+    monkeypatch.setenv("SDL_VIDEODRIVER", "x11")
+    monkeypatch.delenv("SDL_AUDIODRIVER", raising=False)
+    headless_sdl()
+    assert os.environ["SDL_VIDEODRIVER"] == "x11" and os.environ["SDL_AUDIODRIVER"] == "dummy"
+
+
 NOISY_ENV = '''
 import sys
 

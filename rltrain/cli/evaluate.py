@@ -48,8 +48,6 @@ def main(argv: list[str] | None = None) -> int:
         else:
             p.error(f"unknown override {item!r} (valid: eval.episodes=N, eval.video=BOOL, eval.deterministic=BOOL, "
                     "eval.seed=N)")
-    if args.video:
-        _private_runtime_dir()
     stop = StopFlag().install()  # a stop signal ends the evaluation at once, in one line
     try:
         return _evaluate(args, stop)
@@ -142,17 +140,6 @@ def evaluate_agents_lines(policies, env, *, episodes: int, eval_seed: int, deter
         lines.append(f"vs {opponent}: episodes: {episodes}  mean return: {rets.mean():.2f}  win {o['win']:.2f}  "
                      f"draw {o['draw']:.2f}  loss {o['loss']:.2f}  (seats alternate)")
     return lines
-
-
-def _private_runtime_dir() -> None:
-    """Rendering initialises SDL, which prints ``error: XDG_RUNTIME_DIR is invalid or not set`` on headless
-    machines (and the run still succeeds): give the render process a private one when none is set."""
-    import os
-    import tempfile
-
-    current = os.environ.get("XDG_RUNTIME_DIR")
-    if not current or not os.path.isdir(current):
-        os.environ["XDG_RUNTIME_DIR"] = tempfile.mkdtemp(prefix="rltrain-xdg-")  # mode 0700, as XDG requires
 
 
 if __name__ == "__main__":

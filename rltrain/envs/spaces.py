@@ -20,6 +20,7 @@ and an env's action mask as a Dict observation key.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 import gymnasium as gym
@@ -47,12 +48,23 @@ def _as_dict_space(space: gym.Space) -> gym.Space:
     return space
 
 
-def _as_dict(space: gym.Space, obs: Any) -> Any:
-    if isinstance(space, gym.spaces.Tuple):
-        return {str(i): _as_dict(s, o) for i, (s, o) in enumerate(zip(space.spaces, obs, strict=True))}
-    if isinstance(space, gym.spaces.Dict):
-        return {k: _as_dict(s, obs[k]) for k, s in space.spaces.items()}
-    return obs
+def tuples_as_dicts(obs: Any, target: Any) -> Any:
+    """``obs`` with each Tuple observation in it, at any depth, as the dict ``TupleAsDict`` makes of it: keyed
+    "0", "1", ... by the element's index. ``target`` is what the observation becomes: the ``Dict`` space
+    ``TupleAsDict`` declares, or a loaded policy's dict of arrays (api.py, which acts on the env's own
+    observations); a tuple (or list) where ``target`` has a dict is a Tuple observation, a dict keeps the keys
+    ``target`` has, and the rest is left as it is. One conversion for both, so a policy reads what it was
+    trained on."""
+    parts = target.spaces if isinstance(target, gym.spaces.Dict) else target
+    if not isinstance(parts, dict):
+        return obs
+    if isinstance(obs, (tuple, list)):
+        if len(obs) != len(parts):
+            raise ValueError(f"a tuple of {len(obs)} elements where the space has {len(parts)}")
+        obs = {str(i): o for i, o in enumerate(obs)}
+    if not isinstance(obs, Mapping):
+        return obs  # not a Dict / Tuple observation: the caller names what it expected
+    return {k: tuples_as_dicts(obs[k], sub) for k, sub in parts.items()}
 
 
 class TupleAsDict(gym.ObservationWrapper):
@@ -60,11 +72,10 @@ class TupleAsDict(gym.ObservationWrapper):
 
     def __init__(self, env: gym.Env):
         super().__init__(env)
-        self._inner = env.observation_space
         self.observation_space = _as_dict_space(env.observation_space)
 
     def observation(self, observation):
-        return _as_dict(self._inner, observation)
+        return tuples_as_dicts(observation, self.observation_space)
 
 
 def mask_size(action_space: gym.Space) -> int | None:

@@ -175,8 +175,13 @@ class VecEnv(EpisodeReports):
         self.envs = pickle.loads(blob)
 
     def close(self) -> None:
+        """Close the envs and drop them: a closed vector env holds none. What still references it (the loop's
+        components reference one another, a cycle that main() freezes at exit) would otherwise keep every
+        env alive to the end, and a simulator freed by no one (ale-py's ALEInterface) prints nanobind's
+        "leaked instances" report at exit. Closing twice is harmless."""
         self.watch.close()
-        for env in self.envs:
+        envs, self.envs = self.envs, []
+        for env in envs:
             env.close()
 
 

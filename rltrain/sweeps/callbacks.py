@@ -185,6 +185,8 @@ def collect_summaries(sweep_dir: Path) -> list[tuple[Path, dict]]:
     return out
 
 
+UPSTREAM_JOBLIB = "hydra_plugins.hydra_joblib_launcher.joblib_launcher.JoblibLauncher"
+
 class SweepCallback(Callback):
     """Registered in ``train.yaml`` under ``hydra.callbacks``; only the multirun hooks do anything."""
 
@@ -218,6 +220,14 @@ class SweepCallback(Callback):
         except ConfigError as err:  # Hydra turns a callback's exception into a warning: exit ourselves
             print(f"rltrain: error: {err}", file=sys.stderr)
             sys.exit(2)
+        if launcher == UPSTREAM_JOBLIB:  # hydra/launcher=joblib: the name rltrain's own launcher had before
+            print("[rltrain] hydra/launcher=joblib is hydra-joblib-launcher's worker pool, where a job killed from "
+                  "outside ends every running job; rltrain's launcher, one process per job, is "
+                  "hydra/launcher=joblib_procs", flush=True)
+        if "optuna" in str(config.hydra.sweeper.get("_target_", "")).lower():  # ours (ppo_optuna) or the plugin's
+            from rltrain.sweeps.replicates import import_optuna_quietly
+
+            import_optuna_quietly()  # Hydra builds the sweeper next: no alembic lines on the terminal
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
         from rltrain.sweeps.jobs import lost_if_dead

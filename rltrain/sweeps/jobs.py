@@ -6,7 +6,7 @@ the same for the run dir: ``mark_lost`` records the job as ``failed`` with why, 
 step it logged, and the launcher hands the sweep a ``FAILED_RETURN`` for it instead of an exception, so the
 other jobs run on and the sweep ends with its count (``SweepCallback``).
 
-``SeparateProcesses`` is the local parallel launcher's job runner (``hydra/launcher=joblib``): each job in a
+``SeparateProcesses`` is the local parallel launcher's job runner (``hydra/launcher=joblib_procs``): each job in a
 process of its own, ``n_jobs`` at a time. A pool of reused workers (joblib's loky) breaks as a whole when one
 worker dies, ending every running job and the sweep with it; one process per job cannot.
 """

@@ -9,9 +9,11 @@ once per seed and Optuna is told the mean of the replicates' final returns (a fa
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import logging
 import math
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 from hydra.core.override_parser.overrides_parser import OverridesParser
@@ -61,6 +63,32 @@ class ReplicatingLauncher:
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.launcher, name)
+
+
+@contextlib.contextmanager
+def alembic_quiet() -> Iterator[None]:
+    """The ``alembic`` logger at WARNING for the block, unless the user set its level (then theirs to see)."""
+    logger = logging.getLogger("alembic")
+    if logger.level != logging.NOTSET:  # configured on purpose (e.g. in hydra/hydra_logging)
+        yield
+        return
+    logger.setLevel(logging.WARNING)
+    try:
+        yield
+    finally:
+        logger.setLevel(logging.NOTSET)
+
+
+def import_optuna_quietly() -> None:
+    """Import Optuna with ``alembic_quiet``. Optuna imports alembic (its RDB storage's migrations), whose import
+    logs one INFO line per built-in plugin ("setup plugin alembic.autogenerate.*"), and Hydra imports Optuna
+    when it builds an Optuna sweeper's sampler (``optuna.samplers.TPESampler``), after it has sent INFO
+    records to the terminal and before any of the sweeper's code runs: 7 lines of a library rltrain does not
+    use would open every Optuna sweep's output. ``SweepCallback.on_multirun_start`` calls this just before
+    Hydra builds the sweeper; the import is the same one, made earlier."""
+    # without the 'sweep' extra there is nothing to import: building the sweeper says so (cli/train.py)
+    with alembic_quiet(), contextlib.suppress(ImportError):
+        import optuna  # noqa: F401
 
 
 class Replicated:

@@ -7,6 +7,7 @@ touches the training RNGs (stochastic evaluation draws from its own generator).
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from pathlib import Path
 
@@ -129,11 +130,22 @@ def evaluate(policy: Policy, make_env: Callable[..., gym.Env], *, episodes: int,
     return returns
 
 
+def headless_sdl() -> None:
+    """SDL's dummy video and audio drivers for this process, where the user chose none. A video renders
+    off-screen (``rgb_array``), but an env that draws with pygame (Gymnasium's classic control, Box2D) runs
+    ``pygame.init()``, whose SDL probes for a display and a sound server: on a headless machine the display
+    probe prints ``error: XDG_RUNTIME_DIR is invalid or not set in the environment.`` on a run that
+    succeeds. SDL reads these when pygame initialises it: set before the first render, which imports pygame."""
+    os.environ.setdefault("SDL_VIDEODRIVER", "dummy")
+    os.environ.setdefault("SDL_AUDIODRIVER", "dummy")
+
+
 def _record_video(env, video_dir: Path):
     try:
         import moviepy  # noqa: F401
     except ImportError:
         raise ConfigError("eval.video=true needs moviepy: pip install 'rltrain[video]'") from None
+    headless_sdl()
     try:
         env.reset(seed=0)
         env.render()
