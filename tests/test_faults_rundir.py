@@ -83,7 +83,7 @@ def test_summary_says_running_while_live_and_crashed_after_a_sigkill(tmp_path):
         proc.send_signal(signal.SIGKILL)
         proc.wait(30)
     assert _summary(run_dir)["status"] == "running"  # what a killed run leaves: a dead pid, no lock holder
-    res = _train(run_dir, "total_env_steps=2048")
+    res = _train(run_dir, "total_env_steps=2048", "resume=auto")  # a fresh start over its checkpoints: refused
     assert res.returncode == 0, res.stderr[-3000:]
     warnings = [ln for ln in _stderr_lines(res) if "warning" in ln]
     assert len(warnings) == 1 and f"pid {proc.pid}" in warnings[0] and "crashed" in warnings[0], res.stderr

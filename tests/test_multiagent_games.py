@@ -88,7 +88,7 @@ def test_rock_paper_scissors_trains_with_ippo_mappo_and_self_play(tmp_path, monk
 
 def test_global_state_env_is_refused_where_state_is_no_global_state(tmp_path, monkeypatch):
     with pytest.raises(ConfigError, match=r"^algo.global_state=env: env.id=pettingzoo.classic.rps_v2:parallel_env "
-                                          r"has no state\(\)") as err:
+                                          r"has no usable state\(\)") as err:
         _run([f"env.id={RPS_PARALLEL}", "algo=mappo", "algo.global_state=env"], tmp_path, monkeypatch)
     assert "\n" not in str(err.value)
 
