@@ -76,3 +76,28 @@ def test_hooks_are_given_the_algorithm_and_counters(tmp_path):
     resumed = _loop(tmp_path, again, ["resume=auto", "total_env_steps=320"]).run()
     assert again.resume_checked == [Path(summary["checkpoint"])]
     assert again.updates == [(5, 320)] and resumed["resumed_from_env_steps"] == 256
+
+
+def test_a_finished_loop_is_freed_without_a_collection(tmp_path, monkeypatch):
+    """Nothing of a run's loop outlives it by a reference cycle: main() freezes what is left at exit, so an object in
+    a cycle is never finalised, and a simulator freed by no one (ale-py) reports itself leaked."""
+    import gc
+    import weakref
+
+    from rltrain.cli import build
+
+    loops = []
+    original = TrainLoop.__init__
+
+    def tracked(self, *args, **kwargs):
+        original(self, *args, **kwargs)
+        loops.append(weakref.ref(self))
+
+    monkeypatch.setattr(TrainLoop, "__init__", tracked)
+    gc.collect()
+    gc.disable()
+    try:
+        build.run(compose_cfg(["debug=smoke", "logger=quiet", "total_env_steps=512", "eval.episodes=1"]), tmp_path)
+        assert len(loops) == 1 and loops[0]() is None  # freed when the last reference went, no collection run
+    finally:
+        gc.enable()

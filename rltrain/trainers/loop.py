@@ -18,6 +18,7 @@ The loop only loops. What it calls:
 
 from __future__ import annotations
 
+import functools
 import math
 import time
 import traceback
@@ -73,9 +74,10 @@ class TrainLoop:
         self.checkpoints = Checkpointing(settings, place, self.state, algo=self.algo, source=self.source,
                                          spec=self.spec, hooks=self.hooks, guard=self.guard)
         evaluation = AgentsEvaluation if isinstance(self.spec, AgentsSpec) else Evaluation
+        # save_best holds the checkpointer, not this loop: no loop <-> evaluation cycle that only a collection frees
         self.evaluate = evaluation(settings, self.state, algo=self.algo, eval_seed=place.seeds.eval_seed,
                                    device=place.device, run_dir=place.run_dir,
-                                   save_best=lambda: self.checkpoints.save(kind="best"), stop=stop)
+                                   save_best=functools.partial(self.checkpoints.save, kind="best"), stop=stop)
         self.rows = MetricRows(settings, place, counters=self.counters, source=self.source, hooks=self.hooks)
         self.summary = LoopSummary(place, self.state, algo=self.algo, env_id=self.spec.env_id,
                                    source=self.source, stop=stop, hooks=self.hooks, rows=self.rows,
