@@ -44,6 +44,10 @@ CASES = {
                   "+env.kwargs.shape=[10,10,3]", "model.encoder=minatar", "model.cnn_features=16",
                   "model.hidden_sizes=[16]", "algo.learning_starts=448", "algo.batch_size=32", "algo.buffer_size=1000"],
     "ppo_image": ["algo=ppo", "env=minatar", "env.num_envs=2"],
+    # a Box observation of shape (): batches of [B], one number each
+    "ppo_scalar": ["algo=ppo", "env.id=tests.helpers.obs_envs:ScalarEnv", "algo.rollout_len=32"],
+    "sac_scalar": ["algo=sac", "env.id=tests.helpers.obs_envs:ScalarEnv", "+env.kwargs.continuous=true",
+                   "algo.learning_starts=128", "algo.buffer_size=1000"],
     "td3": ["algo=td3", "env=pendulum", "algo.learning_starts=128", "algo.buffer_size=1000",
             "model.hidden_sizes=[32,32]"],
     # the deterministic actor on the critic's shared encoder (models/deterministic_actor.py)

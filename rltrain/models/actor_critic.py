@@ -57,7 +57,7 @@ class TwinMLPTorso(nn.Module):
         return [*self.nets.weights, *self.nets.biases, *dist_params]
 
     def forward(self, x: Tensor) -> tuple[Tensor, Tensor]:
-        out, value = self.nets(x.flatten(1))
+        out, value = self.nets(x.reshape(x.shape[0], -1))  # a scalar Box's [B] too
         return out, value.squeeze(-1)
 
     def act(self, x: Tensor, state: CoreState) -> tuple[Tensor, Tensor | None, CoreState]:

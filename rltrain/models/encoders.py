@@ -118,9 +118,9 @@ class FlatInput(Encoder):
         if self.n:
             return F.one_hot(obs.long().reshape(-1) - self.start, self.n).float()
         if self.nvec:
-            x = obs.long().flatten(1)
+            x = obs.long().reshape(obs.shape[0], -1)
             return torch.cat([F.one_hot(x[:, i], n) for i, n in enumerate(self.nvec)], 1).float()
-        return to_float(obs.flatten(1))
+        return to_float(obs.reshape(obs.shape[0], -1))  # [B, ...] -> [B, F]; a scalar Box's [B] too
 
 
 class MLPEncoder(Encoder):

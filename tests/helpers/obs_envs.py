@@ -39,6 +39,13 @@ class ImageEnv(_RandomObsEnv):
         super().__init__(spaces.Box(0, high, tuple(shape), dt), continuous=continuous)
 
 
+class ScalarEnv(_RandomObsEnv):
+    """A Box observation of shape (): one number, batched as [B] (no feature axis to flatten)."""
+
+    def __init__(self, continuous: bool = False):
+        super().__init__(spaces.Box(-1.0, 1.0, (), np.float32), continuous=continuous)
+
+
 class DictEnv(_RandomObsEnv):
     """Dict observation: an HWC uint8 image, a float vector, a Discrete (values -1, 0, 1) and a MultiBinary
     key; ``text=True`` adds a Text key ``mission`` (which no encoder reads); ``nested=True`` adds a Dict key
