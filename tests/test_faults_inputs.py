@@ -62,6 +62,9 @@ REFUSED = [
                                     '`pip install "fancysim>=2"`'),
     (["env.id=tests.helpers.raises_on_import:Env"], "cannot import 'tests.helpers.raises_on_import' "
                                                     "(libsimulator.so.3: cannot open shared object file)"),
+    *[([f"algo={a}", "env.id=tests.helpers.obs_envs:UnboundedActions", "algo.learning_starts=64"],
+       f"algo={a} needs finite Box action bounds; env.id=tests.helpers.obs_envs:UnboundedActions has low=")
+      for a in ("sac", "td3", "ddpg")],
 ]
 
 
@@ -78,7 +81,8 @@ def test_bad_input_is_refused_at_build_in_rltrain_and_rltrain_check(tmp_path, ov
 
 def test_legitimate_neighbours_of_the_refused_values_still_build(tmp_path):
     for overrides in (["env.max_episode_steps=5"], ["algo.target_kl=null"], ["max_wall_time=1h"],
-                      ["algo=dqn", "algo.learning_starts=2047"], ["total_env_steps=256"], ["target_return=475"]):
+                      ["algo=dqn", "algo.learning_starts=2047"], ["total_env_steps=256"], ["target_return=475"],
+                      ["algo=ppo", "env.id=tests.helpers.obs_envs:UnboundedActions", "algo.rollout_len=16"]):
         build.build_trainer(build.prepare(compose_cfg([*SMOKE, *overrides])), tmp_path / "run")
 
 

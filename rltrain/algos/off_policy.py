@@ -153,6 +153,12 @@ class OffPolicy(Algorithm):
         """``frame_stack``: K when observations are K-frame stacks to store one frame per row (data/frames.py);
         ``buffer_class``: the replay's (ReplayBuffer's arguments; DQN's prioritised replay)."""
         super().__init__(spec, num_envs=num_envs, device=device, sync=sync)
+        if spec.action_kind == "box" and not np.isfinite([*spec.action_low, *spec.action_high]).all():
+            # the warm-up draws uniformly inside the bounds, and the actors squash / clip into them
+            raise ConfigError(f"algo={self.name} needs finite Box action bounds; env.id={spec.env_id} has low="
+                              f"{list(spec.action_low)} high={list(spec.action_high)}: declare the range the env's "
+                              "actions mean something in as its Box bounds, or train it with algo=ppo (a Gaussian "
+                              "policy needs no bounds)")
         self.settings = settings
         self.rollout_len, self.learning_starts = settings.rollout_len, settings.learning_starts
         self.batch_size, self.frame_stack = settings.batch_size, frame_stack

@@ -46,6 +46,14 @@ class ScalarEnv(_RandomObsEnv):
         super().__init__(spaces.Box(-1.0, 1.0, (), np.float32), continuous=continuous)
 
 
+class UnboundedActions(_RandomObsEnv):
+    """Float vector observations and a Box action space with infinite bounds."""
+
+    def __init__(self):
+        super().__init__(spaces.Box(-1.0, 1.0, (3,), np.float32))
+        self.action_space = spaces.Box(-np.inf, np.inf, (2,), np.float32)
+
+
 class DictEnv(_RandomObsEnv):
     """Dict observation: an HWC uint8 image, a float vector, a Discrete (values -1, 0, 1) and a MultiBinary
     key; ``text=True`` adds a Text key ``mission`` (which no encoder reads); ``nested=True`` adds a Dict key
