@@ -52,6 +52,29 @@ def test_a_run_dir_whose_files_link_elsewhere_is_refused_and_the_targets_survive
     assert _summary(run_dir)["status"] == "completed"  # the run's own record stands
 
 
+def test_a_trackers_own_links_do_not_stop_a_resume(trained, tmp_path):
+    """wandb links its debug log out of the run dir (to ~/.cache/wandb) in every run: a tracker's own dir is its
+    own, and resume=auto after a W&B run goes on; a link out of the run dir anywhere else is still refused."""
+    from rltrain.run.lock import run_dir_offenders
+
+    run_dir = shutil.copytree(trained, tmp_path / "copied", ignore=shutil.ignore_patterns(".rltrain.lock"))
+    elsewhere = tmp_path / "cache" / "core-debug.log"
+    elsewhere.parent.mkdir()
+    elsewhere.write_text("wandb's\n")
+    for tracker in ("wandb/offline-run-1/logs/debug-core.log", "mlruns/0/link", "agent_0/wandb/run/debug.log"):
+        (run_dir / tracker).parent.mkdir(parents=True)
+        (run_dir / tracker).symlink_to(elsewhere)
+    assert run_dir_offenders(run_dir) == []
+    (run_dir / "notes").mkdir()
+    (run_dir / "notes" / "debug.log").symlink_to(elsewhere)
+    assert run_dir_offenders(run_dir) == [f"notes/debug.log -> {elsewhere} (a link out of the run dir)"]
+    (run_dir / "notes" / "debug.log").unlink()
+    steps = _summary(run_dir)["total_env_steps"]
+    res = _train(run_dir, "resume=auto", f"total_env_steps={steps + 1024}")
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert elsewhere.read_text() == "wandb's\n"
+
+
 def test_a_fifo_where_rltrain_writes_is_refused(tmp_path):
     run_dir = tmp_path / "run"
     run_dir.mkdir()

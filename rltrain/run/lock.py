@@ -11,7 +11,8 @@ Before the lock is taken, the run dir is checked for what rltrain must never wri
 tool never corrupts what it did not write): a symbolic link that leads out of the run dir (a copied run dir
 whose ``config.yaml`` points at someone's file would have it overwritten), and, among the names rltrain itself
 writes, any link or anything that is not a regular file (a FIFO named ``metrics.csv`` or like a checkpoint
-would block the run). Such a run dir is refused in one line naming every offender.
+would block the run). Such a run dir is refused in one line naming every offender. The trackers' own dirs
+(``wandb/``, ``mlruns/``) are theirs: rltrain writes nothing there, and wandb links its debug log out of the run.
 """
 
 from __future__ import annotations
@@ -30,6 +31,9 @@ LOCK_FILE = ".rltrain.lock"
 OWN_FILES = ("config.yaml", "seeds.json", "model.txt", "summary.json", "metrics.csv", "error.txt", LOCK_FILE,
              "train.log", "learning_curves.png")
 OWN_DIRS = ("checkpoints",)
+# what the trackers' own libraries write and link as they please (wandb links its debug log to ~/.cache/wandb):
+# rltrain writes nothing there, so their links are theirs, and are not walked
+TRACKER_DIRS = ("wandb", "mlruns")
 _AGENT_DIR = re.compile(r"^agent_\d+$")
 
 
@@ -110,6 +114,8 @@ def run_dir_offenders(run_dir: Path) -> list[str]:
         if parts and _AGENT_DIR.match(parts[0]):
             parts = parts[1:]  # an agent's dir of trainer=parallel holds what a run dir holds
         own_dir, in_checkpoints = parts in ((), OWN_DIRS[:1]), parts == OWN_DIRS[:1]
+        if parts == ():
+            dirs[:] = [d for d in dirs if d not in TRACKER_DIRS]  # os.walk descends into what is left
         for name in [*dirs, *files]:
             path = here / name
             rel = str(path.relative_to(run_dir))
