@@ -42,9 +42,14 @@ def wandb_records(run_dir: Path) -> list:
     The ``.wandb`` file is a LevelDB-style log (a 7-byte ``:W&B`` header, then 32 KiB blocks of records, each
     with a 7-byte header: crc32, length, kind = full / first / middle / last) of ``wandb_internal_pb2.Record``.
     """
+    (path,) = run_dir.glob("wandb/offline-run-*/run-*.wandb")
+    return wandb_file_records(path)
+
+
+def wandb_file_records(path: Path) -> list:
+    """The records of one offline run's ``.wandb`` file (``wandb_records``)."""
     from wandb.proto import wandb_internal_pb2 as pb
 
-    (path,) = run_dir.glob("wandb/offline-run-*/run-*.wandb")
     data, pos, pending, records = path.read_bytes(), 7, b"", []
     assert data[:4] == b":W&B"
     while pos + 7 <= len(data):
@@ -147,6 +152,51 @@ def test_mlflow_local_store_logs_csv_scalars_params_and_summary(tmp_path):
     # the summary's final metrics share the last row's step; compare the log rows themselves
     logged = [p for p in logged if "final_eval_return" not in p]
     _same_scalars(rows, logged)
+
+
+def test_a_resumed_run_continues_its_tracker_runs_and_sends_no_step_twice(tmp_path):
+    """resume=auto goes on in the same MLflow run (one run, its parameters once) and the same W&B run id (offline:
+    a second offline-run dir of that id, which `wandb sync` uploads into it); steps only ever increase."""
+    pytest.importorskip("mlflow")
+    pytest.importorskip("wandb")
+    run_dir = tmp_path / "run"
+    both = ["logger.sinks=[csv,wandb,mlflow]", "logger.mode=offline", f"hydra.run.dir={run_dir}"]
+    for extra in ([], ["resume=auto", "total_env_steps=3072"]):
+        res = run_cli([*SMOKE, *both, *extra], cwd=tmp_path, timeout=300)
+        assert res.returncode == 0, res.stderr[-3000:]
+    client = _mlflow_client(run_dir / "mlruns")
+    (run,) = client.search_runs([client.get_experiment_by_name("rltrain").experiment_id])
+    assert run.info.status == "FINISHED" and run.data.params["algo.lr"] == "0.002"
+    steps = [m.step for m in client.get_metric_history(run.info.run_id, "rollout/episode_return")]
+    assert steps == sorted(set(steps)) and steps[-1] == 3072 and 1024 in steps, steps
+    files = sorted(run_dir.glob("wandb/offline-run-*/run-*.wandb"))
+    ids = {path.name.removeprefix("run-").removesuffix(".wandb") for path in files}
+    assert len(files) == 2 and len(ids) == 1, files
+    sent = [int(r.history.step.num) for path in files for r in wandb_file_records(path)
+            if r.WhichOneof("record_type") == "history"]
+    assert sent == sorted(set(sent)) and sent[-1] == 3072, sent
+    record = json.loads((run_dir / "trackers.json").read_text())
+    assert record["mlflow"] == {"id": run.info.run_id, "last_step": 3072} and record["wandb"]["id"] in ids
+
+
+def test_a_tracker_gets_no_step_it_was_sent_before_a_crash(tmp_path, monkeypatch):
+    """After a crash the replayed training comes again through steps the tracker already has: they are not sent."""
+    pytest.importorskip("mlflow")
+    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")  # a directory store named by tracking_uri
+    from rltrain.run.trackers import MLflowLogger
+
+    common = {"config": {"algo": {"lr": 0.1}}, "project": "p", "group": None, "name": None, "tags": (),
+              "tracking_uri": str(tmp_path / "mlruns")}
+    first = MLflowLogger(tmp_path, **common)
+    for step in (100, 200, 300):
+        first.log(step, {"x": float(step)})  # the crash: never closed
+    again = MLflowLogger(tmp_path, **common, resumed=True)  # resumed from a checkpoint at step 150
+    for step in (200, 300, 400):
+        again.log(step, {"x": step + 0.5})
+    again.close(None)
+    assert again.run_id == first.run_id
+    history = [(m.step, m.value) for m in again.client.get_metric_history(again.run_id, "x")]
+    assert sorted(history) == [(100, 100.0), (200, 200.0), (300, 300.0), (400, 400.5)]
 
 
 @pytest.mark.slow

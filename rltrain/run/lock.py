@@ -29,7 +29,7 @@ from rltrain.run.trust import kind_of
 LOCK_FILE = ".rltrain.lock"
 # what rltrain writes in a run dir (each parallel agent's agent_<k>/ the same), and its directories of files
 OWN_FILES = ("config.yaml", "seeds.json", "model.txt", "summary.json", "metrics.csv", "error.txt", LOCK_FILE,
-             "train.log", "learning_curves.png")
+             "train.log", "learning_curves.png", "trackers.json")
 OWN_DIRS = ("checkpoints",)
 # what the trackers' own libraries write and link as they please (wandb links its debug log to ~/.cache/wandb):
 # rltrain writes nothing there, so their links are theirs, and are not walked

@@ -51,6 +51,37 @@ def run_identity(run_dir: Path) -> RunIdentity:
     return RunIdentity(name=name, group=group, store_root=top)
 
 
+class TrackerRecord:
+    """``<run dir>/trackers.json``: each tracker's run id and the last env step sent to it. A resumed run continues
+    the same tracker run (one curve, the config logged once) and sends no step twice: after a crash, the steps
+    between the checkpoint and the crash were sent already, and they come again, the same numbers, from the
+    replayed training."""
+
+    FILE = "trackers.json"
+
+    def __init__(self, run_dir: Path, sink: str, *, resumed: bool):
+        self.path, self.sink = Path(run_dir) / self.FILE, sink
+        mine = self._read().get(sink) if resumed else None
+        mine = mine if isinstance(mine, dict) else {}
+        self.run_id: str | None = mine.get("id") if isinstance(mine.get("id"), str) else None
+        self.last_step = int(mine["last_step"]) if isinstance(mine.get("last_step"), int) else -1
+
+    def _read(self) -> dict:
+        try:
+            data = json.loads(self.path.read_text())
+        except (OSError, ValueError):
+            return {}
+        return data if isinstance(data, dict) else {}
+
+    def sent(self, run_id: str, step: int) -> None:
+        """Record the run and the last step sent (written whole, then renamed: a crash leaves the old record)."""
+        self.run_id, self.last_step = run_id, max(self.last_step, step)
+        data = {**self._read(), self.sink: {"id": run_id, "last_step": self.last_step}}
+        tmp = self.path.with_name(f".{self.FILE}.tmp{os.getpid()}")
+        tmp.write_text(json.dumps(data, indent=2) + "\n")
+        os.replace(tmp, self.path)
+
+
 def flat_params(config: dict, prefix: str = "") -> dict[str, str | float | int | bool | None]:
     """{"algo": {"lr": 0.01}} -> {"algo.lr": 0.01}; lists become JSON text."""
     out: dict = {}
@@ -117,9 +148,13 @@ class WandbLogger:
 
     def __init__(self, run_dir: Path, *, config: dict, project: str | None, entity: str | None,
                  group: str | None, name: str | None, tags: tuple[str, ...], mode: str | None,
-                 seeds: dict | None = None, device: str = "cpu"):
+                 seeds: dict | None = None, device: str = "cpu", resumed: bool = False):
         wandb = _require("wandb")
         who = run_identity(run_dir)
+        self.record = TrackerRecord(run_dir, "wandb", resumed=resumed)
+        # a resumed run continues its W&B run (offline: a second offline-run dir of the same id; `wandb sync`
+        # uploads both into it)
+        same = {"id": self.record.run_id, "resume": "allow"} if self.record.run_id else {}
         if project is None and not os.environ.get("WANDB_PROJECT"):
             project = DEFAULT_PROJECT  # wandb's own fallback would be "uncategorized"
         try:
@@ -128,12 +163,17 @@ class WandbLogger:
                                   tags=list(tags), mode=mode, dir=None if os.environ.get("WANDB_DIR") else str(run_dir),
                                   config=tracked_params(config, seeds=seeds, device=device), reinit="create_new",
                                   # our progress display owns the terminal; wandb's console capture would fight it
-                                  settings=wandb.Settings(console="off", silent=True, x_disable_stats=True))
+                                  settings=wandb.Settings(console="off", silent=True, x_disable_stats=True),
+                                  **same)
         except wandb.errors.Error as err:
             raise ConfigError(wandb_error_line(err)) from None
+        self.record.sent(self.run.id, self.record.last_step)
 
     def log(self, step: int, metrics: Metrics) -> None:
+        if step <= self.record.last_step:  # sent before a crash, replayed since
+            return
         self.run.log(_finite(metrics), step=step)
+        self.record.sent(self.run.id, step)
 
     def close(self, summary: dict | None = None) -> None:
         if summary is not None:
@@ -174,7 +214,8 @@ class MLflowLogger:
     experiment). A multirun's jobs carry the tag ``group`` = the sweep dir's name."""
 
     def __init__(self, run_dir: Path, *, config: dict, project: str | None, group: str | None, name: str | None,
-                 tags: tuple[str, ...], tracking_uri: str | None, seeds: dict | None = None, device: str = "cpu"):
+                 tags: tuple[str, ...], tracking_uri: str | None, seeds: dict | None = None, device: str = "cpu",
+                 resumed: bool = False):
         _require("mlflow")
         from mlflow.tracking import MlflowClient
 
@@ -198,10 +239,24 @@ class MLflowLogger:
                 experiment_id = self.client.get_experiment_by_name(project).experiment_id
         else:
             experiment_id = experiment.experiment_id
-        run_tags = {"group": group or who.group or "", "run_dir": str(Path(run_dir).resolve()),
-                    **{f"tag.{t}": "true" for t in tags}}
-        self.run_id = self.client.create_run(experiment_id, run_name=name or who.name, tags=run_tags).info.run_id
-        self._log_params(tracked_params(config, seeds=seeds, device=device))
+        self.record = TrackerRecord(run_dir, "mlflow", resumed=resumed)
+        if self.record.run_id and self._reopen(self.record.run_id):
+            self.run_id = self.record.run_id  # its parameters are the run's from its start (MLflow keeps them)
+        else:
+            run_tags = {"group": group or who.group or "", "run_dir": str(Path(run_dir).resolve()),
+                        **{f"tag.{t}": "true" for t in tags}}
+            self.run_id = self.client.create_run(experiment_id, run_name=name or who.name,
+                                                 tags=run_tags).info.run_id
+            self._log_params(tracked_params(config, seeds=seeds, device=device))
+        self.record.sent(self.run_id, self.record.last_step)
+
+    def _reopen(self, run_id: str) -> bool:
+        """Mark the recorded run running again; False where this store does not hold it (another store)."""
+        try:
+            self.client.update_run(run_id, status="RUNNING")
+        except Exception:  # noqa: BLE001 - MlflowException and what its stores raise: start a new run
+            return False
+        return True
 
     def _log_params(self, params: dict) -> None:
         from mlflow.entities import Param
@@ -221,7 +276,10 @@ class MLflowLogger:
             self.client.log_batch(self.run_id, metrics=items[i:i + 1000])
 
     def log(self, step: int, metrics: Metrics) -> None:
+        if step <= self.record.last_step:  # sent before a crash, replayed since
+            return
         self._log_numbers(step, _finite(metrics))
+        self.record.sent(self.run_id, step)
 
     def close(self, summary: dict | None = None) -> None:
         status = "FINISHED"

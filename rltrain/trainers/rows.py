@@ -46,13 +46,14 @@ class MetricRows:
 
             self.loggers.append(WandbLogger(run_dir, config=self.s.config, project=lg.project,
                                             entity=lg.entity, group=lg.group, name=lg.name, tags=lg.tags,
-                                            mode=lg.mode, seeds=seeds, device=device))
+                                            mode=lg.mode, seeds=seeds, device=device, resumed=resumed))
         if "mlflow" in lg.sinks:
             from rltrain.run.trackers import MLflowLogger
 
             self.loggers.append(MLflowLogger(run_dir, config=self.s.config, project=lg.project,
                                              group=lg.group, name=lg.name, tags=lg.tags,
-                                             tracking_uri=lg.tracking_uri, seeds=seeds, device=device))
+                                             tracking_uri=lg.tracking_uri, seeds=seeds, device=device,
+                                             resumed=resumed))
 
     def row(self, learn_metrics: Metrics, sps: float) -> Metrics:
         """The columns of one row: time, episode statistics of this worker, the learner's, the trainer's."""
