@@ -7,6 +7,7 @@ import json
 import os
 import re
 import shutil
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -134,6 +135,38 @@ def _figure_of(monkeypatch, tmp_path, sweep):
     groups = report.group_runs([report.load_run(r) for r in report.find_runs([sweep])])
     assert report.plot(groups, tmp_path / "curves.png", "rollout/episode_return") is not None
     return seen
+
+
+def test_rows_name_the_env_and_algo_where_runs_differ_in_them_untyped(tmp_path):
+    """A sweep over env=... beside one over algo=...: neither typed the other's key, and the rows still say which
+    env and which algorithm each is."""
+    sweep = tmp_path / "multirun"
+    for num, (overrides, algo, env) in enumerate([(["env=acrobot"], "PPO", "Acrobot-v1"),
+                                                  (["env=cartpole"], "PPO", "CartPole-v1"),
+                                                  (["algo=a2c"], "A2C", "CartPole-v1")]):
+        cfg = {"seed": 1, "algo": {"_target_": f"rltrain.algos.{algo.lower()}.{algo}"}, "env": {"id": env}}
+        _fake_job(sweep, num, overrides, cfg, 100.0)
+    groups = report.group_runs([report.load_run(r) for r in report.find_runs([sweep])])
+    assert sorted(groups) == ["algo=a2c env.id=CartPole-v1", "env=acrobot algo=ppo env.id=Acrobot-v1",
+                              "env=cartpole algo=ppo env.id=CartPole-v1"], sorted(groups)
+
+
+def test_unfinished_runs_are_named_and_wall_time_counts_completed_runs(tmp_path, capsys):
+    sweep = _sweep_of_groups(tmp_path, 1)
+    live, dead = sorted(sweep.iterdir())
+    for job, pid in ((live, os.getpid()), (dead, 2**22 + 12345)):  # this process; a pid no process has
+        (job / "summary.json").write_text(json.dumps({"status": "running", "pid": pid, "host": socket.gethostname(),
+                                                      "final_eval_return": None, "wall_time_s": 0.0}))
+    cfg = {"seed": 3, "algo": {"lr": 0.01, "hidden_sizes": [32, 32], "gamma": 0.99}, "env": {"id": "CartPole-v1"},
+           "logger": {"progress": "plain"}}
+    _fake_job(sweep, 7, ["algo.lr=0.01", "algo.hidden_sizes=[32,32]", "seed=3"], cfg, 100.0)
+    report.main([str(sweep), "--json"])
+    out, err = capsys.readouterr()
+    (row,) = json.loads(out)
+    assert row["runs"] == 3 and row["completed"] == 1 and row["wall_time_s"] == 1.0  # not (1 + 0 + 0) / 3
+    assert f"{live} is still running (pid {os.getpid()}" in err
+    assert f"{dead} says running, but its process (pid {2**22 + 12345}) is gone" in err
+    assert json.loads((dead / "summary.json").read_text())["status"] == "running"  # read only
 
 
 def test_each_env_gets_a_subplot_with_its_own_y_axis(tmp_path, monkeypatch):

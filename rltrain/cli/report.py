@@ -120,7 +120,11 @@ def group_runs(runs: list[dict]) -> dict[str, list[dict]]:
         label = ",".join(f"{k}={r['config'].get(k)}" for k in varying) or "all runs"
         groups.setdefault(label, []).append(r)
     typed = _typed_labels(groups)
-    return {typed[label]: members for label, members in groups.items()} if typed else groups
+    if typed:
+        named = _name_what_differs(typed, groups)
+        if len(set(named.values())) == len(named):
+            return {named[label]: members for label, members in groups.items()}
+    return groups
 
 
 def _ignored(key: str) -> bool:
@@ -142,12 +146,34 @@ def _typed_labels(groups: dict[str, list[dict]]) -> dict[str, str] | None:
     return labels if len(set(labels.values())) == len(labels) else None
 
 
+# what a row must name wherever runs differ in it, typed or not: (config key, how the label spells it)
+_ALWAYS_NAMED = (("algo._target_", "algo"), ("env.id", "env.id"))
+
+
+def _name_what_differs(labels: dict[str, str], groups: dict[str, list[dict]]) -> dict[str, str]:
+    """The labels with the algorithm and the env id added where the runs differ in them and a label does not
+    say it (a sweep over env=... next to one over algo=... typed neither for the other's runs): a table that
+    compares a SAC row on Pendulum with PPO rows on CartPole says so."""
+    runs = [r for members in groups.values() for r in members]
+    out = dict(labels)
+    for key, spelled in _ALWAYS_NAMED:
+        if len({str(r["config"].get(key)) for r in runs}) < 2:
+            continue
+        for label, members in groups.items():
+            value = str(members[0]["config"].get(key))
+            value = value.rpartition(".")[2].lower() if key == "algo._target_" else value
+            if f"{spelled}=" not in out[label]:
+                out[label] = f"{out[label]} {spelled}={value}" if out[label] != "defaults" else f"{spelled}={value}"
+    return out
+
+
 def summarize(groups: dict[str, list[dict]]) -> list[dict]:
     rows = []
     for label, runs in groups.items():
         done = [r for r in runs if r["summary"].get("status") == "completed"]
         returns = [r["summary"].get("final_eval_return") for r in done]
-        walls = [float(r["summary"].get("wall_time_s") or 0.0) for r in runs]
+        # a run's whole time, so over completed runs only (a failed or live one has a part of it, or none)
+        walls = [float(r["summary"]["wall_time_s"]) for r in done if r["summary"].get("wall_time_s") is not None]
         stats = aggregate([float(v) for v in returns if v is not None])
         rows.append({"group": label, "runs": len(runs), "completed": len(done),
                      "failed": sum(r["summary"].get("status") == "failed" for r in runs),
@@ -167,6 +193,29 @@ def table_cells(row: dict) -> list[str]:
     few = f" (n<{MIN_SEEDS_FOR_CI})" if row["n"] < MIN_SEEDS_FOR_CI else ""
     return [row["group"], f"{row['n']}/{row['runs']}", _f(row["mean"]), _f(row["median"]), _f(row["iqm"]),
             f"[{ci[0]:.1f}, {ci[1]:.1f}]{few}" if ci else "-", _f(row["wall_time_s"]), str(row["failed"])]
+
+
+def unfinished_lines(runs: list[dict]) -> list[str]:
+    """One warning per run that is not finished: live, or recorded ``running`` by a process of this host that
+    is gone (killed without a word: it left no result; resume it). Read only: nothing is written."""
+    import socket
+
+    from rltrain.sweeps.jobs import process_alive
+
+    lines = []
+    for run in runs:
+        s = run["summary"]
+        if s.get("status") != "running":
+            continue
+        pid, host = s.get("pid"), s.get("host")
+        here = host == socket.gethostname() and isinstance(pid, int)
+        if here and not process_alive(pid):
+            lines.append(f"rltrain-report: warning: {run['dir']} says running, but its process (pid {pid}) is gone: "
+                         "killed from outside or crashed, no result; resume it with resume=auto")
+        else:
+            where = f" (pid {pid} on {host})" if pid else ""
+            lines.append(f"rltrain-report: warning: {run['dir']} is still running{where}: not counted in n")
+    return lines
 
 
 def few_seeds_warning(rows: list[dict]) -> str | None:
@@ -252,6 +301,8 @@ def main(argv: list[str] | None = None) -> None:
         print(json.dumps(rows, indent=2, default=float))
     else:
         print_table(rows, title)
+    for line in unfinished_lines(runs):
+        print(line, file=sys.stderr)
     warning = few_seeds_warning(rows)
     if warning:
         print(warning, file=sys.stderr)

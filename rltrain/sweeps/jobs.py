@@ -55,13 +55,14 @@ def lost_if_dead(run_dir: Path, summary: dict) -> bool:
     pid, host = summary.get("pid"), summary.get("host")
     if summary.get("status") != "running" or host != socket.gethostname() or not isinstance(pid, int):
         return False
-    if _alive(pid):
+    if process_alive(pid):
         return False
     return mark_lost(run_dir, f"the job's process (pid {pid}) ended without a word while running: killed from "
                               "outside (SIGKILL, the OOM killer) or crashed; resume it with resume=auto")
 
 
-def _alive(pid: int) -> bool:
+def process_alive(pid: int) -> bool:
+    """Whether process ``pid`` of this host runs (a zombie does not)."""
     try:
         state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
     except (OSError, IndexError):
