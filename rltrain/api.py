@@ -178,10 +178,11 @@ class LoadedPolicy:
         """obs: one observation (the env's shape; for a Dict space a dict of arrays, for a Tuple space the env's
         tuple, at any depth) or a batch [N, ...] of them (a Dict's or a Tuple's arrays batched, as a Gymnasium
         vector env returns them) -> (action, state). The action is what to step the env with: an int64
-        (Discrete; [N] for a batch) or a float32 array clipped to the Box bounds ([N, *shape] for a batch), the
-        mode when ``deterministic`` else a sample. ``state``: a recurrent policy's state returned by the previous call
-        (None: start of an episode); feed-forward policies return None. A policy trained with action masking
-        reads the env's mask in the observation, under ``"action_mask"``; without it, one ValueError says so."""
+        (Discrete, its ``start`` added; [N] for a batch) or a float32 array clipped to the Box bounds ([N, *shape]
+        for a batch), the mode when ``deterministic`` else a sample. ``state``: a recurrent policy's state
+        returned by the previous call (None: start of an episode); feed-forward policies return None. A policy
+        trained with action masking reads the env's mask in the observation, under ``"action_mask"``; without
+        it, one ValueError says so."""
         from rltrain.data.structs import MASK_KEY, action_mask_of, obs_leaves, obs_map
         from rltrain.envs.spaces import tuples_as_dicts
 
@@ -212,6 +213,8 @@ class LoadedPolicy:
         if self.spec.action_kind == "box":  # what rltrain-eval steps the env with
             action = np.clip(action, np.asarray(self.spec.action_low, np.float32),
                              np.asarray(self.spec.action_high, np.float32)).astype(np.float32)
+        elif self.spec.action_kind == "discrete" and self.spec.action_start:  # Discrete(n, start=s): the env's
+            action = action + np.int64(self.spec.action_start[0])               # own value, index + s
         return (action[0] if single else action), (out.state if self.recurrent else None)
 
     def _is_single(self, obs: Any) -> bool:

@@ -212,3 +212,84 @@ def test_rollouts_and_actor_batches_keep_the_action_dtype_and_shape(kind, dtype,
     logp, _, _ = policy.evaluate(torch.from_numpy(merged.obs.reshape(-1, merged.obs.shape[-1])),
                                  torch.from_numpy(merged.actions.reshape(-1, *shape)))
     assert torch.allclose(logp, torch.from_numpy(merged.log_probs.reshape(-1)), atol=1e-5)
+
+
+SD = "tests.helpers.space_envs:StartDiscreteEnv"  # Discrete(3, start=-2); step raises on an action outside it
+EXPORTED = """
+import sys, numpy as np, torch
+torch.set_num_threads(1)
+fmt, model, obs = sys.argv[1], sys.argv[2], torch.from_numpy(np.load(sys.argv[3]))
+net = torch.export.load(model).module() if fmt == "export" else torch.jit.load(model)
+np.save(sys.argv[4], net(obs).numpy())
+"""
+
+
+@pytest.mark.parametrize("algo", ["ppo", "dqn"])
+def test_a_discrete_start_is_added_by_training_evaluation_the_api_and_the_export(tmp_path, algo):
+    import json
+    import subprocess
+    import sys
+
+    from rltrain.cli.evaluate import main as evaluate
+    from rltrain.cli.export import export
+
+    extra = ["algo.learning_starts=64", "algo.buffer_size=500", "algo.batch_size=16"] if algo == "dqn" else []
+    summary = run(compose_cfg([*TINY, f"env.id={SD}", f"algo={algo}", "total_env_steps=256", *extra]),
+                  tmp_path / "run")
+    assert summary["status"] == "completed", summary  # the env raises on an index handed on unshifted
+    assert evaluate([str(tmp_path / "run"), "--episodes", "2", "--allow-import"]) == 0
+
+    policy = load_policy(tmp_path / "run", allow_import=True)
+    assert policy.spec.action_start == (-2,) and policy.spec.n_actions == 3
+    env = make_env(SD)
+    obs = np.eye(3, dtype=np.float32)
+    actions, _ = policy.act(obs)  # a batch: the raw env's own values
+    assert all(env.unwrapped.action_space.contains(a) for a in actions), actions
+    single, _ = policy.act(obs[0])
+    assert env.unwrapped.action_space.contains(single) and single == actions[0]
+
+    fmt = "export" if algo == "ppo" else "torchscript"  # torch.export's .pt2 and the traced .pt
+    path = export(tmp_path / "run", fmt=fmt, out=tmp_path / "export" / f"policy.pt{'2' if algo == 'ppo' else ''}",
+                  allow_import=True)
+    assert json.loads(path.with_suffix(".json").read_text())["action"] == {
+        "kind": "discrete", "shape": [], "dtype": "int64", "n": 3, "start": -2}
+    np.save(tmp_path / "obs.npy", obs)
+    env_vars = {k: v for k, v in __import__("os").environ.items() if k != "PYTHONPATH"}
+    res = subprocess.run([sys.executable, "-c", EXPORTED, fmt, str(path), str(tmp_path / "obs.npy"),
+                          str(tmp_path / "act.npy")], capture_output=True, text=True, cwd=tmp_path, env=env_vars,
+                         timeout=300)
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert np.array_equal(np.load(tmp_path / "act.npy"), actions)
+
+
+def test_a_discrete_start_is_wrapped_at_the_env_boundary_and_recorded():
+    import pickle
+
+    from rltrain.data.structs import PolicySpaces
+
+    env = make_env(SD)
+    assert env.action_space == spaces.Discrete(3) and env.unwrapped.action_space == spaces.Discrete(3, start=-2)
+    env.reset(seed=0)
+    env.step(0)  # index 0 steps the raw env with -2
+    assert pickle.loads(pickle.dumps(env)).action_space == spaces.Discrete(3)  # async workers, sidecars
+    spec = env_spec(env, "t")
+    assert spec.action_start == (-2,) and spec.mask_size == 3  # a mask stays indexed 0..n-1
+    assert env_spec(make_env("CartPole-v1"), "t").action_start == ()  # start 0: recorded as before
+    back = PolicySpaces.from_record(PolicySpaces(spec).to_record())
+    assert back.spec.action_start == (-2,)
+    old = PolicySpaces(spec).to_record()
+    old["env"]["action_start"] = []  # a checkpoint written before: start 0
+    assert PolicySpaces.from_record(old).spec.action_start == ()
+    with pytest.raises(ConfigError, match="start=-2"):  # a raw env nothing wrapped: refused, not shifted wrong
+        env_spec(env.unwrapped, "t")
+
+
+def test_an_integer_box_action_space_is_refused_in_one_line():
+    class IntBox(gym.Env):
+        observation_space = spaces.Box(0.0, 1.0, (2,), np.float32)
+        action_space = spaces.Box(-3, 3, (2,), np.int64)
+
+    with pytest.raises(ConfigError) as err:
+        env_spec(IntBox(), "t")
+    message = str(err.value)
+    assert "\n" not in message and "integer" in message and "MultiDiscrete" in message

@@ -67,8 +67,8 @@ def describe(spec, *, fmt: str, target: Path, cfg: dict, source: dict, files: di
     action = {"kind": spec.action_kind, "shape": outs[0]["shape"][1:], "dtype": outs[0]["dtype"]}
     if spec.action_kind == "multi_discrete":
         action["nvec"], action["start"] = list(spec.nvec), list(spec.action_start)
-    elif spec.n_actions:
-        action["n"] = spec.n_actions
+    elif spec.n_actions:  # the file's action is index + start: the env's own value
+        action["n"], action["start"] = spec.n_actions, (spec.action_start or (0,))[0]
     if spec.action_low:
         action["low"], action["high"] = list(spec.action_low), list(spec.action_high)
     record = {"files": {**files, fmt: target.name}, "env_id": spec.env_id, "algo": cfg["algo"]["_target_"],

@@ -12,6 +12,9 @@ sha256); another format of the same checkpoint exported beside it is added to it
     obs [B, *obs_shape] (the env's dtype: float32, uint8 / bool pixels, int64 Discrete ...)
         -> action [B] int64 | [B, *action_shape] (the distribution's dtype)
 
+Actions are the env's own values: a Discrete(n, start=s) or MultiDiscrete start is added (the JSON's
+``action.start``).
+
 A Dict observation is one input per stored key, in the space's key order, named ``obs.<key>`` (nested:
 ``obs.<key>.<subkey>``). A recurrent policy (``model.core=lstm|gru``) takes its actor core's state as inputs
 and returns the next one, each [1, B, core_size] float32 (LSTM: ``h``, ``c``; GRU: ``h``); start from zeros and
@@ -114,9 +117,10 @@ def example_leaves(space, batch: int) -> list:
     return [torch.as_tensor(np.full((batch, *space.shape), fill, dtype=storage_dtype(space.dtype)))]
 
 
-def flat_actor(actor, paths: list[tuple[str, ...]]):
+def flat_actor(actor, paths: list[tuple[str, ...]], action_start: int = 0):
     """``actor`` (obs tree (+ state) -> action (+ state)) taking one positional tensor per stored observation
-    array, then the state: the form every format shares (ONNX inputs are flat and named)."""
+    array, then the state: the form every format shares (ONNX inputs are flat and named). ``action_start``: a
+    Discrete(n, start=s) env's s, added to the action index (the file returns the env's own action)."""
     from torch import nn
 
     class FlatActor(nn.Module):
@@ -125,6 +129,12 @@ def flat_actor(actor, paths: list[tuple[str, ...]]):
             self.actor = actor
 
         def forward(self, *inputs):
+            out = self._act(*inputs)
+            if not action_start:
+                return out
+            return (out[0] + action_start, *out[1:]) if isinstance(out, tuple) else out + action_start
+
+        def _act(self, *inputs):
             n = len(paths)
             if paths == [()]:
                 obs = inputs[0]
@@ -190,7 +200,8 @@ def write_policy(actor, spec, target: Path, *, fmt: str, cfg: dict, source: dict
     example = tuple(example_leaves(spec.observation, EXAMPLE_BATCH))
     # a non-zero example state, so that tracing cannot fold the state away
     example += tuple(torch.full((1, EXAMPLE_BATCH, actor.state_size), 0.5) for _ in state_names)
-    module = flat_actor(actor, paths)
+    start = spec.action_start[0] if spec.action_kind == "discrete" and spec.action_start else 0
+    module = flat_actor(actor, paths, start)
     with torch.no_grad():
         outputs = module(*example)
     outputs = outputs if isinstance(outputs, tuple) else (outputs,)

@@ -184,7 +184,9 @@ class EnvSpec:
     obs_dtype: str = "float32"  # numpy dtype name of a stored observation ("" for dict)
     obs_space: ObsSpace | None = None
     nvec: tuple[int, ...] = ()  # multi_discrete only: values per component, flattened (C order)
-    action_start: tuple[int, ...] = ()  # multi_discrete only: each component's smallest value
+    action_start: tuple[int, ...] = ()  # multi_discrete: each component's smallest value; discrete: (start,) of a
+    #   Discrete(n, start) env, stepped with index + start (envs/wrappers.py DiscreteStart), () when 0 (and in a
+    #   checkpoint written before a discrete start was recorded)
     frame_stack: int | None = None  # K: the observation is a K-frame stack along its first axis (the env's own
     #                                 FrameStackObservation, reset-padded), read from the env by envs/make.py
     # a goal-conditioned env's compute_reward(achieved_goal, desired_goal, info) (envs/goals.py: hindsight

@@ -27,6 +27,7 @@ import gymnasium as gym
 import numpy as np
 
 from rltrain.data.structs import MASK_KEY, EnvSpec, ObsSpace
+from rltrain.envs.wrappers import discrete_start
 from rltrain.errors import ConfigError
 
 MASK_SOURCES = ("key", "info", "method")
@@ -211,7 +212,13 @@ def env_spec(env: gym.Env, env_id: str) -> EnvSpec:
                           "those (e.g. env.wrappers=[FlattenObservation] for a space of fixed size)")
     common = {"obs_dtype": obs.dtype, "obs_space": obs, "frame_stack": stacked_frames(env, obs)}
     if isinstance(act_space, gym.spaces.Discrete):
-        return EnvSpec(env_id, obs.shape, "discrete", (), n_actions=int(act_space.n), **common)
+        if int(act_space.start) != 0:  # make_env shows it as Discrete(n) (DiscreteStart); an env built elsewhere
+            raise ConfigError(f"env.id={env_id}: action space {act_space} with start={int(act_space.start)} is not "
+                              "supported here; wrap the env to take actions from 0 (rltrain.envs.wrappers."
+                              "DiscreteStart)")
+        start = discrete_start(env)  # what the env adds to each index: the raw env's action is index + start
+        return EnvSpec(env_id, obs.shape, "discrete", (), n_actions=int(act_space.n),
+                       action_start=(start,) if start else (), **common)
     if isinstance(act_space, gym.spaces.MultiDiscrete):
         return EnvSpec(env_id, obs.shape, "multi_discrete", tuple(act_space.shape),
                        nvec=tuple(int(n) for n in act_space.nvec.ravel()),
@@ -219,6 +226,10 @@ def env_spec(env: gym.Env, env_id: str) -> EnvSpec:
     if isinstance(act_space, gym.spaces.MultiBinary):
         return EnvSpec(env_id, obs.shape, "multi_binary", tuple(act_space.shape), **common)
     if isinstance(act_space, gym.spaces.Box):
+        if np.issubdtype(act_space.dtype, np.integer):
+            raise ConfigError(f"env.id={env_id}: action space {act_space} has integer values, and rltrain's "
+                              "continuous policies output floats; wrap the env to take a MultiDiscrete (one "
+                              "component per entry, nvec=high-low+1, start=low) or a float Box")
         return EnvSpec(env_id, obs.shape, "box", tuple(act_space.shape),
                        action_low=tuple(float(x) for x in act_space.low.ravel()),
                        action_high=tuple(float(x) for x in act_space.high.ravel()), **common)

@@ -178,6 +178,44 @@ OURS: dict[str, type[gym.Wrapper]] = {"FireReset": FireReset, "EpisodicLife": Ep
                                       "SignReward": SignReward, "VelocityMask": VelocityMask}
 
 
+class DiscreteStart(gym.ActionWrapper):
+    """A ``Discrete(n, start=s)`` action space (s != 0) shown to rltrain as ``Discrete(n)``: the policy picks an
+    index 0..n-1 and the env is stepped with ``index + s``. ``make_env`` puts it around every single-agent env
+    whose action space needs it, so training and evaluation step the env the same way; ``env_spec`` records
+    ``s`` (``EnvSpec.action_start``) for the tools that hand actions to the user's own env (``load_policy``,
+    ``rltrain-export``). An action mask stays indexed 0..n-1 (Gymnasium's ``Discrete.sample(mask=...)``
+    convention), so it passes through unchanged. A plain class (no closures): envs are pickled."""
+
+    def __init__(self, env: gym.Env):
+        super().__init__(env)
+        inner = env.action_space
+        self.start = int(inner.start)
+        self.action_space = gym.spaces.Discrete(int(inner.n))
+
+    def action(self, action):
+        return self.env.action_space.dtype.type(int(action) + self.start)
+
+    def reverse_action(self, action):
+        return self.action_space.dtype.type(int(action) - self.start)
+
+
+def with_discrete_start(env: gym.Env) -> gym.Env:
+    """``env`` wrapped in ``DiscreteStart`` where its action space is a Discrete with a non-zero start."""
+    space = env.action_space
+    if isinstance(space, gym.spaces.Discrete) and int(space.start) != 0:
+        return DiscreteStart(env)
+    return env
+
+
+def discrete_start(env: gym.Env) -> int:
+    """The start that a ``DiscreteStart`` among ``env``'s wrappers adds to each action (0 when none)."""
+    while env is not None:
+        if isinstance(env, DiscreteStart):
+            return env.start
+        env = getattr(env, "env", None)
+    return 0
+
+
 def _gymnasium_wrappers() -> dict[str, type]:
     return {name: cls for name in dir(gym.wrappers) if name[:1].isupper()
             and isinstance(cls := getattr(gym.wrappers, name), type) and issubclass(cls, gym.Wrapper)}

@@ -3,6 +3,8 @@
 
 - ``MultiDiscreteEnv``: MultiDiscrete actions; each component is rewarded for naming its target.
 - ``MultiBinaryEnv``: MultiBinary actions; each bit is rewarded for copying the observed bit.
+- ``StartDiscreteEnv``: ``Discrete(3, start=-2)`` actions (-2, -1, 0); the action equal to the observed target
+  is rewarded, and ``step`` raises on any action outside the space (an index handed on unshifted).
 - ``MaskedEnv``: Discrete (or MultiDiscrete, ``multi=True``) actions of which a random subset is legal each
   step; a legal action earns 1, an illegal one ends the episode with a penalty of -10. The observation shows
   the legal set, so an unmasked policy can learn it too, only slower. The mask is offered as ``source`` says:
@@ -66,6 +68,32 @@ class MultiBinaryEnv(gym.Env):
     def step(self, action):
         assert self.action_space.contains(np.asarray(action, np.int8)), action
         reward = float(np.mean(np.asarray(action) == self.bits))
+        self.t += 1
+        return self._observe(), reward, False, self.t >= self.length, {}
+
+
+class StartDiscreteEnv(gym.Env):
+    """obs: the target one-hot [n]; action Discrete(n, start); reward 1 for the target's value (start + its
+    index). ``step`` raises ValueError unless ``action_space.contains(action)``."""
+
+    def __init__(self, n: int = 3, start: int = -2, length: int = 8):
+        self.action_space = spaces.Discrete(n, start=start)
+        self.observation_space = spaces.Box(0.0, 1.0, (n,), np.float32)
+        self.n, self.start, self.length, self.t = n, start, length, 0
+
+    def _observe(self) -> np.ndarray:
+        self.target = int(self.np_random.integers(self.n))
+        return np.eye(self.n, dtype=np.float32)[self.target]
+
+    def reset(self, *, seed: int | None = None, options: dict | None = None):
+        super().reset(seed=seed)
+        self.t = 0
+        return self._observe(), {}
+
+    def step(self, action):
+        if not self.action_space.contains(action):
+            raise ValueError(f"action {action!r} is not in {self.action_space}")
+        reward = float(int(action) == self.start + self.target)
         self.t += 1
         return self._observe(), reward, False, self.t >= self.length, {}
 
