@@ -260,3 +260,21 @@ def test_a_closed_vector_env_holds_no_envs():
     venv.close()  # twice: nothing left to close
     gc.collect()  # a Gymnasium env may sit in a cycle of its own: it is the vector env's reference that matters
     assert venv.envs == [] and all(ref() is None for ref in envs)
+
+
+def test_rltrains_own_error_in_the_probe_is_not_blamed_on_the_env(monkeypatch):
+    """Only the env's reset is reported as the env's fault; a fault in rltrain's code after it is itself."""
+    import pytest
+
+    from rltrain.envs import make
+    from rltrain.errors import UserCodeError
+
+    def broken(*args, **kwargs):
+        raise NameError("name 'discrete_start' is not defined")
+
+    monkeypatch.setattr(make, "env_spec", broken)
+    with pytest.raises(NameError, match="discrete_start"):
+        make.probe_env(make.EnvFactory(id="CartPole-v1", num_envs=1))
+    monkeypatch.undo()
+    with pytest.raises(UserCodeError, match=r"^env.id=tests.helpers.bad_envs:RaisingReset: reset\(\) raised"):
+        make.probe_env(make.EnvFactory(id="tests.helpers.bad_envs:RaisingReset", num_envs=1))

@@ -310,8 +310,9 @@ class EnvFactory:
 
 @contextlib.contextmanager
 def probed_env(factory: EnvFactory):
-    """One env of ``factory`` for a look before the run starts, closed after: a factory that raises, or a call in
-    the block (``reset``) that raises, is one line naming the env, not a traceback."""
+    """One env of ``factory`` for a look before the run starts, closed after: a factory that raises is one line
+    naming the env, not a traceback (``reset_once`` says the same of its ``reset``; what else raises in the block,
+    rltrain's own code included, is reported as itself)."""
     try:
         env = factory.make()
     except ConfigError:
@@ -321,13 +322,19 @@ def probed_env(factory: EnvFactory):
                             "env.kwargs") from err
     try:
         yield env
-    except ConfigError:
-        raise
-    except Exception as err:
-        raise UserCodeError(f"env.id={factory.id}: reset() raised {described(err)}; fix the env or its env.kwargs") \
-            from err
     finally:
         env.close()
+
+
+def reset_once(env: gym.Env, env_id: str) -> dict:
+    """``env.reset(seed=0)``'s info; a reset that raises is one line naming the env (the traceback is kept)."""
+    try:
+        return env.reset(seed=0)[1]
+    except ConfigError:
+        raise
+    except Exception as err:  # the user's code
+        raise UserCodeError(f"env.id={env_id}: reset() raised {described(err)}; fix the env or its env.kwargs") \
+            from err
 
 
 @dataclass(frozen=True)
@@ -349,7 +356,7 @@ def probe_env(factory: EnvFactory, mask_mode: str = "auto") -> ProbedEnv:
         raise ConfigError(f"algo.action_mask={mask_mode!r}: one of auto, on, off")
     with probed_env(dataclasses.replace(factory, action_mask="off")) as env:
         if not pz.is_multiagent(env):
-            _, info = env.reset(seed=0)
+            info = reset_once(env, factory.id)
             resolved, line = _mask_choice(factory, mask_mode, mask_source(env, info), env.action_space)
             # the wrapper make_env puts outermost, put around this env: its spaces are the run's
             shown = ActionMaskObservation(env, resolved.action_mask) if resolved.action_mask != "off" else env
