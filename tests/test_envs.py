@@ -264,7 +264,6 @@ def test_a_closed_vector_env_holds_no_envs():
 
 def test_rltrains_own_error_in_the_probe_is_not_blamed_on_the_env(monkeypatch):
     """Only the env's reset is reported as the env's fault; a fault in rltrain's code after it is itself."""
-    import pytest
 
     from rltrain.envs import make
     from rltrain.errors import UserCodeError
