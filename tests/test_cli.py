@@ -186,6 +186,10 @@ def test_multirun_job_dirs_carry_no_escape_characters(cli, tmp_path):
     assert job_dir(3, r"env.id=pkg\:Env,seed=1") == "3_env.id=pkg-Env,seed=1"
     assert job_dir(0, "env.id=ALE/Pong-v5,trainer.scopes=[2,3]") == "0_env.id=ALE-Pong-v5,trainer.scopes=2,3"
     assert job_dir(7, "") == "7_" and len(job_dir(1, "a=" + "x" * 500)) <= 2 + 120
+    # cut past 120 characters, the seed kept: an Optuna trial's seeds stay told apart by name
+    long = ",".join(f"algo.k{i}=0.00064664227175{i}" for i in range(8))
+    assert job_dir(0, long + ",seed=2").endswith(",seed=2") and len(job_dir(0, long + ",seed=2")) <= 2 + 120
+    assert job_dir(1, "seed=3," + long).startswith("1_seed=3,") and job_dir(1, "seed=3," + long).count("seed=") == 1
     res = cli("-m", "debug=smoke", "logger=quiet", "env.id=tests.helpers.faulty_envs:make_counting",
               "total_env_steps=256", "eval.episodes=1", "seed=1,2", "hydra.sweep.dir=sweep",
               env={"PYTHONPATH": str(REPO)})

@@ -41,9 +41,17 @@ HELP = {"preset": ""}  # set by the rltrain command before Hydra composes its --
 
 
 def job_dir(num, overrides: str) -> str:
-    """A multirun job's directory name: ``3_algo.lr=0.001,env.id=pkg-Env``."""
+    """A multirun job's directory name: ``3_algo.lr=0.001,env.id=pkg-Env``. Past ``MAX_NAME`` characters the
+    overrides are cut, but the seed stays in the name (an Optuna trial's long floats would otherwise leave the
+    dirs of a trial's seeds told apart by their number alone)."""
     text = UNSAFE.sub("-", DROPPED.sub("", str(overrides))).strip("-")
-    return f"{num}_{text[:MAX_NAME].rstrip('-,')}"
+    if len(text) <= MAX_NAME:
+        return f"{num}_{text}"
+    seed = next((part for part in text.split(",") if part.startswith("seed=")), "")
+    cut = text[:MAX_NAME].rstrip("-,")
+    if not seed or seed in cut.split(","):
+        return f"{num}_{cut}"
+    return f"{num}_{text[:MAX_NAME - len(seed) - 1].rstrip('-,')},{seed}"
 
 
 def help_text(what: str) -> str:
