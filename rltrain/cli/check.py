@@ -112,8 +112,7 @@ def single_batch_rows(plain: dict, trainer) -> list[tuple[str, str]]:
         f"{envs} envs x {size.rollout_len} rollout_len" + (f" x {workers} ranks" if workers > 1 else "")
     rows = [("env.num_envs", str(envs)), ("total_env_steps", budget),
             ("env steps per update", f"{text} = {size.env_steps}"),
-            ("updates", f"{total} total_env_steps / {size.env_steps} = {-(-total // size.env_steps)}, "
-                        f"whole: the run ends at {-(-total // size.env_steps) * size.env_steps} env steps")]
+            ("updates", size.updates_text(total))]
     if size.num_minibatches:
         per_rank, n = size.env_steps // workers, size.num_minibatches
         rows.append(("minibatch", f"{per_rank} / {n} minibatches = {per_rank // n} samples, "

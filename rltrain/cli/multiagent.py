@@ -95,9 +95,7 @@ def agent_batch_rows(plain: dict, trainer: Any, spec: AgentsSpec) -> list[tuple[
     about = " (about: the collector steps until every slot has its rows)" if aec else ""
     rows.append(("env steps per update", f"{size.text} = {size.env_steps}{about}"))
     total = int(plain["total_env_steps"])
-    updates = -(-total // size.env_steps)
-    rows.append(("updates", f"{total} total_env_steps / {size.env_steps} = {updates}, whole: the run ends at "
-                 f"{updates * size.env_steps} env steps{' or so' if aec else ''}"))
+    rows.append(("updates", size.updates_text(total) + (" or so" if aec else "")))
     rows.append(("total_env_steps counts", "env steps over all envs and workers: " +
                  ("an AEC env step is one agent's turn" if aec else "a parallel env step is one joint step of all "
                   "its live agents") + " (skrl and BenchMARL count frames the same way)"))

@@ -177,8 +177,7 @@ def preflight(settings: RunSettings, trainer: Trainer, *, check_only: bool = Fal
 def overshoot_line(total: int, size: UpdateSize) -> str | None:
     """The budget a run of whole updates reaches, said where it passes ``total_env_steps`` by more than 1% (an
     update is never cut short: its rollout is what the algorithm learns from)."""
-    updates = -(-total // size.env_steps)
-    reached = updates * size.env_steps
+    updates, reached = size.whole_updates(total)
     if reached - total <= 0.01 * total:
         return None
     return (f"budget: total_env_steps={total} runs to {reached} env steps ({updates} whole updates of {size.text} "

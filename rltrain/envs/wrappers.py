@@ -195,9 +195,6 @@ class DiscreteStart(gym.ActionWrapper):
     def action(self, action):
         return self.env.action_space.dtype.type(int(action) + self.start)
 
-    def reverse_action(self, action):
-        return self.action_space.dtype.type(int(action) - self.start)
-
 
 def with_discrete_start(env: gym.Env) -> gym.Env:
     """``env`` wrapped in ``DiscreteStart`` where its action space is a Discrete with a non-zero start."""

@@ -62,6 +62,16 @@ class UpdateSize:
     rollout_len: int  # steps per env the update's rollouts hold
     num_minibatches: int | None = None  # the algorithm's minibatches per epoch (PPO), None for the others
 
+    def whole_updates(self, total: int) -> tuple[int, int]:
+        """(updates, env steps reached) of a ``total_env_steps`` budget: an update is never cut short."""
+        updates = -(-total // self.env_steps)
+        return updates, updates * self.env_steps
+
+    def updates_text(self, total: int) -> str:
+        """rltrain-check's updates row: the arithmetic and where the run ends."""
+        updates, reached = self.whole_updates(total)
+        return f"{total} total_env_steps / {self.env_steps} = {updates}, whole: the run ends at {reached} env steps"
+
 
 def agent_turns(spec: EnvSpec | AgentsSpec | None) -> tuple[int, str]:
     """(env steps per rollout row of an env, said as a factor of the update's size): 1 for one agent or a
