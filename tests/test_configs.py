@@ -298,3 +298,28 @@ def test_the_config_reference_has_a_generated_table_for_every_algorithm_and_trai
             if not schema.defaults(module, cls):
                 continue  # trainer=sequential has no settings of its own (the page says so)
             assert f"{module}.{cls}" in marked, f"{layer[:-1]}={name}: no table for {module}.{cls} in config.md"
+
+
+def test_logger_progress_takes_yaml_booleans_on_the_command_line_and_in_yaml(tmp_path):
+    """A user types ``false`` / ``true`` (and a YAML file's bare ``off`` / ``on`` are booleans too): false is
+    ``off``, true the default display (``auto``), on the command line and in a YAML config alike; the run dir's
+    config records the mode. A value that is neither is refused in one line naming both forms."""
+    from omegaconf import OmegaConf
+
+    from rltrain.errors import ConfigError
+
+    for typed, mode in (("false", "off"), ("true", "auto"), ("off", "off"), ("plain", "plain")):
+        cfg = plain(["experiment=none", f"logger.progress={typed}"])
+        assert validate(cfg).logger.progress == mode, typed
+        assert cfg["logger"]["progress"] == mode, typed  # what config.yaml records
+    for written, mode in (("off", "off"), ("on", "auto"), ("false", "off"), ("true", "auto")):
+        path = tmp_path / f"{written}.yaml"
+        path.write_text(f"logger:\n  progress: {written}\n")
+        cfg = plain(["experiment=none"])
+        cfg["logger"].update(OmegaConf.to_container(OmegaConf.load(path))["logger"])  # as Hydra reads a YAML file
+        assert validate(cfg).logger.progress == mode, written
+    for typed, line in (("fast", "logger.progress='fast' is not one of: auto, rich, plain, off"),
+                        ("3", "logger.progress=3 has the wrong type")):
+        with pytest.raises(ConfigError) as err:
+            validate(plain(["experiment=none", f"logger.progress={typed}"]))
+        assert str(err.value).startswith(line) and "\n" not in str(err.value), str(err.value)

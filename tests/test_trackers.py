@@ -176,7 +176,28 @@ def test_a_resumed_run_continues_its_tracker_runs_and_sends_no_step_twice(tmp_pa
             if r.WhichOneof("record_type") == "history"]
     assert sent == sorted(set(sent)) and sent[-1] == 3072, sent
     record = json.loads((run_dir / "trackers.json").read_text())
-    assert record["mlflow"] == {"id": run.info.run_id, "last_step": 3072} and record["wandb"]["id"] in ids
+    assert record["mlflow"] == {"id": run.info.run_id, "last_step": 3072, "final_step": 3072}
+    assert record["wandb"]["id"] in ids and record["wandb"]["final_step"] == 3072
+
+
+def test_resuming_a_finished_run_sends_the_tracker_nothing_it_has(tmp_path):
+    """A run that completed, resumed in its run dir (resume=auto, then resume=<run dir>), has nothing left to
+    train: the MLflow run gets neither its rows nor the summary's final metrics again (one point per final
+    metric, at the run's last step) and stays FINISHED."""
+    pytest.importorskip("mlflow")
+    run_dir = tmp_path / "run"
+    for extra in ([], ["resume=auto"], [f"resume={run_dir}"]):
+        res = run_cli([*SMOKE, "logger=mlflow", f"hydra.run.dir={run_dir}", *extra], cwd=tmp_path, timeout=300)
+        assert res.returncode == 0, res.stderr[-3000:]
+    client = _mlflow_client(run_dir / "mlruns")
+    (run,) = client.search_runs([client.get_experiment_by_name("rltrain").experiment_id])
+    assert run.info.status == "FINISHED" and run.data.tags["status"] == "completed"
+    summary = json.loads((run_dir / "summary.json").read_text())
+    for key in ("final_eval_return", "total_env_steps", "train_return_last100"):
+        history = client.get_metric_history(run.info.run_id, key)
+        assert [m.step for m in history] == [summary["total_env_steps"]], (key, history)
+    steps = [m.step for m in client.get_metric_history(run.info.run_id, "rollout/episode_return")]
+    assert steps == sorted(set(steps)), steps
 
 
 def test_a_tracker_gets_no_step_it_was_sent_before_a_crash(tmp_path, monkeypatch):

@@ -252,7 +252,7 @@ def validate(cfg: dict) -> RunSettings:
     settings = RunSettings(**kwargs, seed_drawn=bool(cfg.get("seed_drawn", False)), algo=algo_factory(cfg),
                            config=cfg)
     trainer_settings(cfg)
-    if isinstance(cfg.get("logger"), dict):  # YAML 1.1 reads a bare `off` as false
+    if isinstance(cfg.get("logger"), dict):  # config.yaml records the mode a boolean (`true`, `off`) stood for
         cfg["logger"]["progress"] = settings.logger.progress
     cfg["max_wall_time_s"] = settings.max_wall_time_s
     return settings
@@ -324,7 +324,7 @@ def build_trainer(cfg: dict, run_dir: Path, *, check_only: bool = False):
     settings = settings_from(cfg)
     trainer = trainer_cls(settings=settings, run_dir=Path(run_dir), trainer=trainer, **extra)
     algo = preflight(settings, trainer, check_only=check_only)  # budget, sizes against this machine, the algorithm
-    show_model(algo, None if check_only else run_dir, echo=cfg["logger"].get("progress") not in ("off", False))
+    show_model(algo, None if check_only else run_dir, echo=settings.logger.progress != "off")
     return trainer
 
 

@@ -167,7 +167,7 @@ def preflight(settings: RunSettings, trainer: Trainer, *, check_only: bool = Fal
     check_budget(settings, size)
     check_size(settings, size, spec)
     if not check_only and not trainer.capabilities.agent_configs and \
-            settings.logger.progress not in ("off", False):  # rltrain-check's table says it in any case
+            settings.logger.progress != "off":  # rltrain-check's table says it in any case
         line = overshoot_line(settings.total_env_steps, size)
         if line:
             print(f"[rltrain] {line}", flush=True)

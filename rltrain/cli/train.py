@@ -89,7 +89,8 @@ def help_overrides(argv: list[str]) -> list[str]:
 def run_task(cfg: DictConfig) -> float:
     """One job: the body of the ``@hydra.main`` task (``task``, built on first use so that the console script
     catches a stop before Hydra and torch are imported)."""
-    if cfg.logger.progress not in ("off", False):  # within a second of launch, before torch & co. are imported
+    # within a second of launch, before torch & co. are imported: the raw value (false is off, true is auto)
+    if cfg.logger.progress not in ("off", False):
         print("[rltrain] starting ...", flush=True)
     from hydra.core.hydra_config import HydraConfig
     from hydra.types import RunMode

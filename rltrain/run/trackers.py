@@ -52,19 +52,28 @@ def run_identity(run_dir: Path) -> RunIdentity:
 
 
 class TrackerRecord:
-    """``<run dir>/trackers.json``: each tracker's run id and the last env step sent to it. A resumed run continues
-    the same tracker run (one curve, the config logged once) and sends no step twice: after a crash, the steps
-    between the checkpoint and the crash were sent already, and they come again, the same numbers, from the
-    replayed training."""
+    """``<run dir>/trackers.json``: each tracker's run id and the last env step sent to it, of each stream: the
+    log rows (``last_step``) and the summary's final numbers (``final_step``), which share the last row's step.
+    A resumed run continues the same tracker run (one curve, the config logged once) and sends no step twice:
+    after a crash, the steps between the checkpoint and the crash were sent already, and they come again, the
+    same numbers, from the replayed training; a finished run resumed in its run dir ends at the step it ended
+    at, and its final numbers at that step were sent already."""
 
     FILE = "trackers.json"
+    STREAMS = {"rows": "last_step", "final": "final_step"}  # stream -> its key in the record
 
     def __init__(self, run_dir: Path, sink: str, *, resumed: bool):
         self.path, self.sink = Path(run_dir) / self.FILE, sink
         mine = self._read().get(sink) if resumed else None
         mine = mine if isinstance(mine, dict) else {}
         self.run_id: str | None = mine.get("id") if isinstance(mine.get("id"), str) else None
-        self.last_step = int(mine["last_step"]) if isinstance(mine.get("last_step"), int) else -1
+        # a record written before final_step existed has none: its final numbers count as not sent
+        self.last = {stream: mine[key] if isinstance(mine.get(key), int) else -1
+                     for stream, key in self.STREAMS.items()}
+
+    def due(self, step: int, *, stream: str = "rows") -> bool:
+        """Whether ``step`` of ``stream`` is new to the tracker (every step up to the recorded one it has)."""
+        return step > self.last[stream]
 
     def _read(self) -> dict:
         try:
@@ -73,10 +82,11 @@ class TrackerRecord:
             return {}
         return data if isinstance(data, dict) else {}
 
-    def sent(self, run_id: str, step: int) -> None:
-        """Record the run and the last step sent (written whole, then renamed: a crash leaves the old record)."""
-        self.run_id, self.last_step = run_id, max(self.last_step, step)
-        data = {**self._read(), self.sink: {"id": run_id, "last_step": self.last_step}}
+    def sent(self, run_id: str, step: int = -1, *, stream: str = "rows") -> None:
+        """Record the run and the last step of ``stream`` sent (written whole, then renamed: a crash leaves the
+        old record); no step: the run is opened, nothing sent yet."""
+        self.run_id, self.last[stream] = run_id, max(self.last[stream], step)
+        data = {**self._read(), self.sink: {"id": run_id, **{key: self.last[s] for s, key in self.STREAMS.items()}}}
         tmp = self.path.with_name(f".{self.FILE}.tmp{os.getpid()}")
         tmp.write_text(json.dumps(data, indent=2) + "\n")
         os.replace(tmp, self.path)
@@ -97,6 +107,13 @@ def final_numbers(summary: dict) -> dict[str, float]:
     """The summary's finite numbers (status, paths and None left out: trackers take numbers only)."""
     return {k: float(v) for k, v in summary.items()
             if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)}
+
+
+def final_step(summary: dict) -> int:
+    """The env step the summary's final numbers are sent at: the run's last (that of its last log row)."""
+    steps = summary.get("total_env_steps")  # None in a summary written before any step (a failed start)
+    ok = isinstance(steps, (int, float)) and not isinstance(steps, bool) and math.isfinite(steps)
+    return int(steps) if ok else 0
 
 
 def system_info(device: str) -> dict[str, str | int | None]:
@@ -167,18 +184,21 @@ class WandbLogger:
                                   **same)
         except wandb.errors.Error as err:
             raise ConfigError(wandb_error_line(err)) from None
-        self.record.sent(self.run.id, self.record.last_step)
+        self.record.sent(self.run.id)
 
     def log(self, step: int, metrics: Metrics) -> None:
-        if step <= self.record.last_step:  # sent before a crash, replayed since
+        if not self.record.due(step):  # sent before a crash, replayed since
             return
         self.run.log(_finite(metrics), step=step)
         self.record.sent(self.run.id, step)
 
     def close(self, summary: dict | None = None) -> None:
         if summary is not None:
-            self.run.summary.update(final_numbers(summary))
-            self.run.summary["status"] = summary.get("status")
+            step = final_step(summary)
+            if self.record.due(step, stream="final"):  # a finished run resumed ends where it ended: sent already
+                self.run.summary.update(final_numbers(summary))
+                self.record.sent(self.run.id, step, stream="final")
+            self.run.summary["status"] = summary.get("status")  # the run's state now, not a number sent before
         failed = summary is not None and summary.get("status") == "failed"
         offline, sync_dir = self.run.offline, self.run.sync_dir
         self.run.finish(exit_code=1 if failed else 0)
@@ -248,7 +268,7 @@ class MLflowLogger:
             self.run_id = self.client.create_run(experiment_id, run_name=name or who.name,
                                                  tags=run_tags).info.run_id
             self._log_params(tracked_params(config, seeds=seeds, device=device))
-        self.record.sent(self.run_id, self.record.last_step)
+        self.record.sent(self.run_id)
 
     def _reopen(self, run_id: str) -> bool:
         """Mark the recorded run running again; False where this store does not hold it (another store)."""
@@ -276,7 +296,7 @@ class MLflowLogger:
             self.client.log_batch(self.run_id, metrics=items[i:i + 1000])
 
     def log(self, step: int, metrics: Metrics) -> None:
-        if step <= self.record.last_step:  # sent before a crash, replayed since
+        if not self.record.due(step):  # sent before a crash, replayed since
             return
         self._log_numbers(step, _finite(metrics))
         self.record.sent(self.run_id, step)
@@ -284,7 +304,10 @@ class MLflowLogger:
     def close(self, summary: dict | None = None) -> None:
         status = "FINISHED"
         if summary is not None:
-            self._log_numbers(int(summary.get("total_env_steps") or 0), final_numbers(summary))
-            self.client.set_tag(self.run_id, "status", str(summary.get("status")))
+            step = final_step(summary)
+            if self.record.due(step, stream="final"):  # a finished run resumed ends where it ended: sent already
+                self._log_numbers(step, final_numbers(summary))
+                self.record.sent(self.run_id, step, stream="final")
+            self.client.set_tag(self.run_id, "status", str(summary.get("status")))  # the run's state now
             status = {"failed": "FAILED", "interrupted": "KILLED"}.get(summary.get("status"), "FINISHED")
         self.client.set_terminated(self.run_id, status)

@@ -39,9 +39,10 @@ def _count(key: str, value: Any, *, minimum: int = 1, null: bool = False, hint: 
         raise ConfigError(f"{key}={value!r} must be {what}{' or null' if null else ''}{hint}")
 
 
-def _one_of(key: str, value: Any, valid: tuple) -> None:
+def _one_of(key: str, value: Any, valid: tuple, *, also: str = "") -> None:
+    """``value`` among ``valid``, else one line listing them (``also``: other spellings the key takes)."""
     if value not in valid:
-        raise ConfigError(f"{key}={value!r} is not one of: {', '.join(map(str, valid))}")
+        raise ConfigError(f"{key}={value!r} is not one of: {', '.join(map(str, valid))}{also}")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -92,6 +93,9 @@ class CheckpointSettings:
 
 SINKS = ("csv", "tensorboard", "wandb", "mlflow")
 PROGRESS = ("auto", "rich", "plain", "off")
+# the YAML booleans a user types for a display mode (`false`; a YAML file's bare `off` / `on` are booleans too):
+# true is the default display, false none
+PROGRESS_SWITCH = {True: "auto", False: "off"}
 WANDB_MODES = ("online", "offline", "disabled")
 
 
@@ -102,8 +106,8 @@ class LoggerSettings:
 
     sinks: tuple[str, ...] = ("csv", "tensorboard")  # metrics.csv is always written; plus any of csv,
     #                                tensorboard, wandb (rltrain[wandb]), mlflow (rltrain[mlflow]). Source: rltrain
-    progress: str = "auto"  # auto (rich on a terminal, plain lines otherwise) | rich | plain | off.
-    #                                Source: rltrain
+    progress: str | bool = "auto"  # auto (rich on a terminal, plain lines otherwise) | rich | plain | off;
+    #                                true means auto, false off (so does a YAML file's bare on / off). Source: rltrain
     progress_interval_s: float = 10.0  # plain mode: one line every this many seconds. Source: rltrain
     project: str | None = None  # W&B project / MLflow experiment; null: WANDB_PROJECT / MLFLOW_EXPERIMENT_NAME,
     #                                else rltrain. Source: rltrain
@@ -119,9 +123,9 @@ class LoggerSettings:
     #                                else a local store <run dir>/mlruns. Source: MLflow
 
     def __post_init__(self) -> None:
-        if self.progress is False:  # YAML 1.1 reads a bare `off` as false
-            object.__setattr__(self, "progress", "off")
-        _one_of("logger.progress", self.progress, PROGRESS)
+        if isinstance(self.progress, bool):  # every reader of the settings sees one of PROGRESS
+            object.__setattr__(self, "progress", PROGRESS_SWITCH[self.progress])
+        _one_of("logger.progress", self.progress, PROGRESS, also=" (or true: auto, false: off)")
         for sink in self.sinks:
             if sink not in SINKS:
                 raise ConfigError(f"logger.sinks={list(self.sinks)}: unknown sink {sink!r}"
