@@ -3,6 +3,7 @@ budgets and SIGUSR2 (all real CLI subprocesses on tiny budgets)."""
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import json
 import math
@@ -122,6 +123,30 @@ def test_optuna_seeds_are_replicates_not_a_parameter(cli, tmp_path):
         assert {configs[a]["seed"], configs[b]["seed"]} == {1, 2}
     means = [(jobs[a]["final_eval_return"] + jobs[b]["final_eval_return"]) / 2 for a, b in trials]
     assert result["best_value"] == pytest.approx(max(means))
+
+
+@pytest.mark.skipif(importlib.util.find_spec("optuna") is None, reason="needs the 'sweep' extra (optuna)")
+def test_optuna_rdb_storage_keeps_the_study_and_a_second_sweep_continues_it(cli, tmp_path):
+    """hydra.sweeper.storage=sqlite:///...: the study lives in the database, and a second sweep with the same
+    study name (its own sweep dir and sampler seed, as docs/guide/sweeps.md says) adds its trials to it, with
+    parameters of its own (Optuna 2.10's RDB storage needs SQLAlchemy < 2: the sweep extra says so)."""
+    import sqlite3
+
+    db = tmp_path / "study.db"
+    study = ["hydra/sweeper=ppo_optuna", f"hydra.sweeper.storage=sqlite:///{db}", "hydra.sweeper.study_name=cont",
+             *TINY, "algo.rollout_len=32", "env.num_envs=2", "total_env_steps=64"]
+    for n, (trials, total) in enumerate(((2, 2), (1, 3))):
+        res = cli("-m", *study, f"hydra.sweeper.n_trials={trials}", f"hydra.sweeper.sampler.seed={n}",
+                  f"hydra.sweep.dir=sweep{n}")
+        assert res.returncode == 0, res.stderr[-3000:]
+        assert sorted(by_job_num(tmp_path / f"sweep{n}")) == list(range(trials))
+        with contextlib.closing(sqlite3.connect(db)) as con:  # the database itself, not Optuna's reading of it
+            rows = con.execute("SELECT s.study_name, t.state FROM trials t JOIN studies s USING (study_id)").fetchall()
+            lrs = con.execute("SELECT param_value FROM trial_params WHERE param_name = 'algo.lr'").fetchall()
+        assert rows == [("cont", "COMPLETE")] * total, rows
+        assert len(set(lrs)) == total, lrs
+    result = yaml.safe_load((tmp_path / "sweep1" / "optimization_results.yaml").read_text())
+    assert "algo.lr" in result["best_params"]  # the best of all three trials, the first sweep's included
 
 
 def test_missing_extra_names_it(tmp_path):
