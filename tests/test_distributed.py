@@ -16,6 +16,7 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
@@ -291,3 +292,26 @@ def test_averaged_gradients_keep_each_parameter_layout(tmp_path):
         assert torch.equal(bias.grad, torch.ones(16))
     finally:
         dist.destroy_process_group()
+
+
+def test_episode_statistics_pool_every_rank_in_rows_and_summary(cli, tmp_path, no_leaks):
+    """Each env's episodes last (and return) 11 + seed % 16 steps: a row's mean, min, max and length and the
+    summary's last-100 return read every rank's episodes, the same ones, not rank 0's (fewer than 100 per rank
+    here, so the summary's figure is the mean over all of them)."""
+    r = cli(*FAST, "trainer.world_size=2", "env.id=tests.helpers.faulty_envs:SeededLengthEnv", "experiment=none",
+            "algo.num_minibatches=2", timeout=180, env=TEST_ENV)
+    assert r.returncode == 0, r.stderr[-3000:]
+    seeds = json.loads((tmp_path / "run" / "seeds.json").read_text())["workers"]
+    lengths = {rank: [11 + seed % 16 for seed in seeds[rank]["env_seeds"]] for rank in ("rank_0", "rank_1")}
+    every = lengths["rank_0"] + lengths["rank_1"]
+    assert (min(every), max(every)) != (min(lengths["rank_0"]), max(lengths["rank_0"])), lengths  # tells them apart
+    per_env = 512  # 2048 steps over 2 ranks x 2 envs
+    returns = [length for length in every for _ in range(per_env // length)]
+    s = summary(tmp_path / "run")
+    assert s["episodes"] == len(returns) and s["train_return_last100"] == pytest.approx(np.mean(returns)), s
+    with (tmp_path / "run" / "metrics.csv").open() as f:
+        last = [row for row in csv.DictReader(f)][-1]
+    assert float(last["rollout/episode_return_min"]) == min(every), last
+    assert float(last["rollout/episode_return_max"]) == max(every), last
+    assert min(every) <= float(last["rollout/episode_return"]) <= max(every)
+    assert float(last["rollout/episode_length"]) == pytest.approx(float(last["rollout/episode_return"]))

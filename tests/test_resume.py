@@ -109,3 +109,37 @@ def test_off_policy_resume_is_bitwise_identical(tmp_path, case):
         assert "rollout/success_rate" in a[-1] and "train_success_rate_last100" in summary
     else:  # an env that reports no info["is_success"] gets no success columns
         assert "rollout/success_rate" not in a[-1] and "final_eval_success_rate" not in summary
+
+
+def test_a_resume_that_takes_no_step_ends_as_the_uninterrupted_run(tmp_path, monkeypatch):
+    """A run stopped in its final evaluation (its final checkpoint written), then resumed, takes no step: its
+    final row carries the last update's losses and its summary the training rate of the session that trained,
+    as the uninterrupted run's do (both travel in the checkpoint); resuming a finished run changes neither."""
+    import signal
+
+    from rltrain.run.signals import StopRequested
+    from rltrain.trainers.evaluation import Evaluation
+
+    cfg = BASE + ["total_env_steps=1024"]
+    once = run(compose_cfg(cfg), tmp_path / "once")
+    evaluate = Evaluation.__call__
+
+    def stopped_in_final(self, *, final=False):
+        if final:
+            raise StopRequested(signal.SIGTERM, "SIGTERM")
+        return evaluate(self, final=final)
+
+    monkeypatch.setattr(Evaluation, "__call__", stopped_in_final)
+    stopped = run(compose_cfg(cfg), tmp_path / "twice")
+    assert stopped["status"] == "interrupted" and stopped["sps"] > 0
+    monkeypatch.setattr(Evaluation, "__call__", evaluate)
+    resumed = run(compose_cfg(cfg + ["resume=auto"]), tmp_path / "twice")
+    assert resumed["status"] == "completed" and resumed["sps"] == stopped["sps"], (stopped["sps"], resumed["sps"])
+    rows_once, rows_twice = (read_metrics(tmp_path / n / "metrics.csv") for n in ("once", "twice"))
+    assert _without_wall_clock(rows_twice) == _without_wall_clock(rows_once)
+    assert float(rows_twice[-1]["time/sps"]) == pytest.approx(stopped["sps"])
+    assert any(k.startswith("loss/") for k in rows_twice[-1]), rows_twice[-1]  # the last update's losses
+
+    again = run(compose_cfg(cfg + ["resume=auto"]), tmp_path / "once")  # a finished run, resumed
+    assert again["sps"] == once["sps"] and again["final_eval_return"] == once["final_eval_return"]
+    assert read_metrics(tmp_path / "once" / "metrics.csv") == rows_once

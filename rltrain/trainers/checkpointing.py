@@ -102,6 +102,8 @@ class Checkpointing:
         self.state.counters.update(saved_state["counters"])
         self.state.best_eval = float(saved_state.get("best_eval", -math.inf))
         self.state.solved = saved_state.get("solved")
+        self.state.last_learn = dict(saved_state.get("last_learn") or {})  # none in a checkpoint before they were
+        self.state.train_sps = saved_state.get("train_sps")
         self.source.load_state_dict(saved_state["collector"], envs_blob)
         self.hooks.on_resume(saved_state)
         restore_rng(saved_state["rng"])  # last: building the objects above consumed RNG draws
@@ -114,6 +116,9 @@ class Checkpointing:
             "counters": dict(self.state.counters),
             "best_eval": self.state.best_eval,
             "solved": self.state.solved,
+            # plain floats: torch.load(weights_only=True) reads them back
+            "last_learn": {k: float(v) for k, v in self.state.last_learn.items()},
+            "train_sps": self.state.train_sps,
             "collector": self.source.state_dict(),
             "rng": capture_rng(),
             "meta": {"algo": self.algo.name, "config": self.s.config, "eval_seed": self.place.seeds.eval_seed,

@@ -41,7 +41,7 @@ from rltrain.trainers.finite import FiniteGuard
 from rltrain.trainers.hooks import Placement, TrainerParts
 from rltrain.trainers.matches import AgentsEvaluation
 from rltrain.trainers.multiagent import MultiAgentCollector
-from rltrain.trainers.rows import RECENT_EPISODES, MetricRows
+from rltrain.trainers.rows import RECENT_EPISODES, EpisodeWindows, MetricRows
 from rltrain.trainers.settings import RunSettings
 from rltrain.trainers.state import LoopState
 from rltrain.trainers.summary import LoopSummary
@@ -69,7 +69,6 @@ class TrainLoop:
             self.source = (parts.source_factory or self._collector)(self.algo)
         self.state = LoopState()
         self.counters = self.state.counters
-        self.last_learn: Metrics = {}
         self.guard = FiniteGuard(self.algo, self.sync, self.state)  # checked after every update
         self.checkpoints = Checkpointing(settings, place, self.state, algo=self.algo, source=self.source,
                                          spec=self.spec, hooks=self.hooks, guard=self.guard)
@@ -78,10 +77,12 @@ class TrainLoop:
         self.evaluate = evaluation(settings, self.state, algo=self.algo, eval_seed=place.seeds.eval_seed,
                                    device=place.device, run_dir=place.run_dir,
                                    save_best=functools.partial(self.checkpoints.save, kind="best"), stop=stop)
-        self.rows = MetricRows(settings, place, counters=self.counters, source=self.source, hooks=self.hooks)
+        self.windows = EpisodeWindows(self.source)  # pooled over ranks by _recent_return where distributed
+        self.rows = MetricRows(settings, place, counters=self.counters, source=self.source, windows=self.windows,
+                               hooks=self.hooks)
         self.summary = LoopSummary(place, self.state, algo=self.algo, env_id=self.spec.env_id,
                                    source=self.source, stop=stop, hooks=self.hooks, rows=self.rows,
-                                   deterministic=settings.eval.deterministic)
+                                   windows=self.windows, deterministic=settings.eval.deterministic)
         watch = getattr(getattr(self.source, "venv", None), "watch", None)
         if watch is not None:  # a stop signal abandons an env call that is stuck (trainers/../envs/vector.py)
             stop.on_stop(watch.abandon)
@@ -144,22 +145,22 @@ class TrainLoop:
                         recent >= s.target_return:
                     state.solved = {"env_steps": steps, "seconds": self.counters["wall_time"]}
                 now = time.perf_counter()
-                self.last_learn = learn_metrics
+                state.last_learn = learn_metrics
                 if self.is_main and cadence.due("log", steps) and steps < total and not state.solved:
                     sps = (steps - sps_steps) / max(now - sps_t - state.eval_s, 1e-9)
                     row = self.rows.row(learn_metrics, sps)
                     sps_t, sps_steps = now - state.eval_s, steps  # an evaluation below is not training time
-                    if recent is not None:  # pooled over workers; min/max/length stay this worker's
-                        row["rollout/episode_return"] = recent
                     if cadence.due("eval", steps):
                         row.update(self.evaluate())
                         cadence.done("eval", steps)
                         self._eval_reached_target(row, steps)
                     self.rows.log(steps, row)
                     cadence.done("log", steps)
+                # this session's training rate, in every checkpoint from here on: a resume that takes no step says it
+                state.train_sps = (steps - start_steps) / max(now - t0 - state.eval_s, 1e-9)
                 if self.is_main:
-                    progress.update(steps, sps=(steps - start_steps) / max(now - t0 - state.eval_s, 1e-9),
-                                    episode_return=recent, per_agent=self.rows.agent_recent() or None)
+                    progress.update(steps, sps=state.train_sps, episode_return=recent,
+                                    per_agent=self.rows.agent_recent() or None)
                 if cadence.due("checkpoint", steps):
                     self.save()
                     cadence.done("checkpoint", steps)
@@ -173,11 +174,11 @@ class TrainLoop:
             # on
             progress.close()
             self.stop.reason = f"{self.stop.reason or 'stop'}: {err}"
-            return self._finish("interrupted", start_steps=start_steps, t0=t0, checkpoint=False)
+            return self._finish("interrupted", start_steps=start_steps, checkpoint=False)
         except StopRequested as err:  # a second Ctrl-C: now, mid-update (no checkpoint of a half-done state)
             progress.close()
             self.stop.reason = f"{err.reason}{during(err)}"
-            return self._finish("interrupted", start_steps=start_steps, t0=t0, checkpoint=False)
+            return self._finish("interrupted", start_steps=start_steps, checkpoint=False)
         except BaseException as err:
             progress.close()
             error = _one_line(err)
@@ -189,7 +190,7 @@ class TrainLoop:
                 raise EnvFault(error, env_index=err.env_index, env_step=err.env_step) from err
             raise
         try:
-            summary = self._finish(status, start_steps=start_steps, t0=t0)
+            summary = self._finish(status, start_steps=start_steps)
         except BaseException as err:  # the final evaluation (a NaN return) or the final checkpoint failed
             progress.close()
             self._finish("failed", error=_one_line(err))
@@ -235,14 +236,16 @@ class TrainLoop:
             self.state.solved = {"env_steps": steps, "seconds": self.counters["wall_time"]}
 
     def _recent_return(self) -> float | None:
-        """Mean of the recent episode returns, pooled over workers (so ranks agree on ``target_return``); sets
-        the episodes counter to the count over all workers in the same all-reduce."""
-        window = list(self.source.recent_returns)[-RECENT_EPISODES:]
+        """Mean of the recent episode returns, pooled over workers (so ranks agree on ``target_return``, and the
+        rows and summary read the same episodes: ``EpisodeWindows.pool``); sets the episodes counter to the count
+        over all workers in the same all-reduce."""
         run_base, own_base = self._episodes_base
-        total, count, new_episodes = self.sync.sum(
-            np.array([sum(window), len(window), self.source.episodes - own_base], np.float64))
-        self.counters["episodes"] = run_base + int(new_episodes)
-        return float(total / count) if count else None
+        new_episodes = self.source.episodes - own_base
+        if self.sync.world_size > 1:
+            new_episodes = self.windows.pool(self.sync, new_episodes)
+        self.counters["episodes"] = run_base + new_episodes
+        window = self.windows.returns(RECENT_EPISODES)
+        return float(sum(window) / len(window)) if window else None
 
     def _write_traceback(self, err: BaseException) -> str:
         """Write the full traceback to ``error.txt`` (main process); the note that points to it."""
@@ -255,14 +258,14 @@ class TrainLoop:
             return ""
         return f"; traceback in {path}"
 
-    def _finish(self, status: str, *, start_steps: int = 0, t0: float | None = None, error: str | None = None,
+    def _finish(self, status: str, *, start_steps: int = 0, error: str | None = None,
                 checkpoint: bool = True) -> dict:
         """The run's end: the final evaluation and row, the final checkpoint, the summary written."""
         state, steps = self.state, self.counters["env_steps"]
-        # training steps per second: the evaluations' time (periodic ones; the final one runs below) is not in
-        # it
-        elapsed = (time.perf_counter() - t0 - state.eval_s) if t0 is not None else float("nan")
-        sps = (steps - start_steps) / elapsed if elapsed and elapsed > 0 else float("nan")
+        # training steps per second as of this session's last step (the evaluations' time is not in it), the same
+        # figure every checkpoint of that step holds; a session that took no step reports the rate of the one
+        # that trained, restored from its checkpoint (unknown in a checkpoint older than that record)
+        sps = state.train_sps if state.train_sps is not None else float("nan")
         ckpt = None
         if self.is_main and status in ("completed", "interrupted") and checkpoint:
             # before the final evaluation: a stop (or an env that never ends) there must not cost the training
@@ -281,9 +284,9 @@ class TrainLoop:
                 self.stop.reason = f"{err.reason}{during(err)}"
             else:
                 final = (row["eval/return_mean"], row["eval/return_std"])
-                self.rows.log(steps, {**self.rows.row(self.last_learn, sps), **row})
-        elif self.is_main and status == "interrupted" and self.last_learn:
-            self.rows.log(steps, self.rows.row(self.last_learn, sps))
+                self.rows.log(steps, {**self.rows.row(state.last_learn, sps), **row})
+        elif self.is_main and status == "interrupted" and state.last_learn:
+            self.rows.log(steps, self.rows.row(state.last_learn, sps))
         summary = self.summary.build(status, sps=sps, final=final, start_steps=start_steps, checkpoint=ckpt,
                                      error=error)
         self.summary.write(summary)

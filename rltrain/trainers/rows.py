@@ -20,12 +20,60 @@ from rltrain.trainers.settings import RunSettings
 # Sources keep the last 100 episodes (the summary's train_return_last100); the live display, metrics rows and
 # target_return use the last 20 so they follow learning closely.
 RECENT_EPISODES = 20
+SUMMARY_EPISODES = 100
+
+
+class EpisodeWindows:
+    """The recent training episodes that the rows, the live return, ``target_return`` and the summary read: this
+    worker's rollout source's own; under ``trainer=distributed_simulator`` every rank's, pooled by ``pool`` in the
+    all-reduce the loop already makes each iteration, so that a row's mean, min, max and length, and the summary's
+    last-100 return, describe the same episodes on every rank (each rank's last n, rank after rank: up to
+    n x world_size episodes, as one process's vector envs pool theirs)."""
+
+    def __init__(self, source: Any):
+        self.source = source
+        self.ranks: list[tuple[np.ndarray, np.ndarray, np.ndarray]] | None = None  # per rank, after ``pool``
+
+    def last(self, n: int) -> tuple[list[float], list[float], list[float]]:
+        """(returns, lengths, successes) of the last ``n`` episodes (of each rank, once pooled)."""
+        if self.ranks is None:
+            s = self.source
+            return (list(s.recent_returns)[-n:], list(s.recent_lengths)[-n:],
+                    list(getattr(s, "recent_successes", ()))[-n:])
+        pooled: tuple[list[float], list[float], list[float]] = ([], [], [])
+        for windows in self.ranks:
+            for out, window in zip(pooled, windows, strict=True):
+                out.extend(window[-n:].tolist())
+        return pooled
+
+    def returns(self, n: int) -> list[float]:
+        """The returns of ``last(n)`` alone (read every iteration: the live return, ``target_return``)."""
+        if self.ranks is None:
+            return list(self.source.recent_returns)[-n:]
+        return [r for windows in self.ranks for r in windows[0][-n:].tolist()]
+
+    def pool(self, sync: Any, new_episodes: int) -> int:
+        """Every rank's last ``SUMMARY_EPISODES`` episodes, gathered through one element-wise sum (each rank
+        writes its own slots); returns ``new_episodes`` summed over the ranks. Every rank must call it."""
+        size, rank, cap = sync.world_size, sync.rank, SUMMARY_EPISODES
+        slots = np.zeros((3, size, cap + 1))  # [returns / lengths / successes, rank, (count, values...)]
+        s = self.source
+        for k, window in enumerate((s.recent_returns, s.recent_lengths, getattr(s, "recent_successes", ()))):
+            values = list(window)[-cap:]
+            slots[k, rank, 0] = len(values)
+            slots[k, rank, 1:1 + len(values)] = values
+        total = sync.sum(np.concatenate([[float(new_episodes)], slots.ravel()]))
+        slots = total[1:].reshape(slots.shape)
+        self.ranks = [tuple(slots[k, r, 1:1 + int(slots[k, r, 0])] for k in range(3))  # type: ignore[misc]
+                      for r in range(size)]
+        return int(total[0])
 
 
 class MetricRows:
     def __init__(self, settings: RunSettings, place: Placement, *, counters: dict, source: Any,
-                 hooks: LoopHooks):
+                 windows: EpisodeWindows, hooks: LoopHooks):
         self.s, self.place, self.counters, self.source, self.hooks = settings, place, counters, source, hooks
+        self.windows = windows
         self.loggers: list[MetricLogger] = []
         self._last_logged = -1  # the highest step any sink has a row for: no step is ever logged twice
 
@@ -56,9 +104,9 @@ class MetricRows:
                                              resumed=resumed))
 
     def row(self, learn_metrics: Metrics, sps: float) -> Metrics:
-        """The columns of one row: time, episode statistics of this worker, the learner's, the trainer's."""
-        rets = list(self.source.recent_returns)[-RECENT_EPISODES:]
-        lengths = list(self.source.recent_lengths)[-RECENT_EPISODES:]
+        """The columns of one row: time, the recent episodes' statistics (``EpisodeWindows``: every rank's under
+        distributed_simulator), the learner's, the trainer's."""
+        rets, lengths, successes = self.windows.last(RECENT_EPISODES)
         c = self.counters
         row: Metrics = {
             "time/wall": c["wall_time"], "time/sps": sps,
@@ -68,7 +116,6 @@ class MetricRows:
             "rollout/episode_return_max": float(np.max(rets)) if rets else math.nan,
             "rollout/episode_length": float(np.mean(lengths)) if rets else math.nan,
         }
-        successes = list(getattr(self.source, "recent_successes", ()))[-RECENT_EPISODES:]
         if successes:  # goal tasks: the share of recent episodes that ended with info["is_success"]
             row["rollout/success_rate"] = float(np.mean(successes))
         row.update({f"rollout/episode_return/{a}": v for a, v in self.agent_recent().items()})

@@ -13,21 +13,22 @@ from rltrain.algos.base import Algorithm
 from rltrain.run.signals import StopFlag
 from rltrain.run.summary import resume_command, write_summary
 from rltrain.trainers.hooks import LoopHooks, Placement
-from rltrain.trainers.rows import MetricRows
+from rltrain.trainers.rows import SUMMARY_EPISODES, EpisodeWindows, MetricRows
 from rltrain.trainers.state import LoopState
 
 
 class LoopSummary:
     def __init__(self, place: Placement, state: LoopState, *, algo: Algorithm, env_id: str, source: Any,
-                 stop: StopFlag, hooks: LoopHooks, rows: MetricRows, deterministic: bool = True):
-        self.place, self.state, self.algo, self.env_id = place, state, algo, env_id
+                 stop: StopFlag, hooks: LoopHooks, rows: MetricRows, windows: EpisodeWindows,
+                 deterministic: bool = True):
+        self.place, self.state, self.algo, self.env_id, self.windows = place, state, algo, env_id, windows
         self.deterministic = deterministic  # the headline evaluation mode (eval.deterministic)
         self.source, self.stop, self.hooks, self.rows = source, stop, hooks, rows
 
     def build(self, status: str, *, sps: float, final: tuple[float, float] | None, start_steps: int,
               checkpoint: Path | None, error: str | None) -> dict:
         state, c = self.state, self.state.counters
-        recent = self.source.recent_returns
+        recent, _, successes = self.windows.last(SUMMARY_EPISODES)  # every rank's under distributed_simulator
         summary = {
             "status": status,
             "algo": self.algo.name,
@@ -40,8 +41,8 @@ class LoopSummary:
             "final_eval_return_deterministic": state.last_eval_modes.get("deterministic") if final else None,
             "final_eval_return_stochastic": state.last_eval_modes.get("stochastic") if final else None,
             "best_eval_return": state.best_eval if math.isfinite(state.best_eval) else None,
-            # CleanRL's and rl-zoo3's published metric: the mean of the last 100 training episodes (this
-            # worker's)
+            # CleanRL's and rl-zoo3's published metric: the mean of the last 100 training episodes (of each rank,
+            # pooled, under distributed_simulator)
             "train_return_last100": float(np.mean(recent)) if recent else None,
             "total_env_steps": c["env_steps"],
             "updates": c["updates"],
@@ -55,7 +56,6 @@ class LoopSummary:
             "resumed_from_env_steps": start_steps or None,
             "checkpoint": str(checkpoint) if checkpoint else None,
         }
-        successes = getattr(self.source, "recent_successes", None)
         if successes:  # goal tasks (info["is_success"]): the success rates beside the returns
             summary["train_success_rate_last100"] = float(np.mean(successes))
         if final and state.last_eval_success is not None:

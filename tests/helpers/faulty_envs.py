@@ -31,6 +31,21 @@ class CountingEnv(gym.Env):
         return obs, float(action), self.t >= self.length, False, {}
 
 
+class SeededLengthEnv(CountingEnv):
+    """Every episode of one env lasts (and returns) 11 + seed % 16 steps, the seed of its first reset: each env of
+    each rank has its own, known from seeds.json (pooling tests: a row or summary that reads one rank's episodes
+    shows it)."""
+
+    def reset(self, *, seed=None, options=None):
+        if seed is not None:
+            self.length = 11 + seed % 16
+        return super().reset(seed=seed, options=options)
+
+    def step(self, action):
+        obs, _, terminated, truncated, info = super().step(action)
+        return obs, 1.0, terminated, truncated, info
+
+
 def make_counting(length: int = 10) -> gym.Env:
     return gym.wrappers.TimeLimit(CountingEnv(length), max_episode_steps=length * 2)
 
