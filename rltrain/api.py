@@ -178,11 +178,11 @@ class LoadedPolicy:
         """obs: one observation (the env's shape; for a Dict space a dict of arrays, for a Tuple space the env's
         tuple, at any depth) or a batch [N, ...] of them (a Dict's or a Tuple's arrays batched, as a Gymnasium
         vector env returns them) -> (action, state). The action is what to step the env with: an int64
-        (Discrete, its ``start`` added; [N] for a batch) or a float32 array clipped to the Box bounds ([N, *shape]
-        for a batch), the mode when ``deterministic`` else a sample. ``state``: a recurrent policy's state
-        returned by the previous call (None: start of an episode); feed-forward policies return None. A policy
-        trained with action masking reads the env's mask in the observation, under ``"action_mask"``; without
-        it, one ValueError says so."""
+        (Discrete, its ``start`` added; [N] for a batch) or an array clipped to the Box bounds ([N, *shape] for a
+        batch) in the env's own action dtype (float32; float64 for a float64 Box), the mode when ``deterministic``
+        else a sample. ``state``: a recurrent policy's state returned by the previous call (None: start of an
+        episode); feed-forward policies return None. A policy trained with action masking reads the env's mask in
+        the observation, under ``"action_mask"``; without it, one ValueError says so."""
         from rltrain.data.structs import MASK_KEY, action_mask_of, obs_leaves, obs_map
         from rltrain.envs.spaces import tuples_as_dicts
 
@@ -210,11 +210,15 @@ class LoadedPolicy:
             else:
                 out = self.module.act(batch, deterministic=deterministic, generator=self._generator)
         action = out.action.cpu().numpy()
-        if self.spec.action_kind == "box":  # what rltrain-eval steps the env with
-            action = np.clip(action, np.asarray(self.spec.action_low, np.float32),
-                             np.asarray(self.spec.action_high, np.float32)).astype(np.float32)
-        elif self.spec.action_kind == "discrete" and self.spec.action_start:  # Discrete(n, start=s): the env's
-            action = action + np.int64(self.spec.action_start[0])               # own value, index + s
+        spec = self.spec
+        if spec.action_kind == "box":  # the env's own values, as its training envs got them (envs/wrappers.py
+            dtype = np.dtype(spec.env_action_dtype or np.float32)  # ActionDtype): its dtype, inside its exact bounds
+            bounds = [np.asarray(b, dtype).reshape(spec.action_shape) for b in (spec.action_low, spec.action_high)]
+            action = np.clip(action.astype(dtype), *bounds)
+        elif spec.action_kind == "discrete" and spec.action_start:  # Discrete(n, start=s): the env's
+            action = action + np.int64(spec.action_start[0])          # own value, index + s
+        elif spec.env_action_dtype:  # MultiDiscrete values in the env's own integer dtype (int32, ...)
+            action = action.astype(spec.env_action_dtype)
         return (action[0] if single else action), (out.state if self.recurrent else None)
 
     def _is_single(self, obs: Any) -> bool:

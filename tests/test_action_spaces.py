@@ -293,3 +293,68 @@ def test_an_integer_box_action_space_is_refused_in_one_line():
         env_spec(IntBox(), "t")
     message = str(err.value)
     assert "\n" not in message and "integer" in message and "MultiDiscrete" in message
+
+
+STRICT = "tests.helpers.space_envs:StrictDtypeEnv"  # float64 Box actions; step raises on any other dtype
+
+
+@pytest.mark.parametrize("algo,dtype", [("ppo", "float64"), ("sac", "float64"), ("ppo", "float16")])
+def test_box_actions_reach_the_env_in_its_own_dtype_in_training_evaluation_and_the_api(tmp_path, algo, dtype):
+    from rltrain.cli.evaluate import main as evaluate
+
+    extra = ["algo.learning_starts=64", "algo.buffer_size=500", "algo.batch_size=16"] if algo == "sac" else []
+    obs_dtype = "float32" if dtype == "float16" else "float64"
+    summary = run(compose_cfg([*TINY, f"env.id={STRICT}", f"+env.kwargs.dtype={dtype}",
+                               f"+env.kwargs.obs_dtype={obs_dtype}", f"algo={algo}", "total_env_steps=256", *extra]),
+                  tmp_path / "run")
+    assert summary["status"] == "completed", summary  # the env raises on a float32 action
+    assert evaluate([str(tmp_path / "run"), "--episodes", "2", "--allow-import"]) == 0
+
+    policy = load_policy(tmp_path / "run", allow_import=True)
+    assert policy.spec.env_action_dtype == dtype
+    raw = make_env(STRICT, {"dtype": dtype, "obs_dtype": obs_dtype}).unwrapped  # the user's own env, unwrapped
+    obs, _ = raw.reset(seed=0)
+    for _ in range(8):
+        action, _ = policy.act(obs, deterministic=False)
+        assert action.dtype == np.dtype(dtype)
+        obs, *_ = raw.step(action)  # raises on a dtype or a value outside the space
+    batch, _ = policy.act(np.stack([obs, obs]))
+    assert batch.dtype == np.dtype(dtype) and batch.shape == (2, 2)
+
+
+def test_an_action_dtype_is_cast_at_the_env_boundary_and_recorded():
+    from rltrain.data.structs import PolicySpaces
+    from rltrain.envs.wrappers import ActionDtype
+
+    env = make_env(STRICT)
+    assert env.action_space == spaces.Box(-0.1, 0.3, (2,), np.float64)  # the env's own space, shown as it is
+    env.reset(seed=0)
+    env.step(np.array([-0.1, 0.3], np.float32))  # float32 rounds -0.1 outward: cast, then clipped into the space
+    spec = env_spec(env, "t")
+    assert spec.env_action_dtype == "float64" and spec.action_dtype == np.float32  # stored as float32, as before
+    assert PolicySpaces.from_record(PolicySpaces(spec).to_record()).spec.env_action_dtype == "float64"
+    old = PolicySpaces(spec).to_record()
+    del old["env"]["env_action_dtype"]  # a checkpoint written before: the storage dtype
+    assert PolicySpaces.from_record(old).spec.env_action_dtype == ""
+    assert env_spec(make_env("Pendulum-v1"), "t").env_action_dtype == ""  # float32: nothing recorded, no wrapper
+    wrapped = make_env("Pendulum-v1")
+    while wrapped is not None:
+        assert not isinstance(wrapped, ActionDtype)
+        wrapped = getattr(wrapped, "env", None)
+
+    class IntMultiDiscrete(gym.Env):  # int32 values: stepped as int32, not rltrain's int64
+        observation_space = spaces.Box(0.0, 1.0, (2,), np.float32)
+        action_space = spaces.MultiDiscrete([3, 4], dtype=np.int32)
+
+        def reset(self, *, seed=None, options=None):
+            return np.zeros(2, np.float32), {}
+
+        def step(self, action):
+            assert action.dtype == np.int32, action.dtype
+            return np.zeros(2, np.float32), 0.0, False, False, {}
+
+    gym.register("rltrain-test/IntMultiDiscrete-v0", entry_point=IntMultiDiscrete)
+    md = make_env("rltrain-test/IntMultiDiscrete-v0")
+    md.reset(seed=0)
+    md.step(np.array([2, 3], np.int64))
+    assert env_spec(md, "t").env_action_dtype == "int32"

@@ -48,6 +48,11 @@ CASES = {
     "ppo_scalar": ["algo=ppo", "env.id=tests.helpers.obs_envs:ScalarEnv", "algo.rollout_len=32"],
     "sac_scalar": ["algo=sac", "env.id=tests.helpers.obs_envs:ScalarEnv", "+env.kwargs.continuous=true",
                    "algo.learning_starts=128", "algo.buffer_size=1000"],
+    # float64 observations and actions (a custom env's Box(..., np.float64)): the file takes the env's own
+    # observation and returns its own action dtype, cast inside the graph
+    "ppo_float64": ["algo=ppo", "env.id=tests.helpers.space_envs:StrictDtypeEnv", "algo.init_log_std=1.0"],
+    "sac_float64": ["algo=sac", "env.id=tests.helpers.space_envs:StrictDtypeEnv", "algo.learning_starts=128",
+                    "algo.buffer_size=1000"],
     "td3": ["algo=td3", "env=pendulum", "algo.learning_starts=128", "algo.buffer_size=1000",
             "model.hidden_sizes=[32,32]"],
     # the deterministic actor on the critic's shared encoder (models/deterministic_actor.py)
@@ -146,7 +151,7 @@ def _observations(policy, n: int = 64):
 def _widen(obs):
     if isinstance(obs, dict):
         return {k: _widen(v) for k, v in obs.items()}
-    return obs * np.float32(3.0) if obs.dtype == np.float32 else obs
+    return obs * obs.dtype.type(3.0) if obs.dtype.kind == "f" else obs
 
 
 def _formats() -> list[str]:

@@ -1,23 +1,27 @@
 """Multi-agent games as users meet them: an env whose ``state`` is not a global state (rock-paper-scissors), a
-zero-sum game trained without self-play (its headline must not be the constant 0 of a mean over agents), a
-policy mapping beside self-play, PettingZoo's per-move warnings, and the order the agents are shown in.
+zero-sum or constant-sum game trained without self-play (its headline must not be the constant of a mean over
+agents), a policy mapping beside self-play, agents whose actions are translated at the env boundary (a
+Discrete start, a float64 Box), PettingZoo's per-move warnings, and the order the agents are shown in.
 
 Real envs from PettingZoo's classic games and the small envs of ``tests/helpers/agent_envs.py``.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 
 import numpy as np
 import pytest
 import torch
+from gymnasium import spaces
+from pettingzoo.utils.env import ParallelEnv
 
 from rltrain.algos.groups import policy_groups
 from rltrain.envs.make import EnvFactory, probe_env
 from rltrain.envs.multiagent import AgentEnv, agents_spec
 from rltrain.errors import ConfigError
-from rltrain.trainers.matches import zero_sum
+from rltrain.trainers.matches import constant_sum
 from tests.conftest import REPO, compose_cfg
 
 torch.set_num_threads(1)
@@ -113,17 +117,79 @@ def test_self_play_keeps_its_one_policy_with_the_default_mapping():
 
 # -- 3. a zero-sum game without self-play -------------------------------------------------------------------
 def test_zero_sum_is_read_from_the_episodes():
-    assert zero_sum([{"a": 1.0, "b": -1.0}, {"a": 0.0, "b": 0.0}]) is True
-    assert zero_sum([{"a": 1.0, "b": -1.0}, {"a": 1.0, "b": 1.0}]) is False  # one cooperative episode says no
-    assert zero_sum([{"a": 0.0, "b": 0.0}]) is None  # draws only: nothing to tell
-    assert zero_sum([{"a": 0.1, "b": 0.2, "c": -0.3}]) is True  # three players, float rounding
+    assert constant_sum([{"a": 1.0, "b": -1.0}, {"a": 0.0, "b": 0.0}]) == 0.0
+    assert constant_sum([{"a": 1.0, "b": -1.0}, {"a": 1.0, "b": 1.0}]) is None  # one cooperative episode says no
+    assert constant_sum([{"a": 0.0, "b": 0.0}]) is None  # draws only: nothing to tell
+    assert constant_sum([{"a": 0.1, "b": 0.2, "c": -0.3}]) == 0.0  # three players, float rounding
+
+
+def test_a_constant_sum_is_read_from_enough_episodes_whose_split_varies():
+    win, lose, draw = {"a": 1.0, "b": 0.0}, {"a": 0.0, "b": 1.0}, {"a": 0.5, "b": 0.5}
+    assert constant_sum([win, lose, win, draw]) == 1.0  # win 1 / loss 0 / draw 0.5 each
+    assert constant_sum([win, {"a": 0.1 + 0.2, "b": 0.7}, lose, win]) == 1.0  # float rounding
+    assert constant_sum([win, lose, {"a": 1.0, "b": 1.0}, win]) is None  # one episode's sum differs
+    assert constant_sum([win] * 8) is None  # the same split every time: a fixed payout, as a cooperative game's
+    assert constant_sum([{"a": 1.0, "b": 1.0}] * 8) is None  # everyone paid the same every episode
+    assert constant_sum([win, lose]) is None  # too few episodes to claim a non-zero constant
+    assert constant_sum([]) is None
+
+
+class WinLoss(ParallelEnv):
+    """Two players pick 0 or 1 at once, one round per episode: both 0 is a draw (0.5 each); otherwise ``first``
+    wins when they pick the same and ``second`` when they differ (1 to the winner, 0 to the loser). Every
+    episode's returns sum to 1, never to 0."""
+
+    metadata = {"name": "win_loss_v0"}
+
+    def __init__(self):
+        self.possible_agents = ["first", "second"]
+
+    def observation_space(self, agent):
+        return spaces.Box(0.0, 1.0, (1,), np.float32)
+
+    def action_space(self, agent):
+        return spaces.Discrete(2)
+
+    def reset(self, seed=None, options=None):
+        self.agents = list(self.possible_agents)
+        return {a: np.ones(1, np.float32) for a in self.agents}, {a: {} for a in self.agents}
+
+    def step(self, actions):
+        a, b = int(actions["first"]), int(actions["second"])
+        first = 0.5 if a == b == 0 else float(a == b)
+        obs = {x: np.ones(1, np.float32) for x in self.agents}
+        done = dict.fromkeys(self.agents, True)
+        self.agents = []
+        return (obs, {"first": first, "second": 1.0 - first}, done, dict.fromkeys(done, False),
+                {x: {} for x in done})
+
+
+def test_a_constant_sum_game_is_evaluated_against_random_moves(tmp_path, monkeypatch, capsys):
+    """A game paying 1 to the winner and 0 to the loser (0.5 each for a draw) has a mean over agents of 0.5
+    whatever they learn: it is evaluated as a zero-sum game is, against random moves, and the constant is said."""
+    summary = _run([f"env.id={__name__}:WinLoss", "algo=ippo", "algo.rollout_len=32"], tmp_path / "cs", monkeypatch)
+    assert summary["constant_sum"] == 1.0 and "zero_sum" not in summary
+    assert summary["train_return_last100"] == pytest.approx(0.5)
+    rates = summary["eval_vs_random"]
+    # each agent's return against random moves: 1 for a win, 0.5 for a draw, 0 for a loss (beyond 1 / 2, at it,
+    # below it: the fair share of the constant)
+    assert summary["final_eval_return"] == pytest.approx(rates["win"] + 0.5 * rates["draw"])
+    assert sum(summary["eval_head_to_head_per_agent"].values()) == pytest.approx(1.0)
+    notes = [ln for ln in capsys.readouterr().out.splitlines() if "is a constant-sum game" in ln]
+    assert len(notes) == 1 and "summed to 1 in every episode" in notes[0] and "mean is 0.5" in notes[0], notes
+    from rltrain.cli.evaluate import main as evaluate_main
+
+    assert evaluate_main([str(tmp_path / "cs"), "--episodes", "4", "--allow-import"]) == 0
+    out = capsys.readouterr().out
+    assert "mean return over agents: 0.50" in out and "(constant-sum 1: 0.50 whatever is learnt)" in out, out
+    assert "vs random: episodes: 4" in out, out
 
 
 def test_a_zero_sum_game_without_self_play_is_evaluated_against_random_moves(tmp_path, monkeypatch, capsys):
     """The mean over a zero-sum game's agents is 0 whatever they learn (a sweep on it would optimise a constant):
     final_eval_return is each agent's policy against random legal moves, said once at the end."""
     summary = _run([f"env.id={TURNS}", "algo=ippo", "algo.rollout_len=32"], tmp_path / "zs", monkeypatch)
-    assert summary["zero_sum"] is True and summary["train_return_last100"] == 0
+    assert summary["zero_sum"] is True and summary["constant_sum"] == 0.0 and summary["train_return_last100"] == 0
     rates = summary["eval_vs_random"]
     # the game pays +1 / -1 and has no draw: the headline is the win rate less the loss rate against random moves
     assert summary["final_eval_return"] == pytest.approx(rates["win"] - rates["loss"])
@@ -142,9 +208,57 @@ def test_a_zero_sum_game_without_self_play_is_evaluated_against_random_moves(tmp
     # a cooperative game: the mean over its agents, as before, and no note
     summary = _run([f"env.id={TURNS}", "+env.kwargs.zero_sum=false", "algo=ippo", "algo.rollout_len=32"],
                    tmp_path / "coop", monkeypatch)
-    assert "zero_sum" not in summary and "eval_vs_random" not in summary
+    assert "zero_sum" not in summary and "constant_sum" not in summary and "eval_vs_random" not in summary
     assert summary["final_eval_return"] == pytest.approx(np.mean(list(summary["final_eval_return_per_agent"].values())))
     assert "is a zero-sum game" not in capsys.readouterr().out
+
+
+# -- 4. agents acting in their own spaces: a Discrete start, float64 Box actions ------------------------------
+PICKY = "tests.helpers.agent_envs:picky"  # chooser: Discrete(3, start=-1); mover: a float64 Box; strict steps
+
+
+@pytest.mark.parametrize("masked", [False, True])
+def test_agents_get_actions_in_their_own_spaces_in_training_evaluation_the_api_and_the_export(tmp_path, monkeypatch,
+                                                                                             masked):
+    """The env raises on an index handed on unshifted, a masked value, or a float32 action: training, evaluation
+    (random legal moves included), rltrain-eval, load_policy and the exported files all step it with its own
+    values; the mask stays indexed 0..n-1 (index 2, the value 1, is the masked one)."""
+    import rltrain
+    from rltrain.cli.evaluate import main as evaluate_main
+    from rltrain.cli.export import export_files
+    from tests.helpers.agent_envs import picky
+
+    extra = ["+env.kwargs.masked=true"] if masked else []
+    summary = _run([f"env.id={PICKY}", "algo=ippo", *extra], tmp_path / "run", monkeypatch)
+    assert summary["status"] == "completed", summary
+    assert evaluate_main([str(tmp_path / "run"), "--episodes", "4", "--allow-import"]) == 0
+
+    spec = probe_env(EnvFactory(id=PICKY, kwargs={"masked": masked}, num_envs=1), "auto").spec
+    chooser, mover = spec.spec_of("chooser"), spec.spec_of("mover")
+    assert (chooser.n_actions, chooser.action_start, chooser.masked) == (3, (-1,), masked)
+    assert mover.env_action_dtype == "float64" and mover.action_low == (-0.1, -0.1)
+    policies = rltrain.load_policy(tmp_path / "run")
+    assert policies["chooser"].spec.action_start == (-1,) and policies["mover"].spec.env_action_dtype == "float64"
+    env = picky(masked=masked)
+    obs, _ = env.reset(seed=0)
+    for _ in range(6):
+        actions = {a: policies[a].act(obs[a], deterministic=False)[0] for a in env.agents}
+        assert actions["mover"].dtype == np.float64
+        obs, *_ = env.step(actions)  # raises on anything outside the agent's own space (and dtype)
+
+    files = export_files(tmp_path / "run", fmt="export", out=tmp_path / "export" / "pi.pt2")
+    env.reset(seed=1)
+    observations = {a: [env._observe()[a] for _ in range(16)] for a in env.possible_agents}
+    for agent, path in zip(env.possible_agents, files, strict=True):
+        assert path.name == f"pi_{agent}.pt2"
+        batch = {k: np.stack([o[k] for o in observations[agent]]) for k in observations[agent][0]} if masked and \
+            agent == "chooser" else np.stack(observations[agent])  # float64, as the env gives them
+        names = [i["name"] for i in json.loads(path.with_suffix(".json").read_text())["inputs"]]
+        inputs = [torch.from_numpy(batch[n.removeprefix("obs.")] if isinstance(batch, dict) else batch) for n in names]
+        got = torch.export.load(path).module()(*inputs).numpy()
+        want, _ = policies[agent].act(batch)
+        assert got.dtype == want.dtype and np.allclose(got, want, atol=1e-6), agent
+        assert all(env.action_space(agent).contains(a) for a in got), (agent, got)
 
 
 # -- 5. PettingZoo's per-move warnings -----------------------------------------------------------------------

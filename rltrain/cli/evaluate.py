@@ -115,9 +115,10 @@ def _evaluate(args: argparse.Namespace, stop: StopFlag) -> int:
 
 
 def evaluate_agents_lines(policies, env, *, episodes: int, eval_seed: int, deterministic: bool, device) -> list[str]:
-    """A multi-agent env's evaluation in words: the mean over agents and each agent's mean return; with
-    self-play, the learner against random legal moves (win / draw / loss) and against its latest pool version."""
-    from rltrain.trainers.matches import evaluate_agents, evaluate_match, outcomes, zero_sum
+    """A multi-agent env's evaluation in words: the mean over agents and each agent's mean return (a constant-sum
+    game's marked, with its policies against random legal moves beside); with self-play, the learner against
+    random legal moves (win / draw / loss) and against its latest pool version."""
+    from rltrain.trainers.matches import evaluate_agents, evaluate_match, game_constant, outcomes
 
     common = {"episodes": episodes, "eval_seed": eval_seed, "deterministic": deterministic, "device": device,
               "max_steps": env.max_episode_steps}
@@ -128,15 +129,21 @@ def evaluate_agents_lines(policies, env, *, episodes: int, eval_seed: int, deter
         per_agent = "  ".join(f"{a}: {r:.2f}" for a, r in zip(agents, rets.mean(0), strict=True))
         lines = [f"episodes: {episodes}  mean return over agents: {rets.mean():.2f}  std: {rets.mean(1).std():.2f}",
                  f"per agent: {per_agent}"]
-        if not zero_sum([dict(zip(agents, r, strict=True)) for r in rets.tolist()]):
+        games = [dict(zip(agents, r, strict=True)) for r in rets.tolist()]
+        constant = game_constant(games, env.make, policies.spec, seed=eval_seed)
+        if constant is None:
             return lines
-        # a zero-sum game: the mean over agents is 0 whatever they learnt; each policy against random moves, as
-        # the run's own evaluation reports it (final_eval_return)
-        lines[0] += "  (zero-sum: 0 whatever is learnt)"
+        # a constant-sum game: the mean over agents is the constant over their number whatever they learnt; each
+        # policy against random moves, as the run's own evaluation reports it (final_eval_return)
+        share = constant / len(agents)
+        lines[0] += ("  (zero-sum: 0 whatever is learnt)" if constant == 0 else
+                     f"  (constant-sum {constant:g}: {share:.2f} whatever is learnt)")
         opponents = ("random",)
+    else:
+        share = 0.0  # self-play: a zero-sum game (cli/multiagent.py checks it)
     for opponent in opponents:
         rets, _ = evaluate_match(policies, env.make, opponent=opponent, **common)
-        o = outcomes(rets)
+        o = outcomes(rets, share=share)
         lines.append(f"vs {opponent}: episodes: {episodes}  mean return: {rets.mean():.2f}  win {o['win']:.2f}  "
                      f"draw {o['draw']:.2f}  loss {o['loss']:.2f}  (seats alternate)")
     return lines

@@ -9,11 +9,13 @@ space as ``rltrain-eval`` does before stepping an env. Each policy supplies the 
 with no change here. Beside the file, ``<name>.json`` describes its inputs and outputs and the checkpoint (path,
 sha256); another format of the same checkpoint exported beside it is added to its ``files``.
 
-    obs [B, *obs_shape] (the env's dtype: float32, uint8 / bool pixels, int64 Discrete ...)
-        -> action [B] int64 | [B, *action_shape] (the distribution's dtype)
+    obs [B, *obs_shape] (the env's own dtype: float32, float64, uint8 / bool pixels, int64 Discrete ...)
+        -> action [B] int64 | [B, *action_shape] (the env's own action dtype: float32, float64 ...)
 
-Actions are the env's own values: a Discrete(n, start=s) or MultiDiscrete start is added (the JSON's
-``action.start``).
+Both ends are the env's own, translated inside the graph (``flat_actor``) as the env boundary translates them in
+training: a float64 observation is cast to the float32 the policy reads, a Discrete(n, start=s) or MultiDiscrete
+start is added to the action (the JSON's ``action.start``), and a float64 Box's action is cast to float64 and
+clipped to its exact bounds.
 
 A Dict observation is one input per stored key, in the space's key order, named ``obs.<key>`` (nested:
 ``obs.<key>.<subkey>``). A recurrent policy (``model.core=lstm|gru``) takes its actor core's state as inputs
@@ -38,10 +40,14 @@ import os
 import sys
 import warnings
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from rltrain.cli.args import OneLineParser
 from rltrain.cli.descriptions import describe, described_files, file_sha256
 from rltrain.errors import ConfigError
+
+if TYPE_CHECKING:
+    from rltrain.data.structs import EnvSpec
 
 FORMATS = {"export": ".pt2", "onnx": ".onnx", "torchscript": ".pt"}
 DEFAULT_FORMAT = "export"
@@ -103,36 +109,64 @@ def leaf_names(space) -> list[tuple[str, ...]]:
     return [(key, *sub) for key, part in space.parts if part.kind != "unsupported" for sub in leaf_names(part)]
 
 
+def leaf_spaces(space) -> list:
+    """The space of each stored observation array, in ``leaf_names`` order."""
+    if space.kind != "dict":
+        return [space]
+    return [leaf for _, part in space.parts if part.kind != "unsupported" for leaf in leaf_spaces(part)]
+
+
 def example_leaves(space, batch: int) -> list:
-    """One valid batch per stored array (values are irrelevant to the graph: Discrete ones at ``start``)."""
+    """One valid batch per stored array, in the env's own dtype (what the file takes: a float64 observation is
+    cast inside the graph); values are irrelevant to the graph (Discrete ones at ``start``)."""
     import numpy as np
     import torch
 
+    return [torch.as_tensor(np.full((batch, *leaf.shape), leaf.start if leaf.kind == "discrete" else 0,
+                                    dtype=np.dtype(leaf.dtype or np.float32))) for leaf in leaf_spaces(space)]
+
+
+def flat_actor(actor, spec: EnvSpec):
+    """``actor`` (obs tree (+ state) -> action (+ state)) taking one positional tensor per stored observation
+    array, then the state: the form every format shares (ONNX inputs are flat and named). At both ends the file
+    speaks the env's own dtypes, translated inside the graph as the env boundary does in training: an observation
+    whose dtype is not its storage dtype (float64, float16) is cast to it, so ``env.reset()[0]`` goes in as it is;
+    a Discrete(n, start=s) env's s is added to the action index; an action space of another dtype than the
+    policy's (a float64 Box) gets its action cast, a Box's clipped to its exact bounds (as ``load_policy``'s)."""
+    import numpy as np
+    import torch
+    from torch import nn
+
     from rltrain.data.structs import storage_dtype
 
-    if space.kind == "dict":
-        return [leaf for _, part in space.parts if part.kind != "unsupported"
-                for leaf in example_leaves(part, batch)]
-    fill = space.start if space.kind == "discrete" else 0
-    return [torch.as_tensor(np.full((batch, *space.shape), fill, dtype=storage_dtype(space.dtype)))]
-
-
-def flat_actor(actor, paths: list[tuple[str, ...]], action_start: int = 0):
-    """``actor`` (obs tree (+ state) -> action (+ state)) taking one positional tensor per stored observation
-    array, then the state: the form every format shares (ONNX inputs are flat and named). ``action_start``: a
-    Discrete(n, start=s) env's s, added to the action index (the file returns the env's own action)."""
-    from torch import nn
+    paths = leaf_names(spec.observation)
+    # per input: the torch dtype the policy reads it in, where the env's own differs (None: taken as it is)
+    leaves = [(np.dtype(leaf.dtype or np.float32), storage_dtype(leaf.dtype)) for leaf in leaf_spaces(spec.observation)]
+    casts = [getattr(torch, stored.name) if stored != given else None for given, stored in leaves]
+    start = spec.action_start[0] if spec.action_kind == "discrete" and spec.action_start else 0
+    own = getattr(torch, spec.env_action_dtype) if spec.env_action_dtype else None
 
     class FlatActor(nn.Module):
         def __init__(self):
             super().__init__()
             self.actor = actor
+            if own is not None and spec.action_kind == "box":
+                for name, bound in (("low", spec.action_low), ("high", spec.action_high)):
+                    self.register_buffer(name, torch.tensor(bound, dtype=own).reshape(spec.action_shape))
 
         def forward(self, *inputs):
+            if any(casts):  # decided at construction: a float32 env's graph has no cast
+                n = len(paths)
+                inputs = (*(x if t is None else x.to(t) for x, t in zip(inputs[:n], casts, strict=True)), *inputs[n:])
             out = self._act(*inputs)
-            if not action_start:
-                return out
-            return (out[0] + action_start, *out[1:]) if isinstance(out, tuple) else out + action_start
+            action, rest = (out[0], out[1:]) if isinstance(out, tuple) else (out, None)
+            if start:
+                action = action + start
+            if own is not None:
+                action = action.to(own)
+                if spec.action_kind == "box":
+                    action = torch.minimum(torch.maximum(action, self.low), self.high)
+            return action if rest is None else (action, *rest)
 
         def _act(self, *inputs):
             n = len(paths)
@@ -200,8 +234,7 @@ def write_policy(actor, spec, target: Path, *, fmt: str, cfg: dict, source: dict
     example = tuple(example_leaves(spec.observation, EXAMPLE_BATCH))
     # a non-zero example state, so that tracing cannot fold the state away
     example += tuple(torch.full((1, EXAMPLE_BATCH, actor.state_size), 0.5) for _ in state_names)
-    start = spec.action_start[0] if spec.action_kind == "discrete" and spec.action_start else 0
-    module = flat_actor(actor, paths, start)
+    module = flat_actor(actor, spec)
     with torch.no_grad():
         outputs = module(*example)
     outputs = outputs if isinstance(outputs, tuple) else (outputs,)

@@ -94,6 +94,12 @@ def _ints(record: dict, key: str) -> tuple[int, ...]:
     return tuple(_checked(v, int, key) for v in _typed(record, key, list))
 
 
+def _action_dtype(value: Any) -> str:
+    if value in ("", "float16", "float64", "int8", "int16", "int32", "uint8", "uint16", "uint32", "uint64"):
+        return value
+    raise ValueError(f"env_action_dtype is {value!r}, not a numpy float or integer dtype name")  # a crafted file
+
+
 def _pairs(value: Any) -> list:
     if not isinstance(value, list) or not all(isinstance(p, list) and len(p) == 2 for p in value):
         raise ValueError("parts is not a list of [key, space] pairs")
@@ -187,6 +193,8 @@ class EnvSpec:
     action_start: tuple[int, ...] = ()  # multi_discrete: each component's smallest value; discrete: (start,) of a
     #   Discrete(n, start) env, stepped with index + start (envs/wrappers.py DiscreteStart), () when 0 (and in a
     #   checkpoint written before a discrete start was recorded)
+    env_action_dtype: str = ""  # the env's own action dtype where not ``action_dtype`` (a float64 Box): the env is
+    #   stepped with it (envs/wrappers.py ActionDtype, load_policy); "" when the same (and in older checkpoints)
     frame_stack: int | None = None  # K: the observation is a K-frame stack along its first axis (the env's own
     #                                 FrameStackObservation, reset-padded), read from the env by envs/make.py
     # a goal-conditioned env's compute_reward(achieved_goal, desired_goal, info) (envs/goals.py: hindsight
@@ -223,7 +231,7 @@ class EnvSpec:
         return {"env_id": self.env_id, "obs_shape": list(self.obs_shape), "action_kind": self.action_kind,
                 "action_shape": list(self.action_shape), "n_actions": self.n_actions,
                 "action_low": [float(x) for x in self.action_low], "action_high": [float(x) for x in self.action_high],
-                "obs_dtype": self.obs_dtype,
+                "obs_dtype": self.obs_dtype, "env_action_dtype": self.env_action_dtype,
                 "obs_space": None if self.obs_space is None else self.obs_space.to_record(),
                 "nvec": list(self.nvec), "action_start": list(self.action_start), "frame_stack": self.frame_stack}
 
@@ -240,11 +248,12 @@ class EnvSpec:
                    n_actions=_typed(record, "n_actions", int), **bounds, obs_dtype=_typed(record, "obs_dtype", str),
                    obs_space=None if obs is None else ObsSpace.from_record(_checked(obs, dict, "obs_space")),
                    nvec=_ints(record, "nvec"), action_start=_ints(record, "action_start"),
+                   env_action_dtype=_action_dtype(record.get("env_action_dtype", "")),
                    frame_stack=None if stack is None else _checked(stack, int, "frame_stack"))
 
     def describe(self) -> str:
         if self.action_kind == "discrete":
-            return f"Discrete({self.n_actions})"
+            return f"Discrete({self.n_actions}{f', start={self.action_start[0]}' if self.action_start else ''})"
         if self.action_kind == "multi_discrete":
             return f"MultiDiscrete({list(self.nvec)})"
         if self.action_kind == "multi_binary":

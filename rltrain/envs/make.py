@@ -49,7 +49,7 @@ from rltrain.envs.spaces import (  # noqa: F401  env_spec, _describe_obs, stacke
     stacked_frames,
 )
 from rltrain.envs.vector import AsyncVecEnv, VecEnv
-from rltrain.envs.wrappers import apply_wrappers, with_discrete_start
+from rltrain.envs.wrappers import apply_wrappers, with_env_actions
 from rltrain.errors import ConfigError, UserCodeError, close_matches, described
 
 # id namespace -> (module that registers it, pip extra of rltrain that installs it)
@@ -64,8 +64,9 @@ def make_env(env_id: str, kwargs: dict[str, Any] | None = None, *, wrappers: lis
              search_path: str | None = None, action_mask: str = "off") -> gym.Env:
     """Build one env (see the module docstring for ``env_id`` and ``search_path``), then apply
     ``env.wrappers`` in order, then rltrain's own (``envs/spaces.py``): Tuple observations as Dicts, a Discrete
-    action space with a start as Discrete(n) (``wrappers.DiscreteStart``), and with ``action_mask`` (a
-    ``spaces.MASK_SOURCES`` entry, or "drop") the env's action mask as an observation key."""
+    action space with a start as Discrete(n) (``wrappers.DiscreteStart``), actions cast to the action space's
+    own dtype where it is not the policy's (``wrappers.ActionDtype``: a float64 Box gets float64), and with
+    ``action_mask`` (a ``spaces.MASK_SOURCES`` entry, or "drop") the env's action mask as an observation key."""
     kwargs = dict(kwargs or {})
     if render_mode is not None:
         kwargs["render_mode"] = render_mode
@@ -81,7 +82,8 @@ def make_env(env_id: str, kwargs: dict[str, Any] | None = None, *, wrappers: lis
         env = apply_wrappers(env, wrappers) if wrappers else env
         if has_tuple(env.observation_space):
             env = TupleAsDict(env)
-        env = with_discrete_start(env)  # Discrete(n, start=s): rltrain picks 0..n-1, the env gets index + s
+        # Discrete(n, start=s): rltrain picks 0..n-1, the env gets index + s; a float64 Box gets float64 actions
+        env = with_env_actions(env)
         return ActionMaskObservation(env, action_mask) if action_mask != "off" else env
     except gym.error.DependencyNotInstalled as err:  # from gymnasium, a wrapper or a user factory
         raise ConfigError(f"env.id={env_id} needs a package that is not installed: "

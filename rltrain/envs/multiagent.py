@@ -13,14 +13,17 @@ An ``env.id`` whose factory returns a PettingZoo ``ParallelEnv`` or ``AECEnv`` i
 and its step, ``env.step_timeout_s``) and pickles them for resume when they pickle.
 
 PettingZoo's env warnings (``pettingzoo.utils.env_logger``: an illegal move, an action out of bounds) are shown
-once each and then counted (``ENV_WARNINGS``); ``report_env_warnings`` says how often each came, at the end.
+once each and then counted (envs/pz_warnings.py).
+
+Each agent's action reaches the env as its own action space's (envs/wrappers.py ``env_action``, the translation
+a single-agent env gets from its wrappers): a ``Discrete(n, start=s)`` agent's policy picks an index 0..n-1 and
+the env gets ``index + s``, a float64 Box agent gets float64 values.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import io
-import logging
 import pickle
 import sys
 from collections.abc import Callable
@@ -33,7 +36,9 @@ import numpy as np
 from rltrain.data.agents import AgentsSpec, flat_size, vector_space
 from rltrain.data.structs import MASK_KEY, ObsSpace
 from rltrain.envs.deadline import ENV_CALLS, CallWatch, EnvCallAbandoned, EnvFault, env_fault
+from rltrain.envs.pz_warnings import ENV_WARNINGS, report_env_warnings
 from rltrain.envs.spaces import _describe_obs, env_spec
+from rltrain.envs.wrappers import env_action
 from rltrain.errors import ConfigError
 
 
@@ -106,8 +111,14 @@ def agents_spec(env: Any, env_id: str, *, masks: bool = True) -> AgentsSpec:
         raise ConfigError(f"env.id={env_id}: the PettingZoo env has no possible_agents")
     specs = []
     for agent in agents:
+        space = env.action_space(agent)
+        # Discrete(n, start=s): the policy picks 0..n-1 and AgentEnv steps the env with index + s (as DiscreteStart
+        # does for one agent); the spec records s for the tools that hand actions to the user's env
+        start = int(space.start) if isinstance(space, gym.spaces.Discrete) else 0
         try:
-            specs.append(env_spec(_Spaces(env.observation_space(agent), env.action_space(agent)), env_id))
+            spec = env_spec(_Spaces(env.observation_space(agent), gym.spaces.Discrete(int(space.n)) if start
+                                    else space), env_id)
+            specs.append(dataclasses.replace(spec, action_start=(start,)) if start else spec)
         except ConfigError as err:  # the same line as for one agent, naming which, and the fix for a PettingZoo env
             what = str(err).split("; wrap the env", 1)[0]
             what = what.replace(f"env.id={env_id}:", f"env.id={env_id}: agent {agent!r}:", 1)
@@ -171,45 +182,6 @@ class Closed:
     obs: Any
 
 
-class RepeatedWarnings(logging.Filter):
-    """On PettingZoo's env logger: each warning let through the first time, then only counted. A policy that
-    ignores the action masks (``algo.action_mask=off``) makes illegal moves all run long, and PettingZoo would
-    print one line (and keep one entry) per move."""
-
-    LOGGER = "pettingzoo.utils.env_logger"
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.counts: dict[str, int] = {}
-
-    def install(self) -> None:
-        logger = logging.getLogger(self.LOGGER)
-        if self not in logger.filters:
-            logger.addFilter(self)
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        text = record.getMessage().split("\n", 1)[0].strip()
-        self.counts[text] = self.counts.get(text, 0) + 1
-        if self.counts[text] == 1:
-            return True
-        from pettingzoo.utils.env_logger import EnvLogger
-
-        EnvLogger.flush()  # its list of every warning, kept for PettingZoo's own tests: one entry per move here
-        return False
-
-
-ENV_WARNINGS = RepeatedWarnings()
-
-
-def report_env_warnings() -> None:
-    """One line per PettingZoo warning that came more than once since the last report (the end of a run's
-    collection, of its final evaluation), with its count; the counts start again."""
-    for text, n in ENV_WARNINGS.counts.items():
-        if n > 1:
-            logging.getLogger("rltrain.envs").warning("PettingZoo's warning %r came %d times (shown once)", text, n)
-    ENV_WARNINGS.counts.clear()
-
-
 class AgentEnv:
     """One PettingZoo env as turns (module docstring). ``max_steps`` (``env.max_episode_steps``) truncates every
     agent after that many steps (AEC: turns). ``returns``: each agent's rewards summed over the episode."""
@@ -224,6 +196,17 @@ class AgentEnv:
         self.open: set[str] = set()  # AEC: agents that acted and await their next turn
         self.returns = dict.fromkeys(spec.agents, 0.0)
         self.steps, self.over = 0, False
+        self.to_env = self._translations()
+
+    def _translations(self) -> dict[str, Any]:
+        """The agents whose actions need translating into their own space's, found once (the others' pass as
+        they are)."""
+        return {a: f for a in self.spec.agents if (f := env_action(self.env.action_space(a))) is not None}
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        if "to_env" not in state:  # envs a checkpoint saved mid-episode before actions were translated
+            self.to_env = self._translations()
 
     def reset(self, seed: int | None = None) -> None:
         self.steps, self.over, self.open = 0, False, set()
@@ -245,12 +228,14 @@ class AgentEnv:
         self.steps += 1
         ENV_CALLS[0] += 1  # progress, for a worker's heartbeat (evaluation steps envs outside a vector env)
         cut = bool(self.max_steps) and self.steps >= self.max_steps
+        to_env = self.to_env
         if self.aec:
             agent = self.acting[0]
-            self.env.step(actions[agent])
+            self.env.step(to_env[agent](actions[agent]) if agent in to_env else actions[agent])
             self.open.add(agent)
             return self._truncate_all() if cut and self.env.agents else self._advance()
-        obs, rewards, terms, truncs, _ = self.env.step(actions)
+        obs, rewards, terms, truncs, _ = self.env.step(
+            {a: to_env[a](x) if a in to_env else x for a, x in actions.items()} if to_env else actions)
         closed = []
         for agent in actions:
             reward = float(rewards.get(agent, 0.0))

@@ -219,10 +219,13 @@ def env_spec(env: gym.Env, env_id: str) -> EnvSpec:
         start = discrete_start(env)  # what the env adds to each index: the raw env's action is index + start
         return EnvSpec(env_id, obs.shape, "discrete", (), n_actions=int(act_space.n),
                        action_start=(start,) if start else (), **common)
+    # the env's own dtype where rltrain's policies output another (wrappers.ActionDtype steps the env with it)
+    own = act_space.dtype.name if isinstance(act_space, (gym.spaces.Box, gym.spaces.MultiDiscrete)) else ""
     if isinstance(act_space, gym.spaces.MultiDiscrete):
         return EnvSpec(env_id, obs.shape, "multi_discrete", tuple(act_space.shape),
                        nvec=tuple(int(n) for n in act_space.nvec.ravel()),
-                       action_start=tuple(int(x) for x in act_space.start.ravel()), **common)
+                       action_start=tuple(int(x) for x in act_space.start.ravel()),
+                       env_action_dtype="" if own == "int64" else own, **common)
     if isinstance(act_space, gym.spaces.MultiBinary):
         return EnvSpec(env_id, obs.shape, "multi_binary", tuple(act_space.shape), **common)
     if isinstance(act_space, gym.spaces.Box):
@@ -232,7 +235,8 @@ def env_spec(env: gym.Env, env_id: str) -> EnvSpec:
                               "component per entry, nvec=high-low+1, start=low) or a float Box")
         return EnvSpec(env_id, obs.shape, "box", tuple(act_space.shape),
                        action_low=tuple(float(x) for x in act_space.low.ravel()),
-                       action_high=tuple(float(x) for x in act_space.high.ravel()), **common)
+                       action_high=tuple(float(x) for x in act_space.high.ravel()),
+                       env_action_dtype="" if own == "float32" else own, **common)
     raise ConfigError(f"env.id={env_id}: action space {act_space} is not supported (Discrete, MultiDiscrete, "
                       "MultiBinary or Box); wrap the env to take one of those (e.g. a Tuple of Discretes as "
                       "one MultiDiscrete)")

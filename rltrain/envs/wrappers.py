@@ -178,13 +178,67 @@ OURS: dict[str, type[gym.Wrapper]] = {"FireReset": FireReset, "EpisodicLife": Ep
                                       "SignReward": SignReward, "VelocityMask": VelocityMask}
 
 
+class IndexShift:
+    """The policy's index 0..n-1 -> a ``Discrete(n, start=s)`` space's own value ``index + s``, in its dtype (what
+    ``DiscreteStart`` does for a single-agent env, for a multi-agent env's agent). A plain class (no closures):
+    envs are pickled."""
+
+    def __init__(self, space: gym.spaces.Discrete):
+        self.start, self.type = int(space.start), space.dtype.type
+
+    def __call__(self, action):
+        return self.type(int(action) + self.start)
+
+
+# what rltrain's policies hand an env for each action space (``EnvSpec.action_dtype``); ActionCast casts the rest
+_SENT = ((gym.spaces.Box, np.dtype(np.float32)), (gym.spaces.MultiDiscrete, np.dtype(np.int64)),
+         (gym.spaces.MultiBinary, np.dtype(np.int8)))
+
+
+def _sent_dtype(space: gym.Space) -> np.dtype | None:
+    if isinstance(space, gym.spaces.Box) and not np.issubdtype(space.dtype, np.floating):
+        return None  # an integer Box: refused by env_spec, nothing to cast to
+    return next((dtype for kind, dtype in _SENT if isinstance(space, kind)), None)
+
+
+class ActionCast:
+    """The policy's action (a float32 Box action, int64 MultiDiscrete values) -> the same values in the space's own
+    dtype (float64, float16, int32...): an env that checks dtypes strictly gets what its space declares. A float
+    Box whose bounds float32 rounds outward (float32(-0.1) < -0.1) is also clipped to its own bounds after the
+    cast: rltrain clips at the float32 bound, which lies just outside such a space. Whether to clip is decided here,
+    once, so a step pays for it only where the bounds need it."""
+
+    def __init__(self, space: gym.Space):
+        self.dtype = space.dtype
+        self.bounds = None
+        if isinstance(space, gym.spaces.Box):
+            low, high = space.low, space.high
+            exact = all(np.array_equal(b.astype(np.float32).astype(b.dtype), b) for b in (low, high))
+            self.bounds = None if exact else (low, high)
+
+    def __call__(self, action):
+        action = np.asarray(action, self.dtype)
+        return action if self.bounds is None else np.clip(action, *self.bounds)
+
+
+def env_action(space: gym.Space) -> IndexShift | ActionCast | None:
+    """How an action of rltrain's policy becomes one of ``space``'s own, or None where it already is one: the one
+    translation at the env boundary, for a single-agent env (``DiscreteStart``, ``ActionDtype``) and for each agent
+    of a multi-agent env (envs/multiagent.py ``AgentEnv``)."""
+    if isinstance(space, gym.spaces.Discrete):
+        return IndexShift(space) if int(space.start) != 0 else None
+    sent = _sent_dtype(space)
+    return ActionCast(space) if sent is not None and space.dtype != sent else None
+
+
 class DiscreteStart(gym.ActionWrapper):
     """A ``Discrete(n, start=s)`` action space (s != 0) shown to rltrain as ``Discrete(n)``: the policy picks an
     index 0..n-1 and the env is stepped with ``index + s``. ``make_env`` puts it around every single-agent env
     whose action space needs it, so training and evaluation step the env the same way; ``env_spec`` records
     ``s`` (``EnvSpec.action_start``) for the tools that hand actions to the user's own env (``load_policy``,
     ``rltrain-export``). An action mask stays indexed 0..n-1 (Gymnasium's ``Discrete.sample(mask=...)``
-    convention), so it passes through unchanged. A plain class (no closures): envs are pickled."""
+    convention), so it passes through unchanged. A plain class (no closures): envs are pickled, and an env a
+    checkpoint saved mid-episode comes back with the attributes it had (so ``action`` reads only ``start``)."""
 
     def __init__(self, env: gym.Env):
         super().__init__(env)
@@ -192,16 +246,32 @@ class DiscreteStart(gym.ActionWrapper):
         self.start = int(inner.start)
         self.action_space = gym.spaces.Discrete(int(inner.n))
 
-    def action(self, action):
+    def action(self, action):  # IndexShift's translation, for one env
         return self.env.action_space.dtype.type(int(action) + self.start)
 
 
-def with_discrete_start(env: gym.Env) -> gym.Env:
-    """``env`` wrapped in ``DiscreteStart`` where its action space is a Discrete with a non-zero start."""
-    space = env.action_space
-    if isinstance(space, gym.spaces.Discrete) and int(space.start) != 0:
-        return DiscreteStart(env)
-    return env
+class ActionDtype(gym.ActionWrapper):
+    """An action space whose dtype is not the one rltrain's policies output (a float64 or float16 Box, an int32
+    MultiDiscrete): the env is stepped with the action cast to its space's dtype (``ActionCast``). ``make_env`` puts
+    it around every single-agent env that needs it (and only those: a float32 env's step is untouched). The space
+    is shown as it is: ``env_spec`` records its dtype (``EnvSpec.env_action_dtype``) and its exact bounds, and
+    ``load_policy`` hands the user's own env actions in that dtype."""
+
+    def __init__(self, env: gym.Env):
+        super().__init__(env)
+        self.cast = ActionCast(env.action_space)
+
+    def action(self, action):
+        return self.cast(action)
+
+
+def with_env_actions(env: gym.Env) -> gym.Env:
+    """``env`` wrapped so that it receives actions in its own action space: ``DiscreteStart`` for a Discrete with a
+    non-zero start, ``ActionDtype`` for a space of another dtype than the policy's; ``env`` itself otherwise."""
+    translate = env_action(env.action_space)
+    if translate is None:
+        return env
+    return DiscreteStart(env) if isinstance(translate, IndexShift) else ActionDtype(env)
 
 
 def discrete_start(env: gym.Env) -> int:

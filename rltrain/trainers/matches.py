@@ -6,9 +6,11 @@ observation; or, for self-play, the learner against a fixed opponent, its seat a
 that acts for them (one forward per policy per step). A seat given no policy plays uniformly random legal
 moves (``random_action``), from a generator seeded by the eval seed.
 
-A zero-sum game (every agent's return summing to zero in each episode: ``zero_sum``, from the episodes played)
-trained without self-play has a mean over agents that is 0 whatever they learn; its evaluation plays each
-agent's policy against random legal moves instead (``AgentsEvaluation``), as self-play's does.
+A constant-sum game (every agent's return summing to the same constant in each episode: ``constant_sum``, from
+the episodes played; zero-sum games, and games paying 1 to the winner and 0 to the loser) trained without
+self-play has a mean over agents that is that constant over the number of agents whatever they learn; its
+evaluation plays each agent's policy against random legal moves instead (``AgentsEvaluation``), as self-play's
+does.
 """
 
 from __future__ import annotations
@@ -23,7 +25,8 @@ import torch
 
 from rltrain.data.agents import AgentsSpec
 from rltrain.data.structs import MASK_KEY, EnvSpec, Metrics, Policy, obs_buffer, obs_map
-from rltrain.envs.multiagent import AgentEnv, report_env_warnings
+from rltrain.envs.multiagent import AgentEnv
+from rltrain.envs.pz_warnings import report_env_warnings
 from rltrain.models.agents import AgentPolicies, AgentPolicy
 from rltrain.models.cores import reset_state
 from rltrain.trainers.episodes import NO_LIMIT_CAP
@@ -33,6 +36,7 @@ from rltrain.trainers.finite import NonFiniteError, non_finite_line
 Seats = Callable[[int, str], Policy | None]  # (episode, agent) -> the policy acting for it, None: random moves
 PROBE_EPISODES = 4  # random games the zero-sum checks play (self-play's, and an evaluation's that cannot tell)
 PROBE_STEPS = 2000  # ... and at most this many steps in all
+CONSTANT_SUM_EPISODES = 4  # episodes a non-zero constant sum is claimed from, at least (``constant_sum``)
 
 
 def play(make_env: Callable[..., Any], spec: AgentsSpec, seats: Seats, *, episodes: int, eval_seed: int,
@@ -179,15 +183,40 @@ def random_games(make: Callable[[], Any], spec: AgentsSpec, *, seed: int = 0) ->
 
 def sums_to_zero(returns: dict[str, float]) -> bool:
     """One episode's returns of all agents add up to zero (up to float rounding)."""
-    return abs(sum(returns.values())) <= 1e-6 * max(1.0, *(abs(r) for r in returns.values()))
+    return _sums_to(returns, 0.0)
 
 
-def zero_sum(episodes: list[dict[str, float]]) -> bool | None:
-    """What the episodes say of the game: True (zero-sum) when every episode's returns sum to zero and some are
-    not zero, False when an episode's do not sum to zero, None when every return is zero (they cannot tell)."""
-    if not all(sums_to_zero(r) for r in episodes):
-        return False
-    return True if any(v != 0 for r in episodes for v in r.values()) else None
+def _sums_to(returns: dict[str, float], total: float) -> bool:
+    """One episode's returns add up to ``total``, up to float rounding at the returns' own scale."""
+    return abs(sum(returns.values()) - total) <= 1e-6 * max(1.0, abs(total), *(abs(r) for r in returns.values()))
+
+
+def constant_sum(episodes: list[dict[str, float]]) -> float | None:
+    """The constant every episode's returns of all agents sum to, where the episodes show a constant-sum game
+    (then the mean over agents is that constant over the number of agents, whatever they learn); else None:
+    sums that differ, or episodes that cannot tell. Zero (a zero-sum game) is told by any episode with a non-zero
+    return: one agent's gain is another's loss. A non-zero constant needs ``CONSTANT_SUM_EPISODES`` episodes at
+    least whose splits differ (a win for each side, a draw): one split every time could as well be a fixed
+    payout (a cooperative game paying everyone 1), and draws only (0.5 each) tell no more than zeros do."""
+    if not episodes:
+        return None
+    total = sum(episodes[0].values())
+    if not all(_sums_to(r, total) for r in episodes):
+        return None
+    if _sums_to(episodes[0], 0.0):
+        return 0.0 if any(v != 0 for r in episodes for v in r.values()) else None
+    splits = {tuple(np.round(list(r.values()), 6)) for r in episodes}
+    return round(total, 6) if len(episodes) >= CONSTANT_SUM_EPISODES and len(splits) > 1 else None
+
+
+def game_constant(episodes: list[dict[str, float]], make: Callable[[], Any], spec: AgentsSpec, *,
+                  seed: int) -> float | None:
+    """``constant_sum`` of the policies' ``episodes`` and of a few games of random legal moves (played where the
+    episodes' sums agree: policies that always draw, or always split the same way, tell nothing, and a game that
+    sums to a constant only under the policies' moves is not constant-sum)."""
+    if episodes and all(_sums_to(r, sum(episodes[0].values())) for r in episodes):
+        episodes = episodes + random_games(make, spec, seed=seed)
+    return constant_sum(episodes)
 
 
 def zero_sum_problem(make: Callable[[], Any], spec: AgentsSpec, *, seed: int = 0) -> str | None:
@@ -204,25 +233,29 @@ def zero_sum_problem(make: Callable[[], Any], spec: AgentsSpec, *, seed: int = 0
     return None
 
 
-def outcomes(returns: np.ndarray) -> dict[str, float]:
-    """Win / draw / loss rates of a zero-sum game from one player's returns (> 0, == 0, < 0)."""
+def outcomes(returns: np.ndarray, *, share: float = 0.0) -> dict[str, float]:
+    """Win / draw / loss rates of a constant-sum game from one player's returns: above, at or below ``share``,
+    its fair share of the constant (the constant over the number of players: 0 in a zero-sum game, 0.5 where a
+    win pays 1 and a loss 0)."""
     n = max(len(returns), 1)
-    return {"win": float((returns > 0).sum() / n), "draw": float((returns == 0).sum() / n),
-            "loss": float((returns < 0).sum() / n)}
+    draw = np.isclose(returns, share, rtol=0.0, atol=1e-6 * max(1.0, abs(share)))
+    return {"win": float(((returns > share) & ~draw).sum() / n), "draw": float(draw.sum() / n),
+            "loss": float(((returns < share) & ~draw).sum() / n)}
 
 
 class AgentsEvaluation(Evaluation):
     """The loop's evaluations on a multi-agent env (``Evaluation``'s cadence, best checkpoint and timing):
     ``eval/return_mean`` is the mean over agents (and ``eval/return_mean/<agent>`` each agent's); with self-play
     it is the learner's return against random legal moves, with its win / draw / loss rates against them and
-    against the pool's newest version. A zero-sum game without self-play (``zero_sum``, decided at this session's
-    first evaluation from its episodes, and from a few random games where they cannot tell or say zero-sum) is
+    against the pool's newest version. A constant-sum game without self-play (zero-sum included; ``constant``,
+    decided at this session's first evaluation from its episodes and a few random games: ``game_constant``) is
     evaluated as self-play is against random moves, each agent's policy in its own seat, its head-to-head
     returns beside. ``LoopState.eval_summary`` keeps what the summary reports of it."""
 
     def __init__(self, *args: Any, **kwargs: Any):
         super().__init__(*args, **kwargs)
-        self.zero_sum: bool | None = None  # None: no evaluation has decided it yet
+        self.decided = False  # whether an evaluation has decided ``constant`` yet
+        self.constant: float | None = None  # what the agents' returns sum to in every episode (None: no constant)
 
     def _evaluate(self, final: bool) -> Metrics:
         """(``Evaluation.__call__`` runs it: a stop request ends it at once, a new best is checkpointed after.)"""
@@ -234,6 +267,7 @@ class AgentsEvaluation(Evaluation):
                   "max_steps": ev.max_episode_steps or self.s.env.max_episode_steps or NO_LIMIT_CAP}
         row: Metrics = {}
         summary: dict = {}
+        share = 0.0  # a player's fair share of a constant-sum game's constant: a draw's return
         for deterministic in (ev.deterministic, not ev.deterministic)[: 2 if ev.both_modes else 1]:
             headline = deterministic == ev.deterministic
             opponents: tuple[str, ...] = ("random", "latest")
@@ -241,9 +275,12 @@ class AgentsEvaluation(Evaluation):
                 rets = evaluate_agents(policies, self.s.env.make, deterministic=deterministic, **common)
                 per_agent = dict(zip(agents, rets.mean(0).tolist(), strict=True))
                 episode, opponents = rets.mean(1), ()
-                if self._zero_sum(rets):
+                if (constant := self._constant(rets)) is not None:
+                    share = constant / len(agents)
                     if headline:
-                        summary.update(zero_sum=True, eval_head_to_head_per_agent=per_agent)
+                        if constant == 0:  # what summaries said before constant sums were told apart: kept
+                            summary["zero_sum"] = True
+                        summary.update(constant_sum=constant, eval_head_to_head_per_agent=per_agent)
                         row.update({f"eval/head_to_head/{a}": v for a, v in per_agent.items()})
                     opponents = ("random",)
             if opponents:
@@ -253,7 +290,7 @@ class AgentsEvaluation(Evaluation):
                 for opponent in opponents if headline else ():
                     returns = episode if opponent == "random" else evaluate_match(
                         policies, self.s.env.make, opponent=opponent, deterministic=deterministic, **common)[0]
-                    summary[f"eval_vs_{opponent}"] = outcomes(returns)
+                    summary[f"eval_vs_{opponent}"] = outcomes(returns, share=share)
                     row.update({f"eval/{k}_vs_{opponent}": v for k, v in summary[f"eval_vs_{opponent}"].items()})
             mean = float(episode.mean())
             if not math.isfinite(mean):
@@ -271,27 +308,28 @@ class AgentsEvaluation(Evaluation):
             self._final_notes(summary)
         return self._record(row, summary, t0)
 
-    def _zero_sum(self, rets: np.ndarray) -> bool:
-        """Whether the game is zero-sum (decided once a session): the evaluation's head-to-head episodes (``rets``
-        [episodes, agents]) show it, and so do a few games of random moves (policies that always draw tell
-        nothing; a game zero-sum only under the policies' moves is not)."""
-        if self.zero_sum is None:
+    def _constant(self, rets: np.ndarray) -> float | None:
+        """The constant the game's returns sum to, or None (decided once a session, ``game_constant``): from the
+        evaluation's head-to-head episodes (``rets`` [episodes, agents]) and a few games of random moves."""
+        if not self.decided:
             spec = self.algo.policy.spec  # type: ignore[union-attr]
             episodes = [dict(zip(spec.agents, r, strict=True)) for r in rets.tolist()]
-            if zero_sum(episodes) is not False:
-                episodes += random_games(self.s.env.make, spec, seed=self.eval_seed)
-            self.zero_sum = bool(zero_sum(episodes))
-        return self.zero_sum
+            self.constant = game_constant(episodes, self.s.env.make, spec, seed=self.eval_seed)
+            self.decided = True
+        return self.constant
 
     def _final_notes(self, summary: dict) -> None:
-        """What the end of the run says once: a zero-sum game's headline, and PettingZoo's repeated warnings."""
-        if summary.get("zero_sum"):
+        """What the end of the run says once: a constant-sum game's headline, and PettingZoo's repeated warnings."""
+        if "constant_sum" in summary:
+            constant, n = summary["constant_sum"], len(summary["eval_head_to_head_per_agent"])
             rates = ", ".join(f"{k} {v:.2f}" for k, v in summary["eval_vs_random"].items())
-            print(f"[rltrain] env.id={self.s.env.id} is a zero-sum game (its agents' returns summed to zero in every "
-                  "episode): their mean is 0 whatever they learn (so is train_return_last100), so final_eval_return "
-                  f"is each agent's policy against random legal moves ({rates}; head to head: "
-                  "eval_head_to_head_per_agent); algo.self_play=true trains one policy against its past versions",
-                  flush=True)
+            game, total = ("zero-sum", "zero") if constant == 0 else ("constant-sum", f"{constant:g}")
+            # self-play's probe takes zero-sum games only: suggested where it would be accepted
+            tip = "; algo.self_play=true trains one policy against its past versions" if constant == 0 else ""
+            print(f"[rltrain] env.id={self.s.env.id} is a {game} game (its agents' returns summed to {total} in every "
+                  f"episode): their mean is {constant / n:g} whatever they learn (so is train_return_last100), so "
+                  f"final_eval_return is each agent's policy against random legal moves ({rates}; head to head: "
+                  f"eval_head_to_head_per_agent){tip}", flush=True)
         report_env_warnings()
 
     def _record(self, row: Metrics, summary: dict, t0: float) -> Metrics:

@@ -156,6 +156,65 @@ def turns(players: int = 2, target: int = 7, zero_sum: bool = True) -> Turns:
     return Turns(players, target, zero_sum)
 
 
+class Picky(ParallelEnv):
+    """Two agents whose action spaces rltrain translates at the env boundary, each checking what it gets as a
+    strict env does: ``chooser`` acts in Discrete(3, start=-1) (-1, 0, 1; +1 for the value its one-hot
+    observation points to, and an ``action_mask`` key when ``masked``: value 1 illegal), ``mover`` in
+    Box(-0.1, 0.3, (2,), float64) (minus its distance to the observed target). ``step`` raises on an action
+    outside its agent's space or of another dtype. Observations are float64; episodes last ``length`` steps."""
+
+    metadata = {"name": "picky_v0", "is_parallelizable": True}
+
+    def __init__(self, length: int = 6, masked: bool = False):
+        self.length, self.masked = length, masked
+        self.possible_agents = ["chooser", "mover"]
+        choice = spaces.Box(0, 1, (3,), np.float64)
+        self._obs = {"chooser": spaces.Dict({"observation": choice, "action_mask": spaces.MultiBinary(3)})
+                     if masked else choice, "mover": spaces.Box(-1, 1, (2,), np.float64)}
+        self._act = {"chooser": spaces.Discrete(3, start=-1), "mover": spaces.Box(-0.1, 0.3, (2,), np.float64)}
+
+    def observation_space(self, agent):
+        return self._obs[agent]
+
+    def action_space(self, agent):
+        return self._act[agent]
+
+    def _observe(self) -> dict:
+        self.pick = int(self.rng.integers(2 if self.masked else 3))  # the index of the value to choose
+        self.target = self.rng.uniform(-1, 1, 2)
+        choice = np.eye(3)[self.pick]
+        return {"chooser": {"observation": choice, "action_mask": np.array([1, 1, 0], np.int8)} if self.masked
+                else choice, "mover": self.target.copy()}
+
+    def reset(self, seed=None, options=None):
+        if seed is not None or not hasattr(self, "rng"):
+            self.rng = np.random.default_rng(seed)
+        self.t = 0
+        self.agents = list(self.possible_agents)
+        return self._observe(), {a: {} for a in self.agents}
+
+    def step(self, actions):
+        chosen, moved = actions["chooser"], actions["mover"]
+        if not self._act["chooser"].contains(chosen) or (self.masked and int(chosen) == 1):
+            raise ValueError(f"chooser's action {chosen!r} is not in {self._act['chooser']} (or is masked)")
+        space = self._act["mover"]
+        if not (isinstance(moved, np.ndarray) and moved.dtype == space.dtype and space.contains(moved)):
+            raise ValueError(f"mover's action {moved!r} ({getattr(moved, 'dtype', type(moved))}) is not in {space}")
+        rewards = {"chooser": float(int(chosen) == self.pick - 1),
+                   "mover": -float(np.abs(moved - np.clip(self.target, space.low, space.high)).sum())}
+        self.t += 1
+        done = self.t >= self.length
+        truncs = dict.fromkeys(self.agents, done)
+        out = self._observe(), rewards, dict.fromkeys(self.agents, False), truncs, {a: {} for a in self.agents}
+        if done:
+            self.agents = []
+        return out
+
+
+def picky(length: int = 6, masked: bool = False) -> Picky:
+    return Picky(length, masked)
+
+
 class Odd(ParallelEnv):
     """Two agents whose observations rltrain cannot take as they are: ``text`` observes a Text space (no
     encoder); ``tagged`` a Dict with a Text part beside a Box, and no ``state()`` (no global state can be joined:

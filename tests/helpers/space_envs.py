@@ -5,6 +5,9 @@
 - ``MultiBinaryEnv``: MultiBinary actions; each bit is rewarded for copying the observed bit.
 - ``StartDiscreteEnv``: ``Discrete(3, start=-2)`` actions (-2, -1, 0); the action equal to the observed target
   is rewarded, and ``step`` raises on any action outside the space (an index handed on unshifted).
+- ``StrictDtypeEnv``: a float Box action space of another dtype than float32 (float64 by default, bounds that
+  float32 rounds outward) whose ``step`` raises unless the action has the space's own dtype and lies in it, as
+  an env that checks dtypes strictly does (Gymnasium's ``contains`` takes float32 for a float64 space).
 - ``MaskedEnv``: Discrete (or MultiDiscrete, ``multi=True``) actions of which a random subset is legal each
   step; a legal action earns 1, an illegal one ends the episode with a penalty of -10. The observation shows
   the legal set, so an unmasked policy can learn it too, only slower. The mask is offered as ``source`` says:
@@ -94,6 +97,33 @@ class StartDiscreteEnv(gym.Env):
         if not self.action_space.contains(action):
             raise ValueError(f"action {action!r} is not in {self.action_space}")
         reward = float(int(action) == self.start + self.target)
+        self.t += 1
+        return self._observe(), reward, False, self.t >= self.length, {}
+
+
+class StrictDtypeEnv(gym.Env):
+    """obs: a target in [-1, 1]^2 (``obs_dtype``); action Box(-0.1, 0.3, (2,), ``dtype``); reward: minus the
+    distance to the target clipped into the action range. See the module docstring for ``step``."""
+
+    def __init__(self, dtype: str = "float64", obs_dtype: str = "float64", length: int = 8):
+        self.action_space = spaces.Box(-0.1, 0.3, (2,), np.dtype(dtype))
+        self.observation_space = spaces.Box(-1.0, 1.0, (2,), np.dtype(obs_dtype))
+        self.length, self.t = length, 0
+
+    def _observe(self) -> np.ndarray:
+        self.target = self.np_random.uniform(-1.0, 1.0, 2).astype(self.observation_space.dtype)
+        return self.target.copy()
+
+    def reset(self, *, seed: int | None = None, options: dict | None = None):
+        super().reset(seed=seed)
+        self.t = 0
+        return self._observe(), {}
+
+    def step(self, action):
+        space = self.action_space
+        if not (isinstance(action, np.ndarray) and action.dtype == space.dtype and space.contains(action)):
+            raise ValueError(f"action {action!r} ({getattr(action, 'dtype', type(action))}) is not in {space}")
+        reward = -float(np.abs(action - np.clip(self.target, space.low, space.high)).sum())
         self.t += 1
         return self._observe(), reward, False, self.t >= self.length, {}
 
