@@ -28,6 +28,14 @@ def _chain(env: gym.Env) -> list[str]:
     return names[::-1]  # innermost first
 
 
+def _wrapper_chain(env: gym.Env) -> list[gym.Env]:
+    chain = []
+    while isinstance(env, gym.Wrapper):
+        chain.append(env)
+        env = env.env
+    return chain
+
+
 def _one_line(err: pytest.ExceptionInfo) -> str:
     msg = str(err.value)
     assert "\n" not in msg, msg
@@ -97,12 +105,29 @@ def test_wrappers_apply_in_order_by_gymnasium_name_our_name_and_import_path():
     assert reward == 1.0  # CartPole's 1 clipped to 0.5 then signed
 
 
+@pytest.mark.parametrize("override", [
+    f"env.wrappers=[{{{HELPER}.RewardLog: {{label: tagged}}}}]",  # the dotted import path, as Hydra's _target_
+    f"env.wrappers=[{{{HELPER}\\:RewardLog: {{label: tagged}}}}]",  # the colon form, escaped
+], ids=["dotted", "escaped-colon"])
+def test_a_wrapper_named_by_import_path_takes_keyword_arguments_on_the_command_line(override):
+    """Hydra's override grammar reads a bare ':' inside {key: value} as the separator: a wrapper named by its
+    import path gets keyword arguments from the command line in the dotted form or with the colon escaped."""
+    wrappers = OmegaConf.to_container(compose_cfg(["experiment=none", override]).env.wrappers)
+    env = make_env("CartPole-v1", wrappers=wrappers)
+    log = next(e for e in _wrapper_chain(env) if type(e).__name__ == "RewardLog")
+    assert log.label == "tagged"
+    env.reset(seed=0)
+    env.step(0)
+    assert log.rewards == [1.0]
+
+
 @pytest.mark.parametrize("entry, expect", [
     ("FrameStack", "unknown wrapper 'FrameStack'; did you mean 'FrameStackObservation'"),
     ("EpisodicLives", "did you mean 'EpisodicLife'"),
     ({"FrameStackObservation": {"stacksize": 4}}, "FrameStackObservation rejected its arguments"),
     ({"ClipReward": {"min_reward": 2, "max_reward": 1}}, "ClipReward("),
     (f"{HELPER}:NoSuchWrapper", "cannot import"),
+    (f"{HELPER}.NoSuchWrapper", "cannot import"),
     ({"A": {}, "B": {}}, "is not a name or {name: {kwargs}}"),
     ("EpisodicLife", "EpisodicLife needs an ALE (Atari) env"),
 ])

@@ -303,16 +303,19 @@ def parse_entry(entry: Any) -> tuple[str, dict[str, Any]]:
 
 
 def resolve_wrapper(name: str) -> type:
-    """A wrapper class by our name, Gymnasium's class name or an import path ``package.module:Wrapper``."""
+    """A wrapper class by our name, Gymnasium's class name or an import path: ``package.module:Wrapper`` or, as
+    Hydra's ``_target_`` writes one, ``package.module.Wrapper``. The dotted form is the one a command line can give
+    keyword arguments to: Hydra's override grammar reads a bare ``:`` inside ``{key: value}`` as the separator
+    (``'env.wrappers=[{pkg.mod.Wrapper: {k: 1}}]'``; the colon form needs it escaped, ``pkg.mod\\:Wrapper``)."""
     if name in OURS:
         return OURS[name]
     known = _gymnasium_wrappers()
     if name in known:
         return known[name]
-    if ":" not in name:
+    if ":" not in name and "." not in name:
         raise ConfigError(f"env.wrappers: unknown wrapper {name!r}{close_matches(name, [*OURS, *known])} "
-                          "(or give an import path 'package.module:Wrapper')")
-    module_name, _, attr = name.partition(":")
+                          "(or give an import path 'package.module:Wrapper' or 'package.module.Wrapper')")
+    module_name, _, attr = name.partition(":") if ":" in name else name.rpartition(".")
     try:
         return getattr(importlib.import_module(module_name), attr)
     except (ImportError, AttributeError) as err:

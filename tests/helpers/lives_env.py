@@ -76,11 +76,13 @@ def needs_mujoco() -> gym.Env:
 
 
 class RewardLog(gym.Wrapper):
-    """Records every reward that passes through (put it first in ``env.wrappers`` to see raw rewards)."""
+    """Records every reward that passes through (put it first in ``env.wrappers`` to see raw rewards); ``label``:
+    a keyword argument, for the tests that hand one to a wrapper named by its import path."""
 
-    def __init__(self, env: gym.Env):
+    def __init__(self, env: gym.Env, label: str = ""):
         super().__init__(env)
         self.rewards: list[float] = []
+        self.label = label
 
     def step(self, action):
         obs, reward, terminated, truncated, info = self.env.step(action)
