@@ -6,6 +6,7 @@ rltrain-export, rltrain-report on malformed files and on a symlink loop, and rlt
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -105,7 +106,8 @@ def test_report_survives_a_symlink_loop_and_malformed_files(finished, tmp_path):
     bad_yaml.mkdir()
     (bad_yaml / "summary.json").write_text(json.dumps({"status": "failed"}))
     (bad_yaml / "config.yaml").write_text("a: [unclosed\n")
-    res = _tool("rltrain.cli.report", str(sweep), "--json", cwd=tmp_path)  # the timeout catches a hang
+    # --plot: the curves read every metrics.csv, the malformed one too; the timeout catches a hang
+    res = _tool("rltrain.cli.report", str(sweep), "--json", "--plot", str(tmp_path / "curves.png"), cwd=tmp_path)
     assert res.returncode == 0, res.stderr[-3000:]
     assert "Traceback" not in res.stderr
     warnings = [ln for ln in _stderr_lines(res) if ln.startswith("rltrain-report: warning:")]
@@ -114,6 +116,31 @@ def test_report_survives_a_symlink_loop_and_malformed_files(finished, tmp_path):
     rows = json.loads(res.stdout)
     assert sum(r["runs"] for r in rows) == 2  # the good run (once, despite two loops) and 3_bad_csv
 
+
+@pytest.mark.parametrize("experiment", ["experiment=none", "experiment=auto", "experiment=ppo_cartpole"])
+def test_check_judges_the_run_dir_rltrain_would_use_whatever_experiment_says(finished, tmp_path, experiment):
+    """resolve_experiment drops experiment=none / auto (or adds a preset): the command is still one run."""
+    res = _tool("rltrain.cli.check", "debug=smoke", experiment, f"hydra.run.dir={finished}", cwd=tmp_path)
+    said = " ".join((res.stdout + res.stderr).split())  # rich wraps the line at the terminal's width
+    assert res.returncode == 2 and f"hydra.run.dir={finished} holds an earlier run's checkpoints" in said, said
+    assert "job(s) valid" not in said and "multirun" not in said
+    if experiment == "experiment=none":  # rltrain refuses the very same command in the same words
+        ran = _tool("rltrain", "debug=smoke", experiment, f"hydra.run.dir={finished}", cwd=tmp_path)
+        assert ran.returncode == 2 and "holds an earlier run's checkpoints" in ran.stderr, ran.stderr[-2000:]
+
+
+def test_check_is_a_multirun_exactly_when_rltrain_is(tmp_path):
+    """-m makes one job a sweep job (its dir under hydra.sweep.dir), also where a preset is added; without -m a
+    sweep value is refused, as rltrain refuses it."""
+    sweep = tmp_path / "sweep"
+    res = subprocess.run([sys.executable, "-m", "rltrain.cli.check", "-m", "debug=smoke", f"hydra.sweep.dir={sweep}"],
+                         capture_output=True, text=True, timeout=180, cwd=tmp_path,
+                         env={**os.environ, "COLUMNS": "400"})  # the dir on one table row
+    said = " ".join(res.stdout.split())
+    assert res.returncode == 0 and "preset experiment=ppo_cartpole" in said, said
+    assert f"job 0 dir │ {sweep}/0" in said and "1/1 job(s) valid" in said, said
+    res = _tool("rltrain.cli.check", "debug=smoke", "seed=1,2", cwd=tmp_path)
+    assert res.returncode == 2 and "add --multirun" in res.stderr, res.stdout[-2000:] + res.stderr[-2000:]
 
 def test_check_runs_the_checks_a_start_runs(finished, tmp_path):
     res = _tool("rltrain.cli.check", "debug=smoke", f"hydra.run.dir={finished}", "resume=auto",

@@ -133,3 +133,33 @@ def test_sigint_stops_all_agents_with_checkpoints(tmp_path, orphan_watch):
         assert agent["status"] == "completed" and agent["total_env_steps"] >= budget
         first = non_wall_columns(tmp_path / "run" / f"agent_{k}" / "metrics.csv")[0]
         assert int(float(first["env_steps"])) <= steps[k]  # rows from before the stop were kept
+
+
+def test_wall_time_adds_up_over_a_sigterm_and_resume(tmp_path, orphan_watch):
+    """The parent's wall_time_s, like each agent's, is the run's over every session, not the last one's."""
+    proc = subprocess.Popen([sys.executable, "-m", "rltrain", *SMOKE, "trainer.num_agents=1",
+                             "total_env_steps=10000000", "logger.progress=plain", "hydra.run.dir=run"],
+                            cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline:  # the agent is training
+        line = proc.stdout.readline()
+        if not line or ("steps (" in line and not line.split("]")[1].strip().startswith("0/")):
+            break
+    time.sleep(3)  # a first session clearly longer than the second's start-up: the sum is not the last
+    proc.send_signal(signal.SIGTERM)  # what `kill` and SLURM send the parent; it stops the agent
+    _, err = proc.communicate(timeout=180)
+    assert proc.returncode == 143, err
+    run = tmp_path / "run"
+    first, agent_first = summary(run), summary(run / "agent_0")["wall_time_s"]
+    assert first["status"] == "interrupted" and first["wall_time_s"] > agent_first > 0, first
+    budget = first["agents"][0]["total_env_steps"] + 512
+    started = time.monotonic()
+    out = run_cli([*SMOKE, "trainer.num_agents=1", f"total_env_steps={budget}", "hydra.run.dir=run", "resume=auto"],
+                  cwd=tmp_path, timeout=600)
+    elapsed = time.monotonic() - started
+    assert out.returncode == 0, out.stderr
+    final, agent = summary(run), summary(run / "agent_0")["wall_time_s"]
+    assert final["status"] == "completed" and agent > agent_first  # the agent's own: its checkpoint's counter
+    # the parent's second session holds the agent's, and lies within the command's time
+    assert first["wall_time_s"] + (agent - agent_first) <= final["wall_time_s"] <= first["wall_time_s"] + elapsed

@@ -207,6 +207,35 @@ def test_five_seeds_give_no_warning(tmp_path):
     assert "warning" not in out.stderr
 
 
+def _files(root: Path) -> set[Path]:
+    return {f for f in root.rglob("*") if f.is_file()}
+
+
+@pytest.mark.parametrize("flags", [[], ["--json"]], ids=["table", "json"])
+def test_the_report_writes_nothing_it_was_not_asked_for(tmp_path, monkeypatch, capsys, flags):
+    """Run dirs and the sweep dir are records of runs: a report reads them and leaves them (and the current
+    dir) as they were; --json puts nothing but the JSON on stdout."""
+    sweep = _sweep_of_groups(tmp_path / "runs", 2)
+    parallel = tmp_path / "runs" / "parallel"  # a trainer=parallel run dir: the agents are its runs
+    for k, job in enumerate(sorted(sweep.iterdir())[:2]):
+        shutil.copytree(job, parallel / f"agent_{k}")
+    (parallel / "summary.json").write_text(json.dumps({"status": "completed"}))
+    work = tmp_path / "work"
+    work.mkdir()
+    monkeypatch.chdir(work)
+    before = _files(tmp_path)
+    for paths in ([*sorted(sweep.iterdir())[:2]], [sweep], [parallel]):
+        report.main([*map(str, paths), *flags])
+        out, err = capsys.readouterr()
+        assert _files(tmp_path) == before and "wrote" not in err, err
+        if flags:
+            assert json.loads(out)  # all of stdout is the JSON
+    report.main([str(sweep), *flags, "--plot", str(work / "curves.png")])
+    assert (work / "curves.png").stat().st_size > 1000 and f"wrote {work / 'curves.png'}" in capsys.readouterr().err
+    report.main([str(sweep), "--out", str(work / "md" / "r.md"), "--plot", str(work / "curves.png")])
+    assert "![learning curves](../curves.png)" in (work / "md" / "r.md").read_text()  # the link finds the PNG
+    assert _files(tmp_path) - before == {work / "curves.png", work / "md" / "r.md"}
+
 @pytest.mark.slow
 def test_report_on_a_real_multirun_labels_by_algo(tmp_path):
     res = run_cli(["-m", "algo=ppo,a2c", *SMOKE, f"hydra.sweep.dir={tmp_path / 'sweep'}"], cwd=tmp_path, timeout=300)

@@ -143,3 +143,26 @@ def test_a_resume_that_takes_no_step_ends_as_the_uninterrupted_run(tmp_path, mon
     again = run(compose_cfg(cfg + ["resume=auto"]), tmp_path / "once")  # a finished run, resumed
     assert again["sps"] == once["sps"] and again["final_eval_return"] == once["final_eval_return"]
     assert read_metrics(tmp_path / "once" / "metrics.csv") == rows_once
+
+
+@pytest.mark.parametrize("keep", [False, True], ids=["buffer-dropped", "buffer-kept"])
+def test_a_resume_without_the_replay_buffer_says_so_at_start(tmp_path, capsys, keep):
+    """checkpoint.replay_buffer=false: the resumed run's buffer starts empty (the warm-up is not repeated, the
+    updates wait for one batch); a start line says so and how to keep it, none where it was kept."""
+    base = ["debug=smoke", "logger=quiet", "logger.progress=plain", "algo=dqn", "experiment=none", "env.num_envs=2",
+            "algo.rollout_len=4", "algo.learning_starts=200", "algo.batch_size=32", "algo.buffer_size=2000",
+            "model.hidden_sizes=[16,16]", "eval.every_env_steps=0", "checkpoint.every_env_steps=256",
+            f"checkpoint.replay_buffer={str(keep).lower()}"]
+    run(compose_cfg([*base, "total_env_steps=256"]), tmp_path / "run")
+    capsys.readouterr()
+    summary = run(compose_cfg([*base, "total_env_steps=512", "resume=auto"]), tmp_path / "run")
+    assert summary["resumed_from_env_steps"] == 256
+    said = [line for line in capsys.readouterr().out.splitlines() if "replay buffer" in line]
+    if keep:
+        assert said == []
+        return
+    assert len(said) == 1 and said[0].startswith(f"[rltrain] resume from {tmp_path / 'run' / 'checkpoints'}/")
+    assert said[0].endswith(": the replay buffer was not checkpointed (checkpoint.replay_buffer=false): it starts "
+                            "empty; updates wait until it holds algo.batch_size=32 transitions (about 32 env steps), "
+                            "then sample only what was collected since the resume until it fills up again; "
+                            "checkpoint.replay_buffer=true keeps it in checkpoints"), said

@@ -162,6 +162,12 @@ class Algorithm(ABC):
     @abstractmethod
     def load_state_dict(self, state: dict) -> None: ...
 
+    def resume_note(self, state: dict) -> str | None:
+        """One line on what a resume from ``state`` (a checkpoint's ``algo`` entry, just loaded) did not restore
+        and how that changes the run (trainers/checkpointing.py prints it at start); None where it restored
+        everything."""
+        return None
+
 
 def positive(name: str, value: float, *, allow_zero: bool = False) -> None:
     """Fail with the key name when a size or rate is not positive, or not finite (nan passes ``value < 0``)."""

@@ -298,3 +298,15 @@ class OffPolicy(Algorithm):
         self.unwritten.clear()
         if "replay_buffer" in state:
             self.buffer.load_state_dict(state["replay_buffer"])
+
+    def resume_note(self, state: dict) -> str | None:
+        if "replay_buffer" in state:
+            return None
+        if self.env_steps < self.learning_starts:
+            refill = f"the random warm-up refills it until algo.learning_starts={self.learning_starts} env steps"
+        else:  # the warm-up is over: no second one, the updates go on as soon as a batch can be sampled
+            refill = (f"updates wait until it holds algo.batch_size={self.batch_size} transitions (about "
+                      f"{self.batch_size * self.sync.world_size} env steps), then sample only what was collected "
+                      "since the resume until it fills up again")
+        return (f"the replay buffer was not checkpointed (checkpoint.replay_buffer=false): it starts empty; {refill}; "
+                "checkpoint.replay_buffer=true keeps it in checkpoints")

@@ -2,7 +2,8 @@
 
 The thing to run before submitting 500 jobs: it builds the config exactly as ``rltrain`` does (same overrides,
 same validation, the algorithm and trainer constructors' keyword checks), then prints the process layout, the
-seed table, the batch arithmetic and the output dir. A sweep (``a=1,2``) is expanded and every job is validated.
+seed table, the batch arithmetic and the output dir. A sweep (``-m a=1,2``: a multirun exactly where ``rltrain``
+runs one) is expanded and every job is validated.
 Exit code 0 when every job is valid, 2 (one line per bad job) otherwise.
 """
 
@@ -182,9 +183,20 @@ def start_checks(plain: dict, run_dir: Path) -> None:
         raise ConfigError(error)
 
 
+def asks_multirun(argv: list[str]) -> bool:
+    """Whether the command line asks for a multirun, as Hydra decides it for ``rltrain``: ``-m`` /
+    ``--multirun``, or ``hydra.mode=MULTIRUN``. Read from what the user typed: the overrides after
+    ``resolve_experiment`` may have lost an ``experiment=none`` or gained a preset, so their count says nothing."""
+    if any(a in ("-m", "--multirun") for a in argv):
+        return True
+    modes = [o.partition("=")[2] for o in argv if o.partition("=")[0].lstrip("+~") == "hydra.mode"]
+    return bool(modes) and modes[-1].upper() == "MULTIRUN"
+
+
 def check(overrides: list[str], console: Console, *, multirun: bool = False) -> int:
-    jobs = expand(overrides)
-    multirun = multirun or len(jobs) > 1
+    """Validate the run (or with ``multirun``, every job of the sweep) ``overrides`` describe; 0 or 2."""
+    # without -m a sweep value (a=1,2) is no sweep: Hydra refuses it in compose below, as it refuses `rltrain`
+    jobs = expand(overrides) if multirun else [overrides]
     errors = 0
     for num, job in enumerate(jobs):
         try:
@@ -231,7 +243,7 @@ def main(argv: list[str] | None = None) -> None:
         args, line = resolve_experiment(args)  # experiment=auto / none exactly as `rltrain` resolves them
         if line:
             print(f"[rltrain-check] {line}", flush=True)
-        code = check(args, Console(), multirun=len(args) < len(argv))
+        code = check(args, Console(), multirun=asks_multirun(argv))
     except (HydraException, OmegaConfBaseException) as err:
         print(f"rltrain-check: error: {one_line(err)}", file=sys.stderr)
         code = 2

@@ -7,12 +7,14 @@ sweep ``algo=ppo,a2c seed=1,2,3`` gives two rows of three seeds. Per group: mean
 95% CI of the mean of the final eval return (Agarwal et al. 2021: with few seeds, report intervals and robust
 statistics), wall time, and how many runs failed. An interval from fewer than 5 seeds is marked ``(n<5)`` and
 a warning line says so. A PNG of learning curves (one subplot per configuration and env, each with its own y
-axis; each run thin, the group mean with its band) is written from the runs' ``metrics.csv``.
+axis; each run thin, the group mean with its band) is drawn from the runs' ``metrics.csv`` where asked: ``--plot
+PATH``, or beside ``--out``'s markdown. The report only reads run dirs; it writes nothing it was not asked for.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -286,7 +288,8 @@ def main(argv: list[str] | None = None) -> None:
     ap = OneLineParser(prog="rltrain-report", description=__doc__.splitlines()[0])
     ap.add_argument("paths", nargs="+", type=Path, help="a multirun dir, run dirs, or parallel-trainer run dirs")
     ap.add_argument("--out", type=Path, help="write the table as markdown to this file (the PNG goes next to it)")
-    ap.add_argument("--plot", type=Path, help="learning-curve PNG (default: next to --out, else in the first path)")
+    ap.add_argument("--plot", type=Path, help="write the learning curves to this PNG (default: next to --out, "
+                    "else none)")
     ap.add_argument("--column", default="rollout/episode_return", help="metrics.csv column to plot")
     ap.add_argument("--json", action="store_true", help="print the rows as JSON instead of a table")
     args = ap.parse_args(argv)
@@ -306,11 +309,13 @@ def main(argv: list[str] | None = None) -> None:
     warning = few_seeds_warning(rows)
     if warning:
         print(warning, file=sys.stderr)
-    png = args.plot or (args.out.with_suffix(".png") if args.out else args.paths[0] / "report_curves.png")
-    written = plot(groups, png, args.column)
+    # a figure only where asked: the paths are run dirs (records of runs) or a sweep's, not the report's output
+    png = args.plot or (args.out.with_suffix(".png") if args.out else None)
+    written = plot(groups, png, args.column) if png else None
     if args.out:
         text = markdown(rows, title) + (f"\n> {warning.split(': ', 2)[2]}\n" if warning else "")
-        text += f"\n![learning curves]({png.name})\n" if written else ""
+        link = os.path.relpath(png, args.out.parent) if written else ""  # --plot may put it elsewhere
+        text += f"\n![learning curves]({link})\n" if written else ""
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(text)
         print(f"wrote {args.out}", file=sys.stderr)

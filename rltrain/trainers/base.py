@@ -166,6 +166,15 @@ class Trainer(ABC):
                                      **({"crashed_before": crashed} if crashed else {})})
         return crashed
 
+    def earlier_summary(self) -> dict:
+        """``summary.json`` as the previous session left it, before this one marked the run running ({} where
+        there was none, or it is unreadable): what a trainer without checkpoints of its own continues from."""
+        try:
+            earlier = json.loads(self._previous_summary or "{}")
+        except ValueError:
+            return {}
+        return earlier if isinstance(earlier, dict) else {}
+
     def record_seeds(self, trees: dict[str, SeedTree]) -> None:
         """(Re)write ``seeds.json`` with ``trees`` (a trainer calls it again when it starts a new worker)."""
         write_seeds(self.run_dir / "seeds.json", self.settings.seed, trees, drawn=self.settings.seed_drawn)

@@ -107,6 +107,9 @@ class Checkpointing:
         self.source.load_state_dict(saved_state["collector"], envs_blob)
         self.hooks.on_resume(saved_state)
         restore_rng(saved_state["rng"])  # last: building the objects above consumed RNG draws
+        note = self.algo.resume_note(saved_state["algo"])
+        if note and s.logger.progress != "off":  # a start line: what this resume leaves behind is no surprise later
+            print(f"[rltrain] resume from {path}: {note}", flush=True)
         return path
 
     # -- save ---------------------------------------------------------------------------------------------

@@ -14,6 +14,8 @@ IQM, bootstrap 95% CI; see ``rltrain.run.stats``) into ``summary.json`` and draw
 
 from __future__ import annotations
 
+import json
+import math
 import sys
 import time
 from dataclasses import dataclass
@@ -223,6 +225,24 @@ class ParallelTrainer(Trainer):
             return ""
         return f" (traceback in {path})"
 
+    def earlier_wall_s(self) -> float:
+        """The parent's wall time in the sessions this one resumes (0 for a fresh start). An agent carries its own
+        in its checkpoints; the parent has none, so it reads the summary the last session ended with: this run
+        dir's as it was before this session marked it running, or that of the run dir ``resume=`` names. A session
+        that crashed without a summary is not counted (its agents' checkpoints still count theirs)."""
+        resume = self.settings.resume
+        if resume == "never":
+            return 0.0
+        earlier = self.earlier_summary()
+        if resume != "auto" and Path(resume).resolve() != self.run_dir.resolve():
+            try:
+                earlier = json.loads((Path(resume) / "summary.json").read_text())
+            except (OSError, ValueError):
+                return 0.0
+        wall = earlier.get("wall_time_s") if isinstance(earlier, dict) and earlier.get("trainer") == self.name \
+            else None
+        return float(wall) if isinstance(wall, (int, float)) and math.isfinite(wall) and wall > 0 else 0.0
+
     def _summarize(self, records: list[dict], stop: StopFlag, aborted: str | None, wall: float) -> dict:
         from rltrain.run.plots import plot_learning_curves, read_curve
 
@@ -266,7 +286,7 @@ class ParallelTrainer(Trainer):
             **per_agent_means(records),
             "agents": records,
             "failed_agents": [r["index"] for r in records if r["status"] == "failed"],
-            "wall_time_s": wall,
+            "wall_time_s": self.earlier_wall_s() + wall,  # the run's, over its sessions, as each agent's
             "learning_curves": curves,
             "exit_code": stop.exit_code if interrupted else 1 if status == "failed" else 0,
         }
