@@ -259,6 +259,21 @@ def test_plain_progress_clamps_percent_and_eta(capsys):
     assert "-" not in lines[1].split("eta")[1]
 
 
+
+def test_the_progress_total_is_where_the_run_of_whole_updates_ends(tmp_path, capsys):
+    """total_env_steps=3000 in updates of 2048 runs to 4096: the display counts to the start line's figure, not
+    to a budget the run passes (3000/3000 at 4096 steps)."""
+    from rltrain.cli.build import run
+    from tests.conftest import compose_cfg
+
+    run(compose_cfg(["experiment=none", "total_env_steps=3000", "logger=quiet", "logger.progress=plain",
+                     "logger.progress_interval_s=0", "eval.every_env_steps=0", "eval.episodes=1"]), tmp_path / "run")
+    out = capsys.readouterr().out
+    assert "[rltrain] budget: total_env_steps=3000 runs to 4096 env steps" in out
+    lines = [line for line in out.splitlines() if line.startswith("[training]")]
+    assert lines and all("/4096 steps (" in line for line in lines), lines
+    assert lines[-1].startswith("[training] 4096/4096 steps (100%)"), lines
+
 def test_eta_counts_the_rate_from_learning_starts_on():
     from rltrain.run.progress import EtaEstimate
 

@@ -207,6 +207,11 @@ class Trainer(ABC):
         return UpdateSize(sizes.rollout_len * envs * workers * turns, text, envs * workers, sizes.rollout_len,
                           sizes.num_minibatches)
 
+    def ends_at(self) -> int:
+        """The env step this run ends at: ``total_env_steps`` in whole updates (an update is never cut short), the
+        figure the start line and rltrain-check's updates row give, and the progress display's total."""
+        return self.update_size().whole_updates(self.settings.total_env_steps)[1]
+
     def loop_algorithm(self, spec: EnvSpec) -> Algorithm | None:
         """The algorithm of the loop this trainer runs in THIS process, built now for the pre-flight checks and
         handed to that loop, so the run builds it once (seeded and placed as the loop would); None when the

@@ -61,12 +61,15 @@ class TrainerParts:
     """What a trainer plugs into the loop. ``source_factory(algo)``: where rollouts come from (None: a
     ``RolloutCollector`` over this worker's vector env); ``progress_factory``: the live display (the
     parallel trainer's agents send theirs to the parent); ``num_envs``: the env columns of one update when
-    they are not ``env.num_envs`` (the actors' learner merges several actors' rollouts)."""
+    they are not ``env.num_envs`` (the actors' learner merges several actors' rollouts); ``ends_at``: the env
+    step the run ends at, its budget in whole updates (``Trainer.ends_at``), the progress display's total (None:
+    ``total_env_steps``)."""
 
     hooks: LoopHooks = field(default_factory=LoopHooks)
     source_factory: SourceFactory | None = None
     progress_factory: Callable[..., ProgressDisplay] = ProgressDisplay
     num_envs: int | None = None
+    ends_at: int | None = None
 
 
 def to_cpu(obj):

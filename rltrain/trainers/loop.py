@@ -58,6 +58,7 @@ class TrainLoop:
         parts = parts or TrainerParts()
         self.sync, self.is_main = place.sync, place.is_main
         self.progress_factory, self.hooks = parts.progress_factory, parts.hooks
+        self.ends_at = parts.ends_at  # where the run of whole updates ends: the progress display's total
         with stop.raising("env construction"):  # an env constructor that never returns must not hold a stop
             self.spec = settings.env_spec or settings.env.spec()  # probed here only when nobody handed it on
             if algo is None:
@@ -119,7 +120,7 @@ class TrainLoop:
         total = s.total_env_steps
         cadence = Cadence({"log": s.log.every_env_steps, "eval": s.eval.every_env_steps,
                            "checkpoint": s.checkpoint.every_env_steps}, start_steps)
-        progress = self.progress_factory(total, mode=s.logger.progress if self.is_main else "off",
+        progress = self.progress_factory(self.ends_at or total, mode=s.logger.progress if self.is_main else "off",
                                          interval_s=s.logger.progress_interval_s, initial=start_steps,
                                          title=self.place.title,
                                          rate_from=self.algo.learning_starts)

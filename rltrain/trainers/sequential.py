@@ -8,7 +8,7 @@ from rltrain.run.device import pick_device
 from rltrain.run.seeding import SeedTree, derive, seed_process
 from rltrain.run.signals import StopFlag
 from rltrain.trainers.base import Trainer
-from rltrain.trainers.hooks import Placement
+from rltrain.trainers.hooks import Placement, TrainerParts
 from rltrain.trainers.loop import TrainLoop
 from rltrain.trainers.settings import SequentialSettings
 
@@ -39,5 +39,5 @@ class SequentialTrainer(Trainer):
 
     def train(self, stop: StopFlag) -> dict:
         algo, self._algo = self._algo, None  # handed over once: a second fit() builds (and seeds) its own
-        loop = TrainLoop(self.settings, self.placement(), stop, algo=algo)
+        loop = TrainLoop(self.settings, self.placement(), stop, TrainerParts(ends_at=self.ends_at()), algo=algo)
         return loop.run()

@@ -111,7 +111,7 @@ class SubprocessActorsTrainer(Trainer):
         parts = TrainerParts(hooks=ActorHooks(pool, stats), source_factory=lambda algo: ActorSource(queue, stats, stop),
                              progress_factory=functools.partial(ActorsProgress, rows=lambda: stats.progress_rows(
                                  pool.slots, queued=len(queue), capacity=plan.capacity)),
-                             num_envs=self.learner_envs())
+                             num_envs=self.learner_envs(), ends_at=self.ends_at())
         try:
             loop = TrainLoop(s, Placement(self.run_dir, trees["learner"], device, title="learner"), stop, parts)
             loop.resume()  # before the actors start: their generations (and seeds) come from the checkpoint
