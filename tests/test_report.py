@@ -198,6 +198,10 @@ def test_one_run_shows_no_interval():
     one, two = summarize({"one": [{"summary": {"status": "completed", "final_eval_return": 52.5}}],
                           "two": [{"summary": {"status": "completed", "final_eval_return": v}} for v in (1.0, 3.0)]})
     assert table_cells(one)[5] == "-" and table_cells(two)[5] == "[1.0, 3.0] (n<5)"
+    from rltrain.cli.report import few_seeds_warning
+
+    assert few_seeds_warning([one]) is None  # no interval, no warning about one
+    assert "two (n=2)" in few_seeds_warning([one, two]) and "one (n=1)" not in few_seeds_warning([one, two])
 
 
 def test_five_seeds_give_no_warning(tmp_path):

@@ -221,8 +221,9 @@ def unfinished_lines(runs: list[dict]) -> list[str]:
 
 
 def few_seeds_warning(rows: list[dict]) -> str | None:
-    """One line naming the groups whose interval rests on fewer than ``MIN_SEEDS_FOR_CI`` seeds, or None."""
-    few = [f"{r['group']} (n={r['n']})" for r in rows if 0 < r["n"] < MIN_SEEDS_FOR_CI]
+    """One line naming the groups whose interval rests on fewer than ``MIN_SEEDS_FOR_CI`` seeds, or None. A group
+    of one run has no interval (``table_cells``): nothing to warn about."""
+    few = [f"{r['group']} (n={r['n']})" for r in rows if 1 < r["n"] < MIN_SEEDS_FOR_CI]
     if not few:
         return None
     return (f"rltrain-report: warning: 95% intervals from fewer than {MIN_SEEDS_FOR_CI} seeds are rough: "
