@@ -166,6 +166,29 @@ def test_resume_command_keeps_the_other_arguments(monkeypatch):
         "rltrain algo.lr=1e-3 seed=3 'hydra.run.dir='\"'\"'/runs/it\\'\"'\"'s'\"'\"'' resume=auto"
 
 
+def test_a_multirun_job_s_resume_command_continues_that_job(tmp_path):
+    """A sweep job's resume command is that job's (its own overrides, not the sweep's command line with its -m
+    and comma lists; under SLURM, not submitit's command line): run as printed, it continues the job in its dir."""
+    env = {"PYTHONPATH": str(Path(__file__).resolve().parent.parent)}
+    sweep = ["-m", "seed=1,2", "env.id=tests.helpers.faulty_envs:SlowEnv", "+env.kwargs.sleep_s=0.004", "debug=smoke",
+             "logger=quiet", "total_env_steps=4096", "max_wall_time=1s", "hydra.sweep.dir=sweep"]
+    res = run_cli(sweep, cwd=tmp_path, env=env)
+    assert "interrupted: " in res.stderr, res.stderr[-3000:]
+    job = next((tmp_path / "sweep").glob("1_*"))
+    summary = json.loads((job / "summary.json").read_text())
+    assert summary["status"] == "interrupted" and summary["total_env_steps"] < 4096, summary
+    command = shlex.split(summary["resume_command"])
+    assert command[0] == "rltrain" and "-m" not in command and "seed=2" in command, command
+    assert not any("," in arg for arg in command if arg.startswith("seed=")), command
+    assert command[-2:] == [f"hydra.run.dir={hydra_quote(str(job))}", "resume=auto"], command
+    # as printed, with the wall-time budget lifted so that it can finish here
+    res = run_cli([*command[1:], "max_wall_time=null"], cwd=tmp_path, env=env)
+    assert res.returncode == 0, res.stderr[-3000:]
+    done = json.loads((job / "summary.json").read_text())
+    assert done["status"] == "completed" and done["seed"] == 2 and done["total_env_steps"] == 4096, done
+    assert done["resumed_from_env_steps"] == summary["total_env_steps"]
+
+
 # -- multirun: a job refused by the run-dir lock writes nothing into the live run's dir ------------------------
 def test_record_failure_never_writes_into_a_run_dir_another_run_holds(tmp_path):
     live = {"status": "running", "owner": "the live run"}

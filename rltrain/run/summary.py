@@ -77,10 +77,25 @@ def hydra_quote(value: str) -> str:
     return "'" + body.replace("${", "\\${") + "'"
 
 
+def job_overrides() -> list[str]:
+    """The overrides this run was composed from: Hydra's record of this job's own (a multirun job's, under any
+    launcher: not the sweep's command line, nor submitit's, which is ``sys.argv`` in a SLURM job); outside a Hydra
+    job (the Python API) the command line."""
+    try:
+        from hydra.core.hydra_config import HydraConfig
+
+        if HydraConfig.initialized():
+            return [str(o) for o in HydraConfig.get().overrides.task]
+    except (ImportError, ValueError):  # no Hydra, or a config without its hydra node
+        pass
+    return sys.argv[1:]
+
+
 def resume_command(run_dir: Path) -> str:
-    """The exact command that continues this run in the same directory: the run dir quoted for Hydra's
-    override grammar, then every argument quoted for a POSIX shell."""
-    args = [a for a in sys.argv[1:] if not a.startswith(("resume=", "hydra.run.dir="))]
+    """The exact command that continues this run in the same directory, as a single run (also a multirun
+    job's): the job's overrides, the run dir quoted for Hydra's override grammar, then every argument quoted for
+    a POSIX shell."""
+    args = [a for a in job_overrides() if not a.startswith(("resume=", "hydra.run.dir=", "-"))]
     return shlex.join(["rltrain", *args, f"hydra.run.dir={hydra_quote(str(run_dir))}", "resume=auto"])
 
 
