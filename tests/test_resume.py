@@ -166,3 +166,39 @@ def test_a_resume_without_the_replay_buffer_says_so_at_start(tmp_path, capsys, k
                             "empty; updates wait until it holds algo.batch_size=32 transitions (about 32 env steps), "
                             "then sample only what was collected since the resume until it fills up again; "
                             "checkpoint.replay_buffer=true keeps it in checkpoints"), said
+
+
+def test_a_periodic_evaluation_cut_by_a_stop_runs_on_resume(tmp_path, monkeypatch):
+    """A stop during the periodic evaluation at 2048 checkpoints there; the resume runs that evaluation before
+    training on: metrics.csv (its row at 2048 with the eval columns), the best evaluation and the final weights are
+    the uninterrupted run's."""
+    import signal
+
+    from rltrain.run.signals import StopRequested
+    from rltrain.trainers.evaluation import Evaluation
+
+    cfg = BASE + ["total_env_steps=4096"]
+    once = run(compose_cfg(cfg), tmp_path / "once")
+    evaluate = Evaluation._evaluate
+
+    def cut_at_2048(self, final):
+        if not final and self.state.counters["env_steps"] == 2048:
+            self.stop.request("SIGTERM")
+            raise StopRequested(signal.SIGTERM, "SIGTERM")
+        return evaluate(self, final)
+
+    monkeypatch.setattr(Evaluation, "_evaluate", cut_at_2048)
+    stopped = run(compose_cfg(cfg), tmp_path / "twice")
+    assert stopped["status"] == "interrupted" and stopped["total_env_steps"] == 2048, stopped
+    monkeypatch.setattr(Evaluation, "_evaluate", evaluate)
+    resumed = run(compose_cfg(cfg + ["resume=auto"]), tmp_path / "twice")
+    assert resumed["status"] == "completed"
+    rows_once, rows_twice = (read_metrics(tmp_path / n / "metrics.csv") for n in ("once", "twice"))
+    assert [r for r in rows_once if r["env_steps"] == "2048" and r.get("eval/return_mean")], rows_once
+    assert _without_wall_clock(rows_twice) == _without_wall_clock(rows_once)
+    assert resumed["best_eval_return"] == once["best_eval_return"]
+    best = [load_checkpoint(tmp_path / n / "checkpoints" / "best.pt")[0]["counters"]["env_steps"]
+            for n in ("once", "twice")]
+    assert best[0] == best[1], best
+    p1, p2 = (load_checkpoint(tmp_path / n / "checkpoints" / "final.pt")[0]["algo"]["policy"] for n in ("once", "twice"))
+    assert all(torch.equal(p1[k], p2[k]) for k in p1)

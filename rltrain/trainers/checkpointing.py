@@ -104,6 +104,7 @@ class Checkpointing:
         self.state.solved = saved_state.get("solved")
         self.state.last_learn = dict(saved_state.get("last_learn") or {})  # none in a checkpoint before they were
         self.state.train_sps = saved_state.get("train_sps")
+        self.state.eval_owed = saved_state.get("eval_owed")
         self.source.load_state_dict(saved_state["collector"], envs_blob)
         self.hooks.on_resume(saved_state)
         restore_rng(saved_state["rng"])  # last: building the objects above consumed RNG draws
@@ -122,6 +123,7 @@ class Checkpointing:
             # plain floats: torch.load(weights_only=True) reads them back
             "last_learn": {k: float(v) for k, v in self.state.last_learn.items()},
             "train_sps": self.state.train_sps,
+            "eval_owed": self.state.eval_owed,
             "collector": self.source.state_dict(),
             "rng": capture_rng(),
             "meta": {"algo": self.algo.name, "config": self.s.config, "eval_seed": self.place.seeds.eval_seed,

@@ -49,7 +49,10 @@ class Evaluation:
         except StopRequested as err:
             if final or err.now:
                 raise
+            # owed: the loop checkpoints at this step, and a resume from there runs it before training on
+            self.state.eval_owed = self.state.counters["env_steps"]
             return {}
+        self.state.eval_owed = None
         mean = row["eval/return_mean"]
         if mean > self.state.best_eval:  # written outside the evaluation: a stop never cuts a checkpoint short
             self.state.best_eval = mean

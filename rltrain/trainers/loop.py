@@ -115,8 +115,10 @@ class TrainLoop:
         # episodes are counted over all workers, as env steps are: the run's count at start plus every worker's
         # episodes since (a worker's own collector restarts its count where it was not restored)
         self._episodes_base = (self.counters["episodes"], self.source.episodes)
+        # a periodic evaluation a stop cut short at this very step: run now, its row written again whole
+        owed = resumed_from is not None and state.eval_owed == start_steps and self.is_main
         if self.is_main:
-            self.rows.open(resumed=resumed_from is not None)
+            self.rows.open(resumed=resumed_from is not None, redo_last=owed)
         total = s.total_env_steps
         cadence = Cadence({"log": s.log.every_env_steps, "eval": s.eval.every_env_steps,
                            "checkpoint": s.checkpoint.every_env_steps}, start_steps)
@@ -129,6 +131,11 @@ class TrainLoop:
         learn_metrics: Metrics = {}
         status = "completed"
         try:
+            if owed:  # inside this session's clock and try: its time counts as an evaluation's, out of steps/s
+                row = self.rows.row(state.last_learn, state.train_sps if state.train_sps is not None else math.nan)
+                row.update(self.evaluate())
+                self._eval_reached_target(row, start_steps)
+                self.rows.log(start_steps, row)
             while self.counters["env_steps"] < total:
                 over_wall = bool(s.max_wall_time_s and time.perf_counter() - t0 >= s.max_wall_time_s)
                 # agreed over workers (one tiny all-reduce when distributed): every rank stops at the same

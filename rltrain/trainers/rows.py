@@ -77,16 +77,18 @@ class MetricRows:
         self.loggers: list[MetricLogger] = []
         self._last_logged = -1  # the highest step any sink has a row for: no step is ever logged twice
 
-    def open(self, *, resumed: bool) -> None:
+    def open(self, *, resumed: bool, redo_last: bool = False) -> None:
+        """``redo_last``: the resumed checkpoint's own row is written again (its evaluation was cut short)."""
         run_dir, steps = self.place.run_dir, self.counters["env_steps"]
+        keep = steps - 1 if redo_last else steps
         csv_logger = CSVLogger(run_dir / "metrics.csv", resume=resumed)
         if resumed:
-            csv_logger.truncate_after(steps)
+            csv_logger.truncate_after(keep)
             self._last_logged = csv_logger.last_step()
         self.loggers = [csv_logger]
         lg, seeds, device = self.s.logger, self.place.seeds.to_dict(), str(self.place.device)
         if "tensorboard" in lg.sinks:
-            purge = steps + 1 if resumed else None
+            purge = keep + 1 if resumed else None
             self.loggers.append(TensorBoardLogger(run_dir / "tensorboard", purge_step=purge))
         # trackers: one run per process that logs (rank 0; each agent of trainer=parallel opens its own)
         if "wandb" in lg.sinks:
