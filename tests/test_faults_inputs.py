@@ -161,6 +161,9 @@ def test_hydra_quote_round_trips_through_shell_and_hydra_grammar(value):
 
 
 def test_resume_command_keeps_the_other_arguments(monkeypatch):
+    from rltrain.run.summary import JOB_ARGS_ENV
+
+    monkeypatch.delenv(JOB_ARGS_ENV, raising=False)  # outside a Hydra job: the command line
     monkeypatch.setattr(sys, "argv", ["rltrain", "algo.lr=1e-3", "hydra.run.dir=old", "resume=never", "seed=3"])
     assert resume_command(Path("/runs/it's")) == \
         "rltrain algo.lr=1e-3 seed=3 'hydra.run.dir='\"'\"'/runs/it\\'\"'\"'s'\"'\"'' resume=auto"

@@ -96,6 +96,7 @@ def run_task(cfg: DictConfig) -> float:
     from hydra.types import RunMode
 
     from rltrain.cli.build import run
+    from rltrain.run.summary import set_job_args
     from rltrain.sweeps.callbacks import (
         discard_fresh_run_dir,
         hand_over_signal,
@@ -104,6 +105,7 @@ def run_task(cfg: DictConfig) -> float:
     )
 
     hc = HydraConfig.get()
+    set_job_args(list(hc.overrides.task))  # the job's own overrides: its resume command (run/summary.py)
     run_dir = Path(hc.runtime.output_dir)
     multirun = hc.mode == RunMode.MULTIRUN
     prepare_job(cfg, hc.runtime.cwd)

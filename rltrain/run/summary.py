@@ -77,25 +77,31 @@ def hydra_quote(value: str) -> str:
     return "'" + body.replace("${", "\\${") + "'"
 
 
-def job_overrides() -> list[str]:
-    """The overrides this run was composed from: Hydra's record of this job's own (a multirun job's, under any
-    launcher: not the sweep's command line, nor submitit's, which is ``sys.argv`` in a SLURM job); outside a Hydra
-    job (the Python API) the command line."""
-    try:
-        from hydra.core.hydra_config import HydraConfig
+# the job's own overrides, as cli/train.py (the one reader of Hydra's job record) hands them on: in the environment,
+# so that every process the job starts (spawned ranks, agents) says the same resume command
+JOB_ARGS_ENV = "RLTRAIN_JOB_ARGS"
 
-        if HydraConfig.initialized():
-            return [str(o) for o in HydraConfig.get().overrides.task]
-    except (ImportError, ValueError):  # no Hydra, or a config without its hydra node
-        pass
-    return sys.argv[1:]
+
+def set_job_args(args: list[str]) -> None:
+    """Record the overrides this job was composed from (a multirun job's own, under any launcher: not the sweep's
+    command line, nor submitit's, which is ``sys.argv`` in a SLURM job)."""
+    os.environ[JOB_ARGS_ENV] = json.dumps([str(a) for a in args])
+
+
+def job_args() -> list[str]:
+    """The overrides ``set_job_args`` recorded; without a record (the Python API), the command line."""
+    try:
+        recorded = json.loads(os.environ.get(JOB_ARGS_ENV, "null"))
+    except ValueError:
+        recorded = None
+    return recorded if isinstance(recorded, list) else sys.argv[1:]
 
 
 def resume_command(run_dir: Path) -> str:
     """The exact command that continues this run in the same directory, as a single run (also a multirun
     job's): the job's overrides, the run dir quoted for Hydra's override grammar, then every argument quoted for
     a POSIX shell."""
-    args = [a for a in job_overrides() if not a.startswith(("resume=", "hydra.run.dir=", "-"))]
+    args = [a for a in job_args() if not a.startswith(("resume=", "hydra.run.dir=", "-"))]
     return shlex.join(["rltrain", *args, f"hydra.run.dir={hydra_quote(str(run_dir))}", "resume=auto"])
 
 
