@@ -200,5 +200,6 @@ def test_a_periodic_evaluation_cut_by_a_stop_runs_on_resume(tmp_path, monkeypatc
     best = [load_checkpoint(tmp_path / n / "checkpoints" / "best.pt")[0]["counters"]["env_steps"]
             for n in ("once", "twice")]
     assert best[0] == best[1], best
-    p1, p2 = (load_checkpoint(tmp_path / n / "checkpoints" / "final.pt")[0]["algo"]["policy"] for n in ("once", "twice"))
+    p1, p2 = (load_checkpoint(tmp_path / n / "checkpoints" / "final.pt")[0]["algo"]["policy"]
+              for n in ("once", "twice"))
     assert all(torch.equal(p1[k], p2[k]) for k in p1)
