@@ -16,6 +16,12 @@ class UserCodeError(ConfigError):
     ``HYDRA_FULL_ERROR=1``)."""
 
 
+class RunDirRefused(ConfigError):
+    """The run dir is not this command's to write: another run holds it (its lock), it holds an earlier run
+    this command would overwrite or contradict, or it cannot be written. Nothing is written there; a sweep lists
+    the job ``refused``, apart from the jobs that ran and failed (whose own dirs say so)."""
+
+
 def described(err: BaseException) -> str:
     """``Type: message``; an exception without a message (a bare ``assert``) named by where it was raised."""
     text = str(err).strip().splitlines()[0] if str(err).strip() else ""

@@ -21,7 +21,7 @@ from rltrain.cli import build, check
 from rltrain.errors import ConfigError
 from rltrain.run.lock import RunDirLock
 from rltrain.run.summary import hydra_quote, resume_command
-from rltrain.sweeps.callbacks import SweepCallback, record_failure
+from rltrain.sweeps.callbacks import record_failure, sweep_exit_code, this_sweeps_jobs
 from tests.conftest import compose_cfg, run_cli
 from tests.test_faults import _pythonpath, _stderr_lines, _train
 
@@ -194,15 +194,23 @@ def test_a_multirun_job_s_resume_command_continues_that_job(tmp_path):
 
 # -- multirun: a job refused by the run-dir lock writes nothing into the live run's dir ------------------------
 def test_record_failure_never_writes_into_a_run_dir_another_run_holds(tmp_path):
+    from rltrain.sweeps import ledger
+
+    job = tmp_path / "0_seed=1"
+    job.mkdir()
     live = {"status": "running", "owner": "the live run"}
-    (tmp_path / "summary.json").write_text(json.dumps(live))
-    with RunDirLock(tmp_path):  # the live run (here: this process through another open file)
-        record_failure(tmp_path, ConfigError("another rltrain run is using this run dir"))
-        assert json.loads((tmp_path / "summary.json").read_text()) == live
-        assert not (tmp_path / "error.txt").exists()
-    # still counted: the sweep's end lists it and exits 1
-    assert SweepCallback.refused_jobs.pop() == f"{tmp_path.name}: another rltrain run is using this run dir"
-    record_failure(tmp_path, ValueError("the job's own failure"))  # a free dir: the job's own record
-    summary = json.loads((tmp_path / "summary.json").read_text())
+    (job / "summary.json").write_text(json.dumps(live))
+    with RunDirLock(job):  # the live run (here: this process through another open file)
+        record_failure(job, ValueError("the job's own failure"), sweep_dir=tmp_path)
+        assert json.loads((job / "summary.json").read_text()) == live
+        assert not (job / "error.txt").exists()
+    # still counted: the sweep's ledger says why, and the sweep's end lists it and exits 1
+    [entry] = ledger.entries(tmp_path)
+    assert (entry.job_dir, entry.state) == (job.name, "failed") and "another rltrain run" in entry.reason, entry
+    assert "ValueError: the job's own failure" in entry.reason, entry
+    rows = this_sweeps_jobs(tmp_path)
+    assert rows[0][1]["status"] == "failed" and sweep_exit_code([s for _, s in rows]) == 1
+    record_failure(job, ValueError("the job's own failure"))  # a free dir: the job's own record
+    summary = json.loads((job / "summary.json").read_text())
     assert summary["status"] == "failed" and summary["error"] == "ValueError: the job's own failure"
-    assert "ValueError: the job's own failure" in (tmp_path / "error.txt").read_text()
+    assert "ValueError: the job's own failure" in (job / "error.txt").read_text()

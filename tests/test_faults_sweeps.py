@@ -101,3 +101,79 @@ def test_basic_launcher_a_job_whose_process_is_killed_fails_alone(tmp_path):
     done = by_job_num(sweep)
     assert done[0]["status"] == "failed" and "killed by signal SIGKILL" in done[0]["agents"][0]["error"], done[0]
     assert done[1]["status"] == "completed"
+
+
+# -- the end of a sweep counts what this sweep's jobs became --------------------------------------------------
+@pytest.mark.skipif(importlib.util.find_spec("hydra_plugins.hydra_joblib_launcher") is None,
+                    reason="needs the 'joblib' extra")
+def test_joblib_a_job_stopped_by_sigterm_fails_the_sweep(tmp_path):
+    """A job stopped by a signal did not complete: the sweep lists it ``interrupted`` and exits 1, as for a
+    failed job (only a stop at the user's own ``max_wall_time`` gives 3, as a single run does)."""
+    sweep = tmp_path / "sweep"
+    proc = _sweep(tmp_path, "hydra/launcher=joblib_procs", "hydra.launcher.n_jobs=2", "seed=1,2", *SLOW)
+    try:
+        pid = wait_for(lambda: _running_pid("0_*", sweep), timeout=120, what="job 0 training")
+        send(pid, signal.SIGTERM)
+        _, err = proc.communicate(timeout=300)
+    finally:
+        proc.kill()
+    assert proc.returncode == 1, err[-3000:]
+    assert "1/2 jobs completed, 1 interrupted" in err and "Traceback" not in err, err[-3000:]
+    line = next(ln for ln in err.splitlines() if ln.strip().startswith("interrupted: 0_"))
+    assert line.endswith(": SIGTERM"), line
+    done = by_job_num(sweep)
+    assert done[0]["status"] == "interrupted" and done[1]["status"] == "completed", done
+
+
+def _records(job: Path) -> dict[str, bytes]:
+    """Every file of a run's record. Left out: Hydra's ``.hydra/`` (the last command line), the lock file, and
+    Hydra's job log, which a later command only appends to (submitit logs its job's end there)."""
+    skipped = (".rltrain.lock", "train.log")
+    return {str(p.relative_to(job)): p.read_bytes() for p in sorted(job.rglob("*"))
+            if p.is_file() and ".hydra" not in p.relative_to(job).parts and p.name not in skipped}
+
+
+LAUNCHERS = {"basic": [], "joblib_procs": ["hydra/launcher=joblib_procs", "hydra.launcher.n_jobs=2"],
+             "local": ["hydra/launcher=local"]}
+
+
+@pytest.mark.parametrize("launcher", list(LAUNCHERS))
+def test_a_sweep_rerun_into_a_used_sweep_dir_refuses_its_jobs_and_keeps_every_record(tmp_path, launcher):
+    """A 3-job sweep, then a 2-job sweep into the same dir while a live run holds job 1's dir: job 0 holds an
+    earlier run (refused afresh, resumed under submitit's default resume=auto), job 1 is another run's. The
+    records there stay as they were, and the end counts this sweep's 2 jobs, the refused ones by name."""
+    from rltrain.run.lock import RunDirLock
+
+    plugin = {"joblib_procs": "hydra_plugins.hydra_joblib_launcher", "local": "hydra_plugins.hydra_submitit_launcher"}
+    if launcher in plugin and importlib.util.find_spec(plugin[launcher]) is None:
+        pytest.skip(f"needs the plugin of hydra/launcher={launcher}")
+    quick = ["debug=smoke", "logger=quiet", "total_env_steps=256", "eval.every_env_steps=0", "eval.episodes=1"]
+    sweep = tmp_path / "sweep"
+    first = _sweep(tmp_path, *LAUNCHERS[launcher], "seed=1,2,3", *quick)
+    _, err = first.communicate(timeout=300)
+    assert first.returncode == 0 and "3/3 jobs completed" in err, err[-3000:]
+    jobs = {int(p.name.split("_", 1)[0]): p for p in sweep.iterdir() if p.is_dir() and p.name[0].isdigit()}
+    live = json.loads((jobs[1] / "summary.json").read_text())
+    live.update(status="running", pid=os.getpid())  # the live run: this process, holding the dir's lock
+    (jobs[1] / "summary.json").write_text(json.dumps(live))
+    before = {num: _records(job) for num, job in jobs.items()}
+    logs = {num: (job / "train.log").read_bytes() for num, job in jobs.items()}
+    with RunDirLock(jobs[1]):
+        second = _sweep(tmp_path, *LAUNCHERS[launcher], "seed=1,2", *quick)
+        _, err = second.communicate(timeout=300)
+    assert second.returncode == 1, err[-3000:]
+    assert "Traceback" not in err, err[-3000:]
+    refused = [ln.strip() for ln in err.splitlines() if ln.strip().startswith("refused: ")]
+    assert any(ln.startswith(f"refused: {jobs[1].name}: ") and "another rltrain run" in ln for ln in refused), err
+    after = {num: _records(job) for num, job in jobs.items()}
+    assert after[1] == before[1] and after[2] == before[2]
+    assert all((job / "train.log").read_bytes().startswith(logs[num]) for num, job in jobs.items())
+    if launcher == "local":  # submitit jobs default to resume=auto: job 0 continues its finished run
+        assert "1/2 jobs completed, 1 refused" in err, err[-3000:]
+        assert json.loads((jobs[0] / "summary.json").read_text())["status"] == "completed"
+    else:
+        assert "0/2 jobs completed, 2 refused" in err, err[-3000:]
+        assert any(ln.startswith(f"refused: {jobs[0].name}: ") and "earlier run's checkpoints" in ln
+                   for ln in refused), err
+        assert after[0] == before[0]
+    assert not any((job / "error.txt").exists() for job in jobs.values())

@@ -95,6 +95,36 @@ def test_a_config_error_in_one_job_does_not_end_the_sweep(cli):
     assert "Traceback" not in res.stderr
 
 
+def test_report_labels_a_job_that_failed_before_its_config_by_its_own_overrides(cli, tmp_path):
+    """A job refused before config.yaml is written is grouped and labelled by what Hydra composed for it
+    (``.hydra/config.yaml``), not as a run of no algorithm on no env."""
+    res = cli("-m", "algo=ppo,a2c", "total_env_steps=256,-5", *TINY[:2], "eval.every_env_steps=0", "eval.episodes=1",
+              "hydra.sweep.dir=sweep")
+    assert res.returncode == 1, res.stderr[-2000:]
+    report = run_cli(["sweep", "--json"], cwd=tmp_path, module="rltrain.cli.report")
+    assert report.returncode == 0, report.stderr
+    rows = {r["group"]: r for r in json.loads(report.stdout)}
+    assert not any("None" in g or "none" in g for g in rows), rows
+    assert set(rows) == {f"algo={a} total_env_steps={n}" for a in ("ppo", "a2c") for n in (256, -5)}, rows
+    assert rows["algo=a2c total_env_steps=-5"]["failed"] == 1 and rows["algo=ppo total_env_steps=256"]["n"] == 1
+
+
+def test_a_sweep_exits_0_only_when_every_job_completed():
+    """Only the jobs' final states count (a job SLURM requeued is counted as its last attempt ended); a stop at
+    the user's own max_wall_time gives 3, as a single run's does, unless another job did worse."""
+    from rltrain.sweeps.callbacks import sweep_exit_code
+
+    done = {"status": "completed"}
+    budget = {"status": "interrupted", "stop_reason": "max_wall_time"}
+    assert sweep_exit_code([done, done]) == 0
+    assert sweep_exit_code([done, budget]) == 3
+    assert sweep_exit_code([{"status": "interrupted", "stop_reason": "max_wall_time during the final evaluation"}]) == 3
+    for other in ({"status": "interrupted", "stop_reason": "SIGTERM"}, {"status": "failed"}, {"status": "refused"},
+                  {"status": "running"}, {"status": "unreadable"}):
+        assert sweep_exit_code([done, other]) == 1, other
+        assert sweep_exit_code([budget, other]) == 1, other
+
+
 def test_task_returns_a_finite_float_never_nan():
     from rltrain.cli.train import _sweep_value
     from rltrain.run.summary import FAILED_RETURN
@@ -232,13 +262,24 @@ def test_max_wall_time_checkpoints_stops_and_resumes(cli, tmp_path):
 
 
 def test_max_wall_time_in_a_sweep_stops_the_job_not_the_sweep(cli, tmp_path):
+    """Each job stops at its budget and the next runs; the sweep exits 3 as a single run stopped so does (not 0:
+    no job completed), and rltrain-report shows their last evals apart from final returns, marked."""
     res = cli("-m", "seed=1,2", "debug=smoke", "logger=quiet", "total_env_steps=10000000", "max_wall_time=1s",
               "hydra.sweep.dir=sweep")
-    assert res.returncode == 0, res.stderr[-2000:]
+    assert res.returncode == 3, res.stderr[-2000:]
     jobs = by_job_num(tmp_path / "sweep")
     assert sorted(jobs) == [0, 1]
     assert all(s["status"] == "interrupted" and s["stop_reason"] == "max_wall_time" for s in jobs.values())
-    assert "interrupted: " in res.stderr and "0/2 jobs completed" in res.stderr
+    assert "interrupted: " in res.stderr and "0/2 jobs completed, 2 interrupted" in res.stderr
+    report = run_cli([str(tmp_path / "sweep"), "--json"], cwd=tmp_path, module="rltrain.cli.report")
+    assert report.returncode == 0, report.stderr
+    rows = {r["group"]: r for r in json.loads(report.stdout)}
+    assert (rows["all runs"]["n"], rows["all runs"]["interrupted"]) == (0, 2), rows
+    last = rows["all runs (interrupted: last eval)"]
+    assert last["n"] == 2 and last["returns"] == "last eval of interrupted runs", last
+    lasts = sorted(s["final_eval_return"] for s in jobs.values())
+    assert last["mean"] == pytest.approx(sum(lasts) / 2), (last, lasts)
+    assert "2 runs stopped before their total_env_steps (max_wall_time: 2)" in report.stderr, report.stderr
 
 
 def test_sigusr2_checkpoints_at_a_safe_point_and_resumes_in_the_same_dir(tmp_path, no_leaks):

@@ -26,7 +26,7 @@ import yaml
 from rltrain.algos.base import AlgoSettings
 from rltrain.cli.aliases import unknown_key
 from rltrain.cli.multiagent import check_agents
-from rltrain.cli.rundir import check_fresh_run_dir, check_resume_config, writable_run_dir
+from rltrain.cli.rundir import check_fresh_run_dir, check_resume_config, claim_run_dir, writable_run_dir
 from rltrain.envs.make import EnvFactory, ProbedEnv, probe_env
 from rltrain.errors import ConfigError
 from rltrain.models.settings import ModelSettings
@@ -133,10 +133,11 @@ def _type_name(hint: Any) -> str:
     return getattr(hint, "__name__", str(hint))
 
 
-def check_node(cls: type, node: dict, group: str, *, algo: str | None = None) -> dict:
+def check_node(cls: type, node: dict, group: str, *, algo: str | None = None, keys_only: bool = False) -> dict:
     """``node``'s keys and types against ``cls``'s fields, nested settings included (``group``: the node's
     dotted path, "" for the top level). Returns the node with whole floats of integer fields as integers;
-    the values themselves are the dataclass's to check."""
+    the values themselves are the dataclass's to check. ``keys_only``: the types are not checked either (a
+    sweep's start check: a value is one job's to refuse, a key every job's)."""
     schema = config_fields(cls)
     out = {}
     for key, value in node.items():
@@ -149,7 +150,10 @@ def check_node(cls: type, node: dict, group: str, *, algo: str | None = None) ->
         hint = schema[key]
         nested = _dataclass_hint(hint)
         if nested is not None and isinstance(value, dict):
-            out[key] = check_node(nested, value, path, algo=algo)
+            out[key] = check_node(nested, value, path, algo=algo, keys_only=keys_only)
+            continue
+        if keys_only:
+            out[key] = value
             continue
         ok, out[key] = conform(value, hint)
         if not ok:
@@ -164,19 +168,20 @@ def check_node(cls: type, node: dict, group: str, *, algo: str | None = None) ->
     return out
 
 
-def check_config(cfg: dict) -> dict:
-    """Every key and type of a plain composed config against the schema (``check_node``); the config is
-    updated in place (whole floats of counts become integers) and returned."""
+def check_config(cfg: dict, *, keys_only: bool = False) -> dict:
+    """Every key and type (``keys_only``: every key) of a plain composed config against the schema
+    (``check_node``); the config is updated in place (whole floats of counts become integers) and returned."""
     top = config_fields(RunSettings)
     valid = [*top, *GROUPS]
     for key in cfg:
         if key not in valid and key not in INTERNAL_KEYS:
             raise ConfigError(unknown_key(key, valid))
-    cfg.update(check_node(RunSettings, {k: v for k, v in cfg.items() if k in top}, ""))
+    cfg.update(check_node(RunSettings, {k: v for k, v in cfg.items() if k in top}, "", keys_only=keys_only))
     for group in GROUPS:
         if group in cfg:
             cls = _settings_class(resolve_target(cfg[group], group), group)
-            cfg[group] = check_node(cls, cfg[group], group, algo=_algo_name(cfg) if group == "algo" else None)
+            cfg[group] = check_node(cls, cfg[group], group, algo=_algo_name(cfg) if group == "algo" else None,
+                                    keys_only=keys_only)
     return cfg
 
 
@@ -348,15 +353,18 @@ def run(cfg: Any, run_dir: Path) -> dict:
     import contextlib
 
     from rltrain.run.checkpoint import disk_write_failure, sweep_temp_files
-    from rltrain.run.lock import RunDirLock, owns_run
+    from rltrain.run.lock import check_ranks, owns_run
     from rltrain.run.summary import mark_failed
 
     run_dir = Path(run_dir)
+    # before the lock: a non-zero rank takes none, so a trainer that takes no ranks would run there unlocked
+    trainer_cls = resolve_target(to_plain(cfg)["trainer"], "trainer")
+    check_ranks(trainer=trainer_cls.name, takes_ranks=trainer_cls.capabilities.all_reduce)
     owner = owns_run()
     if owner:
         writable_run_dir(run_dir)
     # one owner per run dir (design 6): taken before anything is written; other ranks work under rank 0's lock
-    with RunDirLock(run_dir) if owner else contextlib.nullcontext():
+    with claim_run_dir(run_dir) if owner else contextlib.nullcontext():  # a dir another run holds: refused
         plain = to_plain(cfg)
         check_resume_config(plain, run_dir)  # before config.yaml is overwritten with this run's
         if owner:

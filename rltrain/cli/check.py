@@ -3,13 +3,13 @@
 The thing to run before submitting 500 jobs: it builds the config exactly as ``rltrain`` does (same overrides,
 same validation, the algorithm and trainer constructors' keyword checks), then prints the process layout, the
 seed table, the batch arithmetic and the output dir. A sweep (``-m a=1,2``: a multirun exactly where ``rltrain``
-runs one) is expanded and every job is validated.
+runs one) first passes the refusals ``rltrain -m`` makes at start (cli/sweep_plan.py), then is expanded and every
+job is validated as its launcher runs it; a sampling sweeper's intervals at both ends.
 Exit code 0 when every job is valid, 2 (one line per bad job) otherwise.
 """
 
 from __future__ import annotations
 
-import itertools
 import sys
 from pathlib import Path
 
@@ -21,14 +21,21 @@ from rltrain.errors import ConfigError
 CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
 
 
-def expand(overrides: list[str]) -> list[list[str]]:
-    """The job override lists of a basic sweep (cartesian product of ``key=a,b`` values)."""
-    from hydra.core.override_parser.overrides_parser import OverridesParser
+def sweep_plan(overrides: list[str]):
+    """The multirun's own config, composed as Hydra composes it for ``rltrain -m``, refused where ``rltrain -m``
+    refuses it at start (``sweep_plan.refuse_at_start``: nesting, unknown keys), and the sweep's axes."""
+    from hydra import initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+    from hydra.types import RunMode
 
-    parsed = OverridesParser.create().parse_overrides(overrides)
-    axes = [[f"{p.get_key_element()}={v}" for v in p.sweep_string_iterator()] if p.is_sweep_override()
-            else [p.input_line] for p in parsed]
-    return [list(job) for job in itertools.product(*axes)]
+    from rltrain.cli.schema import register
+    from rltrain.cli.sweep_plan import refuse_at_start
+
+    register()
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        loader = GlobalHydra.instance().config_loader()
+        config = loader.load_configuration(config_name="train", overrides=overrides, run_mode=RunMode.MULTIRUN)
+        return config, refuse_at_start(config, loader=loader)
 
 
 def compose(overrides: list[str]):
@@ -195,12 +202,18 @@ def asks_multirun(argv: list[str]) -> bool:
 
 def check(overrides: list[str], console: Console, *, multirun: bool = False) -> int:
     """Validate the run (or with ``multirun``, every job of the sweep) ``overrides`` describe; 0 or 2."""
+    from rltrain.cli import sweep_plan as plan
+
     # without -m a sweep value (a=1,2) is no sweep: Hydra refuses it in compose below, as it refuses `rltrain`
-    jobs = expand(overrides) if multirun else [overrides]
+    jobs, sampled = [overrides], []
+    if multirun:
+        config, sweep = sweep_plan(overrides)
+        jobs = [[*config.hydra.overrides.hydra, *job] for job in plan.jobs(sweep)]
+        sampled = [a for a in sweep if a.sampled]
     errors = 0
     for num, job in enumerate(jobs):
         try:
-            cfg = compose(job)
+            cfg = compose(plan.as_launched(config, job) if multirun else job)  # what the job runs with
             plain, built = validate_job(cfg)
             start_checks(plain, Path(output_dir(cfg, job, job_num=num if multirun else None)))
         except ConfigError as err:
@@ -217,12 +230,17 @@ def check(overrides: list[str], console: Console, *, multirun: bool = False) -> 
         show(console, f"batch arithmetic (algo={algo})", batch_rows(plain, built))
         where = output_dir(cfg, job, job_num=0 if multirun else None)
         launcher = str(cfg.hydra.launcher.get("_target_", "")).rsplit(".", 1)[-1]
-        rows = [("run dir" if not multirun else "job 0 dir", where), ("jobs", f"{len(jobs)} ({launcher})")]
+        count = f"{len(jobs)} ({launcher})" if not sampled else \
+            f"{len(jobs)} checked ({launcher}); the sweeper draws its trials (hydra.sweeper.n_trials)"
+        rows = [("run dir" if not multirun else "job 0 dir", where), ("jobs", count)]
         keys = ("partition", "timeout_min", "cpus_per_task", "gpus_per_node", "mem_gb", "tasks_per_node",
                 "array_parallelism", "signal_delay_s", "max_num_timeout", "n_jobs")
         rows += [(f"hydra.launcher.{k}", str(cfg.hydra.launcher[k])) for k in keys if k in cfg.hydra.launcher]
         show(console, "output", rows)
-    console.print(f"{len(jobs) - errors}/{len(jobs)} job(s) valid" if multirun else
+    # a sampled interval's draws cannot be listed: its two ends bound them (sweep_plan.jobs)
+    ends = "; sampled by the sweeper, checked at both ends: " + ", ".join(
+        f"{a.key} [{a.lines[0].partition('=')[2]}, {a.lines[1].partition('=')[2]}]" for a in sampled)
+    console.print(f"{len(jobs) - errors}/{len(jobs)} job(s) valid{ends if sampled else ''}" if multirun else
                   ("valid" if not errors else "invalid"))
     return 2 if errors else 0
 

@@ -6,9 +6,12 @@ between them, leaving out the seed (and other keys that do not change the experi
 sweep ``algo=ppo,a2c seed=1,2,3`` gives two rows of three seeds. Per group: mean, median, IQM and a bootstrap
 95% CI of the mean of the final eval return (Agarwal et al. 2021: with few seeds, report intervals and robust
 statistics), wall time, and how many runs failed. An interval from fewer than 5 seeds is marked ``(n<5)`` and
-a warning line says so. A PNG of learning curves (one subplot per configuration and env, each with its own y
-axis; each run thin, the group mean with its band) is drawn from the runs' ``metrics.csv`` where asked: ``--plot
-PATH``, or beside ``--out``'s markdown. The report only reads run dirs; it writes nothing it was not asked for.
+a warning line says so. A run stopped before its budget (``max_wall_time``, a signal) has no final return: its
+last eval goes into a row of its own, marked ``(interrupted: last eval)``, with a warning line. A run that ended
+before writing its ``config.yaml`` is grouped by what Hydra composed for it (``.hydra/config.yaml``). A PNG of
+learning curves (one subplot per configuration and env, each with its own y axis; each run thin, the group mean
+with its band) is drawn from the runs' ``metrics.csv`` where asked: ``--plot PATH``, or beside ``--out``'s
+markdown. The report only reads run dirs; it writes nothing it was not asked for.
 """
 
 from __future__ import annotations
@@ -82,8 +85,7 @@ def load_run(run: Path) -> dict | None:
         summary = json.loads((run / "summary.json").read_text())
         if not isinstance(summary, dict):
             raise ValueError("not a JSON object")
-        cfg_path = run / "config.yaml"
-        cfg = yaml.safe_load(cfg_path.read_text()) if cfg_path.exists() else {}
+        cfg = run_config(run)
         if not isinstance(cfg or {}, dict):
             raise ValueError("config.yaml is not a mapping")
         overrides = typed_overrides(run)
@@ -94,6 +96,22 @@ def load_run(run: Path) -> dict | None:
         if not _number(summary.get(key)):
             summary[key] = None
     return {"dir": run, "summary": summary, "config": flatten(cfg or {}), "overrides": overrides}
+
+
+def run_config(run: Path) -> object:
+    """The run's ``config.yaml``; for a run that ended before writing it (refused at start, a bad swept value),
+    what Hydra composed for it before the task (``.hydra/config.yaml``), with the launch dir as ``env.search_path``
+    as the run records it (``cli.train.prepare_job``): grouped and labelled with the runs of its configuration,
+    not as a run of no algorithm on no env."""
+    if (run / "config.yaml").exists():
+        return yaml.safe_load((run / "config.yaml").read_text())
+    composed, hydra = run / ".hydra" / "config.yaml", run / ".hydra" / "hydra.yaml"
+    cfg = yaml.safe_load(composed.read_text()) if composed.exists() else {}
+    env = cfg.get("env") if isinstance(cfg, dict) else None
+    if isinstance(env, dict) and not env.get("search_path") and hydra.exists():
+        runtime = ((yaml.safe_load(hydra.read_text()) or {}).get("hydra") or {}).get("runtime") or {}
+        env["search_path"] = runtime.get("cwd")
+    return cfg
 
 
 def _number(value: object) -> bool:
@@ -169,17 +187,30 @@ def _name_what_differs(labels: dict[str, str], groups: dict[str, list[dict]]) ->
     return out
 
 
+INTERRUPTED_ROW = "(interrupted: last eval)"
+
+
 def summarize(groups: dict[str, list[dict]]) -> list[dict]:
+    """One row per group over its completed runs' final returns; after it, where some of its runs were stopped
+    before their budget with an eval done, a row marked ``INTERRUPTED_ROW`` over their last evals (taken at
+    fewer env steps: mixed in, they would pull a final mean down)."""
     rows = []
     for label, runs in groups.items():
         done = [r for r in runs if r["summary"].get("status") == "completed"]
+        stopped = [r for r in runs if r["summary"].get("status") == "interrupted"]
         returns = [r["summary"].get("final_eval_return") for r in done]
         # a run's whole time, so over completed runs only (a failed or live one has a part of it, or none)
         walls = [float(r["summary"]["wall_time_s"]) for r in done if r["summary"].get("wall_time_s") is not None]
         stats = aggregate([float(v) for v in returns if v is not None])
         rows.append({"group": label, "runs": len(runs), "completed": len(done),
                      "failed": sum(r["summary"].get("status") == "failed" for r in runs),
+                     "interrupted": len(stopped), "returns": "final",
                      "wall_time_s": sum(walls) / len(walls) if walls else None, **stats})
+        lasts = [float(v) for v in (r["summary"].get("final_eval_return") for r in stopped) if v is not None]
+        if lasts:
+            rows.append({"group": f"{label} {INTERRUPTED_ROW}", "runs": len(stopped), "completed": 0, "failed": None,
+                         "interrupted": len(stopped), "returns": "last eval of interrupted runs",
+                         "wall_time_s": None, **aggregate(lasts)})
     return rows
 
 
@@ -194,7 +225,7 @@ def table_cells(row: dict) -> list[str]:
     ci = row.get("ci95_mean") if row["n"] > 1 else None  # one run has no interval ([x, x] would claim one)
     few = f" (n<{MIN_SEEDS_FOR_CI})" if row["n"] < MIN_SEEDS_FOR_CI else ""
     return [row["group"], f"{row['n']}/{row['runs']}", _f(row["mean"]), _f(row["median"]), _f(row["iqm"]),
-            f"[{ci[0]:.1f}, {ci[1]:.1f}]{few}" if ci else "-", _f(row["wall_time_s"]), str(row["failed"])]
+            f"[{ci[0]:.1f}, {ci[1]:.1f}]{few}" if ci else "-", _f(row["wall_time_s"]), _f(row["failed"])]
 
 
 def unfinished_lines(runs: list[dict]) -> list[str]:
@@ -218,6 +249,27 @@ def unfinished_lines(runs: list[dict]) -> list[str]:
             where = f" (pid {pid} on {host})" if pid else ""
             lines.append(f"rltrain-report: warning: {run['dir']} is still running{where}: not counted in n")
     return lines
+
+
+def interrupted_warning(runs: list[dict]) -> str | None:
+    """One line on the runs stopped before their budget, by why (``max_wall_time``, a signal), or None."""
+    stopped = [r["summary"] for r in runs if r["summary"].get("status") == "interrupted"]
+    if not stopped:
+        return None
+    reasons: dict[str, int] = {}
+    for s in stopped:  # the reason may name the phase it landed in ("SIGTERM during the final evaluation")
+        why = str(s.get("stop_reason") or "unknown").split(" ", 1)[0]
+        reasons[why] = reasons.get(why, 0) + 1
+    counts = ", ".join(f"{why}: {n}" for why, n in sorted(reasons.items()))
+    evaluated = sum(s.get("final_eval_return") is not None for s in stopped)
+    whose = "their" if evaluated == len(stopped) else f"the last evals of {evaluated} of them"
+    where = (f"{whose} last evals, at fewer env steps than a final return, are in the rows marked {INTERRUPTED_ROW} "
+             "and not in n" if evaluated else "none had evaluated yet, so none is in the table")
+    if 0 < evaluated < len(stopped):
+        where = where.replace(f"{whose} last evals", whose) + "; the others had not evaluated yet"
+    plural = "s" if len(stopped) > 1 else ""
+    return (f"rltrain-report: warning: {len(stopped)} run{plural} stopped before their total_env_steps ({counts}): "
+            f"{where}; resume=auto continues {'them' if plural else 'it'}")
 
 
 def few_seeds_warning(rows: list[dict]) -> str | None:
@@ -307,14 +359,14 @@ def main(argv: list[str] | None = None) -> None:
         print_table(rows, title)
     for line in unfinished_lines(runs):
         print(line, file=sys.stderr)
-    warning = few_seeds_warning(rows)
-    if warning:
+    warnings = [w for w in (interrupted_warning(runs), few_seeds_warning(rows)) if w]
+    for warning in warnings:
         print(warning, file=sys.stderr)
     # a figure only where asked: the paths are run dirs (records of runs) or a sweep's, not the report's output
     png = args.plot or (args.out.with_suffix(".png") if args.out else None)
     written = plot(groups, png, args.column) if png else None
     if args.out:
-        text = markdown(rows, title) + (f"\n> {warning.split(': ', 2)[2]}\n" if warning else "")
+        text = markdown(rows, title) + "".join(f"\n> {warning.split(': ', 2)[2]}\n" for warning in warnings)
         link = os.path.relpath(png, args.out.parent) if written else ""  # --plot may put it elsewhere
         text += f"\n![learning curves]({link})\n" if written else ""
         args.out.parent.mkdir(parents=True, exist_ok=True)

@@ -1,15 +1,19 @@
 """The run dir before a run starts in it: writable, and holding nothing the run would contradict (a recorded run of
 other settings under ``resume=auto``, an earlier run's checkpoints under ``resume=never``). ``run`` and
-``rltrain-check`` ask the same questions here, so both answer in the same line."""
+``rltrain-check`` ask the same questions here, so both answer in the same line. Each "no" is a ``RunDirRefused``:
+the dir is left as it was, and a sweep lists the job ``refused`` rather than failed (a failed job's record would
+be written over the run the dir holds)."""
 
 from __future__ import annotations
 
 import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import yaml
 
-from rltrain.errors import ConfigError
+from rltrain.errors import ConfigError, RunDirRefused
 
 
 def check_resume_config(cfg: dict, run_dir: Path) -> None:
@@ -29,7 +33,7 @@ def check_resume_config(cfg: dict, run_dir: Path) -> None:
         return  # the checkpoint's own config is compared at resume
     error = resume_mismatch("auto", upgrade_config(saved) if isinstance(saved, dict) else {}, cfg)
     if error:
-        raise ConfigError(error.replace("resume=auto:", f"resume=auto in {run_dir}:", 1))
+        raise RunDirRefused(error.replace("resume=auto:", f"resume=auto in {run_dir}:", 1))
 
 
 def check_fresh_run_dir(cfg: dict, run_dir: Path) -> None:
@@ -42,9 +46,9 @@ def check_fresh_run_dir(cfg: dict, run_dir: Path) -> None:
                    for p in run_dir.glob(pattern))
     if found:
         shown = ", ".join(map(str, found[:2])) + (f" and {len(found) - 2} more" if len(found) > 2 else "")
-        raise ConfigError(f"hydra.run.dir={run_dir} holds an earlier run's checkpoints ({shown}): resume=auto "
-                          "continues that run; to start afresh pick another hydra.run.dir (or move its checkpoints "
-                          "away)")
+        raise RunDirRefused(f"hydra.run.dir={run_dir} holds an earlier run's checkpoints ({shown}): resume=auto "
+                            "continues that run; to start afresh pick another hydra.run.dir (or move its "
+                            "checkpoints away)")
 
 
 def writable_run_dir(run_dir: Path) -> None:
@@ -54,5 +58,22 @@ def writable_run_dir(run_dir: Path) -> None:
         with tempfile.TemporaryFile(dir=run_dir):
             pass
     except OSError as err:
-        raise ConfigError(f"hydra.run.dir={run_dir}: cannot write there ({err.strerror or err}); pick a writable "
-                          "hydra.run.dir") from None
+        raise RunDirRefused(f"hydra.run.dir={run_dir}: cannot write there ({err.strerror or err}); pick a "
+                            "writable hydra.run.dir") from None
+
+
+@contextmanager
+def claim_run_dir(run_dir: Path) -> Iterator[None]:
+    """Hold the run dir's lock for the block; a dir another run holds (or one the lock cannot be taken in) is
+    refused as ``RunDirRefused``, told apart from the failures of the run itself, which raise inside the block."""
+    from rltrain.run.lock import RunDirLock
+
+    lock = RunDirLock(run_dir)
+    try:
+        lock.acquire()
+    except ConfigError as err:
+        raise RunDirRefused(str(err)) from None
+    try:
+        yield
+    finally:
+        lock.release()

@@ -16,7 +16,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from rltrain.errors import ConfigError, UserCodeError, described
+from rltrain.errors import ConfigError, RunDirRefused, UserCodeError, described
 from rltrain.run.signals import StopFlag, StopRequested
 from rltrain.run.summary import FAILED_RETURN
 
@@ -97,6 +97,7 @@ def run_task(cfg: DictConfig) -> float:
 
     from rltrain.cli.build import run
     from rltrain.run.summary import set_job_args
+    from rltrain.sweeps import ledger
     from rltrain.sweeps.callbacks import (
         discard_fresh_run_dir,
         hand_over_signal,
@@ -108,6 +109,11 @@ def run_task(cfg: DictConfig) -> float:
     set_job_args(list(hc.overrides.task))  # the job's own overrides: its resume command (run/summary.py)
     run_dir = Path(hc.runtime.output_dir)
     multirun = hc.mode == RunMode.MULTIRUN
+    # a sweep's job enters itself in its sweep's ledger first: the end of the sweep counts the jobs it launched,
+    # not every dir of the sweep dir (sweeps/ledger.py)
+    sweep_dir = ledger.sweep_dir_of(run_dir, subdir=str(hc.sweep.subdir)) if multirun else None
+    if sweep_dir is not None:
+        ledger.enter(sweep_dir, run_dir, num=int(hc.job.num))
     prepare_job(cfg, hc.runtime.cwd)
     if not gc.isenabled():  # main() kept the collector off for start-up: what it imported stays out of its walks
         gc.freeze()
@@ -126,9 +132,13 @@ def run_task(cfg: DictConfig) -> float:
             full_traceback(err)
             print(f"rltrain: error: {err}{note}", file=sys.stderr)
             sys.exit(2)
+        if isinstance(err, RunDirRefused):  # another run's dir: left as it is, the sweep's end names the job
+            print(f"rltrain: job {hc.job.num} refused: {err}", file=sys.stderr)
+            ledger.enter(sweep_dir, run_dir, state=ledger.REFUSED, reason=str(err), num=int(hc.job.num))
+            return FAILED_RETURN
         # one bad job (e.g. a swept value out of range) must not end the sweep: record it, go on
         print(f"rltrain: job {hc.job.num} failed: {err}", file=sys.stderr)
-        record_failure(run_dir, err)
+        record_failure(run_dir, err, sweep_dir=sweep_dir)
         return FAILED_RETURN
     except StopRequested:
         if not multirun and not (run_dir / "summary.json").exists():  # stopped before anything ran
@@ -136,7 +146,7 @@ def run_task(cfg: DictConfig) -> float:
         raise
     except Exception as err:
         # anything else is rltrain's own failure: still one line, the traceback in error.txt
-        where = f" (traceback in {run_dir / 'error.txt'})" if record_failure(run_dir, err) else ""
+        where = f" (traceback in {run_dir / 'error.txt'})" if record_failure(run_dir, err, sweep_dir=sweep_dir) else ""
         full_traceback(err)
         if not multirun:
             print(f"rltrain: error: {described(err)}{where}", file=sys.stderr)
@@ -265,6 +275,16 @@ def main() -> None:
         startup.uninstall()
 
 
+def exit_as_the_sweep() -> None:
+    """A sweep with jobs that did not complete, or that the launcher could not requeue again, fails as a whole
+    (each job's summary.json says why): 1, or 3 where they only stopped at max_wall_time (``sweep_exit_code``)."""
+    from rltrain.sweeps.callbacks import SweepCallback
+    from rltrain.sweeps.requeue import Resumable
+
+    if SweepCallback.exit_code or Resumable.unfinished:
+        sys.exit(SweepCallback.exit_code or 1)
+
+
 def _main() -> None:
     if sys.argv[1:] == ["--version"]:  # Hydra's own --version would name Hydra's version
         from rltrain import __version__
@@ -279,15 +299,13 @@ def _main() -> None:
     _USER_FULL_ERROR = os.environ.get("HYDRA_FULL_ERROR") == "1"
     if _USER_FULL_ERROR:
         task()
+        exit_as_the_sweep()
         return
     # Let Hydra raise instead of printing a multi-line report, so we can condense it.
     os.environ["HYDRA_FULL_ERROR"] = "1"
     try:
         task()
-        from rltrain.sweeps.callbacks import SweepCallback
-
-        if SweepCallback.failed_jobs:
-            sys.exit(1)  # a sweep with failed jobs fails as a whole (each job's summary.json says why)
+        exit_as_the_sweep()
     except ConfigError as err:
         print(f"rltrain: error: {err}", file=sys.stderr)
         sys.exit(2)

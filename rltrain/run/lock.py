@@ -48,6 +48,25 @@ def owns_run(env: dict | None = None) -> bool:
     return True
 
 
+def check_ranks(*, trainer: str, takes_ranks: bool, env: dict | None = None) -> None:
+    """Refuse a process that is one of several of an external launch (torchrun, a multi-task SLURM step) when
+    its trainer does not take ranks: every process would run the whole run in the same dir, and only rank 0
+    takes the lock (``owns_run``)."""
+    env = os.environ if env is None else env
+    if "RANK" in env and "WORLD_SIZE" in env:
+        size, source = env["WORLD_SIZE"].strip(), "torchrun's WORLD_SIZE"
+    elif "SLURM_PROCID" in env:
+        size = (env.get("SLURM_STEP_NUM_TASKS") or env.get("SLURM_NTASKS") or "1").strip()
+        source = "a SLURM step of (hydra.launcher.tasks_per_node x nodes, srun --ntasks)"
+    else:
+        return
+    if takes_ranks or not size.isdigit() or int(size) <= 1:
+        return
+    raise ConfigError(f"trainer={trainer} runs in one process, but this is one of {size} tasks of {source}: each "
+                      f"would run the whole run in one run dir. Use trainer=distributed_simulator (each task one "
+                      f"rank of the run) or launch one task per run")
+
+
 class RunDirLock:
     """``with RunDirLock(run_dir):`` holds the run dir; a second holder gets a one-line ConfigError."""
 

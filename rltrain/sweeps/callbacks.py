@@ -4,7 +4,9 @@ A Hydra multirun must survive one bad job: the task catches the job's exception,
 its own ``summary.json`` (a SLURM job that raised would otherwise still show as COMPLETED) and returns
 ``FAILED_RETURN`` so the sweep, and an Optuna study, go on. ``SweepCallback`` runs in the submitting process:
 it refuses process nesting that would oversubscribe the machine before any job starts, and prints one line per
-job (completed / failed / interrupted) when the sweep ends.
+job of this sweep that did not complete (failed / interrupted / refused) when the sweep ends, then sets the exit
+code: 0 when every job completed, 3 when the others only stopped at their ``max_wall_time`` (as a single run
+stopped so exits 3: resume them), 1 otherwise. A job requeued by SLURM counts as it ended, after its requeues.
 """
 
 from __future__ import annotations
@@ -32,19 +34,23 @@ def in_submitit_job() -> bool:
     return bool(os.environ.get("SUBMITIT_EXECUTOR"))
 
 
-def record_failure(run_dir: Path, err: BaseException) -> bool:
+def record_failure(run_dir: Path, err: BaseException, *, sweep_dir: Path | None = None) -> bool:
     """Mark the job ``failed`` in its ``summary.json`` (keeping what the train loop wrote) + ``error.txt``;
     True when written.
 
-    Only under the run-dir lock: a job refused because another run owns its dir (a live run, e.g. a requeued
-    copy of the job) must not write that run's summary; its failure is the line already printed."""
+    Only under the run-dir lock: a job whose dir another run owns by now (a live run, e.g. a requeued copy of
+    the job) must not write that run's summary; a sweep's job (``sweep_dir``) is then entered ``failed`` in the
+    sweep's ledger, with why, which the end of the sweep counts."""
     from rltrain.run.lock import RunDirLock
+    from rltrain.sweeps import ledger
 
     lock = RunDirLock(run_dir)
     try:
         lock.acquire()
-    except (ConfigError, OSError):
-        SweepCallback.refused_jobs.append(f"{run_dir.name}: {err}")  # counted at the end (same process only)
+    except (ConfigError, OSError) as refusal:
+        if sweep_dir is not None:
+            reason = f"{err if isinstance(err, ConfigError) else described(err)} (not recorded in its dir: {refusal})"
+            ledger.enter(sweep_dir, run_dir, state=ledger.FAILED, reason=reason)
         return False
     try:
         _write_failure(run_dir, err)
@@ -175,14 +181,56 @@ def check_nesting(launcher_target: str, trainer_choices: list[str], task_overrid
                           f"launcher or hydra/launcher=slurm, or add allow_nested_processes=true")
 
 
-def collect_summaries(sweep_dir: Path) -> list[tuple[Path, dict]]:
-    out = []
-    for path in sorted(Path(sweep_dir).glob("*/summary.json")):
-        try:
-            out.append((path.parent, json.loads(path.read_text())))
-        except ValueError:
-            out.append((path.parent, {"status": "unreadable"}))
-    return out
+def read_summary(run_dir: Path) -> dict:
+    """The job's ``summary.json``; a stand-in that says why where there is none to read."""
+    try:
+        summary = json.loads((run_dir / "summary.json").read_text())
+    except FileNotFoundError:
+        return {"status": "failed", "error": "the job left no summary.json (it ended before its run began)"}
+    except (OSError, ValueError) as err:
+        return {"status": "unreadable", "error": f"summary.json: {err}"}
+    return summary if isinstance(summary, dict) else {"status": "unreadable", "error": "summary.json: not an object"}
+
+
+def this_sweeps_jobs(sweep_dir: Path) -> list[tuple[Path, dict]]:
+    """(job dir, how it ended) for each job this sweep launched (its ledger): a refused job by its refusal and a
+    job that failed without a record in its dir (lost before it began, its dir another run's) by why (a summary
+    in its dir is another run's), any other by its own summary.json, after a job that died without a word is
+    recorded lost (``lost_if_dead``)."""
+    from rltrain.sweeps import ledger
+    from rltrain.sweeps.jobs import lost_if_dead
+
+    rows = []
+    for entry in ledger.entries(sweep_dir):
+        job_dir = Path(sweep_dir) / entry.job_dir
+        if entry.state == ledger.REFUSED:
+            rows.append((job_dir, {"status": "refused", "error": entry.reason}))
+            continue
+        if entry.state == ledger.FAILED:  # no record of its own: a summary in its dir is another run's
+            rows.append((job_dir, {"status": "failed", "error": entry.reason}))
+            continue
+        summary = read_summary(job_dir)
+        if lost_if_dead(job_dir, summary):
+            summary = read_summary(job_dir)
+        rows.append((job_dir, summary))
+    return rows
+
+
+WALL_TIME_EXIT = 3  # a single run stopped at max_wall_time exits 3 (run/signals.py): the same for its sweep
+
+
+def sweep_exit_code(summaries: list[dict]) -> int:
+    """0 when every job completed; 3 when the others stopped at their ``max_wall_time`` (a budget the user set:
+    each reports its last eval and resumes with resume=auto); 1 when any job failed, was refused, lost or stopped
+    by a signal (a cancelled job; one SLURM requeued has ended as its last attempt did)."""
+    left = [s for s in summaries if s.get("status") != "completed"]
+    if not left:
+        return 0
+    # the reason may name the phase it landed in ("max_wall_time during the final evaluation")
+    if all(s.get("status") == "interrupted" and str(s.get("stop_reason") or "").split(" ", 1)[0] == "max_wall_time"
+           for s in left):
+        return WALL_TIME_EXIT
+    return 1
 
 
 UPSTREAM_JOBLIB = "hydra_plugins.hydra_joblib_launcher.joblib_launcher.JoblibLauncher"
@@ -190,8 +238,7 @@ UPSTREAM_JOBLIB = "hydra_plugins.hydra_joblib_launcher.joblib_launcher.JoblibLau
 class SweepCallback(Callback):
     """Registered in ``train.yaml`` under ``hydra.callbacks``; only the multirun hooks do anything."""
 
-    failed_jobs: int = 0  # read by cli.main to set the exit code of the submitting process
-    refused_jobs: list[str] = []  # jobs whose dir another run held: no summary of theirs to count
+    exit_code: int = 0  # read by cli.main: the exit code of the submitting process (``sweep_exit_code``)
     fresh_run_dir: Path | None = None  # the single run's dir, when this command created it
     run_dir: Path | None = None  # the single run's dir
     sweep_dir: Path | None = None  # a multirun's
@@ -220,6 +267,9 @@ class SweepCallback(Callback):
         except ConfigError as err:  # Hydra turns a callback's exception into a warning: exit ourselves
             print(f"rltrain: error: {err}", file=sys.stderr)
             sys.exit(2)
+        from rltrain.sweeps import ledger
+
+        ledger.start(SweepCallback.sweep_dir)  # after the refusals above: a refused sweep leaves no files
         if launcher == UPSTREAM_JOBLIB:  # hydra/launcher=joblib: the name rltrain's own launcher had before
             print("[rltrain] hydra/launcher=joblib is hydra-joblib-launcher's worker pool, where a job killed from "
                   "outside ends every running job; rltrain's launcher, one process per job, is "
@@ -230,19 +280,16 @@ class SweepCallback(Callback):
             import_optuna_quietly()  # Hydra builds the sweeper next: no alembic lines on the terminal
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
-        from rltrain.sweeps.jobs import lost_if_dead
+        from rltrain.sweeps import ledger
 
         sweep_dir = Path(str(config.hydra.sweep.dir))
-        rows = collect_summaries(sweep_dir)
-        if any(lost_if_dead(d, s) for d, s in rows):  # a job killed without a word still says running
-            rows = collect_summaries(sweep_dir)
-        for line in SweepCallback.refused_jobs:
-            print(f"  refused: {line}", file=sys.stderr)
-        SweepCallback.failed_jobs = len(SweepCallback.refused_jobs)
+        # this sweep's jobs only: the sweep dir may hold an earlier sweep's, whose records are not this one's
+        rows = this_sweeps_jobs(sweep_dir)
+        ledger.remove(sweep_dir)
+        SweepCallback.exit_code = sweep_exit_code([s for _, s in rows])
         if not rows:
             return
         failed = [(d, s) for d, s in rows if s.get("status") != "completed"]
-        SweepCallback.failed_jobs += sum(1 for _, s in failed if s.get("status") == "failed")
         done = len(rows) - len(failed)
         counts = {}
         for _, summary in failed:
@@ -251,4 +298,10 @@ class SweepCallback(Callback):
         print(f"rltrain: sweep {sweep_dir}: {done}/{len(rows)} jobs completed{others}", file=sys.stderr)
         for d, s in failed:
             print(f"  {s.get('status')}: {d.name}: {s.get('error') or s.get('stop_reason') or ''}", file=sys.stderr)
+        if any(s.get("status") == "refused" for _, s in failed):  # the refusal names hydra.run.dir: say the sweep's
+            print("  run the refused jobs: pick another hydra.sweep.dir, or add resume=auto to continue the runs "
+                  "their dirs hold (left as they were)", file=sys.stderr)
+        if any(s.get("status") == "interrupted" for _, s in failed):  # each has a checkpoint to go on from
+            print(f"  continue: each interrupted job's summary.json has its resume_command; the whole sweep: the "
+                  f"same command with resume=auto hydra.sweep.dir={sweep_dir}", file=sys.stderr)
         print(f"  report: rltrain-report {sweep_dir}", file=sys.stderr)

@@ -37,8 +37,10 @@ def mark_lost(run_dir: Path, why: str) -> bool:
     """Record a job that died without a word as ``failed`` (under its run-dir lock, which its death freed);
     False when another process holds the dir or its summary already says how it ended."""
     from rltrain.run.lock import RunDirLock
+    from rltrain.sweeps import ledger
 
     run_dir = Path(run_dir)
+    ledger.enter_lost(run_dir, reason=why)  # lost before it could say it started: still one of this sweep's jobs
     lock = RunDirLock(run_dir)
     try:
         lock.acquire()

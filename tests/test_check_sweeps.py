@@ -1,0 +1,89 @@
+"""``rltrain-check -m`` and ``rltrain -m`` decide a sweep alike before any job runs: the nesting refusal, a
+sampling sweeper's intervals (checked at both ends), an unknown ``+key`` refused at start leaving no files,
+and the submitit launchers' ``resume=auto`` in the config that is checked."""
+
+from __future__ import annotations
+
+import importlib.util
+
+import pytest
+from rich.console import Console
+
+from rltrain.cli import check
+from rltrain.cli.presets import resolve_experiment
+from rltrain.errors import ConfigError
+from tests.conftest import run_cli
+from tests.helpers.sweeps import ENV, TINY
+
+needs_optuna = pytest.mark.skipif(importlib.util.find_spec("optuna") is None, reason="needs the 'sweep' extra")
+needs_submitit = pytest.mark.skipif(importlib.util.find_spec("submitit") is None, reason="needs the 'slurm' extra")
+OPTUNA = ["hydra/sweeper=ppo_optuna", "hydra.sweeper.n_trials=30"]
+
+
+def _check(*overrides: str) -> tuple[int, str]:
+    console = Console(record=True, width=400)
+    code = check.check(resolve_experiment(["debug=smoke", *overrides])[0], console, multirun=True)
+    return code, " ".join(console.export_text().split())
+
+
+@pytest.mark.skipif(importlib.util.find_spec("hydra_plugins.hydra_joblib_launcher") is None, reason="joblib extra")
+def test_check_refuses_nested_processes_as_rltrain_does(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ConfigError, match="trainer=parallel starts its own processes.*allow_nested_processes=true"):
+        _check("hydra/launcher=joblib_procs", "trainer=parallel", "seed=1,2")
+    code, said = _check("hydra/launcher=joblib_procs", "trainer=parallel", "seed=1,2", "allow_nested_processes=true")
+    assert code == 0 and "2/2 job(s) valid" in said, said
+
+
+@needs_optuna
+def test_check_takes_a_sampled_interval_at_both_ends(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    code, said = _check(*OPTUNA, "seed=1,2", "algo.lr=tag(log, interval(1e-4, 1e-2))")
+    # seeds x clip_coef's 3 choices (ppo_optuna.yaml's params) x (every interval at its lower, at its upper end)
+    assert code == 0 and "12/12 job(s) valid" in said, said
+    assert "checked at both ends: algo.lr [0.0001, 0.01]" in said and "algo.gae_lambda [0.9, 0.99]" in said, said
+    code, said = _check(*OPTUNA, "seed=1", "algo.lr=interval(-1e-3, 1e-2)")  # the lower end is no learning rate
+    assert code == 2 and "algo.lr=-0.001" in said and "3/6 job(s) valid" in said, said
+
+
+def test_an_unknown_plus_key_stops_the_sweep_at_start_and_leaves_nothing(tmp_path):
+    res = run_cli(["-m", "+foo=1,2", *TINY, "hydra.sweep.dir=sweep"], cwd=tmp_path, env=ENV)
+    assert res.returncode == 2 and "foo: unknown key" in res.stderr, res.stderr[-2000:]
+    assert "Launching" not in res.stdout + res.stderr and not (tmp_path / "sweep").exists()
+    # a free-form mapping takes new keys: checked as rltrain -m checks it (one compose per shape of job)
+    code, said = _check("env.id=tests.helpers.faulty_envs:crashing_cartpole", "+env.kwargs.crash_after=-1,10",
+                        f"hydra.sweep.dir={tmp_path / 'free'}")
+    assert code == 0 and "2/2 job(s) valid" in said, said
+
+
+def test_a_sweep_refused_at_start_leaves_nothing_it_made(tmp_path):
+    held = tmp_path / "held"
+    held.mkdir()
+    (held / "notes.txt").write_text("mine")
+    for where in ("fresh", "held"):
+        res = run_cli(["-m", "algo.lrr=1e-3,3e-4", *TINY, f"hydra.sweep.dir={where}"], cwd=tmp_path, env=ENV)
+        assert res.returncode == 2 and "algo.lrr: unknown key; did you mean 'lr'?" in res.stderr, res.stderr[-2000:]
+    assert not (tmp_path / "fresh").exists() and [p.name for p in held.iterdir()] == ["notes.txt"]
+
+
+@needs_optuna
+def test_an_optuna_key_typo_is_refused_before_the_sweep_dir_is_made(tmp_path):
+    res = run_cli(["-m", *OPTUNA, "hydra.sweep.dir=sweep", "algo.lrr=tag(log, interval(1e-4, 1e-2))", *TINY],
+                  cwd=tmp_path, env=ENV)
+    assert res.returncode == 2 and "algo.lrr: unknown key" in res.stderr, res.stderr[-2000:]
+    assert "Launching" not in res.stdout + res.stderr and not (tmp_path / "sweep").exists()
+
+
+@needs_submitit
+def test_check_runs_a_slurm_job_with_the_launchers_resume_auto(tmp_path, monkeypatch):
+    """A finished SLURM sweep submitted again into its dir resumes its jobs (resume=auto, sweeps/requeue.py):
+    the check composes that, as the job will run."""
+    monkeypatch.chdir(tmp_path)
+    sweep = tmp_path / "sweep"
+    res = run_cli(["debug=smoke", f"hydra.run.dir={sweep / 'job'}"], cwd=tmp_path, env=ENV)  # the finished job
+    assert res.returncode == 0, res.stderr[-2000:]
+    slurm = ["hydra/launcher=slurm", f"hydra.sweep.dir={sweep}", "hydra.sweep.subdir=job"]
+    code, said = _check(*slurm)
+    assert code == 0 and "1/1 job(s) valid" in said, said
+    code, said = _check(*slurm, "resume=never")  # the job's own choice stands: a fresh run into a used dir
+    assert code == 2 and "holds an earlier run's checkpoints" in said, said
