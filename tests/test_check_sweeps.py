@@ -87,3 +87,17 @@ def test_check_runs_a_slurm_job_with_the_launchers_resume_auto(tmp_path, monkeyp
     assert code == 0 and "1/1 job(s) valid" in said, said
     code, said = _check(*slurm, "resume=never")  # the job's own choice stands: a fresh run into a used dir
     assert code == 2 and "holds an earlier run's checkpoints" in said, said
+
+
+@needs_submitit
+def test_check_refuses_several_slurm_tasks_for_a_single_process_trainer(tmp_path, monkeypatch):
+    """hydra.launcher.tasks_per_node=2 makes two SLURM tasks per job: the ranks of a distributed_simulator run,
+    two copies of one run in one dir for any other trainer. rltrain-check -m refuses it as rltrain -m does."""
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ConfigError, match="2 SLURM tasks per job, but trainer=sequential runs in one process"):
+        _check("hydra/launcher=slurm", "hydra.launcher.tasks_per_node=2", "seed=1,2")
+    with pytest.raises(ConfigError, match="trainer=sequential runs in one process"):  # one job of the sweep's
+        _check("hydra/launcher=slurm", "hydra.launcher.tasks_per_node=2", "trainer=distributed_simulator,sequential")
+    code, said = _check("hydra/launcher=slurm", "hydra.launcher.tasks_per_node=2", "trainer=distributed_simulator",
+                        "seed=1,2")
+    assert code == 0 and "2/2 job(s) valid" in said, said

@@ -99,8 +99,10 @@ def check_keys(cfg: Any) -> None:
 
 def refuse_at_start(config: Any, *, loader: Any) -> list[Axis]:
     """Refuse the multirun ``config`` (Hydra's, before its sweeper runs) for what would fail every job: a
-    multi-process trainer under a parallel launcher, an unknown key. ``loader``: Hydra's config loader, which
-    composes each job as its launcher will. Returns the sweep's axes."""
+    multi-process trainer under a parallel launcher, several SLURM tasks per job for a trainer that runs in one
+    process, an unknown key. ``loader``: Hydra's config loader, which composes each job as its launcher will.
+    Returns the sweep's axes."""
+    from rltrain.sweeps import slurm
     from rltrain.sweeps.callbacks import check_nesting
 
     task = list(config.hydra.overrides.task)
@@ -108,6 +110,10 @@ def refuse_at_start(config: Any, *, loader: Any) -> list[Axis]:
     trainers = [line.partition("=")[2] for a in sweep if a.key.lstrip("+~") == "trainer" for line in a.lines]
     check_nesting(str(config.hydra.launcher.get("_target_", "")),
                   [str(config.hydra.runtime.choices.get("trainer")), *trainers], task)
+    tasks = slurm.job_tasks(config)
+    if tasks > 1:  # every trainer of the sweep (a group axis is composed per value; the launcher refuses it too)
+        slurm.refuse_single_process_ranks(trainers=slurm.trainers_of(config, key_jobs(sweep), loader=loader),
+                                          tasks=tasks)
     for job in key_jobs(sweep):
         check_keys(loader.load_sweep_config(config, job))
     return sweep

@@ -59,7 +59,9 @@ class Resumable:
         nums = [initial_job_idx + i for i in range(len(overrides))]
         if cluster == "slurm":  # refused here, before anything is queued (the task refuses it too: run.lock)
             tasks = int(params.get("tasks_per_node") or 1) * int(params.get("nodes") or 1)
-            slurm.refuse_single_process_ranks(trainers=self._trainers(overrides) if tasks > 1 else {}, tasks=tasks)
+            trainers = slurm.trainers_of(self.config, overrides, loader=self.hydra_context.config_loader) \
+                if tasks > 1 else {}  # type: ignore[attr-defined]
+            slurm.refuse_single_process_ranks(trainers=trainers, tasks=tasks)
         sweep_dir = Path(str(self.config.hydra.sweep.dir))  # type: ignore[attr-defined]
         sweep_dir.mkdir(parents=True, exist_ok=True)
         # what the sweep dir holds before submitit writes there: an sbatch refusal takes back only what it added
@@ -97,19 +99,6 @@ class Resumable:
         except BaseException:
             slurm.stop_jobs([str(job.job_id) for job in jobs])
             raise
-
-    def _trainers(self, overrides: list[list[str]]) -> dict[str, bool]:
-        """{trainer name: whether it takes its ranks from the SLURM tasks} over the sweep's jobs."""
-        from hydra.utils import get_class
-
-        found: dict[str, bool] = {}
-        for job in overrides:
-            cfg = self.hydra_context.config_loader.load_sweep_config(self.config, list(job))  # type: ignore
-            name = str(cfg.hydra.runtime.choices.get("trainer") or cfg.trainer.get("_target_"))
-            if name not in found:
-                cls = get_class(str(cfg.trainer._target_))
-                found[name] = bool(getattr(getattr(cls, "capabilities", None), "all_reduce", False))
-        return found
 
     def _result(self, job: Any, overrides: list[str], num: int) -> Any:
         from hydra.core.utils import JobStatus

@@ -179,6 +179,30 @@ def _scancel(*args: str) -> None:
         subprocess.run(["scancel", *args], capture_output=True, timeout=SLURM_CMD_TIMEOUT_S)
 
 
+def job_tasks(config: Any) -> int:
+    """SLURM tasks per job that a sweep's ``config`` asks for: ``tasks_per_node`` x ``nodes`` under the SLURM
+    launcher (its target names slurm), else 1."""
+    launcher = config.hydra.launcher
+    if "slurm" not in str(launcher.get("_target_", "")).lower():
+        return 1
+    return int(launcher.get("tasks_per_node") or 1) * int(launcher.get("nodes") or 1)
+
+
+def trainers_of(config: Any, jobs: list[list[str]], *, loader: Any) -> dict[str, bool]:
+    """{trainer name: whether it takes its ranks from the SLURM tasks} over ``jobs`` (overrides), each composed
+    by Hydra's ``loader`` as its launcher will."""
+    from hydra.utils import get_class
+
+    found: dict[str, bool] = {}
+    for job in jobs:
+        cfg = loader.load_sweep_config(config, list(job))
+        name = str(cfg.hydra.runtime.choices.get("trainer") or cfg.trainer.get("_target_"))
+        if name not in found:
+            cls = get_class(str(cfg.trainer._target_))
+            found[name] = bool(getattr(getattr(cls, "capabilities", None), "all_reduce", False))
+    return found
+
+
 def refuse_single_process_ranks(*, trainers: dict[str, bool], tasks: int) -> None:
     """Before submitting: ``tasks`` SLURM tasks per job are the ranks of one run only for a trainer that takes
     ranks (``trainers``: name -> it does); any other would run that many copies of one run in one run dir."""
