@@ -276,13 +276,13 @@ def main() -> None:
 
 
 def exit_as_the_sweep() -> None:
-    """A sweep with jobs that did not complete, or that the launcher could not requeue again, fails as a whole
-    (each job's summary.json says why): 1, or 3 where they only stopped at max_wall_time (``sweep_exit_code``)."""
+    """A sweep with jobs that did not complete fails as a whole (each job's summary.json says why, a job the
+    launcher could not requeue again included: it ended interrupted): 1, or 3 where they only stopped at
+    max_wall_time (``sweep_exit_code``)."""
     from rltrain.sweeps.callbacks import SweepCallback
-    from rltrain.sweeps.requeue import Resumable
 
-    if SweepCallback.exit_code or Resumable.unfinished:
-        sys.exit(SweepCallback.exit_code or 1)
+    if SweepCallback.exit_code:
+        sys.exit(SweepCallback.exit_code)
 
 
 def _main() -> None:

@@ -18,7 +18,7 @@ import contextlib
 import io
 import sys
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any
 
 from rltrain.errors import ConfigError
 
@@ -39,7 +39,6 @@ class Resumable:
     On SLURM: sbatch's refusal is one line (nothing left of the sweep it refused), a job pending for a reason
     that never clears is named, and a stopped sweep stops its jobs (``rltrain.sweeps.slurm``)."""
 
-    unfinished: ClassVar[list[str]] = []  # jobs that ended without completing nor failing: the sweep exits 1
 
     def launch(self, job_overrides, initial_job_idx: int) -> list:
         try:
@@ -140,7 +139,6 @@ class Resumable:
                   f"({str(err).rstrip('.')}; {limits}); {left}; continue it with: "
                   f"{summary.get('resume_command') or 'resume=auto'} (or submit it again with a larger "
                   f"hydra.launcher.timeout_min / max_num_timeout)", file=sys.stderr, flush=True)
-            Resumable.unfinished.append(str(run_dir))
         elif mark_lost(run_dir, f"submitit job {job.job_id} raised {described(err)}; resume it with resume=auto"):
             print(f"rltrain: job {num} failed: {described(err)} ({run_dir})", file=sys.stderr, flush=True)
         return lost_return(overrides, run_dir)
