@@ -371,8 +371,8 @@ def test_raising_actor_traceback_reaches_learner_and_error_txt(cli, tmp_path, or
     assert s["checkpoint"] and Path(s["checkpoint"]).exists()
 
 
-def _start(tmp_path: Path, *args: str) -> subprocess.Popen:
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+def _start(tmp_path: Path, *args: str, env: dict[str, str] | None = None) -> subprocess.Popen:
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
     return subprocess.Popen([sys.executable, "-m", "rltrain", *FAST, "hydra.run.dir=run", *args], cwd=tmp_path,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
                             start_new_session=True)  # its own process group, as a shell job
@@ -405,13 +405,27 @@ def _wait_training(proc: subprocess.Popen, run: Path) -> None:
 
 @pytest.mark.parametrize("policy", ["restart", "abort"])
 def test_sigkilled_actor(tmp_path, orphan_watch, policy):
-    budget = "total_env_steps=4096" if policy == "restart" else "total_env_steps=1000000"
-    proc = _start(tmp_path, budget, "trainer.start_method=fork", f"trainer.on_actor_failure={policy}")
+    # restart: the actors hold at their 200th step until the test opens the gate, so the run cannot end (and the
+    # pool stop, leaving the death unreported) between the kill and the learner reading the actor's sentinel
+    gate = tmp_path / "gate"
+    if policy == "restart":
+        args = ["total_env_steps=4096", "env.id=tests.helpers.actor_envs:GatedCartPole"]
+        env = {**TESTS_ON_PATH, "RLTRAIN_TEST_GATE": str(gate)}
+    else:
+        args, env = ["total_env_steps=1000000"], None
+    proc = _start(tmp_path, *args, "trainer.start_method=fork", f"trainer.on_actor_failure={policy}", env=env)
+
+    def log_text() -> str:
+        return "".join(p.read_text() for p in (tmp_path / "run").glob("*.log"))
+
     try:
         _wait_training(proc, tmp_path / "run")
         victim = _actor_pids(proc.pid)[0]
         os.kill(victim, signal.SIGKILL)
         killed_at = time.monotonic()
+        if policy == "restart":
+            _wait_for(lambda: "restarting it" in log_text() or proc.poll() is not None)
+            gate.touch()
         _, err = proc.communicate(timeout=120)
     finally:
         if proc.poll() is None:
@@ -420,7 +434,7 @@ def test_sigkilled_actor(tmp_path, orphan_watch, policy):
     if policy == "restart":
         assert proc.returncode == 0, err[-3000:]
         assert s["status"] == "completed" and s["restarts"] == 1
-        log = "".join(p.read_text() for p in (tmp_path / "run").glob("*.log"))
+        log = log_text()
         assert "SIGKILL" in log and "restarting it" in log
         seeds = json.loads((tmp_path / "run" / "seeds.json").read_text())["workers"]
         gen1 = [k for k in seeds if k.endswith("_gen_1")]

@@ -7,6 +7,7 @@ learner can still build the env spec and evaluate.
 from __future__ import annotations
 
 import multiprocessing as mp
+import os
 import time
 
 import gymnasium as gym
@@ -42,4 +43,24 @@ class SlowActorCartPole(gym.Wrapper):
     def step(self, action):
         if self.slow:
             time.sleep(self.delay_s)
+        return self.env.step(action)
+
+
+class GatedCartPole(gym.Wrapper):
+    """CartPole whose actors hold at step ``hold_at`` until the file named by ``$RLTRAIN_TEST_GATE`` exists.
+
+    A test can then act on a run that cannot end meanwhile (the learner waits for rollouts), however fast the
+    machine or however loaded, and open the gate to let it finish.
+    """
+
+    def __init__(self, hold_at: int = 200):
+        super().__init__(gym.make("CartPole-v1"))
+        self.hold_at, self.steps = hold_at, 0
+        self.gate = os.environ.get("RLTRAIN_TEST_GATE")
+
+    def step(self, action):
+        self.steps += 1
+        if self.gate and _actor_index() is not None and self.steps == self.hold_at:
+            while not os.path.exists(self.gate):
+                time.sleep(0.02)
         return self.env.step(action)
