@@ -1,6 +1,6 @@
 """``rltrain-check -m`` and ``rltrain -m`` decide a sweep alike before any job runs: the nesting refusal, a
-sampling sweeper's intervals (checked at both ends), an unknown ``+key`` refused at start leaving no files,
-and the submitit launchers' ``resume=auto`` in the config that is checked."""
+sampling sweeper's intervals (checked at every mix of their ends), an unknown ``+key`` refused at start leaving no
+files, and the submitit launchers' ``resume=auto`` in the config that is checked."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ import pytest
 from rich.console import Console
 
 from rltrain.cli import check
+from rltrain.cli import sweep_plan as plan
 from rltrain.cli.presets import resolve_experiment
 from rltrain.errors import ConfigError
 from tests.conftest import run_cli
@@ -36,14 +37,32 @@ def test_check_refuses_nested_processes_as_rltrain_does(tmp_path, monkeypatch):
 
 
 @needs_optuna
-def test_check_takes_a_sampled_interval_at_both_ends(tmp_path, monkeypatch):
+def test_check_takes_sampled_intervals_at_every_mix_of_their_ends(tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
-    code, said = _check(*OPTUNA, "seed=1,2", "algo.lr=tag(log, interval(1e-4, 1e-2))")
-    # seeds x clip_coef's 3 choices (ppo_optuna.yaml's params) x (every interval at its lower, at its upper end)
-    assert code == 0 and "12/12 job(s) valid" in said, said
-    assert "checked at both ends: algo.lr [0.0001, 0.01]" in said and "algo.gae_lambda [0.9, 0.99]" in said, said
-    code, said = _check(*OPTUNA, "seed=1", "algo.lr=interval(-1e-3, 1e-2)")  # the lower end is no learning rate
-    assert code == 2 and "algo.lr=-0.001" in said and "3/6 job(s) valid" in said, said
+    # ppo_optuna.yaml's params with the command line's replacing two: clip_coef fixed, lr's interval narrowed
+    code, said = _check(*OPTUNA, "seed=1", "algo.clip_coef=0.2", "algo.lr=tag(log, interval(1e-4, 1e-2))")
+    assert code == 0 and "8/8 job(s) valid" in said, said  # the 2**3 mixes of three intervals' ends
+    assert "checked at every mix of their ends: algo.lr [0.0001, 0.01]" in said, said
+    assert "algo.gae_lambda [0.9, 0.99]" in said, said
+    assert capsys.readouterr().out.count("[rltrain] model:") == 1  # every job is built, the first one shown
+    code, said = _check(*OPTUNA, "seed=1", "algo.clip_coef=0.2", "algo.lr=interval(-1e-3, 1e-2)")  # no lr: -1e-3
+    assert code == 2 and "algo.lr=-0.001" in said and "4/8 job(s) valid" in said, said
+    # a limit two keys set together fails only at a mixed corner: few envs, many minibatches (a recurrent core's
+    # minibatches split the envs); all-low (2, 1) and all-high (8, 4) both pass
+    mixed = ["hydra/sweeper=optuna", "model.core=lstm", "env.num_envs=int(interval(2, 8))",
+             "algo.num_minibatches=int(interval(1, 4))"]
+    code, said = _check(*mixed)
+    assert code == 2 and "3/4 job(s) valid" in said, said
+    assert "env.num_envs=2 algo.num_minibatches=4" in said and "must divide env.num_envs=2" in said, said
+
+
+def test_past_four_intervals_each_is_checked_alone_at_its_other_end():
+    sampled = [plan.Axis(f"k{i}", (f"k{i}=lo", f"k{i}=hi"), sampled=True, shapes=False) for i in range(5)]
+    mixes = plan.corners(sampled)
+    assert len(mixes) == 2 + 2 * 5 and len({tuple(m) for m in mixes}) == len(mixes)
+    assert ["k0=lo", "k1=lo", "k2=lo", "k3=hi", "k4=lo"] in mixes
+    assert ["k0=lo", "k1=hi", "k2=hi", "k3=hi", "k4=hi"] in mixes
+    assert len(plan.corners(sampled[:4])) == 16 and plan.corners([]) == [[]]
 
 
 def test_an_unknown_plus_key_stops_the_sweep_at_start_and_leaves_nothing(tmp_path):
@@ -101,3 +120,17 @@ def test_check_refuses_several_slurm_tasks_for_a_single_process_trainer(tmp_path
     code, said = _check("hydra/launcher=slurm", "hydra.launcher.tasks_per_node=2", "trainer=distributed_simulator",
                         "seed=1,2")
     assert code == 0 and "2/2 job(s) valid" in said, said
+
+
+def test_check_runs_on_the_torch_threads_every_rltrain_process_runs_on(tmp_path, monkeypatch):
+    import torch
+
+    monkeypatch.chdir(tmp_path)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        with pytest.raises(SystemExit) as end:
+            check.main(["debug=smoke"])
+        assert end.value.code == 0 and torch.get_num_threads() == 1  # run/process.init_process
+    finally:
+        torch.set_num_threads(threads)

@@ -109,10 +109,16 @@ def test_basic_launcher_a_job_whose_process_is_killed_fails_alone(tmp_path):
 def test_joblib_a_job_stopped_by_sigterm_fails_the_sweep(tmp_path):
     """A job stopped by a signal did not complete: the sweep lists it ``interrupted`` and exits 1, as for a
     failed job (only a stop at the user's own ``max_wall_time`` gives 3, as a single run does)."""
-    sweep = tmp_path / "sweep"
-    proc = _sweep(tmp_path, "hydra/launcher=joblib_procs", "hydra.launcher.n_jobs=2", "seed=1,2", *SLOW)
+    sweep, training = tmp_path / "sweep", tmp_path / "training"
+    training.mkdir()
+    # signalled once its training loop is under way (its env's first step): a SIGTERM in the phases before it
+    # (start-up, env construction, checkpoint loading, right after summary.json says running) is honoured at
+    # once and named after the phase ("SIGTERM during env construction"), not the one asserted below
+    proc = _sweep(tmp_path, "hydra/launcher=joblib_procs", "hydra.launcher.n_jobs=2", "seed=1,2", *SLOW,
+                  f"+env.kwargs.marker_dir={training}")
     try:
-        pid = wait_for(lambda: _running_pid("0_*", sweep), timeout=120, what="job 0 training")
+        pid = wait_for(lambda: _running_pid("0_*", sweep), timeout=120, what="job 0 running")
+        wait_for((training / str(pid)).exists, timeout=120, what="job 0 training")
         send(pid, signal.SIGTERM)
         _, err = proc.communicate(timeout=300)
     finally:

@@ -4,6 +4,7 @@ job, and a preempted job (SIGUSR2) that checkpoints, is requeued by submitit and
 from __future__ import annotations
 
 import importlib.util
+import os
 import signal
 import subprocess
 import sys
@@ -28,17 +29,21 @@ def test_local_array_collects_results_and_reports_a_failing_job(tmp_path):
 
 
 def test_local_preempted_job_requeues_and_resumes_in_the_same_dir(tmp_path, no_leaks):
-    total = 16384  # long enough that the signal lands mid-training on a fast machine too
+    # the signal must land mid-training: CartPole trains these 16384 steps in ~2 s here, far less on a fast machine,
+    # so the job's envs slow to 10 ms a step (from their 32nd) until the test has sent the signal and opens the gate
+    total, gate = 16384, tmp_path / "gate"
     cmd = [sys.executable, "-m", "rltrain", "-m", "hydra/launcher=local", "seed=3", "debug=smoke", "logger=quiet",
-           f"total_env_steps={total}", "eval.every_env_steps=0", "eval.episodes=1", "log.every_env_steps=256",
-           "hydra.sweep.dir=sweep"]
-    proc = subprocess.Popen(cmd, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+           "env.id=tests.helpers.faulty_envs:GatedCartPole", f"total_env_steps={total}", "eval.every_env_steps=0",
+           "eval.episodes=1", "log.every_env_steps=256", "hydra.sweep.dir=sweep"]
+    proc = subprocess.Popen(cmd, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, **ENV, "RLTRAIN_TEST_GATE": str(gate)})
     try:
         metrics = lambda: next((tmp_path / "sweep").glob("0_*/metrics.csv"), None)  # noqa: E731
         wait_for(lambda: metrics() is not None and csv_rows(metrics()) >= 1, timeout=180, what="training to start")
         pids = wait_for(lambda: submitit_task_pids(proc.pid), timeout=30, what="the submitit task process")
         for pid in pids:
             send(pid, signal.SIGUSR2)  # what submitit/SLURM send before a time limit or a preemption
+        gate.touch()  # the signal is the task's before it takes another step: it stops at its next safe point
         _, err = proc.communicate(timeout=300)
     finally:
         if proc.poll() is None:

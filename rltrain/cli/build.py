@@ -312,10 +312,11 @@ def env_factory(node: dict, *, action_mask: str = "off") -> EnvFactory:
     return dataclasses.replace(factory, action_mask=action_mask)
 
 
-def build_trainer(cfg: dict, run_dir: Path, *, check_only: bool = False):
+def build_trainer(cfg: dict, run_dir: Path, *, check_only: bool = False, show: bool = True):
     """The trainer object for a prepared plain config; nothing starts until its ``fit()``. The algorithm the
     pre-flight checks build is the one its loop trains where that loop runs in this process (cli/preflight.py);
-    ``check_only`` (``rltrain-check``): the checks build a CPU copy and nothing is written."""
+    ``check_only`` (``rltrain-check``): the checks build a CPU copy and nothing is written; ``show=False``: the
+    model is not printed (a sweep's jobs after the first)."""
     _MASK_LINES.clear()
     trainer_cls, trainer = trainer_settings(cfg)
     extra = {}
@@ -329,7 +330,7 @@ def build_trainer(cfg: dict, run_dir: Path, *, check_only: bool = False):
     settings = settings_from(cfg)
     trainer = trainer_cls(settings=settings, run_dir=Path(run_dir), trainer=trainer, **extra)
     algo = preflight(settings, trainer, check_only=check_only)  # budget, sizes against this machine, the algorithm
-    show_model(algo, None if check_only else run_dir, echo=settings.logger.progress != "off")
+    show_model(algo, None if check_only else run_dir, echo=show and settings.logger.progress != "off")
     return trainer
 
 

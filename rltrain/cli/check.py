@@ -4,7 +4,7 @@ The thing to run before submitting 500 jobs: it builds the config exactly as ``r
 same validation, the algorithm and trainer constructors' keyword checks), then prints the process layout, the
 seed table, the batch arithmetic and the output dir. A sweep (``-m a=1,2``: a multirun exactly where ``rltrain``
 runs one) first passes the refusals ``rltrain -m`` makes at start (cli/sweep_plan.py), then is expanded and every
-job is validated as its launcher runs it; a sampling sweeper's intervals at both ends.
+job is validated as its launcher runs it; a sampling sweeper's intervals at their ends, mixed.
 Exit code 0 when every job is valid, 2 (one line per bad job) otherwise.
 """
 
@@ -64,9 +64,9 @@ def output_dir(cfg, overrides: list[str], *, job_num: int | None) -> str:
     return f"{OmegaConf.select(cfg, 'hydra.sweep.dir')}/{OmegaConf.select(cfg, 'hydra.sweep.subdir')}"
 
 
-def validate_job(cfg):
+def validate_job(cfg, *, show: bool = True):
     """The full build-time validation of ``build.run`` without starting anything; returns the plain config
-    and the trainer built from it (nothing started)."""
+    and the trainer built from it (nothing started). ``show``: print the model, as a start does."""
     import copy
 
     from omegaconf import OmegaConf
@@ -82,7 +82,7 @@ def validate_job(cfg):
     if not job["env"].get("search_path"):  # as the rltrain CLI: an env module beside the user (envs/make.py)
         job["env"]["search_path"] = str(Path.cwd())
     # settings, factories, trainer keys: every check a real start makes
-    trainer = build.build_trainer(job, Path("."), check_only=True)  # a check writes nothing, builds on the CPU
+    trainer = build.build_trainer(job, Path("."), check_only=True, show=show)  # writes nothing, builds on the CPU
     pick_device(plain["device"])
     return plain, trainer
 
@@ -214,7 +214,7 @@ def check(overrides: list[str], console: Console, *, multirun: bool = False) -> 
     for num, job in enumerate(jobs):
         try:
             cfg = compose(plan.as_launched(config, job) if multirun else job)  # what the job runs with
-            plain, built = validate_job(cfg)
+            plain, built = validate_job(cfg, show=num == 0)  # the first job is shown in full
             start_checks(plain, Path(output_dir(cfg, job, job_num=num if multirun else None)))
         except ConfigError as err:
             console.print(f"[red]job {num} ({' '.join(job)}): error:[/red] {err}")
@@ -237,8 +237,10 @@ def check(overrides: list[str], console: Console, *, multirun: bool = False) -> 
                 "array_parallelism", "signal_delay_s", "max_num_timeout", "n_jobs")
         rows += [(f"hydra.launcher.{k}", str(cfg.hydra.launcher[k])) for k in keys if k in cfg.hydra.launcher]
         show(console, "output", rows)
-    # a sampled interval's draws cannot be listed: its two ends bound them (sweep_plan.jobs)
-    ends = "; sampled by the sweeper, checked at both ends: " + ", ".join(
+    # a sampled interval's draws cannot be listed: its two ends bound them, taken together (sweep_plan.corners)
+    where = "every mix of their ends" if len(sampled) <= plan.ALL_CORNERS_UP_TO else \
+        "their ends: all low, all high, each alone at its other end"
+    ends = f"; sampled by the sweeper, checked at {where}: " + ", ".join(
         f"{a.key} [{a.lines[0].partition('=')[2]}, {a.lines[1].partition('=')[2]}]" for a in sampled)
     console.print(f"{len(jobs) - errors}/{len(jobs)} job(s) valid{ends if sampled else ''}" if multirun else
                   ("valid" if not errors else "invalid"))
@@ -256,7 +258,9 @@ def main(argv: list[str] | None = None) -> None:
 
     from rltrain.cli.presets import resolve_experiment
     from rltrain.cli.train import one_line
+    from rltrain.run.process import init_process
 
+    init_process(torch_threads=1)  # as every rltrain process: each job's networks are built (and initialised)
     try:
         args, line = resolve_experiment(args)  # experiment=auto / none exactly as `rltrain` resolves them
         if line:

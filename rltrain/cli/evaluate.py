@@ -65,11 +65,14 @@ def _evaluate(args: argparse.Namespace, stop: StopFlag) -> int:
     import torch
 
     from rltrain.cli.loading import load_policy, refuse_stepping
+    from rltrain.run.process import init_process
     from rltrain.trainers.episodes import evaluate
 
     check_episodes_and_seed(DEFAULT_EPISODES if args.episodes is None else args.episodes, args.seed)
     loaded = load_policy(pick_checkpoint(Path(args.path), args.checkpoint), device=args.device,
                          allow_import=args.allow_import)
+    # the threads the run trained with (default 1): more spin against the envs on a busy machine
+    init_process(torch_threads=int(loaded.config.get("torch_threads") or 1))
     if loaded.step_imports and args.episodes is None and not args.video:
         # nothing asked that steps the env: show the policy that loaded, and how to evaluate it
         spec = loaded.spec

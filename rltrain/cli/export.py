@@ -364,6 +364,9 @@ def main(argv: list[str] | None = None) -> int:
                    help="let a module the checkpoint names for its network (model.imports; the env's module for a "
                         "checkpoint older than its recorded spaces) be imported (trusted files only)")
     args = p.parse_args(argv)
+    from rltrain.run.process import init_process
+
+    init_process(torch_threads=1)  # as every rltrain process: it builds and traces small networks
     try:
         written = export_files(Path(args.path), fmt=args.format, out=args.out, force=args.force,
                                allow_import=args.allow_import)

@@ -3,10 +3,10 @@
 A sweep's axes are the sweeper's own search space (``hydra.sweeper.params``) and the command line's overrides,
 the later one of a key winning (as Hydra's sweepers read them). An enumerating sweeper (Hydra's basic one)
 runs the product of every axis; a sampling one (Optuna) draws intervals (``interval(1e-4, 1e-2)``), which
-cannot be enumerated: they are taken at both ends. ``refuse_at_start`` is what a sweep must pass before
-anything is written (``StartCheck``, a Hydra callback in ``conf/train.yaml``): no nested processes under a
-parallel launcher, and no key that the schema does not know; a key is every job's (a value only one job's,
-refused by that job alone).
+cannot be enumerated: they are taken at their ends, together (``corners``). ``refuse_at_start`` is what a sweep
+must pass before anything is written (``StartCheck``, a Hydra callback in ``conf/train.yaml``): no nested
+processes under a parallel launcher, and no key that the schema does not know; a key is every job's (a value
+only one job's, refused by that job alone).
 """
 
 from __future__ import annotations
@@ -70,12 +70,29 @@ def axes(lines: list[str], *, sampling: bool, loader: Any = None) -> list[Axis]:
     return out
 
 
+# up to this many sampled intervals, every corner of their box is checked (2**4 = 16 per grid point)
+ALL_CORNERS_UP_TO = 4
+
+
+def corners(sampled: list[Axis]) -> list[list[str]]:
+    """The ends of the sampled intervals to check together: every corner of their box (a limit that two keys
+    set together, e.g. minibatches that must divide the envs, fails at a mixed corner: few envs, many
+    minibatches), or past ``ALL_CORNERS_UP_TO`` intervals all low, all high and each interval alone at the
+    other end from the rest."""
+    if len(sampled) <= ALL_CORNERS_UP_TO:
+        return [list(c) for c in itertools.product(*(a.lines for a in sampled))]
+    out = [[a.lines[i] for a in sampled] for i in (0, 1)]
+    for i in (0, 1):
+        for k in range(len(sampled)):
+            out.append([a.lines[1 - i if j == k else i] for j, a in enumerate(sampled)])
+    return out
+
+
 def jobs(sweep: list[Axis]) -> list[list[str]]:
-    """The override lists to check: every combination of the enumerated axes, each once with every sampled
-    axis at its lower end and once at its upper end (the ends bound what the sweeper can draw)."""
+    """The override lists to check: every combination of the enumerated axes, each with the sampled intervals
+    at each of their ``corners`` (the ends bound what the sweeper can draw)."""
     grid = itertools.product(*(a.lines for a in sweep if not a.sampled))
-    sampled = [a for a in sweep if a.sampled]
-    ends = [[a.lines[i] for a in sampled] for i in (0, 1)] if sampled else [[]]
+    ends = corners([a for a in sweep if a.sampled])
     return [[*combo, *end] for combo in grid for end in ends]
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import signal
 import time
+from pathlib import Path
 
 import gymnasium as gym
 import numpy as np
@@ -65,15 +66,22 @@ class RaisingEnv(CountingEnv):
 
 
 class SlowEnv(CountingEnv):
-    """Sleeps in every step (signal tests: gives time to send a signal mid-run)."""
+    """Sleeps in every step (signal tests: gives time to send a signal mid-run).
 
-    def __init__(self, sleep_s: float = 0.002, length: int = 50):
+    ``marker_dir``: on its first ``step()`` the env creates ``<marker_dir>/<pid>``: that process's training loop
+    is under way (a run resets but never steps an env before its first rollout), past the phases where a stop is
+    raised at once and named after them (start-up, env construction, checkpoint loading)."""
+
+    def __init__(self, sleep_s: float = 0.002, length: int = 50, marker_dir: str = ""):
         super().__init__(length)
-        self.sleep_s = sleep_s
+        self.sleep_s, self.marker_dir = sleep_s, marker_dir
 
     def step(self, action):
         import time
 
+        if self.marker_dir:
+            Path(self.marker_dir, str(os.getpid())).touch()
+            self.marker_dir = ""  # once
         time.sleep(self.sleep_s)
         return super().step(action)
 
@@ -122,6 +130,27 @@ class CrashingCartPole(gym.Wrapper):
 
 def crashing_cartpole(crash_after: int = -1) -> gym.Env:
     return CrashingCartPole(crash_after)
+
+
+class GatedCartPole(gym.Wrapper):
+    """CartPole that, from its step ``hold_at`` on, sleeps ``slow_s`` in each step until the file named by
+    ``$RLTRAIN_TEST_GATE`` exists: a run cannot reach its end (or its last update) before the test opens the gate,
+    however fast the machine, yet no env call lasts long (a stop signal abandons one still running 0.5 s after it,
+    rltrain/envs/deadline.py). A test signals the run, then opens the gate to let it go on at full speed."""
+
+    def __init__(self, hold_at: int = 32, slow_s: float = 0.01):
+        super().__init__(gym.make("CartPole-v1", disable_env_checker=True))
+        self.hold_at, self.slow_s, self.steps = hold_at, slow_s, 0
+        self.gate = os.environ.get("RLTRAIN_TEST_GATE")
+
+    def step(self, action):
+        self.steps += 1
+        if self.gate and self.steps >= self.hold_at:
+            if os.path.exists(self.gate):
+                self.gate = None  # open for good
+            else:
+                time.sleep(self.slow_s)
+        return self.env.step(action)
 
 
 # -- a CartPole that fails on one distributed rank (raise or SIGKILL) ---------------------------------
