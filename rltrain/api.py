@@ -140,6 +140,64 @@ def load_policy(path: str | Path, *, device: str = "cpu",
 
 
 @dataclass
+class EvalResult:
+    """What ``evaluate`` returns: each episode's return and where it came from.
+
+    ``returns``: [episodes] (float64), episode j from seed ``seed + j``; for a multi-agent env [episodes,
+    agents], in ``agents`` order. ``success_rate``: the share of episodes whose last ``info["is_success"]``
+    was true, where the env reports one (goal tasks), else None."""
+
+    returns: np.ndarray
+    checkpoint: Path
+    seed: int
+    deterministic: bool
+    agents: tuple[str, ...] | None = None
+    success_rate: float | None = None
+
+    @property
+    def mean(self) -> float:
+        return float(self.returns.mean())
+
+    @property
+    def std(self) -> float:
+        """Over episodes (for a multi-agent env, of the mean over agents)."""
+        r = self.returns
+        return float((r.mean(1) if r.ndim == 2 else r).std())
+
+
+def evaluate(path: str | Path, *, episodes: int = 10, deterministic: bool = True, seed: int | None = None,
+             checkpoint: str = "final", device: str = "cpu", allow_import: bool = False) -> EvalResult:
+    """Run ``episodes`` evaluation episodes of a run dir's policy (its ``checkpoint``: final, best or latest) or
+    of a checkpoint file, in this process, as ``rltrain-eval`` does: the env is built as the run built it, so
+    an env id registered in this process (a notebook's ``gym.register``) is found, where the ``rltrain-eval``
+    command, a new process, cannot see it. ``seed``: the first episode's (default: the run's evaluation
+    seed). ``allow_import``: stepping an env named by module (``env.id=my_env:MyEnv``) or an ``env.wrappers``
+    entry imports that module, which runs its code; without it, one ``ConfigError`` says so."""
+    from rltrain.cli.args import check_episodes_and_seed, pick_checkpoint
+    from rltrain.cli.loading import load_policy as load
+    from rltrain.cli.loading import refuse_stepping
+    from rltrain.trainers.episodes import evaluate as run_episodes
+    from rltrain.trainers.matches import evaluate_agents
+
+    check_episodes_and_seed(episodes, seed)
+    loaded = load(pick_checkpoint(Path(path), checkpoint), device=device, allow_import=allow_import,
+                  opt_in="allow_import=True")
+    refuse_stepping(loaded, opt_in="allow_import=True")
+    seed = loaded.eval_seed if seed is None else seed
+    common = {"episodes": episodes, "eval_seed": seed, "deterministic": deterministic,
+              "device": torch.device(device)}
+    if getattr(loaded.policy, "group_list", None) is not None:  # a multi-agent env: [episodes, agents]
+        rets = evaluate_agents(loaded.policy, loaded.env.make, max_steps=loaded.env.max_episode_steps, **common)
+        return EvalResult(np.asarray(rets, np.float64), loaded.checkpoint, seed, deterministic,
+                          agents=tuple(loaded.spec.agents))
+    successes: list[bool] = []
+    rets = run_episodes(loaded.policy, loaded.env.make, real_scores=loaded.env.real_scores, successes=successes,
+                        **common)
+    return EvalResult(np.asarray(rets, np.float64), loaded.checkpoint, seed, deterministic,
+                      success_rate=sum(successes) / len(successes) if successes else None)
+
+
+@dataclass
 class LoadedPolicy:
     """A trained policy that acts on numpy observations: ``act(obs, state=None, deterministic=True)``.
 

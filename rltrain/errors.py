@@ -22,6 +22,11 @@ class RunDirRefused(ConfigError):
     the job ``refused``, apart from the jobs that ran and failed (whose own dirs say so)."""
 
 
+class UnknownEnv(ConfigError):
+    """``env.id`` names no env Gymnasium knows in this process. A tool that runs in a process of its own
+    (``rltrain-eval``) adds that an id registered in a notebook or a script is known there only."""
+
+
 def described(err: BaseException) -> str:
     """``Type: message``; an exception without a message (a bare ``assert``) named by where it was raised."""
     text = str(err).strip().splitlines()[0] if str(err).strip() else ""

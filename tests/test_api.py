@@ -29,6 +29,7 @@ def test_import_rltrain_is_cheap_and_exports_the_api():
     code = ("import sys, rltrain; "
             "heavy = [m for m in ('torch', 'hydra', 'omegaconf', 'gymnasium') if m in sys.modules]; "
             "assert not heavy, heavy; assert callable(rltrain.train) and callable(rltrain.load_policy); "
+            "assert callable(rltrain.evaluate); "
             "assert 'torch' in sys.modules")
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
                          env={**os.environ, "PYTHONPATH": str(REPO)})
@@ -211,3 +212,35 @@ def test_the_documented_python_api_example_runs(tmp_path):
     assert res.returncode == 0, res.stderr
     assert (tmp_path / "runs" / "api" / "checkpoints" / "final.pt").exists()
     assert "completed" in res.stdout
+
+
+def test_evaluate_runs_in_this_process_on_an_env_registered_here(tmp_path, monkeypatch):
+    """An env id a notebook registers is known in its process only: ``rltrain.evaluate`` finds it and repeats
+    the run's own final evaluation exactly (same seeds, same mode); ``rltrain-eval``, a new process, names
+    ``rltrain.evaluate`` in its one line."""
+    import gymnasium as gym
+
+    import rltrain
+
+    monkeypatch.chdir(tmp_path)
+    env_id = "NotebookPole-v0"
+    gym.register(env_id, entry_point="gymnasium.envs.classic_control.cartpole:CartPoleEnv", max_episode_steps=200)
+    try:
+        result = rltrain.train(["algo=ppo", f"env.id={env_id}", "algo.rollout_len=64", *TINY],
+                               run_dir=tmp_path / "nb")
+        assert result.summary["status"] == "completed"
+        ev = rltrain.evaluate(result.run_dir, episodes=2)  # TINY's eval.episodes, from the run's eval seed
+        assert ev.returns.shape == (2,) and ev.agents is None and ev.success_rate is None and ev.deterministic
+        assert ev.checkpoint == tmp_path / "nb" / "checkpoints" / "final.pt"
+        assert ev.mean == pytest.approx(result.summary["final_eval_return"])
+        assert ev.std == pytest.approx(result.summary["final_eval_return_std"])
+        other = rltrain.evaluate(result.run_dir, episodes=1, seed=ev.seed + 1)  # episode j from seed + j
+        assert other.seed == ev.seed + 1 and other.returns.tolist() == ev.returns[1:].tolist()
+    finally:
+        gym.registry.pop(env_id, None)
+    res = subprocess.run([sys.executable, "-m", "rltrain.cli.evaluate", str(tmp_path / "nb")], capture_output=True,
+                         text=True, timeout=120, env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert res.returncode == 2 and f"unknown Gymnasium env {env_id!r}" in res.stderr, res.stderr
+    assert "evaluate there with rltrain.evaluate(path)" in res.stderr and len(res.stderr.strip().splitlines()) == 1
+    with pytest.raises(rltrain.errors.ConfigError, match="unknown Gymnasium env"):
+        rltrain.evaluate(tmp_path / "nb", episodes=1)  # unregistered now: the same one line, raised

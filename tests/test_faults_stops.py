@@ -50,6 +50,20 @@ def _wait_for(predicate, proc: subprocess.Popen, what: str, timeout: float = 120
         time.sleep(0.05)
 
 
+def _listening(port: int) -> bool:
+    """Whether a TCP socket of this machine listens on ``port`` (read from /proc: no connection is made)."""
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            lines = Path(table).read_text().splitlines()[1:]
+        except OSError:
+            continue
+        for line in lines:
+            local, state = line.split()[1], line.split()[3]
+            if state == "0A" and int(local.rsplit(":", 1)[1], 16) == port:  # 0A: LISTEN
+                return True
+    return False
+
+
 def _finish(proc: subprocess.Popen, timeout: float = 60) -> tuple[str, list[str]]:
     """(stderr, its lines that are not progress lines); the process must end within ``timeout``."""
     try:
@@ -124,7 +138,9 @@ def test_a_stop_during_the_rendezvous_is_honoured(tmp_path):
         for key in ranks:
             os.environ.pop(key)
     _wait_for(lambda: (run_dir / "summary.json").exists(), proc, "the run to start")
-    time.sleep(2.0)  # in the rendezvous by now (or about to enter it: the stop is checked on the way in too)
+    # rank 0 serves the rendezvous store from the thread the rendezvous starts (its port listens): the run is past
+    # start-up (a stop there would be named after it), in the wait that watches for a stop
+    _wait_for(lambda: _listening(int(ranks["MASTER_PORT"])), proc, "the rendezvous")
     proc.send_signal(signal.SIGTERM)
     err, lines = _finish(proc)
     _one_stop_line(err, lines)

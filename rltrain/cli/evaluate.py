@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 
 from rltrain.cli.args import CHECKPOINT_CHOICES, OneLineParser, check_episodes_and_seed, pick_checkpoint
-from rltrain.errors import ConfigError
+from rltrain.errors import ConfigError, UnknownEnv
 from rltrain.run.signals import StopFlag, StopRequested
 
 DEFAULT_EPISODES = 10
@@ -51,6 +51,10 @@ def main(argv: list[str] | None = None) -> int:
     stop = StopFlag().install()  # a stop signal ends the evaluation at once, in one line
     try:
         return _evaluate(args, stop)
+    except UnknownEnv as err:  # this is a new process: an id a notebook or a script registered is not known here
+        print(f"rltrain-eval: error: {err}; an env id registered in a notebook or a script is known in that process "
+              "only: evaluate there with rltrain.evaluate(path)", file=sys.stderr)
+        return 2
     except ConfigError as err:
         print(f"rltrain-eval: error: {err}", file=sys.stderr)
         return 2

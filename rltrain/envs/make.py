@@ -50,7 +50,7 @@ from rltrain.envs.spaces import (  # noqa: F401  env_spec, _describe_obs, stacke
 )
 from rltrain.envs.vector import AsyncVecEnv, VecEnv
 from rltrain.envs.wrappers import apply_wrappers, with_env_actions
-from rltrain.errors import ConfigError, UserCodeError, close_matches, described
+from rltrain.errors import ConfigError, UnknownEnv, UserCodeError, close_matches, described
 
 # id namespace -> (module that registers it, pip extra of rltrain that installs it)
 NAMESPACES: dict[str, tuple[str, str]] = {"ALE": ("ale_py", "atari"), "MinAtar": ("minatar.gym", "minatar")}
@@ -118,7 +118,7 @@ def _make_base(env_id: str, kwargs: dict[str, Any], max_episode_steps: int | Non
         return gym.wrappers.TimeLimit(env, max_episode_steps)
     _register_namespace(env_id)
     if env_id not in gym.registry:
-        raise ConfigError(f"env.id: unknown Gymnasium env {env_id!r}{close_matches(env_id, gym.registry.keys())}"
+        raise UnknownEnv(f"env.id: unknown Gymnasium env {env_id!r}{close_matches(env_id, gym.registry.keys())}"
                           " (or give 'module:EnvId' or an import path 'package.module:Factory')")
     return _gym_make(env_id, kwargs, max_episode_steps)
 
