@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import importlib.util
+
 import pytest
 import torch
 
@@ -168,16 +170,23 @@ def test_a_resume_without_the_replay_buffer_says_so_at_start(tmp_path, capsys, k
                             "checkpoint.replay_buffer=true keeps it in checkpoints"), said
 
 
-def test_a_periodic_evaluation_cut_by_a_stop_runs_on_resume(tmp_path, monkeypatch):
+@pytest.mark.parametrize("target", [None, 0.0], ids=["no_target", "target_reached_there"])
+def test_a_periodic_evaluation_cut_by_a_stop_runs_on_resume(tmp_path, monkeypatch, target):
     """A stop during the periodic evaluation at 2048 checkpoints there; the resume runs that evaluation before
     training on: metrics.csv (its row at 2048 with the eval columns), the best evaluation and the final weights are
-    the uninterrupted run's."""
+    the uninterrupted run's. With ``eval.target_return`` reached by that evaluation, the resume ends there, with
+    no update after it, as the uninterrupted run did."""
     import signal
 
     from rltrain.run.signals import StopRequested
     from rltrain.trainers.evaluation import Evaluation
 
     cfg = BASE + ["total_env_steps=4096"]
+    if target is not None:
+        cfg = BASE + ["total_env_steps=4096", "eval.every_env_steps=2048", f"eval.target_return={target}"]
+    tracked = target is None and importlib.util.find_spec("mlflow") is not None
+    if tracked:  # the tracker had the step's row without its evaluation: it gets the evaluation on resume
+        cfg = [*cfg, "logger.sinks=[csv,mlflow]"]
     once = run(compose_cfg(cfg), tmp_path / "once")
     evaluate = Evaluation._evaluate
 
@@ -193,6 +202,7 @@ def test_a_periodic_evaluation_cut_by_a_stop_runs_on_resume(tmp_path, monkeypatc
     monkeypatch.setattr(Evaluation, "_evaluate", evaluate)
     resumed = run(compose_cfg(cfg + ["resume=auto"]), tmp_path / "twice")
     assert resumed["status"] == "completed"
+    assert resumed["total_env_steps"] == once["total_env_steps"] == (2048 if target is not None else 4096)
     rows_once, rows_twice = (read_metrics(tmp_path / n / "metrics.csv") for n in ("once", "twice"))
     assert [r for r in rows_once if r["env_steps"] == "2048" and r.get("eval/return_mean")], rows_once
     assert _without_wall_clock(rows_twice) == _without_wall_clock(rows_once)
@@ -203,3 +213,14 @@ def test_a_periodic_evaluation_cut_by_a_stop_runs_on_resume(tmp_path, monkeypatc
     p1, p2 = (load_checkpoint(tmp_path / n / "checkpoints" / "final.pt")[0]["algo"]["policy"]
               for n in ("once", "twice"))
     assert all(torch.equal(p1[k], p2[k]) for k in p1)
+    if tracked:
+        monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")
+        from mlflow.tracking import MlflowClient
+
+        evals = []
+        for name in ("once", "twice"):
+            client = MlflowClient(tracking_uri=str(tmp_path / name / "mlruns"))
+            (tracked_run,) = client.search_runs([client.get_experiment_by_name("rltrain").experiment_id])
+            evals.append({m.step: m.value for m in client.get_metric_history(tracked_run.info.run_id,
+                                                                              "eval/return_mean")})
+        assert 2048 in evals[0] and evals[1] == evals[0], evals

@@ -14,10 +14,13 @@ from typing import Protocol
 from rltrain.data.structs import Metrics
 
 WALL_CLOCK_PREFIX = "time/"
+EVAL_PREFIX = "eval/"  # the columns an evaluation adds to its row
 
 
 class MetricLogger(Protocol):
-    def log(self, step: int, metrics: Metrics) -> None: ...
+    # again: the row of a step logged before, cut short (its evaluation, owed after a stop, now run): a file sink
+    # was cut back to before that step and takes it whole; a tracker holds the step already and takes what is new
+    def log(self, step: int, metrics: Metrics, *, again: bool = False) -> None: ...
     def close(self, summary: dict | None = None) -> None: ...  # summary: what summary.json says, at the end
 
 
@@ -43,7 +46,7 @@ class CSVLogger:
         """The env step of the last row (-1 when there is none)."""
         return int(float(self.rows[-1]["env_steps"])) if self.rows else -1
 
-    def log(self, step: int, metrics: Metrics) -> None:
+    def log(self, step: int, metrics: Metrics, *, again: bool = False) -> None:
         row = {"env_steps": step, **{k: _fmt(v) for k, v in metrics.items()}}
         self.rows.append(row)
         new = [k for k in row if k not in self.columns]
@@ -77,7 +80,7 @@ class TensorBoardLogger:
         # purge_step drops events written after the checkpoint we resumed from
         self.writer = SummaryWriter(str(directory), purge_step=purge_step)
 
-    def log(self, step: int, metrics: Metrics) -> None:
+    def log(self, step: int, metrics: Metrics, *, again: bool = False) -> None:
         for k, v in metrics.items():
             if v is not None and not (isinstance(v, float) and math.isnan(v)):
                 self.writer.add_scalar(k, v, step)

@@ -27,6 +27,7 @@ from pathlib import Path
 
 from rltrain.data.structs import Metrics
 from rltrain.errors import ConfigError
+from rltrain.run.metrics import EVAL_PREFIX
 
 EXTRAS = {"wandb": "wandb", "mlflow": "mlflow"}  # sink -> (package, rltrain extra) share the name
 DEFAULT_PROJECT = "rltrain"
@@ -186,7 +187,9 @@ class WandbLogger:
             raise ConfigError(wandb_error_line(err)) from None
         self.record.sent(self.run.id)
 
-    def log(self, step: int, metrics: Metrics) -> None:
+    def log(self, step: int, metrics: Metrics, *, again: bool = False) -> None:
+        # W&B takes no step below the resumed run's next one: a row logged again (an owed evaluation's) keeps
+        # what W&B got first at that step, without the evaluation (docs/guide/trackers.md)
         if not self.record.due(step):  # sent before a crash, replayed since
             return
         self.run.log(_finite(metrics), step=step)
@@ -295,7 +298,10 @@ class MLflowLogger:
         for i in range(0, len(items), 1000):
             self.client.log_batch(self.run_id, metrics=items[i:i + 1000])
 
-    def log(self, step: int, metrics: Metrics) -> None:
+    def log(self, step: int, metrics: Metrics, *, again: bool = False) -> None:
+        if again and not self.record.due(step):  # MLflow had this step's row without its evaluation: add that
+            self._log_numbers(step, _finite({k: v for k, v in metrics.items() if k.startswith(EVAL_PREFIX)}))
+            return
         if not self.record.due(step):  # sent before a crash, replayed since
             return
         self._log_numbers(step, _finite(metrics))

@@ -130,13 +130,18 @@ class TrainLoop:
         sps_t, sps_steps = t0, start_steps
         learn_metrics: Metrics = {}
         status = "completed"
+        # every rank reads the owed step from the one checkpoint (main clears it as it evaluates): whether the owed
+        # evaluation may end the run at once, as it would have ended the uninterrupted one, is agreed by all
+        owed_target = s.eval.target_return is not None and resumed_from is not None and \
+            state.eval_owed == start_steps
         try:
             if owed:  # inside this session's clock and try: its time counts as an evaluation's, out of steps/s
                 row = self.rows.row(state.last_learn, state.train_sps if state.train_sps is not None else math.nan)
                 row.update(self.evaluate())
                 self._eval_reached_target(row, start_steps)
-                self.rows.log(start_steps, row)
-            while self.counters["env_steps"] < total:
+                self.rows.log(start_steps, row, again=True)
+            solved_at_start = owed_target and self.sync.any(state.solved is not None)
+            while not solved_at_start and self.counters["env_steps"] < total:
                 over_wall = bool(s.max_wall_time_s and time.perf_counter() - t0 >= s.max_wall_time_s)
                 # agreed over workers (one tiny all-reduce when distributed): every rank stops at the same
                 # update

@@ -130,13 +130,14 @@ class MetricRows:
         recent = getattr(self.source, "agent_returns", None) or {}
         return {a: float(np.mean(list(r)[-RECENT_EPISODES:])) for a, r in recent.items() if len(r)}
 
-    def log(self, steps: int, row: Metrics) -> None:
+    def log(self, steps: int, row: Metrics, *, again: bool = False) -> None:
+        """``again``: the resumed step's row, its evaluation (owed after a stop) now run (``open(redo_last)``)."""
         # a resumed run that had already finished (or stopped right after its last row) has this row already
         if steps <= self._last_logged:
             return
         self._last_logged = steps
         for lg in self.loggers:
-            lg.log(steps, row)
+            lg.log(steps, row, again=again)
 
     def close(self, summary: dict) -> None:
         for lg in self.loggers:
