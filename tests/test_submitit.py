@@ -33,8 +33,8 @@ def test_local_preempted_job_requeues_and_resumes_in_the_same_dir(tmp_path, no_l
     # so the job's envs slow to 10 ms a step (from their 32nd) until the test has sent the signal and opens the gate
     total, gate = 16384, tmp_path / "gate"
     cmd = [sys.executable, "-m", "rltrain", "-m", "hydra/launcher=local", "seed=3", "debug=smoke", "logger=quiet",
-           "env.id=tests.helpers.faulty_envs:GatedCartPole", f"total_env_steps={total}", "eval.every_env_steps=0",
-           "eval.episodes=1", "log.every_env_steps=256", "hydra.sweep.dir=sweep"]
+           "env.id=tests.helpers.faulty_envs:SlowUntilGateCartPole", f"total_env_steps={total}",
+           "eval.every_env_steps=0", "eval.episodes=1", "log.every_env_steps=256", "hydra.sweep.dir=sweep"]
     proc = subprocess.Popen(cmd, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             env={**os.environ, **ENV, "RLTRAIN_TEST_GATE": str(gate)})
     try:

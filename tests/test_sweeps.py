@@ -264,8 +264,11 @@ def test_max_wall_time_checkpoints_stops_and_resumes(cli, tmp_path):
 def test_max_wall_time_in_a_sweep_stops_the_job_not_the_sweep(cli, tmp_path):
     """Each job stops at its budget and the next runs; the sweep exits 3 as a single run stopped so does (not 0:
     no job completed), and rltrain-report shows their last evals apart from final returns, marked."""
+    # an evaluation after each job's first update (256 env steps), which always runs (the budget is checked before
+    # each update): with debug=smoke's 1024, a job that trains fewer than 1024 steps in its second (a loaded
+    # machine: ~1800 here under load) would stop with no eval, and the report with no row of last evals
     res = cli("-m", "seed=1,2", "debug=smoke", "logger=quiet", "total_env_steps=10000000", "max_wall_time=1s",
-              "hydra.sweep.dir=sweep")
+              "eval.every_env_steps=256", "log.every_env_steps=256", "hydra.sweep.dir=sweep")
     assert res.returncode == 3, res.stderr[-2000:]
     jobs = by_job_num(tmp_path / "sweep")
     assert sorted(jobs) == [0, 1]

@@ -132,7 +132,7 @@ def crashing_cartpole(crash_after: int = -1) -> gym.Env:
     return CrashingCartPole(crash_after)
 
 
-class GatedCartPole(gym.Wrapper):
+class SlowUntilGateCartPole(gym.Wrapper):
     """CartPole that, from its step ``hold_at`` on, sleeps ``slow_s`` in each step until the file named by
     ``$RLTRAIN_TEST_GATE`` exists: a run cannot reach its end (or its last update) before the test opens the gate,
     however fast the machine, yet no env call lasts long (a stop signal abandons one still running 0.5 s after it,
