@@ -387,3 +387,18 @@ def test_numpy_deterministic_actor_acts_as_the_torch_one():
     torch_noise = td3.policy.action_noise.sample((64, 1), np.random.default_rng(1))
     np.testing.assert_allclose(actor.action(out, actor.perturb(draws)), mu + torch_noise, rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(torch_noise, draws * 0.3 * 2.0, rtol=1e-6)
+
+
+def test_every_row_after_the_first_update_shows_the_latest_loss(tmp_path):
+    """dqn_cartpole's rounds of gradient steps fall at 1000 + 128 k env steps, never on a row's step (a multiple
+    of 1000): each row shows the loss of the last round before it, as SB3 logs it (the rows had no loss at all:
+    the learn() on a row's step took no gradient step and reported its epsilon alone)."""
+    cfg = compose_cfg(["experiment=dqn_cartpole", "total_env_steps=3000", "log.every_env_steps=1000",
+                       "eval.every_env_steps=0", "eval.episodes=1", "checkpoint.every_env_steps=0", "logger=quiet",
+                       "model.hidden_sizes=[16]"])
+    run(cfg, tmp_path / "run")
+    with open(tmp_path / "run" / "metrics.csv", newline="") as f:
+        rows = list(csv.DictReader(f))
+    assert [int(float(r["env_steps"])) for r in rows] == [1000, 2000, 3000]
+    assert rows[0]["loss/q"] == "" and rows[0]["train/epsilon"] != ""  # the warm-up: no gradient step yet
+    assert all(r["loss/q"] != "" and r["train/q_mean"] != "" and r["train/epsilon"] != "" for r in rows[1:]), rows

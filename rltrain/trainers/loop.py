@@ -150,7 +150,9 @@ class TrainLoop:
                         self.stop.request("max_wall_time" if over_wall else "peer_stopped")
                     status = "interrupted"
                     break
-                learn_metrics = self._iterate(total, until=min(total, *cadence.next.values())) or learn_metrics
+                # each column keeps its latest value: an off-policy learn() that took no gradient step reports its
+                # exploration only, and the row shows the losses of the last one that did (as SB3 logs them)
+                learn_metrics = {**learn_metrics, **self._iterate(total, until=min(total, *cadence.next.values()))}
                 self.counters["wall_time"] = wall0 + time.perf_counter() - t0
                 steps = self.counters["env_steps"]
                 recent = self._recent_return()
