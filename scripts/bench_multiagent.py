@@ -129,6 +129,36 @@ def peer_cells(ours: list[dict], theirs: list[dict] | None, missing: str) -> str
     return f"{cell(theirs)} | {cpu_ours:.0f} | {cpu_theirs:.0f} | {cpu_ours / cpu_theirs:.2f}"
 
 
+BASELINE_EPISODES = 100
+
+
+def spread_baselines(episodes: int = BASELINE_EPISODES) -> dict[str, tuple[float, float]]:
+    """What simple_spread pays a policy that learnt nothing: uniformly random moves, and standing still (action
+    0, no-op). A learnt return means something only above both: the agents are penalised by their distance to
+    the landmarks at every step, and early learning mostly stops them wandering off. Mean over agents of each
+    agent's return, episodes from seeds 0..episodes-1 (mean, std over episodes)."""
+    import numpy as np
+    from mpe2 import simple_spread_v3
+
+    out = {}
+    for name in ("random moves", "no-op (action 0)"):
+        rng, returns = np.random.default_rng(0), []
+        for seed in range(episodes):
+            env = simple_spread_v3.parallel_env(N=3, max_cycles=25, continuous_actions=False)
+            env.reset(seed=seed)
+            total = dict.fromkeys(env.possible_agents, 0.0)
+            while env.agents:
+                acts = {a: int(rng.integers(env.action_space(a).n)) if name.startswith("random") else 0
+                        for a in env.agents}
+                _, rewards, _, _, _ = env.step(acts)
+                for a, r in rewards.items():
+                    total[a] += r
+            returns.append(float(np.mean(list(total.values()))))
+            env.close()
+        out[name] = (float(np.mean(returns)), float(np.std(returns)))
+    return out
+
+
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--envs", default="spread,c4")
@@ -169,6 +199,10 @@ def main() -> None:
             skrl = peer_cells(ours, results.get((env, algo, "skrl")),
                               f"skipped (no skrl at {PEERS_PYTHON}; set PEERS_PYTHON)")
             print(f"| {env} | {algo} | {budget(env, args.budget_scale)} | {cell(ours)} | {skrl} |")
+    if "spread" in envs:  # the floor a learnt return must clear, from the same env and protocol
+        print("\n| spread baseline | return (mean +- std over episodes) |\n|---|---|")
+        for name, (mean, std) in spread_baselines().items():
+            print(f"| {name} | {mean:.1f} +- {std:.1f} ({BASELINE_EPISODES} episodes) |")
     if ("spread", "mappo", "benchmarl") in results:
         ours, theirs = results[("spread", "mappo", "rltrain")], results[("spread", "mappo", "benchmarl")]
         frames = sorted({r["steps_run"] for r in theirs})

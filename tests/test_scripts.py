@@ -124,6 +124,9 @@ def test_bench_multiagent_prints_its_table(tmp_path):
     assert out.returncode == 0, out.stderr[-3000:]
     row = next(line for line in out.stdout.splitlines() if line.startswith("| spread | ippo | 2500 |"))
     assert "skipped (no skrl" in row
+    floors = {line.split("|")[1].strip(): float(line.split("|")[2].split("+-")[0])
+              for line in out.stdout.splitlines() if line.startswith(("| random moves", "| no-op"))}
+    assert set(floors) == {"random moves", "no-op (action 0)"} and all(-40 < v < -15 for v in floors.values())
     bad = subprocess.run([sys.executable, "scripts/bench_multiagent.py", "--envs", "spreadd"], cwd=REPO,
                          capture_output=True, text=True, timeout=120, env=env)
     assert bad.returncode == 2 and "unknown --envs/--algos ['spreadd']" in bad.stderr, bad.stderr
