@@ -439,3 +439,20 @@ def test_rainbow_and_qrdqn_learn_cartpole(tmp_path, overrides, budget):
                                "eval.every_env_steps=0", "checkpoint.every_env_steps=0"]), tmp_path)
     assert summary["status"] == "completed" and summary["solved_at_env_steps"] is not None, summary
     assert summary["final_eval_return"] > 100, summary
+
+
+def test_c51_says_once_when_its_values_are_pinned_at_an_end_of_its_support(tmp_path, caplog):
+    """CartPole pays 1 a step: with the support cut to [-1, 1] the values pile at v_max within the first
+    updates, and the run says so once, naming the keys and this task's bound (1 / (1 - 0.99) = 100); with room
+    ([-1, 200]) it says nothing."""
+    base = ["algo=dqn", "env=cartpole", "algo.distributional=c51", "total_env_steps=3000", "algo.learning_starts=500",
+            "eval.every_env_steps=0", "eval.episodes=1", "checkpoint.every_env_steps=0", "logger=quiet",
+            "model.hidden_sizes=[16]"]
+    with caplog.at_level("WARNING", logger="rltrain.algos.dqn"):
+        run(compose_cfg([*base, "algo.v_min=-1", "algo.v_max=1"]), tmp_path / "pinned")
+    said = [r.getMessage() for r in caplog.records if "support's end" in r.getMessage()]
+    assert len(said) == 1 and "algo.v_max=1" in said[0] and "+-100 here" in said[0], said
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="rltrain.algos.dqn"):
+        run(compose_cfg([*base, "algo.v_min=-1", "algo.v_max=200"]), tmp_path / "room")
+    assert not [r for r in caplog.records if "support's end" in r.getMessage()]

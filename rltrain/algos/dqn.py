@@ -15,6 +15,7 @@ steps over all envs (and all distributed workers), so a setting means the same w
 from __future__ import annotations
 
 import copy
+import logging
 from dataclasses import dataclass, field
 from functools import partial
 
@@ -36,6 +37,8 @@ from rltrain.errors import ConfigError
 from rltrain.models.factory import ModelSettings, build
 from rltrain.models.q_heads import QHeadOptions
 from rltrain.models.settings import MLP
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -167,9 +170,38 @@ class DQN(OffPolicy):
         self.optimizer = self.numpy_step.optimizer if self.numpy_step else make_adam(self.params, s.lr,
                                                                                       eps=s.adam_eps)
         self.beta = s.priority_beta0  # prioritised replay's importance exponent, annealed in sample()
+        self.support_warned = False  # C51's values pinned at an end of its support: said once (_check_support)
         self.epsilon_set: float | None = None  # what explore() last wrote into the policy's epsilon buffer
         # hard copy (tau = 1) or Polyak average every target_network_frequency env steps
         self.sync_targets_every(s.target_network_frequency, TargetNetwork(self.policy, self.target, tau=s.tau))
+
+    def _learn(self, rollout, progress: float, *, rollouts: int) -> Metrics:
+        metrics = super()._learn(rollout, progress, rollouts=rollouts)
+        if self.settings.distributional == "c51" and "train/q_mean" in metrics:
+            self._check_support(metrics["train/q_mean"])
+        return metrics
+
+    def _check_support(self, q_mean: float) -> None:
+        """C51 cannot value a return outside [v_min, v_max]: targets are projected onto it, so a task whose
+        discounted returns pass an end (the paper's [-10, 10] fits Atari's clipped rewards, not CartPole's 1 per
+        step over 500 steps) learns values pinned at that end and acts on ties. Said once, when the mean Q is
+        within 5% of the range of an end (the same on every rank: q_mean is all-reduced)."""
+        s = self.settings
+        margin = 0.05 * (s.v_max - s.v_min)
+        end = "v_max" if q_mean > s.v_max - margin else "v_min" if q_mean < s.v_min + margin else None
+        if end is None or self.support_warned:
+            return
+        self.support_warned = True
+        if self.sync.rank == 0:
+            log.warning("algo.distributional=c51: the mean Q (%.2f) is at the support's end algo.%s=%g: returns past "
+                        "it are clipped there, so the values stop telling actions apart; set algo.v_min / algo.v_max "
+                        "to the task's range of discounted returns (e.g. +-max|reward| / (1 - gamma) = +-%g here at "
+                        "most)", q_mean, end, getattr(s, end), self._return_bound())
+
+    def _return_bound(self) -> float:
+        """max |reward| seen in the replay over (1 - gamma): a bound on any discounted return of this task."""
+        rewards = self.buffer.rewards[:self.buffer.ready] if self.buffer.ready else np.zeros(1)
+        return float(np.round(np.abs(rewards).max() / (1.0 - self.settings.gamma), 1))
 
     def explore(self, progress: float) -> Metrics:
         """Epsilon decays linearly over the first ``exploration_fraction`` of the budget (CleanRL); it is a
