@@ -156,11 +156,14 @@ def test_replay_buffer_leaves_checkpoint_unless_enabled(cls):
 
 
 def test_action_space_mismatch_names_the_fix():
+    # the fix on one's own env is an algorithm that takes its actions; on a built-in one, perhaps another env
     with pytest.raises(ConfigError, match=r"^algo=dqn needs a Discrete action space; env.id=Pendulum-v1 is "
-                                          r"Box\(shape=\(1,\)\); try env=cartpole$"):
+                                          r"Box\(shape=\(1,\)\): choose an algorithm that takes its actions "
+                                          r"\(algo=ppo, algo=a2c and algo=impala take every kind\), or try "
+                                          r"algo=dqn on env=cartpole$"):
         DQN(PENDULUM, num_envs=1, device=CPU)
     with pytest.raises(ConfigError, match=r"^algo=sac needs a Box action space; env.id=CartPole-v1 is "
-                                          r"Discrete\(2\); try env=pendulum$"):
+                                          r"Discrete\(2\): choose .* or try algo=sac on env=pendulum$"):
         SAC(CARTPOLE, num_envs=1, device=CPU)
     for cls in (TD3, DDPG):
         with pytest.raises(ConfigError, match=rf"^algo={cls.name} needs a Box action space; env.id=CartPole-v1 is "):

@@ -90,7 +90,9 @@ BAD_INPUTS = [
     (["device=tpu"], "device='tpu' is not one of"),
     (["env.id=no_such_pkg.mod:Env"], "env.id=no_such_pkg.mod:Env: cannot import 'no_such_pkg.mod'"),
     (["max_wall_time=soon"], "max_wall_time='soon' is not a duration"),
-    (["algo=sac"], "algo=sac needs a Box action space; env.id=CartPole-v1 is Discrete(2); try env=pendulum"),
+    (["algo=sac"], "algo=sac needs a Box action space; env.id=CartPole-v1 is Discrete(2): choose an algorithm that "
+                   "takes its actions (algo=ppo, algo=a2c and algo=impala take every kind), or try algo=sac on "
+                   "env=pendulum"),
     (["algo=dqn", "env=pendulum"], "algo=dqn needs a Discrete action space; env.id=Pendulum-v1 is Box"),
     (["algo=dqn", "trainer=distributed_simulator"],
      "algo=dqn is off-policy and its replay updates are not all-reduced"),

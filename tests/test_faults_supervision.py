@@ -60,6 +60,7 @@ def _running(pid: int) -> bool:
     ("BadShape", "observation of shape (4,), but the observation space says (3,)"),
     ("BadDtype", "could not convert string to float"),
     ("TextReward", "could not convert string to float: 'lots'"),
+    ("ArrayReward", "reward array([1.]) of shape (1,): step() must return one number (e.g. float(reward))"),
 ])
 def test_an_env_that_breaks_mid_run_fails_in_one_line_naming_env_and_step(tmp_path, env, what):
     run_dir = tmp_path / "run"

@@ -119,8 +119,10 @@ class Algorithm(ABC):
         if spec.action_kind not in cls.action_kinds:
             other = cls.suggested_env[cls.action_kinds[0]]
             need = "a Discrete" if cls.action_kinds == ("discrete",) else "a Box"
+            # on the user's own env the fix is another algorithm; on a built-in one, perhaps another env
             raise ConfigError(f"algo={cls.name} needs {need} action space; env.id={spec.env_id} is "
-                              f"{spec.describe()}; try env={other}")
+                              f"{spec.describe()}: choose an algorithm that takes its actions (algo=ppo, algo=a2c "
+                              f"and algo=impala take every kind), or try algo={cls.name} on env={other}")
 
     @abstractmethod
     def learn(self, rollout: Rollout, *, progress: float) -> Metrics:

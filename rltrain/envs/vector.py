@@ -120,7 +120,14 @@ class VecEnv(EpisodeReports):
                         final[i] = o  # the common case, checked inline (a builtin dtype is one object)
                     else:
                         put_checked(final, i, o, space)
-                    rew[i] = r
+                    try:
+                        rew[i] = r
+                    except (TypeError, ValueError):
+                        if np.ndim(r) == 0:  # not a number at all: numpy's own words say which value
+                            raise
+                        # numpy's "setting an array element with a sequence" does not say it is the reward
+                        raise ValueError(f"reward {r!r} of shape {np.shape(r)}: step() must return one number "
+                                         "(e.g. float(reward))") from None
                     term[i] = te
                     trunc[i] = tr
                     if te or tr:

@@ -80,6 +80,14 @@ class TextReward(_Counting):
         return obs, ("lots" if self.bad() else reward), *rest
 
 
+class ArrayReward(_Counting):
+    """Returns its reward as a one-element array (a common slip in one's own env)."""
+
+    def step(self, action):
+        obs, reward, *rest = self.good_step(action)
+        return obs, (np.array([reward]) if self.bad() else reward), *rest
+
+
 class ZeroReward(_Counting):
     """A legitimate env whose return never varies (0): explained variance is NaN by definition, not a fault."""
 
