@@ -86,7 +86,10 @@ def test_rock_paper_scissors_trains_with_ippo_mappo_and_self_play(tmp_path, monk
     monkeypatch.chdir(tmp_path)  # where rltrain-check tries its run directory's parent
     assert check.check([*TINY, *args], Console(record=True, width=200)) == 0  # rltrain-check too
     summary = _run(args, tmp_path, monkeypatch)
-    assert summary["status"] == "completed" and summary["total_env_steps"] >= 256
+    # the AEC game: 4 updates of up to 64 turns, a turn-based run ends after them (at 256 turns or fewer); the
+    # parallel one: 8 joint steps of 32
+    assert summary["status"] == "completed" and summary["updates"] == (8 if RPS_PARALLEL in args[0] else 4)
+    assert 0.9 * 256 <= summary["total_env_steps"] <= 1.05 * 256  # self-play: the other seat may move once more
     assert set(summary["eval_vs_random"]) == {"win", "draw", "loss"}  # self-play, or a zero-sum game without
 
 
@@ -299,3 +302,33 @@ def test_merged_rollouts_keep_the_agents_in_possible_agents_order():
     rollouts = [MultiRollout({}, 8, agent_returns={a: [float(k)] for a in agents}) for k in range(2)]
     merged = merge_rollouts(rollouts)
     assert list(merged.agent_returns) == agents and merged.agent_returns[agents[0]] == [0.0, 1.0]
+
+
+def test_an_agents_shaped_box_is_flat_for_its_policy_and_shaped_for_the_env(tmp_path, monkeypatch):
+    """A PettingZoo agent with a (2, 2) float64 Box action (``mover``; its step raises on any other shape, dtype
+    or value): its policy acts on the 4 values, and training, evaluation, load_policy and the exported file hand
+    the env its own (2, 2) action ([B, 2, 2] for a batch)."""
+    import rltrain
+    from rltrain.cli.evaluate import main as evaluate_main
+    from rltrain.cli.export import export_files
+    from tests.helpers.shaped_envs import matrix_agents
+
+    summary = _run(["env.id=tests.helpers.shaped_envs:matrix_agents", "algo=ippo"], tmp_path / "run", monkeypatch)
+    assert summary["status"] == "completed", summary
+    assert evaluate_main([str(tmp_path / "run"), "--episodes", "2", "--allow-import"]) == 0
+    policies = rltrain.load_policy(tmp_path / "run")
+    mover = policies["mover"]
+    assert (mover.spec.action_shape, mover.spec.env_action_shape) == ((4,), (2, 2))
+    env = matrix_agents()
+    obs, _ = env.reset(seed=0)
+    for _ in range(3):
+        actions = {a: policies[a].act(obs[a], deterministic=False)[0] for a in env.agents}
+        assert actions["mover"].shape == (2, 2) and actions["mover"].dtype == np.float64
+        obs, *_ = env.step(actions)
+    files = export_files(tmp_path / "run", fmt="export", out=tmp_path / "export" / "pi.pt2")
+    batch = np.stack([env._observe()["mover"] for _ in range(5)])
+    assert files[1].name == "pi_mover.pt2"
+    got = torch.export.load(files[1]).module()(torch.from_numpy(batch)).numpy()
+    want, _ = mover.act(batch)
+    assert got.shape == want.shape == (5, 2, 2) and np.allclose(got, want, atol=1e-6)
+    assert json.loads(files[1].with_suffix(".json").read_text())["action"]["shape"] == [2, 2]

@@ -84,8 +84,12 @@ def _evaluate(args: argparse.Namespace, stop: StopFlag) -> int:
         params = sum(p.numel() for p in loaded.policy.parameters())
         algo = loaded.config['algo']['_target_'].rpartition('.')[2]
         if getattr(loaded.policy, "group_list", None) is not None:  # a multi-agent env: each agent and its policy
+            # the policies' own parameters, as training counts them: a self-play pool's past versions are copies
+            params = sum(p.numel() for p in loaded.policy.groups.parameters())
+            pool = loaded.policy.pool
+            kept = f" (and a self-play pool of {pool.size} past versions)" if pool is not None else ""
             print(f"policies: algo={algo}  env.id={spec.env_id}  {len(spec.agents)} agents in "
-                  f"{len(loaded.policy.group_list)} policy groups  {params:,} parameters")
+                  f"{len(loaded.policy.group_list)} policy groups  {params:,} parameters{kept}")
             for agent, s in zip(spec.agents, spec.specs, strict=True):
                 print(f"  {agent}: policy {loaded.policy.group_of(agent).name}  observation {s.observation.name}  "
                       f"action {s.describe()}")

@@ -92,10 +92,10 @@ def agent_batch_rows(plain: dict, trainer: Any, spec: AgentsSpec) -> list[tuple[
                      f"(algo.rollout_len: rows per slot) = {b.rows} rows; {n} minibatch{'es' if n > 1 else ''} of "
                      f"{T * per_rank // n}{' per rank' if workers > 1 else ''}, {hp.update_epochs} epochs; "
                      f"{b.row_bytes} bytes per row = {b.rows * b.row_bytes / 2**20:.1f} MiB"))
-    about = " (about: the collector steps until every slot has its rows)" if aec else ""
+    about = " (at most about: an env stops at its first slot with its rows, the others padded)" if aec else ""
     rows.append(("env steps per update", f"{size.text} = {size.env_steps}{about}"))
     total = int(plain["total_env_steps"])
-    rows.append(("updates", size.updates_text(total) + (" or so" if aec else "")))
+    rows.append(("updates", size.updates_text(total)))
     rows.append(("total_env_steps counts", "env steps over all envs and workers: " +
                  ("an AEC env step is one agent's turn" if aec else "a parallel env step is one joint step of all "
                   "its live agents") + " (skrl and BenchMARL count frames the same way)"))

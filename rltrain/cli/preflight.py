@@ -180,5 +180,6 @@ def overshoot_line(total: int, size: UpdateSize) -> str | None:
     updates, reached = size.whole_updates(total)
     if reached - total <= 0.01 * total:
         return None
-    return (f"budget: total_env_steps={total} runs to {reached} env steps ({updates} whole updates of {size.text} "
-            f"= {size.env_steps}; {100 * (reached - total) / total:.0f}% over)")
+    fewer = " or fewer" if size.turns else ""  # a turn-based update's turns: up to its size (UpdateSize.turns)
+    return (f"budget: total_env_steps={total} runs to {reached} env steps{fewer} ({updates} whole updates of "
+            f"{size.text} = {size.env_steps}; {100 * (reached - total) / total:.0f}% over)")

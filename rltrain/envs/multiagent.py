@@ -170,6 +170,11 @@ def flatten_obs(obs: Any, space: ObsSpace) -> np.ndarray:
     return np.asarray(obs, np.float32).reshape(-1)
 
 
+class UnknownAgent(ValueError):
+    """An agent the env's ``possible_agents`` does not list: no policy was built for it (the vector env's
+    ``EnvFault`` line names the env and its step)."""
+
+
 @dataclass
 class Closed:
     """An agent's transition, closed: the reward it received since it acted, whether it is done, its next
@@ -217,6 +222,7 @@ class AgentEnv:
             self._advance()
         else:
             obs, _ = self.env.reset(seed=seed)
+            self._known(obs, self.env.agents)
             self.obs = dict(obs)
             self.latest.update(obs)
             self.acting = list(self.env.agents)
@@ -236,6 +242,7 @@ class AgentEnv:
             return self._truncate_all() if cut and self.env.agents else self._advance()
         obs, rewards, terms, truncs, _ = self.env.step(
             {a: to_env[a](x) if a in to_env else x for a, x in actions.items()} if to_env else actions)
+        self._known(obs, self.env.agents)
         closed = []
         for agent in actions:
             reward = float(rewards.get(agent, 0.0))
@@ -254,6 +261,7 @@ class AgentEnv:
         env, closed = self.env, []
         while env.agents:
             agent = env.agent_selection
+            self._known((agent,))
             obs, reward, term, trunc, _ = env.last()
             self.returns[agent] += float(reward)
             self.latest[agent] = obs
@@ -267,6 +275,13 @@ class AgentEnv:
             return closed
         self.acting, self.over = [], True
         return closed
+
+    def _known(self, *groups: Any) -> None:
+        """Where the env's output is first read: an agent ``possible_agents`` does not list is one line naming it,
+        not a KeyError deep in the model (the policies are built for those agents only, before the first step)."""
+        for agent in (a for group in groups for a in group if a not in self.returns):
+            raise UnknownAgent(f"agent {agent!r} of env.id={self.spec.env_id} is not in its possible_agents "
+                               f"{list(self.spec.agents)}: list every agent that may appear there")
 
     def _truncate_all(self) -> list[Closed]:
         """AEC at ``max_steps``: every agent that acted is cut, with the rewards it has received since."""

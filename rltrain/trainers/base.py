@@ -61,16 +61,29 @@ class UpdateSize:
     env_processes: int
     rollout_len: int  # steps per env the update's rollouts hold
     num_minibatches: int | None = None  # the algorithm's minibatches per epoch (PPO), None for the others
+    # a turn-based (AEC) env's update: ``env_steps`` is what its rows cost if every slot fills, but an env stops at
+    # its first full slot (a first mover's, an agent's done early: the others are padded), so it takes fewer
+    turns: bool = False
 
     def whole_updates(self, total: int) -> tuple[int, int]:
         """(updates, env steps reached) of a ``total_env_steps`` budget: an update is never cut short."""
         updates = -(-total // self.env_steps)
         return updates, updates * self.env_steps
 
+    def budget_updates(self, total: int) -> int | None:
+        """The updates after which a turn-based run ends (None: its env steps end it). Counting its turns instead
+        would add an update the start line never announced (its updates fall short of ``env_steps``), and ranks
+        whose turns differ could disagree on the last one; the update count is the same everywhere."""
+        return self.whole_updates(total)[0] if self.turns else None
+
     def updates_text(self, total: int) -> str:
         """rltrain-check's updates row: the arithmetic and where the run ends."""
         updates, reached = self.whole_updates(total)
-        return f"{total} total_env_steps / {self.env_steps} = {updates}, whole: the run ends at {reached} env steps"
+        head = f"{total} total_env_steps / {self.env_steps} = {updates}, whole: the run ends"
+        if self.turns:
+            return f"{head} after {updates} updates, at about {reached} env steps or fewer (an update's turns: " \
+                   f"about {self.env_steps}, fewer when one agent's slots fill before the others')"
+        return f"{head} at {reached} env steps"
 
 
 def agent_turns(spec: EnvSpec | AgentsSpec | None) -> tuple[int, str]:
@@ -205,12 +218,17 @@ class Trainer(ABC):
         text = f"algo.rollout_len ({sizes.rollout_len}) x env.num_envs ({envs})" + \
             (f" x trainer.world_size ({workers})" if workers > 1 else "") + said
         return UpdateSize(sizes.rollout_len * envs * workers * turns, text, envs * workers, sizes.rollout_len,
-                          sizes.num_minibatches)
+                          sizes.num_minibatches, turns=turns > 1)
 
     def ends_at(self) -> int:
         """The env step this run ends at: ``total_env_steps`` in whole updates (an update is never cut short), the
-        figure the start line and rltrain-check's updates row give, and the progress display's total."""
+        figure the start line and rltrain-check's updates row give, and the progress display's total (a
+        turn-based run's updates may end before it: ``UpdateSize.turns``)."""
         return self.update_size().whole_updates(self.settings.total_env_steps)[1]
+
+    def budget_updates(self) -> int | None:
+        """The updates a turn-based run ends after (``UpdateSize.budget_updates``); None: its env steps end it."""
+        return self.update_size().budget_updates(self.settings.total_env_steps)
 
     def loop_algorithm(self, spec: EnvSpec) -> Algorithm | None:
         """The algorithm of the loop this trainer runs in THIS process, built now for the pre-flight checks and

@@ -244,7 +244,7 @@ def param_digest(module: torch.nn.Module) -> str:
 
 
 def run_rank(launch: LaunchInfo, settings: RunSettings, run_dir: Path, *, backend: str, timeout_s: float,
-             stop: StopFlag, ends_at: int | None = None) -> dict:
+             stop: StopFlag, ends_at: int | None = None, updates: int | None = None) -> dict:
     """One rank from start to finish: join the group, train, leave the group. Returns its summary."""
     init_process(torch_threads=settings.torch_threads)
     device = pick_device(settings.device, local_rank=launch.local_rank)
@@ -263,7 +263,7 @@ def run_rank(launch: LaunchInfo, settings: RunSettings, run_dir: Path, *, backen
         place = Placement(Path(run_dir), seeds, device, sync=sync, is_main=launch.is_main,
                           title=f"distributed x{launch.world_size}")
         hooks = DistributedHooks(launch, sync, num_envs=settings.env.num_envs)
-        loop = TrainLoop(settings, place, stop, TrainerParts(hooks=hooks, ends_at=ends_at))
+        loop = TrainLoop(settings, place, stop, TrainerParts(hooks=hooks, ends_at=ends_at, updates=updates))
         return loop.run()
     except PeerFailure as err:
         err.gone = sync.gone_peers()  # which rank died first, for the line and the summary
@@ -310,7 +310,7 @@ class DistributedSimulatorTrainer(Trainer):
         launch = self.launch
         if launch is None:
             self._precheck_resume()
-            rank = functools.partial(run_rank, ends_at=self.ends_at())
+            rank = functools.partial(run_rank, ends_at=self.ends_at(), updates=self.budget_updates())
             summaries, failures = spawn_ranks(rank, self.settings, self.run_dir, stop, world_size=self.world_size,
                                               backend=self.backend, timeout_s=self.timeout_s,
                                               master_addr=self.master_addr)
@@ -325,7 +325,7 @@ class DistributedSimulatorTrainer(Trainer):
             return summaries[0]
         try:
             return run_rank(launch, self.settings, self.run_dir, backend=self.backend, timeout_s=self.timeout_s,
-                            stop=stop, ends_at=self.ends_at())
+                            stop=stop, ends_at=self.ends_at(), updates=self.budget_updates())
         except ConfigError:
             raise
         except StopRequested:

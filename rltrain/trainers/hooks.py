@@ -63,13 +63,15 @@ class TrainerParts:
     parallel trainer's agents send theirs to the parent); ``num_envs``: the env columns of one update when
     they are not ``env.num_envs`` (the actors' learner merges several actors' rollouts); ``ends_at``: the env
     step the run ends at, its budget in whole updates (``Trainer.ends_at``), the progress display's total (None:
-    ``total_env_steps``)."""
+    ``total_env_steps``); ``updates``: the updates a turn-based run ends after (``Trainer.budget_updates``: its
+    updates take fewer turns than ``ends_at`` counts on), None where the env steps end it."""
 
     hooks: LoopHooks = field(default_factory=LoopHooks)
     source_factory: SourceFactory | None = None
     progress_factory: Callable[..., ProgressDisplay] = ProgressDisplay
     num_envs: int | None = None
     ends_at: int | None = None
+    updates: int | None = None
 
 
 def to_cpu(obj):

@@ -59,6 +59,7 @@ class TrainLoop:
         self.sync, self.is_main = place.sync, place.is_main
         self.progress_factory, self.hooks = parts.progress_factory, parts.hooks
         self.ends_at = parts.ends_at  # where the run of whole updates ends: the progress display's total
+        self.updates = parts.updates  # a turn-based run's budget in updates (TrainerParts.updates)
         with stop.raising("env construction"):  # an env constructor that never returns must not hold a stop
             self.spec = settings.env_spec or settings.env.spec()  # probed here only when nobody handed it on
             if algo is None:
@@ -141,7 +142,7 @@ class TrainLoop:
                 self._eval_reached_target(row, start_steps)
                 self.rows.log(start_steps, row, again=True)
             solved_at_start = owed_target and self.sync.any(state.solved is not None)
-            while not solved_at_start and self.counters["env_steps"] < total:
+            while not solved_at_start and self._budget_left():
                 over_wall = bool(s.max_wall_time_s and time.perf_counter() - t0 >= s.max_wall_time_s)
                 # agreed over workers (one tiny all-reduce when distributed): every rank stops at the same
                 # update
@@ -161,7 +162,7 @@ class TrainLoop:
                     state.solved = {"env_steps": steps, "seconds": self.counters["wall_time"]}
                 now = time.perf_counter()
                 state.last_learn = learn_metrics
-                if self.is_main and cadence.due("log", steps) and steps < total and not state.solved:
+                if self.is_main and cadence.due("log", steps) and self._budget_left() and not state.solved:
                     sps = (steps - sps_steps) / max(now - sps_t - state.eval_s, 1e-9)
                     row = self.rows.row(learn_metrics, sps)
                     sps_t, sps_steps = now - state.eval_s, steps  # an evaluation below is not training time
@@ -242,6 +243,12 @@ class TrainLoop:
         self.counters["updates"] += rollouts  # rollouts learned from
         self.hooks.after_learn(rollout, learn_s, algo=self.algo, counters=self.counters)
         return learn_metrics
+
+    def _budget_left(self) -> bool:
+        """Whether the budget holds another update: its env steps, and a turn-based run's whole updates
+        (``TrainerParts.updates``: its updates take fewer turns than announced, so its turns alone would add one)."""
+        return self.counters["env_steps"] < self.s.total_env_steps and \
+            (self.updates is None or self.counters["updates"] < self.updates)
 
     def _eval_reached_target(self, row: Metrics, steps: int) -> None:
         """``eval.target_return``: the first evaluation that reaches it ends the run (as ``target_return``

@@ -211,8 +211,10 @@ class MultiAgentCollector:
         if self.pool is not None:
             agent = self.spec.agents[self.seat[i]]
             ret = float(env.returns[agent])
-            per_agent[agent].append(ret)
-            self.agent_returns[agent].append(ret)
+            for seat in self.spec.agents:  # NaN in the seat it did not play: each seat's window is then the same
+                value = ret if seat == agent else np.nan  # episodes as the learner's (trainers/rows.py)
+                per_agent[seat].append(value)
+                self.agent_returns[seat].append(value)
             self.seat[i] = 1 - self.seat[i]
             self._new_opponent(i)
         else:

@@ -35,6 +35,7 @@ from rltrain.run.summary import newest_checkpoint, resume_command
 from rltrain.trainers.base import Capabilities, Trainer
 from rltrain.trainers.hooks import Placement, TrainerParts
 from rltrain.trainers.loop import TrainLoop
+from rltrain.trainers.sequential import SequentialTrainer
 from rltrain.trainers.settings import ParallelSettings, RunSettings
 from rltrain.trainers.supervise import (
     ContextStop,
@@ -103,7 +104,10 @@ def agent_main(ctx: WorkerContext, job: AgentJob) -> dict:
     streams = prefix_agent_output(job.index)  # without a TTY: whole lines, each prefixed with the agent
     try:
         place = Placement(run_dir, seeds, pick_device(s.device), title=f"agent_{job.index}")
-        parts = TrainerParts(progress_factory=partial(_MessageProgress, ctx, job.progress_interval_s))
+        # a turn-based env's agent ends after its share's whole updates, as trainer=sequential's run does
+        updates = SequentialTrainer(settings=s, run_dir=run_dir).budget_updates()
+        parts = TrainerParts(progress_factory=partial(_MessageProgress, ctx, job.progress_interval_s),
+                             updates=updates)
         loop = TrainLoop(s, place, ContextStop(ctx), parts)
         return loop.run()
     except StopRequested as err:  # stopped while it built its envs or loaded its checkpoint: nothing failed

@@ -42,7 +42,7 @@ class EpisodeWindows:
                     list(getattr(s, "recent_successes", ()))[-n:])
         pooled: tuple[list[float], list[float], list[float]] = ([], [], [])
         for windows in self.ranks:
-            for out, window in zip(pooled, windows, strict=True):
+            for out, window in zip(pooled, windows[:3], strict=True):  # then each agent's (``agents``)
                 out.extend(window[-n:].tolist())
         return pooled
 
@@ -52,19 +52,29 @@ class EpisodeWindows:
             return list(self.source.recent_returns)[-n:]
         return [r for windows in self.ranks for r in windows[0][-n:].tolist()]
 
+    def agents(self, n: int) -> dict[str, list[float]]:
+        """A multi-agent env's returns of each agent in ``last(n)``'s episodes ({} else): each agent has an entry
+        per episode (self-play: NaN in the seat the learner did not play), so the windows are the same episodes."""
+        recent = getattr(self.source, "agent_returns", None) or {}
+        if self.ranks is None:
+            return {a: list(r)[-n:] for a, r in recent.items()}
+        return {a: [x for windows in self.ranks for x in windows[3 + k][-n:].tolist()] for k, a in enumerate(recent)}
+
     def pool(self, sync: Any, new_episodes: int) -> int:
-        """Every rank's last ``SUMMARY_EPISODES`` episodes, gathered through one element-wise sum (each rank
-        writes its own slots); returns ``new_episodes`` summed over the ranks. Every rank must call it."""
-        size, rank, cap = sync.world_size, sync.rank, SUMMARY_EPISODES
-        slots = np.zeros((3, size, cap + 1))  # [returns / lengths / successes, rank, (count, values...)]
-        s = self.source
-        for k, window in enumerate((s.recent_returns, s.recent_lengths, getattr(s, "recent_successes", ()))):
+        """Every rank's last ``SUMMARY_EPISODES`` episodes (and each agent's returns in them), gathered through one
+        element-wise sum (each rank writes its own slots); returns ``new_episodes`` summed over the ranks. Every
+        rank must call it."""
+        size, rank, cap, s = sync.world_size, sync.rank, SUMMARY_EPISODES, self.source
+        agents = list((getattr(s, "agent_returns", None) or {}).values())
+        windows = (s.recent_returns, s.recent_lengths, getattr(s, "recent_successes", ()), *agents)
+        slots = np.zeros((len(windows), size, cap + 1))  # [returns / lengths / successes / agents, rank, (n, ...)]
+        for k, window in enumerate(windows):
             values = list(window)[-cap:]
             slots[k, rank, 0] = len(values)
             slots[k, rank, 1:1 + len(values)] = values
         total = sync.sum(np.concatenate([[float(new_episodes)], slots.ravel()]))
         slots = total[1:].reshape(slots.shape)
-        self.ranks = [tuple(slots[k, r, 1:1 + int(slots[k, r, 0])] for k in range(3))  # type: ignore[misc]
+        self.ranks = [tuple(slots[k, r, 1:1 + int(slots[k, r, 0])] for k in range(len(windows)))  # type: ignore[misc]
                       for r in range(size)]
         return int(total[0])
 
@@ -126,9 +136,11 @@ class MetricRows:
         return row
 
     def agent_recent(self) -> dict[str, float]:
-        """A multi-agent env's recent training return of each agent (the last ``RECENT_EPISODES``); {} else."""
-        recent = getattr(self.source, "agent_returns", None) or {}
-        return {a: float(np.mean(list(r)[-RECENT_EPISODES:])) for a, r in recent.items() if len(r)}
+        """A multi-agent env's recent training return of each agent over the episodes of the headline return (the
+        last ``RECENT_EPISODES``; with self-play, the learner's in that seat: the headline is their mean weighted by
+        the episodes in each seat); {} else."""
+        return {a: float(np.nanmean(w)) for a, w in self.windows.agents(RECENT_EPISODES).items()
+                if not np.isnan(w).all()}
 
     def log(self, steps: int, row: Metrics, *, again: bool = False) -> None:
         """``again``: the resumed step's row, its evaluation (owed after a stop) now run (``open(redo_last)``)."""

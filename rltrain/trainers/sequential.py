@@ -39,5 +39,6 @@ class SequentialTrainer(Trainer):
 
     def train(self, stop: StopFlag) -> dict:
         algo, self._algo = self._algo, None  # handed over once: a second fit() builds (and seeds) its own
-        loop = TrainLoop(self.settings, self.placement(), stop, TrainerParts(ends_at=self.ends_at()), algo=algo)
+        parts = TrainerParts(ends_at=self.ends_at(), updates=self.budget_updates())
+        loop = TrainLoop(self.settings, self.placement(), stop, parts, algo=algo)
         return loop.run()

@@ -253,3 +253,35 @@ class Odd(ParallelEnv):
 
 def odd(kind: str = "text") -> Odd:
     return Odd(kind)
+
+
+class Stowaway(ParallelEnv):
+    """Two agents listed in ``possible_agents``; at step 2 a third ('c') that it does not list joins, which
+    rltrain refuses in one line naming it."""
+
+    metadata = {"name": "stowaway_v0"}
+
+    def __init__(self):
+        self.possible_agents = ["a", "b"]
+
+    def observation_space(self, agent):
+        return spaces.Box(0, 1, (2,), np.float32)
+
+    def action_space(self, agent):
+        return spaces.Discrete(2)
+
+    def reset(self, seed=None, options=None):
+        self.t, self.agents = 0, ["a", "b"]
+        return {a: np.zeros(2, np.float32) for a in self.agents}, {a: {} for a in self.agents}
+
+    def step(self, actions):
+        self.t += 1
+        if self.t == 2:
+            self.agents = [*self.agents, "c"]
+        flags = dict.fromkeys(self.agents, False)
+        return ({a: np.full(2, 0.5, np.float32) for a in self.agents}, dict.fromkeys(self.agents, 0.0), flags,
+                dict(flags), {a: {} for a in self.agents})
+
+
+def stowaway() -> Stowaway:
+    return Stowaway()

@@ -80,7 +80,8 @@ class SubprocessActorsTrainer(Trainer):
         steps = self.rollout_len or sizes.rollout_len
         turns, said = agent_turns(self.settings.env_spec)
         text = f"trainer.batch_rollouts ({batches}) x envs per actor ({envs}) x rollout_len ({steps}){said}"
-        return UpdateSize(batches * envs * steps * turns, text, self.num_actors * envs, steps, sizes.num_minibatches)
+        return UpdateSize(batches * envs * steps * turns, text, self.num_actors * envs, steps, sizes.num_minibatches,
+                          turns=turns > 1)
 
     def seed_trees(self) -> dict[str, SeedTree]:
         return {}  # recorded in train(): the actors' generations are known only after the resume
@@ -111,7 +112,7 @@ class SubprocessActorsTrainer(Trainer):
         parts = TrainerParts(hooks=ActorHooks(pool, stats), source_factory=lambda algo: ActorSource(queue, stats, stop),
                              progress_factory=functools.partial(ActorsProgress, rows=lambda: stats.progress_rows(
                                  pool.slots, queued=len(queue), capacity=plan.capacity)),
-                             num_envs=self.learner_envs(), ends_at=self.ends_at())
+                             num_envs=self.learner_envs(), ends_at=self.ends_at(), updates=self.budget_updates())
         try:
             loop = TrainLoop(s, Placement(self.run_dir, trees["learner"], device, title="learner"), stop, parts)
             loop.resume()  # before the actors start: their generations (and seeds) come from the checkpoint
