@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import io
 import json
 import subprocess
 import sys
@@ -68,3 +69,31 @@ def _env() -> dict:
     import os
 
     return {k: v for k, v in os.environ.items() if k != "COLUMNS"}
+
+
+def test_box_bounds_far_from_a_gaussian_policys_scale_are_said_at_start(capsys, tmp_path, monkeypatch):
+    """PPO's Gaussian starts at mean 0, std 1, clipped to the Box: on actions in [10, 20] every early action is 10.
+    The start says so once, with the wrapper that rescales them; not for Pendulum's [-2, 2], not for SAC (it
+    squashes into the bounds), and not once the wrapper is there."""
+    from rich.console import Console
+
+    from rltrain.cli import check
+    from rltrain.cli.preflight import action_scale_line
+    from rltrain.data.structs import EnvSpec
+
+    monkeypatch.chdir(tmp_path)
+    shifted = "env.wrappers=[{gymnasium.wrappers.RescaleAction: {min_action: 10, max_action: 20}}]"
+    fixed = "env.wrappers=[{gymnasium.wrappers.RescaleAction: {min_action: 10, max_action: 20}}, " \
+            "{gymnasium.wrappers.RescaleAction: {min_action: -1, max_action: 1}}]"
+    said = {}
+    for name, extra in {"ppo": ["algo=ppo", shifted], "pendulum": ["algo=ppo"], "sac": ["algo=sac", shifted],
+                        "fixed": ["algo=ppo", fixed]}.items():
+        assert check.check(["env=pendulum", "total_env_steps=4096", *extra], Console(file=io.StringIO())) == 0
+        said[name] = [line for line in capsys.readouterr().out.splitlines() if "Gaussian policy" in line]
+    assert len(said["ppo"]) == 1 and said["ppo"][0].startswith("[rltrain] note: Box actions in [10, 20]:"), said
+    assert "env.wrappers=[{gymnasium.wrappers.RescaleAction: {min_action: -1, max_action: 1}}]" in said["ppo"][0]
+    assert not said["pendulum"] and not said["sac"] and not said["fixed"], said
+    spec = EnvSpec("X", (3,), "box", (2,), action_low=(-0.01, -1.0), action_high=(0.01, 1.0))
+    assert "[-1, 1]" in action_scale_line(spec)  # a half-width of 0.01: a sliver is all it explores
+    assert action_scale_line(EnvSpec("X", (3,), "box", (1,), action_low=(-float("inf"),),
+                                     action_high=(float("inf"),))) is None

@@ -171,7 +171,28 @@ def preflight(settings: RunSettings, trainer: Trainer, *, check_only: bool = Fal
         line = overshoot_line(settings.total_env_steps, size)
         if line:
             print(f"[rltrain] {line}", flush=True)
+    dist = getattr(getattr(algo, "policy", None), "dist", None)
+    line = action_scale_line(spec) if getattr(dist, "clips_to_bounds", False) else None
+    if line:
+        print(f"[rltrain] {line}", flush=True)
     return algo
+
+
+def action_scale_line(spec: EnvSpec) -> str | None:
+    """A Gaussian policy (PPO, A2C, IMPALA) starts at mean 0, std 1, and the env gets its samples clipped to the
+    Box: bounds that exclude 0, or whose half-width is an order of magnitude off 1, make early actions the
+    bound itself, or explore a sliver of the range. Said once at start, with the wrapper that fixes it (SB3's
+    env checker gives the same advice); None where the bounds are fine or infinite."""
+    low, high = np.asarray(spec.action_low, np.float64), np.asarray(spec.action_high, np.float64)
+    if not low.size or not (np.isfinite(low).all() and np.isfinite(high).all()):
+        return None
+    half = (high - low) / 2
+    if (low <= 0).all() and (high >= 0).all() and (half >= 0.1).all() and (half <= 10).all():
+        return None
+    where = f"[{low.min():g}, {high.max():g}]" if low.size > 1 else f"[{low[0]:g}, {high[0]:g}]"
+    return (f"note: Box actions in {where}: the Gaussian policy starts at mean 0 with std 1 and the env gets its "
+            "samples clipped to the bounds, so early actions sit at a bound or explore a sliver of the range; "
+            "rescale them: env.wrappers=[{gymnasium.wrappers.RescaleAction: {min_action: -1, max_action: 1}}]")
 
 
 def overshoot_line(total: int, size: UpdateSize) -> str | None:

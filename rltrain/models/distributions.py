@@ -86,6 +86,7 @@ class DiagGaussian(ActionDistribution):
 
     kind = "box"
     numpy_kind = "gaussian"
+    clips_to_bounds = True  # its samples reach the env clipped: bounds far from [-1, 1] want rescaling (preflight)
 
     def __init__(self, spec: EnvSpec, *, init_log_std: float = 0.0):
         super().__init__()
