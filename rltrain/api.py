@@ -210,10 +210,18 @@ class LoadedPolicy:
     checkpoint: Path
 
     def __post_init__(self) -> None:
+        from rltrain.data.obs_checks import ObsCheck
         from rltrain.data.structs import obs_buffer
 
         self.module.eval().requires_grad_(False)
         self._template = obs_buffer(self.spec.observation, (0,))  # one [0, *shape] array per stored key
+        self._check = ObsCheck(self.spec.observation)
+        spec = self.spec
+        if spec.action_kind == "box":  # the env's own values, as its training envs got them (envs/wrappers.py
+            # ActionDtype, BoxShape): its dtype, inside its exact bounds, in its own shape
+            self._box_dtype = np.dtype(spec.env_action_dtype or np.float32)
+            self._box_bounds = [np.asarray(b, self._box_dtype).reshape(spec.action_shape)
+                                for b in (spec.action_low, spec.action_high)]
         self._device = next(self.module.parameters()).device
         self._generator = torch.Generator(device=self._device).manual_seed(0)
 
@@ -236,11 +244,14 @@ class LoadedPolicy:
         """obs: one observation (the env's shape; for a Dict space a dict of arrays, for a Tuple space the env's
         tuple, at any depth) or a batch [N, ...] of them (a Dict's or a Tuple's arrays batched, as a Gymnasium
         vector env returns them) -> (action, state). The action is what to step the env with: an int64
-        (Discrete, its ``start`` added; [N] for a batch) or an array clipped to the Box bounds ([N, *shape] for a
-        batch) in the env's own action dtype (float32; float64 for a float64 Box), the mode when ``deterministic``
-        else a sample. ``state``: a recurrent policy's state returned by the previous call (None: start of an
-        episode); feed-forward policies return None. A policy trained with action masking reads the env's mask in
-        the observation, under ``"action_mask"``; without it, one ValueError says so."""
+        (Discrete, its ``start`` added; [N] for a batch) or an array clipped to the Box bounds in the env's own
+        shape ((2, 2) for a (2, 2) Box, which the policy acts on as 4 values; [N, *shape] for a batch) and action
+        dtype (float32; float64 for a float64 Box), the mode when ``deterministic`` else a sample. ``state``: a
+        recurrent policy's state returned by the previous call (None: start of an episode); feed-forward policies
+        return None. A policy trained with action masking reads the env's mask in the observation, under
+        ``"action_mask"``; without it, one ValueError says so. An observation of another shape (any key's), or an
+        index outside its Discrete / MultiDiscrete / MultiBinary space, is one ValueError naming the space and the
+        shapes it takes (data/obs_checks.py)."""
         from rltrain.data.structs import MASK_KEY, action_mask_of, obs_leaves, obs_map
         from rltrain.envs.spaces import tuples_as_dicts
 
@@ -252,7 +263,7 @@ class LoadedPolicy:
             except (KeyError, ValueError) as err:
                 detail = f"no key {err}" if isinstance(err, KeyError) else err
                 raise ValueError(f"observation does not match {self.spec.observation.name}: {detail}") from None
-        single = self._is_single(obs)
+        single = self._check.single(obs)  # one ValueError naming the space where the shapes (or indices) do not fit
         try:
             batch = obs_map(lambda t, x: torch.as_tensor(np.asarray(x, t.dtype)[None] if single else
                                                          np.asarray(x, t.dtype), device=self._device),
@@ -269,24 +280,12 @@ class LoadedPolicy:
                 out = self.module.act(batch, deterministic=deterministic, generator=self._generator)
         action = out.action.cpu().numpy()
         spec = self.spec
-        if spec.action_kind == "box":  # the env's own values, as its training envs got them (envs/wrappers.py
-            dtype = np.dtype(spec.env_action_dtype or np.float32)  # ActionDtype): its dtype, inside its exact bounds
-            bounds = [np.asarray(b, dtype).reshape(spec.action_shape) for b in (spec.action_low, spec.action_high)]
-            action = np.clip(action.astype(dtype), *bounds)
+        if spec.action_kind == "box":
+            action = np.clip(action.astype(self._box_dtype), *self._box_bounds)
+            if spec.env_action_shape is not None:  # the policy's flat vector in the env's own shape ((2, 2), ())
+                action = action.reshape(len(action), *spec.env_action_shape)
         elif spec.action_kind == "discrete" and spec.action_start:  # Discrete(n, start=s): the env's
             action = action + np.int64(spec.action_start[0])          # own value, index + s
         elif spec.env_action_dtype:  # MultiDiscrete values in the env's own integer dtype (int32, ...)
             action = action.astype(spec.env_action_dtype)
         return (action[0] if single else action), (out.state if self.recurrent else None)
-
-    def _is_single(self, obs: Any) -> bool:
-        """One observation (no batch axis): its first stored array has the space's own number of axes."""
-        from rltrain.data.structs import obs_leaves
-
-        if isinstance(self._template, dict):
-            if not isinstance(obs, dict):
-                raise ValueError(f"observation must be a dict with keys {list(self._template)} "
-                                 f"({self.spec.observation.name})")
-            key = next(iter(self._template))
-            return np.ndim(obs_leaves(obs[key])[0]) == obs_leaves(self._template[key])[0].ndim - 1
-        return np.ndim(obs) == self._template.ndim - 1

@@ -358,3 +358,72 @@ def test_an_action_dtype_is_cast_at_the_env_boundary_and_recorded():
     md.reset(seed=0)
     md.step(np.array([2, 3], np.int64))
     assert env_spec(md, "t").env_action_dtype == "int32"
+
+
+MATRIX = "tests.helpers.shaped_envs:MatrixEnv"  # a (2, 2) Box action (entry k in [k, k + 0.5]); strict steps
+
+
+def test_a_shaped_box_is_flat_for_the_policy_shaped_at_the_env_boundary_and_recorded():
+    """The policy acts on the 4 values of a (2, 2) Box (as SB3 and CleanRL do): make_env shows the flat Box and
+    steps the env with the action in its own shape and dtype; the spec records the shape, which an older record
+    (without it) reads as 1-D; a PettingZoo agent's raw space is translated alike (env_action)."""
+    import pickle
+
+    from rltrain.data.structs import PolicySpaces
+    from rltrain.envs.wrappers import box_shape, env_action
+
+    env = make_env(MATRIX, {"dtype": "float64"})
+    low = np.arange(4.0)
+    assert env.action_space == spaces.Box(low, low + 0.5, dtype=np.float64)  # flat, in the env's own dtype
+    env.reset(seed=0)
+    env.step(np.array([0.2, 1.2, 2.2, 3.2], np.float32))  # the env raises unless it gets its (2, 2) float64
+    assert pickle.loads(pickle.dumps(env)).action_space.shape == (4,)  # async workers, sidecars
+    spec = env_spec(env, "t")
+    assert (spec.action_shape, spec.env_action_shape, spec.env_action_dtype) == ((4,), (2, 2), "float64")
+    assert spec.own_action_shape == (2, 2) and spec.describe() == "Box(shape=(2, 2))"
+    assert PolicySpaces.from_record(PolicySpaces(spec).to_record()).spec == spec
+    old = PolicySpaces(spec).to_record()
+    del old["env"]["env_action_shape"]  # a checkpoint written before: 1-D actions
+    assert PolicySpaces.from_record(old).spec.env_action_shape is None
+    pendulum = make_env("Pendulum-v1")  # a 1-D Box: no wrapper, nothing recorded
+    assert env_spec(pendulum, "t").env_action_shape is None and box_shape(pendulum) is None
+    raw = env.unwrapped.action_space
+    assert env_spec(env.unwrapped, "t").env_action_shape == (2, 2)  # a raw space (a PettingZoo agent's): flat too
+    assert env_action(raw)(np.array([0.2, 1.2, 2.2, 3.2], np.float32)).shape == (2, 2)
+
+
+@pytest.mark.parametrize("algo,trainer,core", [
+    ("ppo", "sequential", "lstm"),
+    ("a2c", "distributed_simulator", "identity"),
+    ("impala", "subprocess_actors", "identity"),
+    ("sac", "sequential", "identity"),
+    ("td3", "parallel", "identity"),
+    ("ddpg", "sequential", "identity"),
+])
+def test_shaped_box_actions_train_evaluate_and_act_in_the_envs_own_shape(tmp_path, algo, trainer, core):
+    """The env raises on an action of another shape, dtype or layout (disjoint ranges per entry): training,
+    rltrain-eval and load_policy all hand it its own (2, 2) float64 action; a batch is [N, 2, 2]."""
+    from rltrain.cli.evaluate import main as evaluate
+
+    extra = {"distributed_simulator": ["trainer.world_size=2"], "subprocess_actors": ["trainer.num_actors=1"],
+             "parallel": ["trainer.num_agents=2"]}.get(trainer, [])
+    if algo in ("sac", "td3", "ddpg"):
+        extra += ["algo.learning_starts=64", "algo.buffer_size=500", "algo.batch_size=16"]
+    summary = run(compose_cfg([*TINY, f"env.id={MATRIX}", "+env.kwargs.dtype=float64", f"algo={algo}",
+                               f"trainer={trainer}", f"model.core={core}", "total_env_steps=256", *extra]),
+                  tmp_path / "run")
+    assert summary["status"] == "completed", summary
+    run_dir = tmp_path / "run" / "agent_0" if trainer == "parallel" else tmp_path / "run"
+    assert evaluate([str(run_dir), "--episodes", "2", "--allow-import"]) == 0
+
+    policy = load_policy(run_dir, allow_import=True)
+    assert policy.spec.env_action_shape == (2, 2)
+    raw = make_env(MATRIX, {"dtype": "float64"}).unwrapped  # the user's own env, unwrapped
+    obs, _ = raw.reset(seed=0)
+    state = None
+    for _ in range(4):
+        action, state = policy.act(obs, state, deterministic=False)
+        assert action.shape == (2, 2) and action.dtype == np.float64
+        obs, *_ = raw.step(action)
+    batch, _ = policy.act(np.stack([obs, obs, obs]))
+    assert batch.shape == (3, 2, 2) and all(raw.action_space.contains(a) for a in batch)

@@ -244,3 +244,72 @@ def test_evaluate_runs_in_this_process_on_an_env_registered_here(tmp_path, monke
     assert "evaluate there with rltrain.evaluate(path)" in res.stderr and len(res.stderr.strip().splitlines()) == 1
     with pytest.raises(rltrain.errors.ConfigError, match="unknown Gymnasium env"):
         rltrain.evaluate(tmp_path / "nb", episodes=1)  # unregistered now: the same one line, raised
+
+
+def test_an_observation_of_another_shape_is_one_line_naming_the_space(tmp_path):
+    """A (3, 2) Box: a (2, 3) array is not read as one observation with its values misplaced, and (6,) or (4, 6)
+    are not torch's matrix-product error; each is a ValueError naming the shapes the space takes, as SB3 says it.
+    The (2, 2) Box action comes back in the env's shape: (2, 2), or [N, 2, 2] for a batch."""
+    import rltrain
+
+    policy = rltrain.train(["algo=ppo", "env.id=tests.helpers.shaped_envs:MatrixEnv", "total_env_steps=64",
+                            "env.num_envs=2", "algo.rollout_len=32", "eval.every_env_steps=0", "eval.episodes=1",
+                            "logger=quiet", "logger.progress=off"], run_dir=tmp_path).policy
+    assert policy.act(np.zeros((3, 2)))[0].shape == (2, 2) and policy.act(np.zeros((4, 3, 2)))[0].shape == (4, 2, 2)
+    for shape in [(2, 3), (6,), (4, 6), (4, 2, 3)]:
+        with pytest.raises(ValueError, match=rf"^Unexpected observation shape {re.escape(str(shape))} for "
+                                             r"Box\(-1\.0, 1\.0, \(3, 2\), float32\), please use \(3, 2\) or "
+                                             r"\(n_env, 3, 2\)$"):
+            policy.act(np.zeros(shape))
+
+
+def test_a_dict_tuple_or_index_observation_that_does_not_fit_names_the_key_and_the_space():
+    """Every key of a Dict (nested, a Tuple inside) is checked against its own space: its shape, one observation
+    or a batch as the first key is, and an index inside its Discrete / MultiDiscrete / MultiBinary space, where
+    torch would fail on a matrix product or a one-hot class, or read it wrongly."""
+    import gymnasium as gym
+    from gymnasium import spaces
+
+    from rltrain.api import LoadedPolicy
+    from rltrain.envs.make import env_spec
+    from rltrain.envs.spaces import TupleAsDict
+    from rltrain.models.factory import ModelSettings, build
+
+    def loaded(space: gym.Space) -> LoadedPolicy:
+        class Env(gym.Env):
+            observation_space, action_space = space, spaces.Discrete(3)
+
+        spec = env_spec(TupleAsDict(Env()) if isinstance(space, (spaces.Dict, spaces.Tuple)) else Env(), "t")
+        return LoadedPolicy(build(spec, ModelSettings(), "actor_critic"), spec=spec, config={}, checkpoint=Path("t"))
+
+    policy = loaded(spaces.Dict({"pos": spaces.Box(-1, 1, (2,), np.float32), "inner": spaces.Dict({
+        "d": spaces.Discrete(3, start=5), "md": spaces.MultiDiscrete([2, 5, 3]), "bits": spaces.MultiBinary(2)}),
+        "tup": spaces.Tuple((spaces.Discrete(2), spaces.Box(0, 1, (1,), np.float32)))}))
+    good = {"pos": np.zeros(2, np.float32), "inner": {"d": 7, "md": np.array([1, 4, 2]), "bits": np.array([0, 1])},
+            "tup": (1, np.array([0.5], np.float32))}
+    assert policy.act(good)[0].shape == ()
+    cases = [
+        ({"pos": np.zeros(3)}, r"Unexpected observation\['pos'\] shape \(3,\) for Box\(-1\.0, 1\.0, \(2,\), float32\), "
+                               r"please use \(2,\) or \(n_env, 2\)"),
+        ({"pos": np.zeros((4, 2))}, r"observation\['pos'\] shape \(4, 2\).* \(as observation\['inner'\]\['bits'\] is "
+                                    r"one observation, \(2,\)\)"),
+        ({"inner": {**good["inner"], "d": 8}}, r"observation\['inner'\]\['d'\] value 8 is outside Discrete\(3, "
+                                               r"start=5\) \(values 5 to 7\)"),
+        ({"inner": {**good["inner"], "md": np.array([1, 5, 2])}}, r"observation\['inner'\]\['md'\] value 5 is "
+                                                                  r"outside MultiDiscrete"),
+        ({"inner": {**good["inner"], "bits": np.array([0, 2])}}, r"observation\['inner'\]\['bits'\] value 2 is "
+                                                                 r"outside MultiBinary\(2\) \(values 0 to 1\)"),
+        ({"tup": (1, np.zeros(2, np.float32))}, r"Unexpected observation\['tup'\]\[1\] shape \(2,\)"),
+        ({"tup": (2, np.zeros(1, np.float32))}, r"observation\['tup'\]\[0\] value 2 is outside Discrete\(2\)"),
+    ]
+    for change, message in cases:
+        with pytest.raises(ValueError, match=message):
+            policy.act({**good, **change})
+    with pytest.raises(ValueError, match="no key 'pos'"):  # the message for a missing key stays
+        policy.act({k: v for k, v in good.items() if k != "pos"})
+
+    index = loaded(spaces.Discrete(4, start=-2))
+    assert index.act(1)[0].shape == () and index.act(np.array([-2, 1]))[0].shape == (2,)
+    for bad in (5, np.array([0, -3])):
+        with pytest.raises(ValueError, match=r"value (5|-3) is outside Discrete\(4, start=-2\) \(values -2 to 1\)"):
+            index.act(bad)

@@ -53,6 +53,10 @@ CASES = {
     "ppo_float64": ["algo=ppo", "env.id=tests.helpers.space_envs:StrictDtypeEnv", "algo.init_log_std=1.0"],
     "sac_float64": ["algo=sac", "env.id=tests.helpers.space_envs:StrictDtypeEnv", "algo.learning_starts=128",
                     "algo.buffer_size=1000"],
+    # a (2, 2) Box action, which the policy acts on as 4 values: the file returns [B, 2, 2] (a float64 one:
+    # tests/test_multiagent_games.py)
+    "td3_matrix": ["algo=td3", "env.id=tests.helpers.shaped_envs:MatrixEnv", "algo.learning_starts=128",
+                   "algo.buffer_size=1000", "model.hidden_sizes=[32,32]"],
     "td3": ["algo=td3", "env=pendulum", "algo.learning_starts=128", "algo.buffer_size=1000",
             "model.hidden_sizes=[32,32]"],
     # the deterministic actor on the critic's shared encoder (models/deterministic_actor.py)
@@ -215,6 +219,8 @@ def test_exported_policy_acts_like_the_loaded_policy_without_rltrain(trained, tm
     assert record["outputs"][0] == {"name": "action", "shape": ["B", *want.shape[1:]], "dtype": str(want.dtype)}
     assert record["inputs"] == [{"name": n, "shape": ["B", *_leaf(obs, n).shape[1:]], "dtype": str(_leaf(obs, n).dtype)}
                                 for n in names]
+    if case.endswith("_matrix"):  # the env's own shape, its bounds in it
+        assert want.shape == (64, 2, 2) and record["action"]["low"] == [[0.0, 1.0], [2.0, 3.0]]
     if case == "ppo_dict":  # one input per stored key, in the space's (sorted) key order
         assert names == ["obs.arm.gripper", "obs.arm.joints", "obs.flags", "obs.mode", "obs.pixels",
                          "obs.state"]

@@ -54,6 +54,7 @@ def describe(spec, *, fmt: str, target: Path, cfg: dict, source: dict, files: di
              example: tuple, outputs: tuple, state_names: list[str]) -> dict:
     """The JSON beside the policy file: every input and output with its shape and dtype ("B": the batch), the
     checkpoint (``source``) and the files exported from it beside this one (``files``: format -> name)."""
+    import numpy as np
 
     def tensor(name, t, batch_axis=0):
         shape: list = list(t.shape)
@@ -69,8 +70,9 @@ def describe(spec, *, fmt: str, target: Path, cfg: dict, source: dict, files: di
         action["nvec"], action["start"] = list(spec.nvec), list(spec.action_start)
     elif spec.n_actions:  # the file's action is index + start: the env's own value
         action["n"], action["start"] = spec.n_actions, (spec.action_start or (0,))[0]
-    if spec.action_low:
-        action["low"], action["high"] = list(spec.action_low), list(spec.action_high)
+    if spec.action_low:  # in the action's own shape (a (2, 2) Box's: nested lists)
+        action["low"], action["high"] = (np.reshape(b, spec.own_action_shape).tolist()
+                                         for b in (spec.action_low, spec.action_high))
     record = {"files": {**files, fmt: target.name}, "env_id": spec.env_id, "algo": cfg["algo"]["_target_"],
               **source, "inputs": inputs, "outputs": outs, "action": action}
     if n_obs == 1 and names[0] == "obs":

@@ -14,8 +14,9 @@ sha256); another format of the same checkpoint exported beside it is added to it
 
 Both ends are the env's own, translated inside the graph (``flat_actor``) as the env boundary translates them in
 training: a float64 observation is cast to the float32 the policy reads, a Discrete(n, start=s) or MultiDiscrete
-start is added to the action (the JSON's ``action.start``), and a float64 Box's action is cast to float64 and
-clipped to its exact bounds.
+start is added to the action (the JSON's ``action.start``), a float64 Box's action is cast to float64 and
+clipped to its exact bounds, and a Box of another number of axes than one (a (2, 2) Box, which the policy acts
+on as 4 values) gets its action in its own shape: [B, 2, 2].
 
 A Dict observation is one input per stored key, in the space's key order, named ``obs.<key>`` (nested:
 ``obs.<key>.<subkey>``). A recurrent policy (``model.core=lstm|gru``) takes its actor core's state as inputs
@@ -132,7 +133,8 @@ def flat_actor(actor, spec: EnvSpec):
     speaks the env's own dtypes, translated inside the graph as the env boundary does in training: an observation
     whose dtype is not its storage dtype (float64, float16) is cast to it, so ``env.reset()[0]`` goes in as it is;
     a Discrete(n, start=s) env's s is added to the action index; an action space of another dtype than the
-    policy's (a float64 Box) gets its action cast, a Box's clipped to its exact bounds (as ``load_policy``'s)."""
+    policy's (a float64 Box) gets its action cast, a Box's clipped to its exact bounds (as ``load_policy``'s), and a
+    Box of another number of axes than one gets the policy's flat action in its own shape ((2, 2), ())."""
     import numpy as np
     import torch
     from torch import nn
@@ -145,6 +147,7 @@ def flat_actor(actor, spec: EnvSpec):
     casts = [getattr(torch, stored.name) if stored != given else None for given, stored in leaves]
     start = spec.action_start[0] if spec.action_kind == "discrete" and spec.action_start else 0
     own = getattr(torch, spec.env_action_dtype) if spec.env_action_dtype else None
+    shape = spec.env_action_shape if spec.action_kind == "box" else None  # a (2, 2) Box's: the flat 4 reshaped
 
     class FlatActor(nn.Module):
         def __init__(self):
@@ -166,6 +169,8 @@ def flat_actor(actor, spec: EnvSpec):
                 action = action.to(own)
                 if spec.action_kind == "box":
                     action = torch.minimum(torch.maximum(action, self.low), self.high)
+            if shape is not None:
+                action = action.reshape(action.shape[0], *shape)
             return action if rest is None else (action, *rest)
 
         def _act(self, *inputs):

@@ -20,7 +20,8 @@ from typing import Literal
 
 import numpy as np
 
-from rltrain.data.structs import MASK_KEY, EnvSpec, ObsSpace, Rollout, _checked, _typed
+from rltrain.data.records import checked, typed
+from rltrain.data.structs import MASK_KEY, EnvSpec, ObsSpace, Rollout
 
 AGENT_ID_KEY = "agent_id"  # the agent's index among its group's agents, one-hot float32 [k]
 STATE_KEY = "global_state"  # the global state a centralised critic reads (never the actor)
@@ -61,16 +62,16 @@ class AgentsSpec:
     @classmethod
     def from_record(cls, record: dict) -> AgentsSpec:
         """What ``to_record`` wrote; a malformed record (a crafted file) raises ValueError."""
-        api = _typed(record, "api", str)
+        api = typed(record, "api", str)
         if api not in ("parallel", "aec"):
             raise ValueError(f"api {api!r} is neither 'parallel' nor 'aec'")
-        agents = tuple(_checked(a, str, "an agent") for a in _typed(record, "agents", list))
-        specs = tuple(EnvSpec.from_record(_checked(s, dict, "an agent's spec")) for s in _typed(record, "specs", list))
+        agents = tuple(checked(a, str, "an agent") for a in typed(record, "agents", list))
+        specs = tuple(EnvSpec.from_record(checked(s, dict, "an agent's spec")) for s in typed(record, "specs", list))
         if len(specs) != len(agents) or not agents:
             raise ValueError(f"{len(agents)} agents but {len(specs)} agent specs")
-        state, joined = (None if record.get(k) is None else ObsSpace.from_record(_checked(record[k], dict, k))
+        state, joined = (None if record.get(k) is None else ObsSpace.from_record(checked(record[k], dict, k))
                          for k in ("state", "joined"))
-        return cls(_typed(record, "env_id", str), api, agents, specs, state=state, joined=joined)
+        return cls(typed(record, "env_id", str), api, agents, specs, state=state, joined=joined)
 
     @property
     def steps_per_row(self) -> int:
@@ -161,10 +162,10 @@ class AgentGroup:
 
     @classmethod
     def from_record(cls, record: dict) -> AgentGroup:
-        agents = tuple(_checked(a, str, "an agent") for a in _typed(record, "agents", list))
-        return cls(_typed(record, "name", str), agents,
-                   EnvSpec.from_record(_typed(record, "spec", dict)), ids=_typed(record, "ids", int),
-                   state=_typed(record, "state", str), flat=_typed(record, "flat", bool))
+        agents = tuple(checked(a, str, "an agent") for a in typed(record, "agents", list))
+        return cls(typed(record, "name", str), agents,
+                   EnvSpec.from_record(typed(record, "spec", dict)), ids=typed(record, "ids", int),
+                   state=typed(record, "state", str), flat=typed(record, "flat", bool))
 
 
 AGENT_SPACES_FORMAT = 2  # the layout of ``AgentsPolicySpaces.to_record`` (a single agent's, structs.py: 1)
@@ -198,12 +199,12 @@ class AgentsPolicySpaces:
     @classmethod
     def from_record(cls, record: dict) -> AgentsPolicySpaces:
         """What ``to_record`` wrote (``record["format"]`` checked by the caller); malformed: ValueError."""
-        groups = [_checked(g, dict, "a policy group") for g in _typed(record, "groups", list)]
+        groups = [checked(g, dict, "a policy group") for g in typed(record, "groups", list)]
         states = tuple(None if g.get("core_state") is None else
-                       tuple(tuple(_checked(n, int, "core_state") for n in _checked(t, list, "core_state"))
-                             for t in _checked(g["core_state"], list, "core_state")) for g in groups)
-        return cls(AgentsSpec.from_record(_typed(record, "agents", dict)),
-                   tuple(AgentGroup.from_record(g) for g in groups), states, _typed(record, "action_mask", str))
+                       tuple(tuple(checked(n, int, "core_state") for n in checked(t, list, "core_state"))
+                             for t in checked(g["core_state"], list, "core_state")) for g in groups)
+        return cls(AgentsSpec.from_record(typed(record, "agents", dict)),
+                   tuple(AgentGroup.from_record(g) for g in groups), states, typed(record, "action_mask", str))
 
     def difference(self, built: AgentsPolicySpaces) -> str | None:
         """How the networks ``built`` from a checkpoint's settings differ from what it records, in words; None:

@@ -16,6 +16,8 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
+from rltrain.data.records import action_dtype_name, checked, ints, optional_ints, pairs, typed
+
 ActionKind = Literal["discrete", "box", "multi_discrete", "multi_binary"]
 ObsKind = Literal["box", "discrete", "multi_discrete", "multi_binary", "dict", "unsupported"]
 # A top-level Dict observation key by this name is the action mask (Huang & Ontanon 2022): 1 = legal, one
@@ -62,48 +64,18 @@ class ObsSpace:
     @classmethod
     def from_record(cls, record: dict) -> ObsSpace:
         """The description ``to_record`` wrote; a malformed record (a crafted file) raises ValueError."""
-        kind = _typed(record, "kind", str)
+        kind = typed(record, "kind", str)
         if kind not in OBS_KINDS:
             raise ValueError(f"observation kind {kind!r} is not one of {', '.join(OBS_KINDS)}")
-        parts = tuple((_checked(key, str, "a part's key"), cls.from_record(_checked(part, dict, "a part")))
-                      for key, part in _pairs(record.get("parts", [])))
+        parts = tuple((checked(key, str, "a part's key"), cls.from_record(checked(part, dict, "a part")))
+                      for key, part in pairs(record.get("parts", [])))
         high = record.get("high")
-        return cls(kind, _ints(record, "shape"), _typed(record, "dtype", str), n=_typed(record, "n", int),
-                   start=_typed(record, "start", int), parts=parts, name=_typed(record, "name", str),
-                   nvec=_ints(record, "nvec"), high=None if high is None else _checked(high, int, "high"))
+        return cls(kind, ints(record, "shape"), typed(record, "dtype", str), n=typed(record, "n", int),
+                   start=typed(record, "start", int), parts=parts, name=typed(record, "name", str),
+                   nvec=ints(record, "nvec"), high=None if high is None else checked(high, int, "high"))
 
 
 OBS_KINDS, ACTION_KINDS = get_args(ObsKind), get_args(ActionKind)
-
-
-def _checked(value: Any, kind: type, what: str) -> Any:
-    """``value`` when it is a ``kind`` (float: any real number; never a bool for a number), else ValueError."""
-    ok = isinstance(value, (int, float) if kind is float else kind)
-    if not ok or (kind in (int, float) and isinstance(value, bool)):
-        raise ValueError(f"{what} is {value!r}, not {'a number' if kind is float else kind.__name__}")
-    return value
-
-
-def _typed(record: dict, key: str, kind: type) -> Any:
-    if not isinstance(record, dict) or key not in record:
-        raise ValueError(f"the space record has no {key!r}")
-    return _checked(record[key], kind, key)
-
-
-def _ints(record: dict, key: str) -> tuple[int, ...]:
-    return tuple(_checked(v, int, key) for v in _typed(record, key, list))
-
-
-def _action_dtype(value: Any) -> str:
-    if value in ("", "float16", "float64", "int8", "int16", "int32", "uint8", "uint16", "uint32", "uint64"):
-        return value
-    raise ValueError(f"env_action_dtype is {value!r}, not a numpy float or integer dtype name")  # a crafted file
-
-
-def _pairs(value: Any) -> list:
-    if not isinstance(value, list) or not all(isinstance(p, list) and len(p) == 2 for p in value):
-        raise ValueError("parts is not a list of [key, space] pairs")
-    return value
 
 
 def action_mask_of(obs: Any, keys: list[str] | None = None) -> Any:
@@ -195,6 +167,9 @@ class EnvSpec:
     #   checkpoint written before a discrete start was recorded)
     env_action_dtype: str = ""  # the env's own action dtype where not ``action_dtype`` (a float64 Box): the env is
     #   stepped with it (envs/wrappers.py ActionDtype, load_policy); "" when the same (and in older checkpoints)
+    env_action_shape: tuple[int, ...] | None = None  # a Box of another number of axes than one ((2, 2); a scalar's
+    #   ()): the policy acts on its flat ``action_shape`` (prod,) and the env is stepped with this shape (envs/
+    #   wrappers.py BoxShape, load_policy, rltrain-export); None when 1-D (and in older checkpoints)
     frame_stack: int | None = None  # K: the observation is a K-frame stack along its first axis (the env's own
     #                                 FrameStackObservation, reset-padded), read from the env by envs/make.py
     # a goal-conditioned env's compute_reward(achieved_goal, desired_goal, info) (envs/goals.py: hindsight
@@ -215,6 +190,11 @@ class EnvSpec:
                         .get(self.action_kind, np.float32))
 
     @property
+    def own_action_shape(self) -> tuple[int, ...]:
+        """One action's shape as the env takes it (``action_shape`` is what the policy outputs and stores)."""
+        return self.action_shape if self.env_action_shape is None else self.env_action_shape
+
+    @property
     def masked(self) -> bool:
         """Whether observations carry an action mask (a top-level Dict key ``MASK_KEY``)."""
         obs = self.observation
@@ -232,24 +212,26 @@ class EnvSpec:
                 "action_shape": list(self.action_shape), "n_actions": self.n_actions,
                 "action_low": [float(x) for x in self.action_low], "action_high": [float(x) for x in self.action_high],
                 "obs_dtype": self.obs_dtype, "env_action_dtype": self.env_action_dtype,
+                "env_action_shape": None if self.env_action_shape is None else list(self.env_action_shape),
                 "obs_space": None if self.obs_space is None else self.obs_space.to_record(),
                 "nvec": list(self.nvec), "action_start": list(self.action_start), "frame_stack": self.frame_stack}
 
     @classmethod
     def from_record(cls, record: dict) -> EnvSpec:
         """The spec ``to_record`` wrote; a malformed record (a crafted file) raises ValueError."""
-        kind = _typed(record, "action_kind", str)
+        kind = typed(record, "action_kind", str)
         if kind not in ACTION_KINDS:
             raise ValueError(f"action kind {kind!r} is not one of {', '.join(ACTION_KINDS)}")
         obs, stack = record.get("obs_space"), record.get("frame_stack")
-        bounds = {key: tuple(float(_checked(v, float, key)) for v in _typed(record, key, list))
+        bounds = {key: tuple(float(checked(v, float, key)) for v in typed(record, key, list))
                   for key in ("action_low", "action_high")}
-        return cls(_typed(record, "env_id", str), _ints(record, "obs_shape"), kind, _ints(record, "action_shape"),
-                   n_actions=_typed(record, "n_actions", int), **bounds, obs_dtype=_typed(record, "obs_dtype", str),
-                   obs_space=None if obs is None else ObsSpace.from_record(_checked(obs, dict, "obs_space")),
-                   nvec=_ints(record, "nvec"), action_start=_ints(record, "action_start"),
-                   env_action_dtype=_action_dtype(record.get("env_action_dtype", "")),
-                   frame_stack=None if stack is None else _checked(stack, int, "frame_stack"))
+        return cls(typed(record, "env_id", str), ints(record, "obs_shape"), kind, ints(record, "action_shape"),
+                   n_actions=typed(record, "n_actions", int), **bounds, obs_dtype=typed(record, "obs_dtype", str),
+                   obs_space=None if obs is None else ObsSpace.from_record(checked(obs, dict, "obs_space")),
+                   nvec=ints(record, "nvec"), action_start=ints(record, "action_start"),
+                   env_action_dtype=action_dtype_name(record.get("env_action_dtype", "")),
+                   env_action_shape=optional_ints(record, "env_action_shape"),
+                   frame_stack=None if stack is None else checked(stack, int, "frame_stack"))
 
     def describe(self) -> str:
         if self.action_kind == "discrete":
@@ -258,7 +240,7 @@ class EnvSpec:
             return f"MultiDiscrete({list(self.nvec)})"
         if self.action_kind == "multi_binary":
             return f"MultiBinary({list(self.action_shape)})"
-        return f"Box(shape={self.action_shape})"
+        return f"Box(shape={self.own_action_shape})"
 
 
 SPACES_FORMAT = 1  # the layout of ``PolicySpaces.to_record``; a change that older readers would misread raises it
@@ -294,10 +276,10 @@ class PolicySpaces:
     def from_record(cls, record: dict) -> PolicySpaces:
         """What ``to_record`` wrote (``record["format"]`` checked by the caller); malformed: ValueError."""
         state = record.get("core_state")
-        shapes = None if state is None else tuple(tuple(_checked(n, int, "core_state")
-                                                        for n in _checked(s, list, "core_state"))
-                                                  for s in _checked(state, list, "core_state"))
-        return cls(EnvSpec.from_record(_typed(record, "env", dict)), _typed(record, "action_mask", str), shapes)
+        shapes = None if state is None else tuple(tuple(checked(n, int, "core_state")
+                                                        for n in checked(s, list, "core_state"))
+                                                  for s in checked(state, list, "core_state"))
+        return cls(EnvSpec.from_record(typed(record, "env", dict)), typed(record, "action_mask", str), shapes)
 
 
 @dataclass

@@ -27,7 +27,7 @@ import gymnasium as gym
 import numpy as np
 
 from rltrain.data.structs import MASK_KEY, EnvSpec, ObsSpace
-from rltrain.envs.wrappers import discrete_start
+from rltrain.envs.wrappers import box_shape, discrete_start
 from rltrain.errors import ConfigError
 
 MASK_SOURCES = ("key", "info", "method")
@@ -233,7 +233,11 @@ def env_spec(env: gym.Env, env_id: str) -> EnvSpec:
             raise ConfigError(f"env.id={env_id}: action space {act_space} has integer values, and rltrain's "
                               "continuous policies output floats; wrap the env to take a MultiDiscrete (one "
                               "component per entry, nvec=high-low+1, start=low) or a float Box")
-        return EnvSpec(env_id, obs.shape, "box", tuple(act_space.shape),
+        # the policy acts on the flat vector; the env's own shape is recorded where it is not that vector: handed
+        # it by make_env's BoxShape, or (a PettingZoo agent's raw space) by AgentEnv's translation (env_action)
+        shape = box_shape(env)
+        shape = tuple(act_space.shape) if shape is None and len(act_space.shape) != 1 else shape
+        return EnvSpec(env_id, obs.shape, "box", (int(np.prod(act_space.shape)),), env_action_shape=shape,
                        action_low=tuple(float(x) for x in act_space.low.ravel()),
                        action_high=tuple(float(x) for x in act_space.high.ravel()),
                        env_action_dtype="" if own == "float32" else own, **common)

@@ -201,12 +201,26 @@ def _sent_dtype(space: gym.Space) -> np.dtype | None:
     return next((dtype for kind, dtype in _SENT if isinstance(space, kind)), None)
 
 
+def is_shaped_box(space: gym.Space) -> bool:
+    """A Box of another number of axes than one ((2, 2), a scalar's ()): rltrain's policies act on its flat vector
+    of prod(shape) values (``flat_box``), as SB3's and CleanRL's do, and the env gets the action in its own shape."""
+    return isinstance(space, gym.spaces.Box) and len(space.shape) != 1
+
+
+def flat_box(space: gym.spaces.Box) -> gym.spaces.Box:
+    """``space`` as the flat Box of its values in C order (its bounds raveled), in its own dtype."""
+    return gym.spaces.Box(space.low.reshape(-1), space.high.reshape(-1), dtype=space.dtype)
+
+
 class ActionCast:
     """The policy's action (a float32 Box action, int64 MultiDiscrete values) -> the same values in the space's own
     dtype (float64, float16, int32...): an env that checks dtypes strictly gets what its space declares. A float
     Box whose bounds float32 rounds outward (float32(-0.1) < -0.1) is also clipped to its own bounds after the
     cast: rltrain clips at the float32 bound, which lies just outside such a space. Whether to clip is decided here,
-    once, so a step pays for it only where the bounds need it."""
+    once, so a step pays for it only where the bounds need it. A Box of another number of axes than one gets the
+    flat action in its own ``shape`` (``is_shaped_box``)."""
+
+    shape: tuple[int, ...] | None = None  # the class's: a cast pickled before shapes were translated has none
 
     def __init__(self, space: gym.Space):
         self.dtype = space.dtype
@@ -215,20 +229,23 @@ class ActionCast:
             low, high = space.low, space.high
             exact = all(np.array_equal(b.astype(np.float32).astype(b.dtype), b) for b in (low, high))
             self.bounds = None if exact else (low, high)
+            self.shape = tuple(space.shape) if is_shaped_box(space) else None
 
     def __call__(self, action):
         action = np.asarray(action, self.dtype)
+        if self.shape is not None:
+            action = action.reshape(self.shape)
         return action if self.bounds is None else np.clip(action, *self.bounds)
 
 
 def env_action(space: gym.Space) -> IndexShift | ActionCast | None:
     """How an action of rltrain's policy becomes one of ``space``'s own, or None where it already is one: the one
-    translation at the env boundary, for a single-agent env (``DiscreteStart``, ``ActionDtype``) and for each agent
-    of a multi-agent env (envs/multiagent.py ``AgentEnv``)."""
+    translation at the env boundary, for a single-agent env (``DiscreteStart``, ``ActionDtype``, ``BoxShape``) and
+    for each agent of a multi-agent env (envs/multiagent.py ``AgentEnv``)."""
     if isinstance(space, gym.spaces.Discrete):
         return IndexShift(space) if int(space.start) != 0 else None
     sent = _sent_dtype(space)
-    return ActionCast(space) if sent is not None and space.dtype != sent else None
+    return ActionCast(space) if sent is not None and (space.dtype != sent or is_shaped_box(space)) else None
 
 
 class DiscreteStart(gym.ActionWrapper):
@@ -265,22 +282,53 @@ class ActionDtype(gym.ActionWrapper):
         return self.cast(action)
 
 
+class BoxShape(gym.ActionWrapper):
+    """A Box action space of another number of axes than one ((2, 2), a scalar's ()) shown to rltrain as the flat
+    Box of its values (``flat_box``): every algorithm's networks, rollouts, replay and exploration noise stay
+    [N, A], and the env is stepped with the action in its own shape (and dtype, inside its exact bounds:
+    ``ActionCast``). ``make_env`` puts it around every single-agent env that needs it; ``env_spec`` records the
+    shape (``EnvSpec.env_action_shape``) for the tools that hand actions to the user's own env (``load_policy``,
+    ``rltrain-export``)."""
+
+    def __init__(self, env: gym.Env):
+        super().__init__(env)
+        self.shape = tuple(env.action_space.shape)
+        self.cast = ActionCast(env.action_space)
+        self.action_space = flat_box(env.action_space)
+
+    def action(self, action):
+        return self.cast(action)
+
+
 def with_env_actions(env: gym.Env) -> gym.Env:
     """``env`` wrapped so that it receives actions in its own action space: ``DiscreteStart`` for a Discrete with a
-    non-zero start, ``ActionDtype`` for a space of another dtype than the policy's; ``env`` itself otherwise."""
+    non-zero start, ``BoxShape`` for a Box of another number of axes than one, ``ActionDtype`` for a space of
+    another dtype than the policy's; ``env`` itself otherwise."""
     translate = env_action(env.action_space)
     if translate is None:
         return env
-    return DiscreteStart(env) if isinstance(translate, IndexShift) else ActionDtype(env)
+    if isinstance(translate, IndexShift):
+        return DiscreteStart(env)
+    return BoxShape(env) if translate.shape is not None else ActionDtype(env)
+
+
+def _translating(env: gym.Env, kind: type) -> gym.Env | None:
+    """The ``kind`` wrapper among ``env``'s wrappers, or None."""
+    while env is not None and not isinstance(env, kind):
+        env = getattr(env, "env", None)
+    return env
 
 
 def discrete_start(env: gym.Env) -> int:
     """The start that a ``DiscreteStart`` among ``env``'s wrappers adds to each action (0 when none)."""
-    while env is not None:
-        if isinstance(env, DiscreteStart):
-            return env.start
-        env = getattr(env, "env", None)
-    return 0
+    wrapper = _translating(env, DiscreteStart)
+    return 0 if wrapper is None else wrapper.start
+
+
+def box_shape(env: gym.Env) -> tuple[int, ...] | None:
+    """The env's own Box action shape that a ``BoxShape`` among ``env``'s wrappers hands it (None when none)."""
+    wrapper = _translating(env, BoxShape)
+    return None if wrapper is None else wrapper.shape
 
 
 def _gymnasium_wrappers() -> dict[str, type]:
