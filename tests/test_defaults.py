@@ -115,7 +115,13 @@ def test_dqn_stores_each_frame_once_without_being_told_and_the_run_shows_it(tmp_
     assert "[rltrain] model:" in res.stdout and "frame stack: 3 frames" in res.stdout, res.stdout
     cfg = compose_cfg(stack[:-2] + ["algo.frame_stack=0", *QUIET])
     run(cfg, tmp_path / "off")
-    assert "frame stack" not in (tmp_path / "off" / "model.txt").read_text()
+    off = (tmp_path / "off" / "model.txt").read_text()
+    assert "stored once per frame" not in off and "frame stack: 3 frames (the env's" in off, off
+    # an on-policy learner reads the stack as channels: its model.txt names the stack too (it said nothing)
+    cfg = compose_cfg(["algo=ppo", *stack[1:2], "total_env_steps=256", "algo.rollout_len=32", "eval.episodes=1",
+                       "eval.every_env_steps=0", "checkpoint.every_env_steps=0", *QUIET])
+    run(cfg, tmp_path / "ppo")
+    assert "frame stack: 3 frames (the env's FrameStackObservation" in (tmp_path / "ppo" / "model.txt").read_text()
 
 
 def test_model_txt_names_each_keys_encoder_width_core_heads_and_parameters(tmp_path):

@@ -339,8 +339,11 @@ def show_model(algo: Any, run_dir: Path | None, *, echo: bool) -> None:
     ``rltrain-check``), and on stdout with progress on."""
     from rltrain.models.describe import describe_model, networks_of
 
+    stacked = getattr(getattr(algo, "spec", None), "frame_stack", None)  # the env's own (EnvSpec.frame_stack)
     notes = [f"frame stack: {algo.frame_stack} frames (read from the env's FrameStackObservation; stored once "
-             "per frame in the replay)"] if algo.frame_stack else []
+             "per frame in the replay)"] if algo.frame_stack else \
+        [f"frame stack: {stacked} frames (the env's FrameStackObservation: the policy reads them as "
+         "channels)"] if stacked else []
     text = f"algo={algo.name}\n" + describe_model(networks_of(algo), notes)
     if run_dir is not None:
         Path(run_dir).mkdir(parents=True, exist_ok=True)
