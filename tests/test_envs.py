@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from omegaconf import OmegaConf
 
-from rltrain.envs import make as envmake
+from rltrain.envs import plugins as envplugins
 from rltrain.envs.make import make_env, make_vector_env
 from rltrain.envs.wrappers import FireReset
 from rltrain.errors import ConfigError
@@ -72,10 +72,16 @@ def test_known_namespaces_register_in_a_fresh_process():
     res = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)
     assert res.returncode == 0, res.stderr
     assert "(210, 160, 3) uint8 (10, 10, 4) bool ALE/Pong-v5" in res.stdout
+    # the un-namespaced ids SB3 and CleanRL use are ale-py's too: registered when first asked for
+    code = ("import gymnasium as gym; from rltrain.envs.make import make_env\n"
+            "assert 'PongNoFrameskip-v4' not in gym.registry\n"
+            "e = make_env('PongNoFrameskip-v4'); print(e.spec.id, e.unwrapped._frameskip)")
+    res = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0 and "PongNoFrameskip-v4 1" in res.stdout, res.stderr
 
 
 def test_missing_namespace_package_names_the_extra(monkeypatch):
-    monkeypatch.setitem(envmake.NAMESPACES, "Nope", ("rltrain_absent_pkg.gym", "nope"))
+    monkeypatch.setitem(envplugins.NAMESPACES, "Nope", ("rltrain_absent_pkg.gym", "nope"))
     with pytest.raises(ConfigError) as err:
         make_env("Nope/Game-v0")
     assert "pip install 'rltrain[nope]'" in _one_line(err)

@@ -67,6 +67,18 @@ def test_experiment_auto_adds_the_preset_made_for_the_algo_and_env(overrides, ad
     assert says in line and line.endswith("experiment=none for the generic defaults"), line
 
 
+def test_a_v4_atari_id_is_told_it_is_played_with_sticky_actions():
+    """The atari env group plays every game with v5's sticky actions; a -v4 id registers none, so its preset line
+    says so (and not once the user sets them, nor for an ALE/ id)."""
+    _, line = resolve_experiment(["env.id=BreakoutNoFrameskip-v4"])
+    assert line.startswith("preset experiment=ppo_atari") and "repeat_action_probability=0.25" in line, line
+    assert line.endswith("where the id registers 0: set it to 0 for the 2015 protocol"), line
+    for overrides in (["env.id=BreakoutNoFrameskip-v4", "env.kwargs.repeat_action_probability=0"],
+                      ["env.id=ALE/Breakout-v5"]):
+        _, line = resolve_experiment(overrides)
+        assert line.startswith("preset experiment=ppo_atari") and "sticky" not in line, line
+
+
 def test_the_preset_joins_the_overrides_not_a_flag_value():
     assert resolve_experiment(["algo=dqn", "--cfg", "job"])[0] == ["experiment=dqn_cartpole", "algo=dqn", "--cfg",
                                                                    "job"]

@@ -209,9 +209,16 @@ def resolve_experiment(overrides: list[str], conf: Path = CONF) -> tuple[list[st
     if choice == "auto":
         preset = auto_preset(algo, env_group, env_id, wrappers, conf)
         if preset is not None:
+            sticky = "" if "env.kwargs.repeat_action_probability" in values or env_id.startswith("ALE/") or \
+                preset.family != "atari" else STICKY_V4
             return with_override(rest, f"experiment={preset.name}"), (
                 f"preset experiment={preset.name} (tuned for algo={algo} on "
                 f"{'any ' + preset.family + ' task' if preset.generic else env_id}"
                 f"{' with wrappers ' + str(list(preset.wrappers)) if preset.wrappers else ''}); "
-                f"experiment=none for the generic defaults")
+                f"experiment=none for the generic defaults{sticky}")
     return rest, preset_note(algo, env_id, None, conf, wrappers)
+
+
+# a -v4 id registers no sticky actions; the atari env group plays every game with v5's (conf/env/atari.yaml)
+STICKY_V4 = ("; it plays this -v4 id with sticky actions, env.kwargs.repeat_action_probability=0.25 (the v5 ids' "
+             "protocol, Machado et al. 2018), where the id registers 0: set it to 0 for the 2015 protocol")

@@ -37,6 +37,7 @@ from rltrain.data.structs import MASK_KEY, EnvSpec
 from rltrain.envs import multiagent as pz  # PettingZoo envs
 from rltrain.envs.goals import with_goal_reward
 from rltrain.envs.multiagent import AgentVecEnv
+from rltrain.envs.plugins import register_namespace, register_plugins
 from rltrain.envs.spaces import (  # noqa: F401  env_spec, _describe_obs, stacked_frames: re-exported
     MASK_SOURCES,
     ActionMaskObservation,
@@ -53,7 +54,6 @@ from rltrain.envs.wrappers import apply_wrappers, with_env_actions
 from rltrain.errors import ConfigError, UnknownEnv, UserCodeError, close_matches, described
 
 # id namespace -> (module that registers it, pip extra of rltrain that installs it)
-NAMESPACES: dict[str, tuple[str, str]] = {"ALE": ("ale_py", "atari"), "MinAtar": ("minatar.gym", "minatar")}
 # a top-level package (or a word in a DependencyNotInstalled message) -> rltrain extra
 _EXTRAS = {"ale_py": "atari", "opencv": "atari", "cv2": "atari", "minatar": "minatar", "mujoco": "mujoco",
            "Box2D": "box2d", "box2d": "box2d", "pygame": "box2d"}
@@ -116,26 +116,13 @@ def _make_base(env_id: str, kwargs: dict[str, Any], max_episode_steps: int | Non
         if pz.is_multiagent(env) or not max_episode_steps:  # a multi-agent env counts its own (envs/multiagent.py)
             return env
         return gym.wrappers.TimeLimit(env, max_episode_steps)
-    _register_namespace(env_id)
+    register_namespace(env_id)
+    if env_id not in gym.registry and "/" not in env_id:
+        register_plugins()  # ale-py also registers the un-namespaced ids SB3 / CleanRL use (PongNoFrameskip-v4)
     if env_id not in gym.registry:
         raise UnknownEnv(f"env.id: unknown Gymnasium env {env_id!r}{close_matches(env_id, gym.registry.keys())}"
                           " (or give 'module:EnvId' or an import path 'package.module:Factory')")
     return _gym_make(env_id, kwargs, max_episode_steps)
-
-
-def _register_namespace(env_id: str) -> None:
-    """Import the package behind a known namespace (``ALE/`` -> ale_py) so its ids are registered."""
-    namespace = env_id.split("/", 1)[0] if "/" in env_id else None
-    if namespace not in NAMESPACES or any(key.startswith(f"{namespace}/") for key in gym.registry):
-        return  # not ours, or registered already (registering twice makes Gymnasium warn per id)
-    module_name, extra = NAMESPACES[namespace]
-    try:
-        module = importlib.import_module(module_name)
-    except ImportError:
-        package = module_name.split(".")[0]
-        raise ConfigError(f"env.id={env_id} needs {package}: pip install 'rltrain[{extra}]'") from None
-    if callable(getattr(module, "register_envs", None)):  # minatar registers on request, ale_py on import
-        module.register_envs()
 
 
 def _import(module_name: str, env_id: str, search_path: str | None):
