@@ -79,7 +79,7 @@ def test_raising_and_killed_agents_are_reported_and_the_others_finish(cli, tmp_p
     assert s["agents"][2]["error"] == "killed by signal SIGKILL"
     # an env fault is one line naming the env and its step; the agent's traceback is in its error.txt
     assert "rltrain: agent 1 failed: env 0 failed in step() at its step 101: RuntimeError: faulty env" in out.stderr
-    assert "agent_1/error.txt" in out.stderr
+    assert out.stderr.count("agent_1/error.txt") == 1, out.stderr  # the line names it once
     assert "faulty_envs.py" in (tmp_path / "run" / "agent_1" / "error.txt").read_text()
     assert "rltrain: agent 2 failed: killed by signal SIGKILL" in out.stderr
 

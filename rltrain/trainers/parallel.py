@@ -208,7 +208,7 @@ class ParallelTrainer(Trainer):
                 rec["traceback"] = ev.traceback
             display.set_status(ev.index, "failed")
             # one line; the traceback goes to agent_<k>/error.txt (an env fault's loop wrote it already)
-            where = self._keep_traceback(ev.index, ev.traceback) if isinstance(ev, Failed) else ""
+            where = self._keep_traceback(ev.index, ev.traceback, error) if isinstance(ev, Failed) else ""
             print(f"rltrain: agent {ev.index} failed: {error}{where}", file=sys.stderr, flush=True)
             return ev.index
         elif isinstance(ev, Unresponsive):
@@ -219,15 +219,16 @@ class ParallelTrainer(Trainer):
             group.kill(ev.index)  # its Exited event follows and marks it failed
         return None
 
-    def _keep_traceback(self, index: int, text: str) -> str:
-        """Agent ``index``'s traceback in its ``error.txt`` (unless its loop wrote one); the note naming it."""
+    def _keep_traceback(self, index: int, text: str, error: str = "") -> str:
+        """Agent ``index``'s traceback in its ``error.txt`` (unless its loop wrote one); the note naming it, unless
+        ``error`` (the loop's line) names it already."""
         path = self.run_dir / f"agent_{index}" / "error.txt"
         try:
             if not path.exists():
                 path.write_text(text)
         except OSError:
             return ""
-        return f" (traceback in {path})"
+        return "" if str(path) in error else f" (traceback in {path})"
 
     def earlier_wall_s(self) -> float:
         """The parent's wall time in the sessions this one resumes (0 for a fresh start). An agent carries its own

@@ -12,6 +12,8 @@ before terminating them, so a dead peer never hangs the job.
 from __future__ import annotations
 
 import functools
+import os
+import sys
 import time
 import traceback
 from collections.abc import Callable
@@ -50,6 +52,7 @@ class RankJob:
     run_dir: str
     backend: str
     timeout_s: float
+    stderr_path: str | None = None  # fd 2 appended there (``RankStderr``); None: left as it is
 
 
 @dataclass(frozen=True)
@@ -83,6 +86,8 @@ def spawned_rank(run_rank: Callable[..., dict], ctx: WorkerContext, job: RankJob
     """Worker ``rank`` of the parent's group, running ``run_rank`` (the distributed trainer's, handed down so that
     this module does not import the trainer): its summary returns as ``Done``; a failure is classified here,
     where the exception's type is known, and sent before the bootstrap sends ``Failed`` with the traceback."""
+    if job.stderr_path:
+        _stderr_to(job.stderr_path)
     try:
         return run_rank(job.launch, job.settings, Path(job.run_dir), backend=job.backend, timeout_s=job.timeout_s,
                         stop=ContextStop(ctx))  # the parent's Stop -> the all-reduced stop bit -> same update
@@ -91,15 +96,75 @@ def spawned_rank(run_rank: Callable[..., dict], ctx: WorkerContext, job: RankJob
         raise
 
 
+def _stderr_to(path: str) -> None:
+    """Point this process's fd 2 (Python's stderr and C++'s warnings alike) at the end of ``path``."""
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    except OSError:
+        return  # the terminal it is
+    sys.stderr.flush()
+    os.dup2(fd, 2)
+    os.close(fd)
+
+
+class RankStderr:
+    """The ranks' stderr, each appended to ``<run dir>/ranks/rank_<r>.stderr`` and copied to the terminal by the
+    supervisor while no rank has failed. Once one has, only the failed ranks' own output is copied: the others'
+    is what losing a peer looks like (c10d's warnings and C++ stack traces for every call to the gone store) and
+    stays in the file; the failure is the one line naming the rank that failed first."""
+
+    def __init__(self, run_dir: Path, world_size: int):
+        folder = Path(run_dir) / "ranks"
+        self.paths = [folder / f"rank_{r}.stderr" for r in range(world_size)]
+        try:
+            folder.mkdir(exist_ok=True)
+            self.offsets = [p.stat().st_size if p.exists() else 0 for p in self.paths]  # a resume appends
+        except OSError:
+            self.paths, self.offsets = [], []  # the ranks' stderr stays the terminal's
+
+    def path(self, rank: int) -> str | None:
+        return str(self.paths[rank]) if self.paths else None
+
+    def read(self) -> dict[int, bytes]:
+        """What each rank wrote since the last read. Read *before* polling the ranks' messages: whatever a
+        failure made a survivor write came after the failure's message or exit, so the poll that follows sees it."""
+        out = {}
+        for r, path in enumerate(self.paths):
+            try:
+                with open(path, "rb") as f:
+                    f.seek(self.offsets[r])
+                    data = f.read()
+            except OSError:
+                continue
+            if data:
+                self.offsets[r] += len(data)
+                out[r] = data
+        return out
+
+    def copy(self, chunks: dict[int, bytes], failures: dict[int, RankFailure]) -> None:
+        own = {r for r, f in failures.items() if f.kind != "peer"}
+        shown = b"".join(data for r, data in sorted(chunks.items()) if not failures or r in own)
+        if shown:
+            sys.stderr.flush()
+            buffer = getattr(sys.stderr, "buffer", None)
+            if buffer is not None:
+                buffer.write(shown)
+                buffer.flush()
+            else:
+                sys.stderr.write(shown.decode("utf-8", "replace"))
+                sys.stderr.flush()
+
+
 # after one rank fails, how long the others get to notice (a collective with a gone peer fails at once; a rank
 # stuck in a call, e.g. a rendezvous with a peer that does not answer, does not) before they are terminated
 RANK_GRACE_S = 10.0
 
 
-def supervise_ranks(group: WorkerGroup, stop: StopFlag, *, timeout_s: float
+def supervise_ranks(group: WorkerGroup, stop: StopFlag, *, timeout_s: float, stderr: RankStderr | None = None
                     ) -> tuple[dict[int, dict], list[RankFailure]]:
     """Wait for every rank; pass a stop request on; after the first failure stop the others and give them
-    ``min(timeout_s, RANK_GRACE_S)`` to end (their collectives fail), then terminate whatever is left.
+    ``min(timeout_s, RANK_GRACE_S)`` to end (their collectives fail), then terminate whatever is left; copy the
+    ranks' ``stderr`` to the terminal as it comes (``RankStderr``).
     Returns the summaries by rank and the failures in the order they happened."""
     summaries: dict[int, dict] = {}
     failures: dict[int, RankFailure] = {}
@@ -110,6 +175,7 @@ def supervise_ranks(group: WorkerGroup, stop: StopFlag, *, timeout_s: float
         if (stop.requested or failures) and not stopping:
             stopping = True
             group.stop_all(stop.reason or "stop" if stop.requested else "another rank failed")
+        chunks = stderr.read() if stderr else {}
         for ev in group.poll(timeout=0.25):
             if isinstance(ev, Done):
                 summaries[ev.index] = ev.result
@@ -121,6 +187,8 @@ def supervise_ranks(group: WorkerGroup, stop: StopFlag, *, timeout_s: float
             elif isinstance(ev, Exited):
                 failures.setdefault(ev.index, RankFailure(ev.index, "died" if ev.exitcode else "error",
                                                           ev.description))
+        if stderr:
+            stderr.copy(chunks, failures)
         if failures and first_failure is None:
             first_failure = time.monotonic()
         if first_failure is not None and time.monotonic() - first_failure > grace_s:
@@ -130,6 +198,8 @@ def supervise_ranks(group: WorkerGroup, stop: StopFlag, *, timeout_s: float
                                                              "of another rank's failure; terminated"))
             group.shutdown(grace_s=0.0)  # SIGTERM, then SIGKILL
             break
+    if stderr:
+        stderr.copy(stderr.read(), failures)
     return summaries, list(failures.values())
 
 
@@ -139,8 +209,10 @@ def spawn_ranks(run_rank: Callable[..., dict], settings: RunSettings, run_dir: P
     """Start ``world_size`` local ranks, each running ``run_rank`` (a picklable module-level function), and
     supervise them to the end (see the module docstring)."""
     port = free_port(master_addr)
+    stderr = RankStderr(run_dir, world_size)
     jobs = [RankJob(LaunchInfo(rank=r, world_size=world_size, local_rank=r, master_addr=master_addr,
-                               master_port=port, source="local"), settings, str(run_dir), backend, timeout_s)
+                               master_port=port, source="local"), settings, str(run_dir), backend, timeout_s,
+                    stderr.path(r))
             for r in range(world_size)]
     # auto: fork (the ranks inherit torch and this module: nothing to import) while this process has no other
     # thread and no CUDA context, else forkserver (imported once by the server, not per rank);
@@ -149,7 +221,7 @@ def spawn_ranks(run_rank: Callable[..., dict], settings: RunSettings, run_dir: P
                      daemon=False, preload=HEAVY_MODULES) as group:
         for job in jobs:
             group.start(functools.partial(spawned_rank, run_rank), job)  # worker index == rank
-        return supervise_ranks(group, stop, timeout_s=timeout_s)
+        return supervise_ranks(group, stop, timeout_s=timeout_s, stderr=stderr)
 
 
 def report_failure(failure: RankFailure, run_dir: Path | None) -> str:
@@ -160,9 +232,11 @@ def report_failure(failure: RankFailure, run_dir: Path | None) -> str:
     message = f"rank {failure.rank} {failure.message}" if failure.kind == "died" else \
         f"rank {failure.rank} failed: {failure.message}"
     if failure.traceback and run_dir is not None:
+        path = Path(run_dir) / "error.txt"
         try:
-            (Path(run_dir) / "error.txt").write_text(f"rank {failure.rank}:\n{failure.traceback}")
-            message += f" (traceback in {Path(run_dir) / 'error.txt'})"
+            path.write_text(f"rank {failure.rank}:\n{failure.traceback}")
         except OSError:
-            pass
+            return message
+        if str(path) not in message:  # rank 0's loop names it already: say it once
+            message += f" (traceback in {path})"
     return message
