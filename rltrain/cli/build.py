@@ -318,6 +318,10 @@ def build_trainer(cfg: dict, run_dir: Path, *, check_only: bool = False, show: b
     ``check_only`` (``rltrain-check``): the checks build a CPU copy and nothing is written; ``show=False``: the
     model is not printed (a sweep's jobs after the first)."""
     _MASK_LINES.clear()
+    if (cfg.get("eval") or {}).get("video"):
+        from rltrain.trainers.episodes import headless_sdl
+
+        headless_sdl()  # before any env is built: MuJoCo reads MUJOCO_GL when it is imported
     trainer_cls, trainer = trainer_settings(cfg)
     extra = {}
     if trainer_cls.capabilities.agent_configs:  # trainer=parallel: one config per agent

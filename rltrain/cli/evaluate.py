@@ -73,6 +73,10 @@ def _evaluate(args: argparse.Namespace, stop: StopFlag) -> int:
     from rltrain.trainers.episodes import evaluate
 
     check_episodes_and_seed(DEFAULT_EPISODES if args.episodes is None else args.episodes, args.seed)
+    if args.video:
+        from rltrain.trainers.episodes import headless_sdl
+
+        headless_sdl()  # before the env is built: MuJoCo reads MUJOCO_GL when it is imported
     loaded = load_policy(pick_checkpoint(Path(args.path), args.checkpoint), device=args.device,
                          allow_import=args.allow_import)
     # the threads the run trained with (default 1): more spin against the envs on a busy machine

@@ -152,6 +152,10 @@ def preflight(settings: RunSettings, trainer: Trainer, *, check_only: bool = Fal
     runs in this process (``Trainer.loop_algorithm``), else, as always with ``check_only`` (``rltrain-check``),
     a CPU copy that only the checks use."""
     check_envs(settings)
+    if settings.eval.video:  # a video the final evaluation could not make: refused now, not after training
+        from rltrain.trainers.episodes import check_video
+
+        check_video(settings.env.make)
     spec = settings.env_spec or settings.env.spec()
     check_network_size(settings, spec)
     try:

@@ -7,6 +7,7 @@ touches the training RNGs (stochastic evaluation draws from its own generator).
 
 from __future__ import annotations
 
+import ctypes.util
 import os
 from collections.abc import Callable
 from pathlib import Path
@@ -110,7 +111,8 @@ def evaluate(policy: Policy, make_env: Callable[..., gym.Env], *, episodes: int,
                     if state is not None and (term or trunc):  # a new episode (or life) starts from zero
                         state = reset_state(state, np.arange(width) == i)
                     if real_scores and (term or trunc) and "real_score" not in info:
-                        o, _ = envs[i].reset()  # a learning episode (a life) ended, the game goes on
+                        # a learning episode (a life) ended, the game goes on (and so does its video)
+                        o, _ = envs[i].next_life() if isinstance(envs[i], GameVideo) else envs[i].reset()
                     elif term or trunc or "real_score" in info:  # with env.wrappers: the real game score
                         returns[episode_of[i]], totals[i] = info.get("real_score", totals[i]), 0.0
                         if successes is not None and "is_success" in info:
@@ -135,22 +137,82 @@ def headless_sdl() -> None:
     off-screen (``rgb_array``), but an env that draws with pygame (Gymnasium's classic control, Box2D) runs
     ``pygame.init()``, whose SDL probes for a display and a sound server: on a headless machine the display
     probe prints ``error: XDG_RUNTIME_DIR is invalid or not set in the environment.`` on a run that
-    succeeds. SDL reads these when pygame initialises it: set before the first render, which imports pygame."""
+    succeeds. SDL reads these when pygame initialises it: set before the first render, which imports pygame.
+
+    MuJoCo renders with OpenGL, GLFW's by default, which needs a display: with none (no ``DISPLAY`` /
+    ``WAYLAND_DISPLAY``) and no ``MUJOCO_GL`` of the user's, ``MUJOCO_GL`` is set to an off-screen backend that
+    is installed (``egl``, else ``osmesa``; none: left unset, and ``check_mujoco_video`` refuses). MuJoCo reads
+    it when it is imported: called before any env is built where a video is asked (``rltrain``,
+    ``rltrain-eval --video``)."""
     os.environ.setdefault("SDL_VIDEODRIVER", "dummy")
     os.environ.setdefault("SDL_AUDIODRIVER", "dummy")
+    if not headless() or os.environ.get("MUJOCO_GL"):
+        return
+    backend = offscreen_gl()
+    if backend is not None:
+        os.environ["MUJOCO_GL"] = backend
 
 
-def _record_video(env, video_dir: Path):
+def headless() -> bool:
+    return not (os.environ.get("DISPLAY") or os.environ.get("WAYLAND_DISPLAY"))
+
+
+def offscreen_gl() -> str | None:
+    """The off-screen OpenGL backend MuJoCo can use here: ``egl`` or ``osmesa`` where its library is found."""
+    for backend, lib in (("egl", "EGL"), ("osmesa", "OSMesa")):
+        if ctypes.util.find_library(lib):
+            return backend
+    return None
+
+
+def check_mujoco_video(env: gym.Env) -> None:
+    """Refuse a MuJoCo env's video where it cannot render: no display, no ``MUJOCO_GL``, no EGL nor OSMesa
+    (GLFW would print warnings and fail with ``mujoco.FatalError``)."""
+    mods = {c.__module__ for c in type(env.unwrapped).__mro__}
+    if not any(m.split(".")[0] in ("mujoco", "dm_control") or ".mujoco" in m for m in mods):
+        return
+    if headless() and not os.environ.get("MUJOCO_GL"):
+        raise ConfigError("eval.video=true (--video) cannot render a MuJoCo env here: no display and no off-screen "
+                          "OpenGL (MUJOCO_GL unset, neither EGL nor OSMesa found); install libegl1 (or libosmesa6) "
+                          "or set MUJOCO_GL, or set eval.video=false")
+
+
+def check_video(make_env: Callable[..., gym.Env]) -> None:
+    """``eval.video=true`` checked at start (``rltrain``, ``rltrain-check``): one env built and rendered as the
+    final evaluation will, so that a video that cannot be made is refused before training, not after it."""
+    env = make_env(render_mode="rgb_array")
+    try:
+        _check_render(env)
+    finally:
+        env.close()
+
+
+def _check_render(env) -> None:
     try:
         import moviepy  # noqa: F401
     except ImportError:
         raise ConfigError("eval.video=true needs moviepy: pip install 'rltrain[video]'") from None
     headless_sdl()
+    check_mujoco_video(env)
     try:
         env.reset(seed=0)
         env.render()
     except gym.error.DependencyNotInstalled as err:
         raise ConfigError(f"eval.video=true cannot render this env ({err}): pip install 'rltrain[video]'") from None
-    from gymnasium.wrappers import RecordVideo
 
-    return RecordVideo(env, str(video_dir), episode_trigger=lambda _: True, disable_logger=True)
+
+def _record_video(env, video_dir: Path):
+    _check_render(env)
+    return GameVideo(env, str(video_dir), episode_trigger=lambda _: True, disable_logger=True)
+
+
+class GameVideo(gym.wrappers.RecordVideo):
+    """One video per evaluated episode: with ``env.wrappers`` (EpisodicLife) a lost life ends a learning
+    episode, and ``evaluate`` continues the game with ``next_life``, which keeps recording (RecordVideo's
+    ``reset`` would cut the game into one video per life), as CleanRL and SB3 record whole games."""
+
+    def next_life(self):
+        obs, info = self.env.reset()
+        if self.recording:
+            self._capture_frame()
+        return obs, info

@@ -91,3 +91,16 @@ class RewardLog(gym.Wrapper):
 
 
 gym.register(id=ENV_ID, entry_point=LivesEnv)
+
+
+class RenderedLives(LivesEnv):
+    """``LivesEnv`` that renders (a grey frame): for the evaluation videos of a game of several lives."""
+
+    metadata = {"render_modes": ["rgb_array"], "render_fps": 30}
+
+    def __init__(self, render_mode: str | None = None, **kwargs):
+        super().__init__(**kwargs)
+        self.render_mode = render_mode
+
+    def render(self):
+        return np.full((64, 64, 3), 128, np.uint8)
