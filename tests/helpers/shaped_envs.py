@@ -12,14 +12,17 @@ in its own shape, dtype and bounds, which each env here checks as a strict env d
 
 from __future__ import annotations
 
-import gymnasium as gym
 import numpy as np
 from gymnasium import spaces
+
+from tests.helpers.space_envs import StrictDtypeEnv
 
 LOW = np.arange(4.0).reshape(2, 2)  # entry k of the action in [k, k + 0.5]
 
 
-class MatrixEnv(gym.Env):
+class MatrixEnv(StrictDtypeEnv):
+    """``StrictDtypeEnv``'s strict ``step`` over a (3, 2) observation and a (2, 2) action."""
+
     def __init__(self, dtype: str = "float32", length: int = 8):
         low = LOW.astype(dtype)
         self.action_space = spaces.Box(low, low + 0.5, dtype=low.dtype)
@@ -30,18 +33,8 @@ class MatrixEnv(gym.Env):
         self.target = self.np_random.uniform(-1.0, 1.0, (3, 2)).astype(np.float32)
         return self.target.copy()
 
-    def reset(self, *, seed: int | None = None, options: dict | None = None):
-        super().reset(seed=seed)
-        self.t = 0
-        return self._observe(), {}
-
-    def step(self, action):
-        space = self.action_space
-        if not (isinstance(action, np.ndarray) and action.dtype == space.dtype and space.contains(action)):
-            raise ValueError(f"action {action!r} ({getattr(action, 'dtype', type(action))}) is not in {space}")
-        reward = -float(np.abs(action - (LOW + (self.target[:2] + 1) / 4)).sum())
-        self.t += 1
-        return self._observe(), reward, False, self.t >= self.length, {}
+    def _reward(self, action: np.ndarray) -> float:
+        return -float(np.abs(action - (LOW + (self.target[:2] + 1) / 4)).sum())
 
 
 def matrix_agents(length: int = 6):

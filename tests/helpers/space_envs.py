@@ -123,9 +123,13 @@ class StrictDtypeEnv(gym.Env):
         space = self.action_space
         if not (isinstance(action, np.ndarray) and action.dtype == space.dtype and space.contains(action)):
             raise ValueError(f"action {action!r} ({getattr(action, 'dtype', type(action))}) is not in {space}")
-        reward = -float(np.abs(action - np.clip(self.target, space.low, space.high)).sum())
+        reward = self._reward(action)
         self.t += 1
         return self._observe(), reward, False, self.t >= self.length, {}
+
+    def _reward(self, action: np.ndarray) -> float:
+        space = self.action_space
+        return -float(np.abs(action - np.clip(self.target, space.low, space.high)).sum())
 
 
 class MaskedEnv(gym.Env):
