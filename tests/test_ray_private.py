@@ -93,15 +93,20 @@ def test_ray_slurm_script_runs_a_token_cluster_and_leaves_nothing(tmp_path, orph
         port = s.getsockname()[1]
     env = {**_env(), "PATH": f"{shims}:{Path(sys.executable).parent}:{os.environ['PATH']}", "RAY_PORT": str(port),
            "SLURM_JOB_NODELIST": socket.gethostname(), "SLURM_JOB_ID": "4242", "SLURM_CPUS_PER_TASK": "2",
-           "RLTRAIN": f"{sys.executable} -m rltrain"}
+           "RLTRAIN": f"{sys.executable} -m rltrain", "PYTHONPATH": str(REPO),
+           # both actors hold at their first step until both are placed: the 1024-step run could otherwise end
+           # on actor 0's rollouts before a loaded machine had started actor 1 (the summary names placed actors)
+           "RLTRAIN_TEST_BARRIER": str(tmp_path / "barrier")}
     for key in ("RAY_ADDRESS", "RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH"):
         env.pop(key, None)
     res = subprocess.run(["bash", str(REPO / "scripts" / "ray-slurm.sbatch"),
                           *[a for a in FAST if a not in ("trainer=subprocess_actors", "trainer.backend=ray")],
-                          "total_env_steps=1024"], cwd=tmp_path, capture_output=True, text=True, timeout=400, env=env)
+                          "total_env_steps=1024", "env.id=tests.helpers.actor_envs:BarrierCartPole"],
+                         cwd=tmp_path, capture_output=True, text=True, timeout=400, env=env)
     assert res.returncode == 0, (res.stdout + res.stderr)[-3000:]
     s = json.loads((tmp_path / "run" / "summary.json").read_text())
-    assert s["status"] == "completed" and len(s["actor_nodes"]) == 2
+    assert s["status"] == "completed" and len(s["actor_nodes"]) == 2, s["actor_nodes"]
+    assert len(os.listdir(tmp_path / "barrier")) == 2  # the env held both actors (the test is about placement)
     # both on the worker node (it offers actor_host; the head, 1 CPU and no actor_host, would take one of them)
     assert len({p["node_id"] for p in s["actor_nodes"].values()}) == 1, s["actor_nodes"]
     assert not (tmp_path / ".ray-token-4242").exists()  # the job's token is removed with the job

@@ -64,3 +64,37 @@ class GatedCartPole(gym.Wrapper):
             while not os.path.exists(self.gate):
                 time.sleep(0.02)
         return self.env.step(action)
+
+
+def _in_ray_actor() -> bool:
+    import sys
+
+    if "ray" not in sys.modules:
+        return False
+    import ray
+
+    return ray.is_initialized() and ray.get_runtime_context().get_actor_id() is not None
+
+
+class BarrierCartPole(gym.Wrapper):
+    """CartPole whose actors (local or Ray) hold at their first step until ``parties`` actor processes have
+    reached it: each leaves a file named by its pid in the folder ``$RLTRAIN_TEST_BARRIER``. A short run then
+    cannot end on one actor's rollouts before the other was even placed. Waits ``timeout_s`` at most (then
+    goes on, and the test's own assertion says what is missing).
+    """
+
+    def __init__(self, parties: int = 2, timeout_s: float = 120.0):
+        super().__init__(gym.make("CartPole-v1"))
+        self.parties, self.timeout_s = parties, timeout_s
+        self.folder = os.environ.get("RLTRAIN_TEST_BARRIER")
+        self.waited = False
+
+    def step(self, action):
+        if self.folder and not self.waited and (_actor_index() is not None or _in_ray_actor()):
+            self.waited = True
+            os.makedirs(self.folder, exist_ok=True)
+            open(os.path.join(self.folder, str(os.getpid())), "w").close()
+            deadline = time.monotonic() + self.timeout_s
+            while len(os.listdir(self.folder)) < self.parties and time.monotonic() < deadline:
+                time.sleep(0.05)
+        return self.env.step(action)
