@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import atexit
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -18,7 +20,11 @@ from omegaconf import DictConfig
 CONF_DIR = Path(__file__).resolve().parent.parent / "rltrain" / "conf"
 # the per-user key that signs env sidecars (run/checkpoint.py): a temp dir for the whole session, inherited by
 # every subprocess, so tests never write into the real ~/.config
-os.environ.setdefault("RLTRAIN_CONFIG_DIR", tempfile.mkdtemp(prefix="rltrain-config-"))
+# (made only where none is set yet, and removed at exit by the process that made it: the subprocesses and
+# xdist workers inherit it, and made one each before, leaving hundreds of empty dirs in /tmp)
+if "RLTRAIN_CONFIG_DIR" not in os.environ:
+    os.environ["RLTRAIN_CONFIG_DIR"] = tempfile.mkdtemp(prefix="rltrain-config-")
+    atexit.register(shutil.rmtree, os.environ["RLTRAIN_CONFIG_DIR"], ignore_errors=True)
 REPO = Path(__file__).resolve().parent.parent
 
 
