@@ -126,6 +126,50 @@ def test_a_nan_met_only_in_evaluation_fails_the_run(tmp_path):
     assert not (run_dir / "checkpoints" / "final.pt").exists()
 
 
+# -- the same env failure ends every trainer alike: exit 2, one line naming the rank / actor, the env, its step -----
+# each trainer's flags, and who its line names first when a training env fails (a rank, an actor; its own process)
+TRAINERS = {
+    "sequential": ([], ""),
+    "distributed_simulator": (["trainer=distributed_simulator", "trainer.world_size=2"], r"rank [01] failed: "),
+    "subprocess_actors": (["trainer=subprocess_actors", "trainer.num_actors=1", "trainer.max_restarts=1",
+                           "trainer.start_method=fork"], r"actor 0 failed: "),
+}
+
+
+@pytest.mark.parametrize("trainer", list(TRAINERS))
+def test_an_env_that_raises_ends_every_trainer_with_exit_2_in_one_line(tmp_path, trainer, no_leaks):
+    extra, who = TRAINERS[trainer]
+    run_dir = tmp_path / "run"
+    res = _train(run_dir, f"{BROKEN}Raising", "env.num_envs=2", "total_env_steps=100000", *extra)
+    assert res.returncode == 2, res.stderr[-3000:]  # the user's env, as for trainer=sequential: not rltrain's 1
+    lines = _errors(res)
+    assert len(lines) == 1 and "Traceback" not in res.stderr, res.stderr[-3000:]
+    assert re.match(rf"rltrain: error: {who}env 0 failed in step\(\) at its step 301: RuntimeError: Raising: the "
+                    "simulator lost its connection", lines[0]), lines[0]
+    assert lines[0].count(f"; traceback in {run_dir / 'error.txt'}") == 1, lines[0]
+    assert "Raising: the simulator lost its connection" in (run_dir / "error.txt").read_text()
+    assert _summary(run_dir)["status"] == "failed"
+
+
+# the eval env runs where the run evaluates: the process itself, rank 0, the actors' learner
+EVALUATES = {"sequential": "", "distributed_simulator": "rank 0 failed: ", "subprocess_actors": ""}
+
+
+@pytest.mark.parametrize("trainer", list(TRAINERS))
+def test_an_evaluation_env_that_raises_ends_every_trainer_with_exit_2_in_one_line(tmp_path, trainer):
+    seeds = sorted({derive(1, 2).eval_seed, derive(1, 2, path=(0,)).eval_seed})  # seed=1: a run's, rank 0's
+    run_dir = tmp_path / "run"
+    res = _train(run_dir, f"{BROKEN}EvalRaising", f"+env.kwargs.seeds=[{','.join(map(str, seeds))}]",
+                 "env.num_envs=2", *TRAINERS[trainer][0])
+    assert res.returncode == 2, res.stderr[-3000:]
+    lines = _errors(res)
+    assert len(lines) == 1 and "Traceback" not in res.stderr, res.stderr[-3000:]
+    assert lines[0].startswith(f"rltrain: error: {EVALUATES[trainer]}evaluation env 0 failed in step() at its step 1: "
+                               "RuntimeError: EvalRaising: the evaluation level is missing (run at env step 1024); "
+                               f"traceback in {run_dir / 'error.txt'}"), lines[0]
+    assert _summary(run_dir)["status"] == "failed"
+
+
 # -- SIGKILL of each parent kind: nothing of its tree survives -----------------------------------------------
 @pytest.mark.parametrize("extra", [
     ["env.vectorization=async"],

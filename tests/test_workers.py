@@ -165,3 +165,26 @@ def test_a_fork_group_made_before_cuda_refuses_to_fork_after_it(monkeypatch):
         group.start(print, None)
     assert group.workers == []
     group.shutdown(grace_s=0.0)
+
+
+def _raise(ctx, err: BaseException):
+    raise err
+
+
+def test_a_failure_says_across_the_pipe_whose_it_is_the_users_env_2_rltrains_own_1():
+    """The worker classifies where the exception's type is known; the parent reads the exit code off the message."""
+    import pickle
+
+    from rltrain.envs.deadline import env_fault
+    from rltrain.trainers.ranks import PeerFailure, failure_of
+    from rltrain.trainers.worker import WorkerContext, run_target
+
+    env = env_fault(RuntimeError("the simulator lost its connection"), 0, 301, "step()")
+    for err, code in ((env, 2), (ConfigError("algo.lr=-1: must be positive"), 2), (RuntimeError("rltrain's bug"), 1)):
+        failed = pickle.loads(pickle.dumps(run_target(WorkerContext(0, lambda msg: None), _raise, err)))
+        assert (failed.user_fault, failed.exit_code) == (code == 2, code), err
+    assert failed.error == "RuntimeError: rltrain's bug"
+    # a rank: the env's failure names the rank (not re-raised as bad input) and exits 2; losing a peer is 1
+    assert (failure_of(1, env).kind, failure_of(1, env).exit_code) == ("env", 2)
+    assert failure_of(1, PeerFailure("allreduce failed")).exit_code == 1
+    assert failure_of(1, RuntimeError("rltrain's bug")).exit_code == 1

@@ -29,6 +29,7 @@ import torch.distributed as dist
 from torch import Tensor
 
 from rltrain.algos.base import Algorithm, Sync
+from rltrain.envs.deadline import EnvFault
 from rltrain.errors import ConfigError
 from rltrain.run.checkpoint import CheckpointManager, load_checkpoint
 from rltrain.run.device import pick_device
@@ -321,16 +322,16 @@ class DistributedSimulatorTrainer(Trainer):
                         "checkpoint": str(ckpt) if ckpt else None, "resume_command": resume_command(self.run_dir)}
             if failures:
                 first = primary_failure(failures)
-                return self._failed(report_failure(first, self.run_dir), first.rank)
+                return self._failed(report_failure(first, self.run_dir), first.rank, first.exit_code)
             return summaries[0]
         try:
             return run_rank(launch, self.settings, self.run_dir, backend=self.backend, timeout_s=self.timeout_s,
                             stop=stop, ends_at=self.ends_at(), updates=self.budget_updates())
-        except ConfigError:
-            raise
         except StopRequested:
             raise
         except BaseException as err:  # noqa: B036 - name the rank, exit non-zero (torchrun / srun stop the rest)
+            if isinstance(err, ConfigError) and not isinstance(err, EnvFault):
+                raise  # bad input: the CLI's one line; an env fault is this rank's, named as a spawned rank's is
             failure = failure_of(launch.rank, err)
             gone = getattr(err, "gone", None) or getattr(err.__cause__, "gone", None) or []
             if gone:  # a peer was killed or crashed: it failed first, this rank only lost it
@@ -338,8 +339,8 @@ class DistributedSimulatorTrainer(Trainer):
                                       f"stopped); rank {launch.rank}: {failure.message}", failure.traceback)
             if not launch.is_main:  # rank 0 writes the run's files; this rank's one line is in its own log
                 return {"status": "failed", "error": report_failure(failure, None), "failed_rank": failure.rank,
-                        "exit_code": 1}
-            return self._failed(report_failure(failure, self.run_dir), failure.rank)
+                        "exit_code": failure.exit_code}
+            return self._failed(report_failure(failure, self.run_dir), failure.rank, failure.exit_code)
 
     def _precheck_resume(self) -> None:
         """Refuse a mismatched resume before spawning anything (rank 0 checks again when joined)."""
@@ -354,8 +355,9 @@ class DistributedSimulatorTrainer(Trainer):
             if error:
                 raise ConfigError(error)
 
-    def _failed(self, message: str, rank: int) -> dict:
-        """The run's summary (rank 0's, when it got that far) marked failed by ``rank``."""
+    def _failed(self, message: str, rank: int, exit_code: int = 1) -> dict:
+        """The run's summary (rank 0's, when it got that far) marked failed by ``rank``; ``exit_code`` 2 where the
+        user's env failed it (``RankFailure.exit_code``)."""
         path = self.run_dir / "summary.json"
         try:
             summary = json.loads(path.read_text()) if path.exists() else {}
@@ -366,4 +368,4 @@ class DistributedSimulatorTrainer(Trainer):
                        last_checkpoint=str(ckpt) if ckpt else None)
         if summary.get("total_env_steps") is None:  # rank 0 never wrote its own: the last step it logged
             summary["total_env_steps"] = last_logged_step(self.run_dir)
-        return {**summary, "exit_code": 1}
+        return {**summary, "exit_code": exit_code}

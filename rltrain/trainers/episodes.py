@@ -17,6 +17,7 @@ import numpy as np
 import torch
 
 from rltrain.data.structs import Policy, obs_buffer, obs_map
+from rltrain.envs.deadline import EnvFault, env_fault
 from rltrain.envs.make import env_spec
 from rltrain.errors import ConfigError
 from rltrain.models.cores import put_state, reset_state, select_state
@@ -73,10 +74,11 @@ def evaluate(policy: Policy, make_env: Callable[..., gym.Env], *, episodes: int,
     totals = [0.0] * width  # Python floats: one add per step, no numpy scalar
     lengths = [0] * width  # steps of each env's current game (real_scores: across its lives)
     episode_of = [-1] * width  # which episode each env is playing
+    stepped = [0] * width  # each env's steps, for the line that names a failing one
     obs: list = [None] * width
     started = 0
     for i in range(min(width, episodes)):
-        obs[i], _ = envs[i].reset(seed=eval_seed + started)
+        obs[i], _ = _call(envs[i].reset, i, 0, "reset()", seed=eval_seed + started)
         episode_of[i], started = started, started + 1
     active = list(range(min(width, episodes)))
     state = policy.initial_state(width)
@@ -100,8 +102,12 @@ def evaluate(policy: Policy, make_env: Callable[..., gym.Env], *, episodes: int,
                 acts = actions.tolist() if actions.ndim == 1 else actions
                 still = []
                 for k, i in enumerate(active):
-                    o, rew, term, trunc, info = envs[i].step(acts[k])
-                    totals[i] += float(rew)
+                    stepped[i] += 1
+                    try:
+                        o, rew, term, trunc, info = envs[i].step(acts[k])
+                        totals[i] += float(rew)
+                    except Exception as err:  # the user's env: the one line a training env's failure is
+                        raise eval_fault(err, i, stepped[i], "step()") from err
                     lengths[i] += 1
                     if cap is not None and lengths[i] >= cap and not (term or trunc):
                         # cut like a time limit: the whole game ends, its rewards so far are its return
@@ -112,7 +118,8 @@ def evaluate(policy: Policy, make_env: Callable[..., gym.Env], *, episodes: int,
                         state = reset_state(state, np.arange(width) == i)
                     if real_scores and (term or trunc) and "real_score" not in info:
                         # a learning episode (a life) ended, the game goes on (and so does its video)
-                        o, _ = envs[i].next_life() if isinstance(envs[i], GameVideo) else envs[i].reset()
+                        o, _ = _call(envs[i].next_life if isinstance(envs[i], GameVideo) else envs[i].reset, i,
+                                     stepped[i], "reset() (a life was lost)")
                     elif term or trunc or "real_score" in info:  # with env.wrappers: the real game score
                         returns[episode_of[i]], totals[i] = info.get("real_score", totals[i]), 0.0
                         if successes is not None and "is_success" in info:
@@ -120,7 +127,8 @@ def evaluate(policy: Policy, make_env: Callable[..., gym.Env], *, episodes: int,
                         lengths[i] = 0
                         if started == episodes:
                             continue  # this env is done
-                        o, _ = envs[i].reset(seed=eval_seed + started)
+                        o, _ = _call(envs[i].reset, i, stepped[i], "reset() (its episode had ended)",
+                                     seed=eval_seed + started)
                         episode_of[i], started = started, started + 1
                     obs[i] = o
                     still.append(i)
@@ -130,6 +138,20 @@ def evaluate(policy: Policy, make_env: Callable[..., gym.Env], *, episodes: int,
         for env in envs:
             env.close()
     return returns
+
+
+def eval_fault(err: BaseException, env_index: int, env_step: int, call: str) -> EnvFault:
+    """An evaluation env that raised or returned what is not a number: the training env's one line (exit 2, the
+    traceback chained for ``error.txt``), named as an evaluation env (a fresh one each evaluation)."""
+    return EnvFault(f"evaluation {env_fault(err, env_index, env_step, call)}", env_index=env_index, env_step=env_step)
+
+
+def _call(fn: Callable[..., tuple], env_index: int, env_step: int, call: str, **kwargs) -> tuple:
+    """An evaluation env's ``reset`` (an episode's start: rare next to its steps, a call more costs nothing)."""
+    try:
+        return fn(**kwargs)
+    except Exception as err:
+        raise eval_fault(err, env_index, env_step, call) from err
 
 
 def headless_sdl() -> None:

@@ -41,7 +41,15 @@ class Failed:
     index: int
     error: str
     traceback: str
-    one_line: bool = False  # a ConfigError (bad input, an env fault): ``error`` says it all
+    # the user's input or code failed (a ConfigError: an env that raised or returned a bad or non-finite value, a
+    # bad value): ``error`` says it all and the run exits 2, as a single-process run does; False: rltrain's own
+    # failure (exit 1). Decided in the worker, the one place that still has the exception's type.
+    user_fault: bool = False
+
+    @property
+    def exit_code(self) -> int:
+        return 2 if self.user_fault else 1
+
 
 @dataclass(frozen=True)
 class Stop:

@@ -58,19 +58,24 @@ class RankJob:
 @dataclass(frozen=True)
 class RankFailure:
     """Why a rank failed; rank -> parent just before the bootstrap's ``Failed``. ``kind``: ``config`` (bad
-    input), ``error`` (its own failure), ``peer`` (a collective failed because another rank is gone),
-    ``died`` (exited without a word: killed or crashed)."""
+    input), ``env`` (the user's env misbehaved in this rank: ``EnvFault``), ``error`` (its own failure), ``peer``
+    (a collective failed because another rank is gone), ``died`` (exited without a word: killed or crashed)."""
 
     rank: int
     kind: str
     message: str
     traceback: str = ""
 
+    @property
+    def exit_code(self) -> int:
+        """The user's env (or input) failed: 2, as it ends a single-process run; anything else is rltrain's: 1."""
+        return 2 if self.kind in ("config", "env") else 1
+
 
 def failure_of(rank: int, err: BaseException) -> RankFailure:
-    # an env fault is this rank's failure (its line names the env and step), not bad input for the whole job; a
-    # rank stopped because another failed (the parent's Stop during the rendezvous) is not the cause either
-    kind = "error" if isinstance(err, EnvFault) else "config" if isinstance(err, ConfigError) else \
+    # an env fault is this rank's failure (its line names the rank, the env and step), not bad input for the whole
+    # job; a rank stopped because another failed (the parent's Stop during the rendezvous) is not the cause either
+    kind = "env" if isinstance(err, EnvFault) else "config" if isinstance(err, ConfigError) else \
         "peer" if isinstance(err, (PeerFailure, StopRequested)) else "error"
     return RankFailure(rank, kind, str(err) if isinstance(err, ConfigError) else f"{type(err).__name__}: {err}",
                        "".join(traceback.format_exception(type(err), err, err.__traceback__)))
@@ -237,6 +242,6 @@ def report_failure(failure: RankFailure, run_dir: Path | None) -> str:
             path.write_text(f"rank {failure.rank}:\n{failure.traceback}")
         except OSError:
             return message
-        if str(path) not in message:  # rank 0's loop names it already: say it once
-            message += f" (traceback in {path})"
+        if str(path) not in message:  # rank 0's loop names it already: say it once, as the loop words it for the env
+            message += f"; traceback in {path}" if failure.kind == "env" else f" (traceback in {path})"
     return message

@@ -111,13 +111,14 @@ class WorkerContext:
 
 def run_target(ctx: WorkerContext, target: Callable[[WorkerContext, Any], Any], payload: Any) -> Done | Failed:
     """``target(ctx, payload)`` and how it ended: ``Done`` with its result, or ``Failed`` with the traceback (a
-    ``ConfigError`` is one line that says it all). The heartbeat ends with it."""
+    ``ConfigError`` is one line that says it all, and the user's fault: ``Failed.user_fault``). The heartbeat ends
+    with it."""
     try:
         return Done(ctx.index, target(ctx, payload))
     except BaseException as err:  # noqa: BLE001 - everything is reported to the parent
-        one_line = isinstance(err, ConfigError)
-        message = str(err) if one_line else f"{type(err).__name__}: {err}"
-        return Failed(ctx.index, message, traceback.format_exc(), one_line)
+        user_fault = isinstance(err, ConfigError)
+        message = str(err) if user_fault else f"{type(err).__name__}: {err}"
+        return Failed(ctx.index, message, traceback.format_exc(), user_fault)
     finally:
         ctx.finish()
 

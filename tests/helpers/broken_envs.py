@@ -2,7 +2,7 @@
 
 Each is a small counting env that behaves for ``after`` steps (per instance), then hangs, raises, or returns
 what its spaces forbid; and two legitimate corner cases: a return that never varies, and a NaN that only
-evaluation meets (the episode reset with the eval seed).
+evaluation meets (the episode reset with the eval seed); and an env that raises in evaluation only.
 """
 
 from __future__ import annotations
@@ -111,3 +111,22 @@ class EvalNaN(_Counting):
     def step(self, action):
         obs, reward, *rest = self.good_step(action)
         return obs, (float("nan") if self.poisoned else reward), *rest
+
+
+class EvalRaising(_Counting):
+    """Raises in ``step`` only in episodes reset with one of ``seeds`` (runs' eval seeds): training never does, so
+    the run's first failure is its evaluation env's."""
+
+    def __init__(self, seeds: tuple[int, ...] = (), **kwargs):
+        super().__init__(**kwargs)
+        self.seeds, self.poisoned = {int(s) for s in seeds}, False
+
+    def reset(self, *, seed=None, options=None):
+        if seed is not None:
+            self.poisoned = seed in self.seeds
+        return super().reset(seed=seed, options=options)
+
+    def step(self, action):
+        if self.poisoned:
+            raise RuntimeError("EvalRaising: the evaluation level is missing")
+        return self.good_step(action)

@@ -129,8 +129,8 @@ class SubprocessActorsTrainer(Trainer):
             pool.stop()
             self.backend.close()  # Ray: disconnect; a private instance is stopped
             ended.set()
-        if pool.failure:
-            summary["exit_code"] = 1
+        if pool.failure:  # 2 where the user's env failed the actors, as it ends a single-process run
+            summary["exit_code"] = pool.exit_code
         if lost:  # the machines went away: a failed run, whatever checkpoint the stop wrote
             summary.update(status="failed", error=lost[0], last_checkpoint=summary.get("checkpoint"), exit_code=1)
         return summary

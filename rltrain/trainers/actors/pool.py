@@ -64,6 +64,7 @@ class ActorPool:
         self.placements: dict[str, dict] = {}  # actor_<k>_gen_<g> -> its node (where the event source names it)
         self.total_restarts = 0
         self.failure: str | None = None  # why the actors stopped the run (ActorFailure's message)
+        self.exit_code = 1  # the run's, once ``failure`` is set: 2 when the user's env (or input) failed the actor
         self.stopping = False
         self.weights: WeightsTransport | None = None
         self._make_spec: SpecMaker | None = None
@@ -127,7 +128,8 @@ class ActorPool:
                 slot.version = ev.version
                 out.append(ev)
             elif isinstance(ev, Failed):
-                self._failed(slot, f"actor {slot.actor_id}: {ev.error}{self._keep_traceback(slot, ev.traceback)}")
+                where = self._keep_traceback(slot, ev.traceback, user_fault=ev.user_fault)
+                self._failed(slot, f"actor {slot.actor_id} failed: {ev.error}{where}", exit_code=ev.exit_code)
             elif isinstance(ev, Exited):
                 self._failed(slot, f"actor {slot.actor_id} {ev.description}")
             elif isinstance(ev, Unresponsive):
@@ -144,8 +146,9 @@ class ActorPool:
                 pass
         return out
 
-    def _keep_traceback(self, slot: ActorSlot, text: str) -> str:
-        """Append an actor's traceback to ``traceback_file``; the note naming it (empty if it cannot be written)."""
+    def _keep_traceback(self, slot: ActorSlot, text: str, *, user_fault: bool) -> str:
+        """Append an actor's traceback to ``traceback_file``; the note naming it (empty if it cannot be written),
+        worded as the single-process run's: ``; traceback in`` after the user's error, in brackets after ours."""
         if self.traceback_file is None:
             return ""
         try:
@@ -153,9 +156,11 @@ class ActorPool:
                 f.write(f"actor {slot.actor_id} (generation {slot.generation}):\n{text}\n")
         except OSError:
             return ""
-        return f" (traceback in {self.traceback_file})"
+        return f"; traceback in {self.traceback_file}" if user_fault else f" (traceback in {self.traceback_file})"
 
-    def _failed(self, slot: ActorSlot, reason: str) -> None:
+    def _failed(self, slot: ActorSlot, reason: str, *, exit_code: int = 1) -> None:
+        """Restart ``slot`` or abort the run (``ActorFailure``) with ``exit_code``: 2 for the user's env, as a
+        single-process run ends for it; 1 (the default) for a dead, silent or misbehaving actor (rltrain's)."""
         if self.stopping:
             return
         if self.on_failure == "restart" and slot.restarts < self.max_restarts:
@@ -168,7 +173,7 @@ class ActorPool:
             return
         why = "on_actor_failure=abort" if self.on_failure == "abort" else \
             f"trainer.max_restarts={self.max_restarts} reached"
-        self.failure = f"{reason}; stopping ({why})"
+        self.failure, self.exit_code = f"{reason}; stopping ({why})", exit_code
         raise ActorFailure(self.failure)
 
     def _placed(self, slot: ActorSlot) -> None:
