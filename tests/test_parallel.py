@@ -8,6 +8,7 @@ from __future__ import annotations
 import csv
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -63,6 +64,54 @@ def test_agent_equals_sequential_run_with_its_seed_and_overrides_apply(cli, tmp_
     seq_rows = non_wall_columns(tmp_path / "seq" / "metrics.csv")
     assert len(par_rows) >= 4 and par_rows == seq_rows
     assert summary(tmp_path / "seq")["final_eval_return"] == s["agents"][1]["final_eval_return"]
+
+
+BUDGET = [*SMOKE, "logger.progress=plain", "eval.episodes=1", "eval.every_env_steps=0",
+          "checkpoint.every_env_steps=0", "trainer.num_agents=2", "total_env_steps=5000"]
+
+
+def start_line(stdout: str) -> str:
+    lines = [x for x in stdout.splitlines() if x.startswith("[rltrain] budget: ")]
+    assert len(lines) == 1, stdout
+    return lines[0].removeprefix("[rltrain] budget: ")
+
+
+def test_the_start_line_says_where_the_agents_end_as_they_then_do(cli, tmp_path, orphan_watch):
+    """2 agents, 2500 env steps each, in whole updates of 256: the start line says 2560 each, 5120 in all, and
+    the progress rows and the summary agree with it."""
+    out = cli(*BUDGET, "hydra.run.dir=run", timeout=600)
+    assert out.returncode == 0, out.stderr
+    line = start_line(out.stdout)
+    assert line == "total_env_steps=5000 over 2 agents, 2500 each: each runs to 2560 env steps (10 whole updates " \
+                   "of algo.rollout_len (64) x env.num_envs (4) = 256), 5120 env steps in all; 2% over", line
+    ends, updates, size, in_all = map(int, re.search(r"runs to (\d+) env steps \((\d+) whole updates of .* = (\d+)"
+                                                     r"\), (\d+) env steps in all", line).groups())
+    s = summary(tmp_path / "run")
+    assert [a["total_env_steps"] for a in s["agents"]] == [ends, ends] == [updates * size] * 2
+    assert s["total_env_steps"] == in_all and f"completed: {in_all} env steps over 2 agents" in out.stdout
+    rows = re.findall(r"^\[agent_\d\] \d+/(\d+) steps", out.stdout, re.M)
+    assert rows and set(rows) == {str(ends)}, out.stdout  # the rows count to where each agent ends
+
+
+def test_agents_of_different_update_sizes_each_get_their_end_and_rltrain_check_says_it(cli, tmp_path, orphan_watch):
+    """agent_overrides giving agent 1 another update (3 envs x 100 steps): each agent's end is said, as it runs,
+    and rltrain-check's row is the start line (the agents composed over the command line's overrides)."""
+    overrides = "trainer.agent_overrides=[{},{algo.rollout_len:100,env.num_envs:3}]"
+    out = cli(*BUDGET, overrides, "hydra.run.dir=run", timeout=600)
+    assert out.returncode == 0, out.stderr
+    line = start_line(out.stdout)
+    assert line == "total_env_steps=5000 over 2 agents, 2500 each: in whole updates, agent 0: 2560 (10 x 256), " \
+                   "agent 1: 2700 (9 x 300), 5260 env steps in all; 5% over", line
+    said = [(int(k), int(e), int(u) * int(n))
+            for k, e, u, n in re.findall(r"agent (\d+): (\d+) \((\d+) x (\d+)\)", line)]
+    s = summary(tmp_path / "run")
+    assert [(a["index"], a["total_env_steps"], a["total_env_steps"]) for a in s["agents"]] == said
+    assert f"{s['total_env_steps']} env steps in all" in line
+    assert {re.findall(rf"^\[agent_{k}\] \d+/(\d+) steps", out.stdout, re.M)[0] for k in (0, 1)} == {"2560", "2700"}
+    check = subprocess.run([sys.executable, "-m", "rltrain.cli.check", *BUDGET, overrides], cwd=tmp_path,
+                           capture_output=True, text=True, timeout=300, env={**os.environ, "COLUMNS": "400"})
+    assert check.returncode == 0, check.stdout + check.stderr
+    assert " ".join(line.split()) in " ".join(check.stdout.replace("\u2502", " ").split()), check.stdout
 
 
 def test_raising_and_killed_agents_are_reported_and_the_others_finish(cli, tmp_path, orphan_watch):

@@ -81,8 +81,16 @@ def validate_job(cfg, *, show: bool = True):
     job["seed"] = 0 if job["seed"] is None else job["seed"]
     if not job["env"].get("search_path"):  # as the rltrain CLI: an env module beside the user (envs/make.py)
         job["env"]["search_path"] = str(Path.cwd())
-    # settings, factories, trainer keys: every check a real start makes
-    trainer = build.build_trainer(job, Path("."), check_only=True, show=show)  # writes nothing, builds on the CPU
+    # trainer=parallel's agents compose their trainer.agent_overrides over the command line's overrides, which
+    # they read from Hydra's runtime config (cli/agents.py): set as `rltrain` has it, else they would miss them
+    from hydra.core.hydra_config import HydraConfig
+
+    runtime, previous = HydraConfig.instance(), HydraConfig.instance().cfg
+    runtime.set_config(copy.deepcopy(cfg))  # it marks what it gets read-only; output_dir writes to cfg
+    try:  # settings, factories, trainer keys: every check a real start makes
+        trainer = build.build_trainer(job, Path("."), check_only=True, show=show)  # writes nothing, builds on the CPU
+    finally:
+        runtime.cfg = previous  # an in-process caller's later compose must not see this job's overrides
     pick_device(plain["device"])
     return plain, trainer
 
@@ -98,6 +106,10 @@ def batch_rows(plain: dict, trainer) -> list[tuple[str, str]]:
         rows = agent_batch_rows(plain, trainer, spec)
     else:
         rows = single_batch_rows(plain, trainer)
+    if trainer.capabilities.agent_configs:  # trainer=parallel: the start line's figures, as the agents run
+        from rltrain.cli.preflight import budget_line
+
+        rows.append(("agents' budget", str(budget_line(trainer, always=True)).removeprefix("budget: ")))
     for key in ("eval", "log", "checkpoint"):
         rows.append((f"{key}.every_env_steps", str(plain[key]["every_env_steps"])))
     if plain.get("max_wall_time"):
@@ -110,6 +122,8 @@ def single_batch_rows(plain: dict, trainer) -> list[tuple[str, str]]:
     size, workers, envs = trainer.update_size(), trainer.replicas(), plain["env"]["num_envs"]
     total = int(plain["total_env_steps"])
     if trainer.capabilities.agent_configs:  # trainer=parallel: the agents share the budget
+        first = trainer.agent_runs()[0]  # agent 0's own sizes (its trainer.agent_overrides applied)
+        size, envs = first.update_size(), first.settings.env.num_envs
         shares = [a.total_env_steps for a in trainer.agents]
         budget = (f"{total}, all {len(shares)} agents together: {' / '.join(map(str, shares))} env steps each "
                   "(agent 0's arithmetic below)")

@@ -170,9 +170,8 @@ def preflight(settings: RunSettings, trainer: Trainer, *, check_only: bool = Fal
     size = trainer.update_size()  # the algorithm's own sizes (PPO's rollout_len=null resolved), not a guess
     check_budget(settings, size)
     check_size(settings, size, spec)
-    if not check_only and not trainer.capabilities.agent_configs and \
-            settings.logger.progress != "off":  # rltrain-check's table says it in any case
-        line = overshoot_line(settings.total_env_steps, size)
+    if not check_only and settings.logger.progress != "off":  # rltrain-check's table says it in any case
+        line = budget_line(trainer)
         if line:
             print(f"[rltrain] {line}", flush=True)
     dist = getattr(getattr(algo, "policy", None), "dist", None)
@@ -208,3 +207,38 @@ def overshoot_line(total: int, size: UpdateSize) -> str | None:
     fewer = " or fewer" if size.turns else ""  # a turn-based update's turns: up to its size (UpdateSize.turns)
     return (f"budget: total_env_steps={total} runs to {reached} env steps{fewer} ({updates} whole updates of "
             f"{size.text} = {size.env_steps}; {100 * (reached - total) / total:.0f}% over)")
+
+
+def budget_line(trainer: Trainer, *, always: bool = False) -> str | None:
+    """The start line on where the run ends (None: its whole updates land within 1% of its budget, unless
+    ``always``): ``trainer=parallel``'s over its agents, as each agent's process runs (``ParallelTrainer.agent_runs``),
+    every other trainer's over its own update."""
+    if trainer.capabilities.agent_configs:
+        runs = trainer.agent_runs()  # type: ignore[attr-defined]
+        return agents_budget_line(trainer.settings.total_env_steps,
+                                  [(run.settings.total_env_steps, run.update_size()) for run in runs], always=always)
+    return overshoot_line(trainer.settings.total_env_steps, trainer.update_size())
+
+
+def agents_budget_line(total: int, agents: list[tuple[int, UpdateSize]], *, always: bool = False) -> str | None:
+    """``trainer=parallel``'s budget line: ``total_env_steps`` split over the agents, (budget, update size) each, and
+    where each agent's run of whole updates ends (``UpdateSize.whole_updates``, as its loop's ``Trainer.ends_at``).
+    Said where an agent's run passes its budget by more than 1%, as ``overshoot_line`` says one run's; agents
+    whose runs differ (``trainer.agent_overrides``: envs, rollout, algorithm, budget) each get theirs."""
+    budgets, sizes = [b for b, _ in agents], [size for _, size in agents]
+    ends = [size.whole_updates(b) for b, size in agents]
+    if not always and all(reached - b <= 0.01 * b for b, (_, reached) in zip(budgets, ends, strict=True)):
+        return None
+    asked, reached = sum(budgets), sum(r for _, r in ends)
+    fewer = " or fewer" if any(size.turns for size in sizes) else ""  # a turn-based update: up to its size
+    split = f"{budgets[0]} each" if len(set(budgets)) == 1 else " / ".join(map(str, budgets))
+    runs = [(u, r, size.env_steps, size.text) for (u, r), size in zip(ends, sizes, strict=True)]
+    if len(set(runs)) == 1:
+        u, r, steps, text = runs[0]
+        each = f"each runs to {r} env steps{fewer} ({u} whole updates of {text} = {steps})"
+    else:
+        each = "in whole updates, " + ", ".join(f"agent {k}: {r} ({u} x {steps})" for k, (u, r, steps, _) in
+                                                enumerate(runs))
+    agents_word = "agent" if len(agents) == 1 else "agents"
+    return (f"budget: total_env_steps={total} over {len(agents)} {agents_word}, {split}: {each}, {reached} env "
+            f"steps{fewer} in all; {100 * (reached - asked) / asked:.0f}% over")

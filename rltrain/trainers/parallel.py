@@ -104,10 +104,11 @@ def agent_main(ctx: WorkerContext, job: AgentJob) -> dict:
     streams = prefix_agent_output(job.index)  # without a TTY: whole lines, each prefixed with the agent
     try:
         place = Placement(run_dir, seeds, pick_device(s.device), title=f"agent_{job.index}")
-        # a turn-based env's agent ends after its share's whole updates, as trainer=sequential's run does
-        updates = SequentialTrainer(settings=s, run_dir=run_dir).budget_updates()
+        # its share's whole updates, as trainer=sequential's run ends (a turn-based env's after their count): the
+        # same figures the parent's start line and progress rows give (ParallelTrainer.agent_runs)
+        run = SequentialTrainer(settings=s, run_dir=run_dir)
         parts = TrainerParts(progress_factory=partial(_MessageProgress, ctx, job.progress_interval_s),
-                             updates=updates)
+                             ends_at=run.ends_at(), updates=run.budget_updates())
         loop = TrainLoop(s, place, ContextStop(ctx), parts)
         return loop.run()
     except StopRequested as err:  # stopped while it built its envs or loaded its checkpoint: nothing failed
@@ -138,6 +139,11 @@ class ParallelTrainer(Trainer):
         self.resolved_start_method = trainer.start_method  # auto -> fork or forkserver, once the group decided
         self.heartbeat_timeout_s, self.shutdown_grace_s = trainer.heartbeat_timeout_s, trainer.shutdown_grace_s
 
+    def agent_runs(self) -> list[SequentialTrainer]:
+        """Each agent's run as its process makes it (``agent_main``): where it ends (``ends_at``) and its update
+        size, for the start line (cli/preflight.py) and the progress rows. Nothing is built or started."""
+        return [SequentialTrainer(settings=a, run_dir=self.run_dir / f"agent_{k}") for k, a in enumerate(self.agents)]
+
     def seed_trees(self) -> dict[str, SeedTree]:
         return {f"agent_{k}": derive(a.seed, a.env.num_envs) for k, a in enumerate(self.agents)}
 
@@ -149,7 +155,7 @@ class ParallelTrainer(Trainer):
         records = [{"index": k, "run_dir": f"agent_{k}", "seed": a.seed, "num_envs": a.env.num_envs,
                     "device": a.device, "algo": a.algo_class.__name__, "overrides": overrides[k], "status": "starting"}
                    for k, a in enumerate(self.agents)]
-        display = AgentsDisplay([a.total_env_steps for a in self.agents], mode=self.settings.logger.progress,
+        display = AgentsDisplay([run.ends_at() for run in self.agent_runs()], mode=self.settings.logger.progress,
                                 interval_s=interval)
         t0 = time.perf_counter()
         aborted: str | None = None
