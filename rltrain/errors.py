@@ -44,3 +44,23 @@ def close_matches(word: str, candidates: Iterable[str], n: int = 3) -> str:
     """A ``; did you mean ...?`` suffix naming the closest candidates, or an empty string."""
     found = difflib.get_close_matches(word, list(candidates), n=n, cutoff=0.6)
     return f"; did you mean {', '.join(repr(f) for f in found)}?" if found else ""
+
+
+def spelled(value: object) -> str:
+    """A setting's value as the command line spells it (``true``, ``null``, ``[64,64]``), for the lines that
+    name one."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if value is None:
+        return "null"
+    if isinstance(value, (list, tuple)):
+        return "[" + ",".join(spelled(v) for v in value) + "]"
+    if isinstance(value, dict):
+        return "{" + ",".join(f"{k}:{spelled(v)}" for k, v in value.items()) + "}"
+    return str(value)
+
+
+def only_with(condition: str, now: object) -> str:
+    """Why a setting is not read (a settings class's ``unread_keys``): the value of another one that would make
+    it read, and what that one is now, e.g. ``only algo.distributional=qr uses it (now none)``."""
+    return f"only {condition} uses it (now {spelled(now)})"

@@ -23,6 +23,7 @@ from rltrain.algos.base import (
     AlgoSettings,
     RewardScaler,
     Sync,
+    box_only,
     positive,
     set_lr,
 )
@@ -94,6 +95,9 @@ class A2CSettings(AlgoSettings):
         if not 0 <= self.gamma <= 1 or not 0 <= self.gae_lambda <= 1:
             raise ConfigError(f"algo.gamma={self.gamma} and algo.gae_lambda={self.gae_lambda} must lie in [0, 1]")
         check_optimizer(self.optimizer)
+
+    def unread_keys(self, *, action_kind: str | None = None) -> dict[str, str]:
+        return {**super().unread_keys(action_kind=action_kind), **box_only(action_kind, "init_log_std")}
 
 
 class A2C(ActorCriticLearner, Algorithm):

@@ -66,6 +66,27 @@ class AlgoSettings:
     #                            so) | on (refuse an env without one) | off (ignore it); docs/guide/own-env.md.
     #                            Source: rltrain
 
+    def unread_keys(self, *, action_kind: str | None = None) -> dict[str, str]:
+        """The keys these values leave unread -> why (``errors.only_with``), e.g. ``{"n_quantiles": "only
+        algo.distributional=qr uses it (now none)"}``: a run names the ones the user set in one line each at
+        start (cli/unread.py). ``action_kind``: the env's (None: not known). A subclass adds its own keys to
+        ``super().unread_keys(...)``; none here."""
+        return {}
+
+
+# model.critic_keys (what only the critic reads) is the actor-critic torsos' (models/actor_critic.py); a Q-network
+# (DQN, Rainbow, PQN) is one network, with no actor and critic to share a torso either
+ACTOR_CRITIC_ONLY = "only the actor-critic algorithms (ppo, a2c, impala, ippo, mappo) read it"
+Q_NETWORK_UNREAD = {"shared": "algo={algo} builds one Q-network: no actor and critic to share a torso",
+                    "critic_keys": ACTOR_CRITIC_ONLY}
+
+
+def box_only(action_kind: str | None, *keys: str) -> dict[str, str]:
+    """``keys`` as unread where the env's actions are known and not a Box (a Gaussian's settings)."""
+    if action_kind in (None, "box"):
+        return {}
+    return dict.fromkeys(keys, f"only Box actions use it (the env's are {action_kind})")
+
 
 @dataclass(frozen=True)
 class UpdateSizes:
@@ -96,6 +117,11 @@ class Algorithm(ABC):
     learning_starts: int = 0
     frame_stack: int | None = None
     weight_writes: int | None = None
+    # what its networks read of the model group (ModelSettings.unread_keys, said at start by cli/unread.py):
+    # whether an MLP of model.hidden_sizes follows a CNN's features (SAC's and TD3's critics read them with the
+    # action), and the model keys they never read -> why ("{algo}": the algorithm's name)
+    mlp_after_image: ClassVar[bool] = False
+    model_keys_unread: ClassVar[dict[str, str]] = {}
 
     @classmethod
     def update_sizes(cls, settings, *, num_envs: int, recurrent: bool) -> UpdateSizes:

@@ -25,7 +25,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from rltrain.algos.adam import clip_grad_norm, make_adam
-from rltrain.algos.base import Sync, positive, refuse_recurrent
+from rltrain.algos.base import Q_NETWORK_UNREAD, Sync, positive, refuse_recurrent
 from rltrain.algos.distributional import c51_projection, quantile_huber_loss
 from rltrain.algos.off_policy import HindsightSettings, OffPolicy, TargetNetwork
 from rltrain.algos.td_numpy import NumpyTDStep
@@ -33,7 +33,7 @@ from rltrain.data.nstep import nstep_batch
 from rltrain.data.prioritized import PrioritizedReplayBuffer
 from rltrain.data.replay import Batch, ReplayBuffer
 from rltrain.data.structs import EnvSpec, Metrics
-from rltrain.errors import ConfigError
+from rltrain.errors import ConfigError, only_with
 from rltrain.models.factory import ModelSettings, build
 from rltrain.models.q_heads import QHeadOptions
 from rltrain.models.settings import MLP
@@ -122,6 +122,21 @@ class DQNSettings(HindsightSettings):
                               f"algo.n_step=1 (got prioritized={self.prioritized}, n_step={self.n_step})")
         self.head_options()  # validates distributional, atoms and the support
 
+    def unread_keys(self, *, action_kind: str | None = None) -> dict[str, str]:
+        """C51's support and atoms, QR-DQN's quantiles, the scalar TD loss, the priorities' and the noisy layers'
+        settings: each read only with the option it belongs to (``head_options``, the TD steps, ``sample``)."""
+        unread = super().unread_keys(action_kind=action_kind)
+        mode = self.distributional
+        for key, needs in (("n_atoms", "c51"), ("v_min", "c51"), ("v_max", "c51"), ("n_quantiles", "qr"),
+                           ("loss", "none")):
+            if mode != needs:
+                unread[key] = only_with(f"algo.distributional={needs}", mode)
+        for key, option in (("priority_alpha", "prioritized"), ("priority_beta0", "prioritized"),
+                            ("priority_eps", "prioritized"), ("noisy_sigma0", "noisy")):
+            if not getattr(self, option):
+                unread[key] = only_with(f"algo.{option}=true", False)
+        return unread
+
     def head_options(self) -> QHeadOptions:
         """What the Q-network outputs (models/q_heads.py)."""
         return QHeadOptions(dueling=self.dueling, distributional=self.distributional, noisy=self.noisy,
@@ -136,6 +151,7 @@ class DQN(OffPolicy):
     action_kinds = ("discrete",)
     settings_class = DQNSettings
     mlp = MLP((64, 64), "relu")  # SB3's DQN MlpPolicy (its QNetwork: net_arch [64, 64], ReLU)
+    model_keys_unread = Q_NETWORK_UNREAD
     stat_names = ("loss/q", "train/q_mean")
     settings: DQNSettings
 

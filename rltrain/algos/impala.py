@@ -22,7 +22,7 @@ import torch
 from torch import nn
 
 from rltrain.algos.a2c import ActorCriticLearner, check_optimizer
-from rltrain.algos.base import Algorithm, AlgoSettings, Sync, positive, set_lr
+from rltrain.algos.base import Algorithm, AlgoSettings, Sync, box_only, positive, set_lr
 from rltrain.algos.sequences import evaluate_rollout
 from rltrain.data.returns import vtrace
 from rltrain.data.structs import EnvSpec, Metrics, Rollout
@@ -91,6 +91,9 @@ class IMPALASettings(AlgoSettings):
             # the paper assumes c_bar <= rho_bar (its fixed point analysis)
             raise ConfigError(f"algo.c_bar={self.c_bar} must not exceed algo.rho_bar={self.rho_bar}")
         check_optimizer(self.optimizer)
+
+    def unread_keys(self, *, action_kind: str | None = None) -> dict[str, str]:
+        return {**super().unread_keys(action_kind=action_kind), **box_only(action_kind, "init_log_std")}
 
 
 class IMPALA(ActorCriticLearner, Algorithm):

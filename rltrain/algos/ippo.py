@@ -35,7 +35,7 @@ from rltrain.algos.groups import GroupPPO, policy_groups
 from rltrain.algos.ppo import PPOSettings, auto_minibatches, auto_rollout_len
 from rltrain.data.agents import STATE_KEY, AgentGroup, AgentsPolicySpaces, AgentsSpec, MultiRollout
 from rltrain.data.structs import Metrics, ObsSpace, PolicySpaces
-from rltrain.errors import ConfigError
+from rltrain.errors import ConfigError, only_with
 from rltrain.models.agents import AgentPolicies, OpponentPool
 from rltrain.models.settings import SB3_MLP, ModelSettings
 
@@ -59,6 +59,17 @@ class IPPOSettings(PPOSettings):
         positive("algo.self_play_every", self.self_play_every)
         if self.self_play_sampling not in SAMPLINGS:
             raise ConfigError(f"algo.self_play_sampling={self.self_play_sampling!r}: one of {', '.join(SAMPLINGS)}")
+
+    def unread_keys(self, *, action_kind: str | None = None) -> dict[str, str]:
+        """The opponent pool's settings without self-play; the agent's index where no policy is shared."""
+        unread = super().unread_keys(action_kind=action_kind)
+        if not self.self_play:  # the pool (OpponentPool) exists only under self-play
+            unread |= dict.fromkeys(("self_play_pool", "self_play_every", "self_play_sampling"),
+                                    only_with("algo.self_play=true", False))
+        if self.policies == "per_agent" and not self.self_play:  # policy_groups: an index only in a group of several
+            unread["agent_id"] = "only a policy shared by several agents reads the agent's index (now " \
+                                 "algo.policies=per_agent)"
+        return unread
 
     def ppo(self, **changes) -> PPOSettings:
         """These settings as one group's ``PPOSettings``."""

@@ -49,7 +49,7 @@ from rltrain.algos.base import Algorithm, AlgoSettings, Sync
 from rltrain.data.hindsight import HindsightSampler, goal_keys_missing
 from rltrain.data.replay import Batch, ReplayBuffer, UnwrittenSteps
 from rltrain.data.structs import EnvSpec, Metrics, Rollout
-from rltrain.errors import ConfigError
+from rltrain.errors import ConfigError, only_with
 
 
 class ReplaySettings(Protocol):
@@ -116,6 +116,12 @@ class HindsightSettings(AlgoSettings):
     #                    Source: Andrychowicz et al. 2017 (off by default, as SB3 without HerReplayBuffer)
     her_k: int = 4  # relabelled goals per real one: the first k / (k + 1) of each batch are relabelled.
     #                 Source: SB3 n_sampled_goal, Andrychowicz et al. 2017
+
+    def unread_keys(self, *, action_kind: str | None = None) -> dict[str, str]:
+        unread = super().unread_keys(action_kind=action_kind)
+        if not self.her:  # hindsight_sampler reads her_k only to build the sampler
+            unread["her_k"] = only_with("algo.her=true", self.her)
+        return unread
 
 
 def hindsight_sampler(spec: EnvSpec, buffer: ReplayBuffer, settings: object, name: str) -> HindsightSampler | None:

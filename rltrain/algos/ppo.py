@@ -33,6 +33,7 @@ from rltrain.algos.base import (
     RewardScaler,
     Sync,
     UpdateSizes,
+    box_only,
     positive,
     set_lr,
 )
@@ -113,6 +114,9 @@ class PPOSettings(AlgoSettings):
             positive("algo.target_kl", self.target_kl)
         if not 0 <= self.gamma <= 1 or not 0 <= self.gae_lambda <= 1:
             raise ConfigError(f"algo.gamma={self.gamma} and algo.gae_lambda={self.gae_lambda} must lie in [0, 1]")
+
+    def unread_keys(self, *, action_kind: str | None = None) -> dict[str, str]:
+        return {**super().unread_keys(action_kind=action_kind), **box_only(action_kind, "init_log_std")}
 
     def sizes(self, num_envs: int, *, recurrent: bool) -> tuple[int, int]:
         """(rollout_len, num_minibatches) over ``num_envs`` envs, the nulls resolved; the minibatches must split

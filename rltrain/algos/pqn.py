@@ -23,7 +23,15 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from rltrain.algos.base import Algorithm, AlgoSettings, Sync, positive, refuse_recurrent, set_lr
+from rltrain.algos.base import (
+    Q_NETWORK_UNREAD,
+    Algorithm,
+    AlgoSettings,
+    Sync,
+    positive,
+    refuse_recurrent,
+    set_lr,
+)
 from rltrain.data.returns import q_lambda_returns
 from rltrain.data.structs import EnvSpec, Metrics, Rollout, obs_map
 from rltrain.errors import ConfigError
@@ -66,6 +74,7 @@ class PQN(Algorithm):
     action_kinds = ("discrete",)
     settings_class = PQNSettings
     mlp = MLP((120, 84), "relu")  # CleanRL's pqn.py: Linear -> LayerNorm -> ReLU per width
+    model_keys_unread = Q_NETWORK_UNREAD
     settings: PQNSettings
 
     def __init__(self, spec: EnvSpec, settings: PQNSettings = PQNSettings(), *, num_envs: int,

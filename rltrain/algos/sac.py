@@ -24,11 +24,11 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from rltrain.algos.adam import make_adam
-from rltrain.algos.base import Sync, positive, refuse_recurrent
+from rltrain.algos.base import ACTOR_CRITIC_ONLY, Sync, positive, refuse_recurrent
 from rltrain.algos.off_policy import HindsightSettings, OffPolicy, TargetNetwork
 from rltrain.data.replay import Batch
 from rltrain.data.structs import EnvSpec
-from rltrain.errors import ConfigError
+from rltrain.errors import ConfigError, only_with
 from rltrain.models.factory import ModelSettings, build
 from rltrain.models.heads import OrnsteinUhlenbeckNoise
 from rltrain.models.sac_networks import holds_separate_encoders
@@ -76,6 +76,15 @@ class SACSettings(HindsightSettings):
             raise ConfigError(f"algo.tau={self.tau} must lie in (0, 1]")
         positive("algo.action_noise", self.action_noise, allow_zero=True)
 
+    def unread_keys(self, *, action_kind: str | None = None) -> dict[str, str]:
+        """The Ornstein-Uhlenbeck noise's shape without the noise, the target entropy without tuning alpha."""
+        unread = super().unread_keys(action_kind=action_kind)
+        if self.action_noise == 0:  # SAC.__init__ builds the noise only for action_noise > 0
+            unread |= dict.fromkeys(("noise_theta", "noise_dt"), only_with("algo.action_noise > 0", 0))
+        if not self.autotune:  # the target entropy is the alpha loss's, which only autotune computes
+            unread["target_entropy_scale"] = only_with("algo.autotune=true", False)
+        return unread
+
 
 class SAC(OffPolicy):
     """SAC's networks and its update; replay, warm-up and updates owed are ``OffPolicy``'s."""
@@ -84,6 +93,8 @@ class SAC(OffPolicy):
     action_kinds = ("box",)
     settings_class = SACSettings
     mlp = MLP((256, 256), "relu")  # SB3, Haarnoja et al. 2018: 256x256 ReLU, actor and each critic
+    mlp_after_image = True  # each critic's MLP reads the image features with the action (sac_networks.py)
+    model_keys_unread = {"critic_keys": ACTOR_CRITIC_ONLY}
     stat_names = ("loss/q", "loss/actor", "loss/alpha", "train/alpha", "train/entropy", "train/q_mean")
     settings: SACSettings
 

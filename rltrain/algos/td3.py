@@ -26,11 +26,11 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from rltrain.algos.adam import make_adam
-from rltrain.algos.base import Sync, positive, refuse_recurrent
+from rltrain.algos.base import ACTOR_CRITIC_ONLY, Sync, positive, refuse_recurrent
 from rltrain.algos.off_policy import HindsightSettings, OffPolicy, TargetNetwork
 from rltrain.data.replay import Batch
 from rltrain.data.structs import EnvSpec
-from rltrain.errors import ConfigError
+from rltrain.errors import ConfigError, only_with
 from rltrain.models.deterministic_actor import GaussianActionNoise
 from rltrain.models.factory import ModelSettings, build
 from rltrain.models.settings import MLP
@@ -69,6 +69,12 @@ class TD3Settings(HindsightSettings):
         if self.tau > 1:
             raise ConfigError(f"algo.tau={self.tau} must lie in (0, 1]")
 
+    def unread_keys(self, *, action_kind: str | None = None) -> dict[str, str]:
+        unread = super().unread_keys(action_kind=action_kind)
+        if self.target_policy_noise == 0:  # TD3.update draws (and clips) the smoothing noise only above 0
+            unread["target_noise_clip"] = only_with("algo.target_policy_noise > 0", 0)
+        return unread
+
 
 class TD3(OffPolicy):
     """TD3's networks and its update; replay, warm-up and updates owed are ``OffPolicy``'s. DDPG (algos/ddpg.py)
@@ -79,6 +85,8 @@ class TD3(OffPolicy):
     settings_class = TD3Settings
     # SB3's TD3Policy on vectors (the paper's 400-300 ReLU), actor and each critic; CleanRL uses 256x256
     mlp = MLP((400, 300), "relu")
+    mlp_after_image = True  # each critic's MLP reads the image features with the action (deterministic_actor.py)
+    model_keys_unread = {"critic_keys": ACTOR_CRITIC_ONLY}
     stat_names = ("loss/q", "loss/actor", "train/q_mean")
     settings: TD3Settings
     n_critics = 2  # clipped double-Q

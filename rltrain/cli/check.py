@@ -217,6 +217,7 @@ def asks_multirun(argv: list[str]) -> bool:
 def check(overrides: list[str], console: Console, *, multirun: bool = False) -> int:
     """Validate the run (or with ``multirun``, every job of the sweep) ``overrides`` describe; 0 or 2."""
     from rltrain.cli import sweep_plan as plan
+    from rltrain.cli.unread import say_unread
 
     # without -m a sweep value (a=1,2) is no sweep: Hydra refuses it in compose below, as it refuses `rltrain`
     jobs, sampled = [overrides], []
@@ -234,6 +235,9 @@ def check(overrides: list[str], console: Console, *, multirun: bool = False) -> 
             console.print(f"[red]job {num} ({' '.join(job)}): error:[/red] {err}")
             errors += 1
             continue
+        # what the run would say at start of the settings it leaves unread: a warning, the job stays valid
+        say_unread(built.settings, job, prefix=f"[rltrain-check] job {num}:" if multirun
+                   else "[rltrain-check]")
         if num > 0:
             continue  # every job is validated; the first one is shown in full
         trainer = str(cfg.hydra.runtime.choices.get("trainer"))

@@ -297,17 +297,27 @@ def _part_encoder(path: str, sub: ObsSpace, settings: ModelSettings, warn: bool)
     return FlatInput(sub)
 
 
+def image_encoder_name(obs: ObsSpace, encoder: str) -> str:
+    """The encoder ``model.encoder`` picks for an image: a registered one, a built-in CNN or mlp (auto: a
+    registered rule first, models/grid.py's index grids are not pixels; then by frame size)."""
+    if encoder == "auto":
+        encoder = next((n for n, r in REGISTERED.items() if r.auto_when is not None and r.auto_when(obs)), "auto")
+    if encoder != "auto":
+        return encoder
+    side = _side(obs)
+    return "nature" if side >= NatureCNN.min_side else "minatar" if side >= MinAtarCNN.min_side else "mlp"
+
+
+def _side(obs: ObsSpace) -> int:
+    return min(obs.shape[:2]) if image_layout(obs.shape) == "hwc" else min(obs.shape[1:])
+
+
 def _image_encoder(obs: ObsSpace, settings: ModelSettings, *, warn: bool, where: str = "") -> Encoder | None:
     """The CNN ``settings.encoder`` names (``auto``: by frame size) for an image, or None for ``mlp``."""
-    if settings.encoder == "auto":  # a registered rule first (models/grid.py: index grids are not pixels)
-        rule = next((n for n, r in REGISTERED.items() if r.auto_when is not None and r.auto_when(obs)), None)
-        settings = dataclasses.replace(settings, encoder=rule) if rule else settings
-    if settings.encoder in REGISTERED:
-        return REGISTERED[settings.encoder].factory(obs, settings)  # type: ignore[return-value]
-    h, w = (obs.shape[0], obs.shape[1]) if image_layout(obs.shape) == "hwc" else (obs.shape[1], obs.shape[2])
-    side, name = min(h, w), settings.encoder
-    if name == "auto":
-        name = "nature" if side >= NatureCNN.min_side else "minatar" if side >= MinAtarCNN.min_side else "mlp"
+    name = image_encoder_name(obs, settings.encoder)
+    if name in REGISTERED:
+        return REGISTERED[name].factory(obs, dataclasses.replace(settings, encoder=name))  # type: ignore[return-value]
+    side = _side(obs)
     if name == "mlp":
         if warn and side >= NatureCNN.min_side and settings.hidden_sizes:
             pixels = math.prod(obs.shape)

@@ -9,8 +9,16 @@ import sys
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
-from rltrain.errors import ConfigError, close_matches
-from rltrain.models.encoders import encoder_names
+from rltrain.data.structs import ObsSpace
+from rltrain.errors import ConfigError, close_matches, only_with
+from rltrain.models.encoders import (
+    REGISTERED,
+    describe_shape,
+    encoder_names,
+    has_image,
+    image_encoder_name,
+    image_layout,
+)
 
 ACTIVATION_NAMES = ("tanh", "relu", "elu", "silu")
 CORE_NAMES = ("identity", "lstm", "gru")
@@ -91,6 +99,27 @@ class ModelSettings:
         one_of("model.core", self.core, CORE_NAMES)
         if isinstance(self.core_size, bool) or not isinstance(self.core_size, int) or self.core_size <= 0:
             raise ConfigError(f"model.core_size={self.core_size}: must be a positive integer")
+
+    def unread_keys(self, obs: ObsSpace | None = None, *, mlp_after_image: bool = False) -> dict[str, str]:
+        """The keys these values leave unread for the observation ``obs`` (None: not known) -> why: a run names
+        the ones the user set in one line each at start (cli/unread.py). ``mlp_after_image``: the algorithm's
+        networks put an MLP after a CNN's features (``Algorithm.mlp_after_image``: SAC's and TD3's critics)."""
+        unread = {}
+        if self.core == "identity":  # make_core builds no recurrent cell to size
+            unread["core_size"] = only_with("model.core=lstm or gru", self.core)
+        if obs is None:
+            return unread
+        image = obs.kind == "box" and image_layout(obs.shape) is not None
+        name = image_encoder_name(obs, self.encoder) if image else self.encoder
+        if name in REGISTERED and not REGISTERED[name].factory.__module__.startswith("rltrain."):
+            return unread  # the user's own encoder reads whatever it reads
+        if not has_image(obs) or (name == "mlp" and not self.key_encoders):
+            unread["cnn_features"] = f"only a CNN uses it, and none encodes this observation ({obs.name or obs.kind})"
+        elif image and not mlp_after_image:  # make_encoder: a top-level image goes through its CNN alone
+            unread |= dict.fromkeys(("hidden_sizes", "activation"), (
+                f"the {describe_shape(obs)} image goes through the {name} CNN alone (its width: "
+                "model.cnn_features); only an MLP uses it (vector or Dict observations, model.encoder=mlp)"))
+        return unread
 
     def encoder_for(self, key: str) -> str | None:
         """``model.key_encoders``' choice for a Dict key (``outer.inner`` when nested), or None."""

@@ -1,0 +1,112 @@
+"""Settings the user set that the run will not read, said at start in one line each (a warning, never a refusal).
+
+A settings class says which of its keys its current values leave unread, and why: ``AlgoSettings.unread_keys``
+(``algo.n_quantiles`` without ``algo.distributional=qr``, SAC's noise shape without ``algo.action_noise``, ...)
+and ``ModelSettings.unread_keys`` for the observation the run probed (``model.hidden_sizes`` where an image goes
+through a CNN alone), with the algorithm's own ``model_keys_unread`` (a Q-network has no critic to share a
+torso with). Only the keys the user typed count: the job's command-line overrides. A preset's keys are not
+the user's (``experiment=auto`` chooses one unasked), and no shipped preset sets a key its own run leaves unread
+(``tests/test_unread_keys.py``): where an override makes a preset's key unread (``algo.distributional=qr``
+beside a preset's ``algo.loss``), the override is what the user set. ``rltrain`` says them as it starts,
+``rltrain-check`` for each job it checks. A sweep over ``algo.distributional`` x ``algo.n_quantiles`` still runs:
+each job says which of its settings it leaves unread.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from rltrain.cli.presets import CONF
+from rltrain.errors import spelled
+from rltrain.models.settings import ModelSettings
+from rltrain.trainers.settings import RunSettings
+
+
+def preset_keys(name: str, conf: Path = CONF) -> set[str]:
+    """The dotted keys an experiment preset sets (``model.hidden_sizes``), with those of the experiments it
+    builds on (its ``defaults`` entries that are plain names); group choices (``override /algo``) are none."""
+    path = conf / "experiment" / f"{name}.yaml"
+    if not path.is_file():
+        return set()
+    doc = yaml.safe_load(path.read_text()) or {}
+    keys: set[str] = set()
+    for item in doc.get("defaults") or []:
+        if isinstance(item, str) and item != "_self_":
+            keys |= preset_keys(item, conf)
+    return keys | set(_dotted({k: v for k, v in doc.items() if k != "defaults"}))
+
+
+def _dotted(node: dict, prefix: str = "") -> Iterable[str]:
+    for key, value in node.items():
+        path = f"{prefix}{key}"
+        yield path
+        if isinstance(value, dict):
+            yield from _dotted(value, path + ".")
+
+
+def user_keys(overrides: Sequence[str]) -> set[str]:
+    """The dotted keys the user set: each ``key=value`` override (``+``/``++`` prefixed ones too; ``~key``
+    deletes, so it sets nothing). A group choice (``experiment=``, ``algo=``) and Hydra's own keys are not
+    settings of the run."""
+    keys: set[str] = set()
+    for override in overrides:
+        key, sep, _ = str(override).partition("=")
+        key = key.lstrip("+")
+        if sep and not key.startswith("~") and "." in key and not key.startswith("hydra."):
+            keys.add(key)
+    return keys
+
+
+def _value(cfg: dict, dotted: str) -> Any:
+    node: Any = cfg
+    for part in dotted.split("."):
+        node = node.get(part) if isinstance(node, dict) else None
+    return node
+
+
+def unread(algo_class: type, algo: Any, model: ModelSettings, spec: Any) -> dict[str, str]:
+    """Every ``algo`` and ``model`` key that a run of ``algo_class`` with these settings will not read -> why,
+    set or not. ``spec``: the env's (``EnvSpec``; a multi-agent ``AgentsSpec`` has no one observation or action
+    kind, so only what the settings alone decide is said there); None: nothing about the env is known."""
+    observation = getattr(spec, "observation", None)
+    # a user's algorithm need not subclass AlgoSettings / Algorithm: it then says nothing of its own keys
+    own = getattr(algo, "unread_keys", None)
+    found = {f"algo.{key}": why for key, why in
+             (own(action_kind=getattr(spec, "action_kind", None)) if own else {}).items()}
+    if "model" in inspect.signature(algo_class.__init__).parameters:  # it builds from the model group
+        keys = model.unread_keys(observation, mlp_after_image=getattr(algo_class, "mlp_after_image", False))
+        name = getattr(algo_class, "name", algo_class.__name__)
+        keys |= {key: why.format(algo=name) for key, why in getattr(algo_class, "model_keys_unread", {}).items()}
+        found |= {f"model.{key}": why for key, why in keys.items()}
+    return found
+
+
+def unread_lines(settings: RunSettings, overrides: Sequence[str]) -> list[str]:
+    """One line per unread key of a run (its settings, the env probed) that the user set (``user_keys``; a key
+    under it, ``model.key_encoders.image``, counts), e.g. ``algo.n_quantiles=51 is not read: only
+    algo.distributional=qr uses it (now none)``."""
+    mine = user_keys(overrides)
+    found = unread(settings.algo_class, settings.algo_settings, settings.model, settings.env_spec)
+    return [f"{key}={spelled(_value(settings.config, key))} is not read: {why}" for key, why in found.items()
+            if key in mine or any(k.startswith(key + ".") for k in mine)]
+
+
+def job_overrides() -> list[str]:
+    """The overrides the running job was composed from: Hydra's record of them (``rltrain`` and
+    ``rltrain.train``, an experiment=auto preset included); none for a config composed elsewhere."""
+    from hydra.core.hydra_config import HydraConfig
+
+    if not HydraConfig.initialized():
+        return []
+    return [str(o) for o in HydraConfig.get().overrides.task]
+
+
+def say_unread(settings: RunSettings, overrides: Sequence[str] | None = None, *, prefix: str = "[rltrain]") -> None:
+    """Print ``unread_lines`` at start (``overrides``: None for the running job's own, ``job_overrides``)."""
+    for line in unread_lines(settings, job_overrides() if overrides is None else overrides):
+        print(f"{prefix} {line}", flush=True)
