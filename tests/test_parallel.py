@@ -212,3 +212,15 @@ def test_wall_time_adds_up_over_a_sigterm_and_resume(tmp_path, orphan_watch):
     assert final["status"] == "completed" and agent > agent_first  # the agent's own: its checkpoint's counter
     # the parent's second session holds the agent's, and lies within the command's time
     assert first["wall_time_s"] + (agent - agent_first) <= final["wall_time_s"] <= first["wall_time_s"] + elapsed
+
+
+def test_an_agent_s_share_below_one_update_is_refused_in_the_parent_s_terms(cli, tmp_path):
+    """300 steps over 2 agents is 150 each, less than one update of 256: refused at start (each agent would have
+    run a whole update, 512 in all), in one line naming the share and the total the user sets; nothing written."""
+    out = cli(*BUDGET, "total_env_steps=300", "hydra.run.dir=run", timeout=120)
+    errors = [x for x in out.stderr.splitlines() if x.startswith("rltrain: error:")]
+    assert out.returncode == 2 and len(errors) == 1, out.stderr[-3000:]
+    assert errors[0] == ("rltrain: error: trainer=parallel: agent 0 of 2 gets 150 of total_env_steps=300, less than "
+                         "one update: algo.rollout_len (64) x env.num_envs (4) = 256 env steps; raise total_env_steps "
+                         "(the agents share it) or make the rollout smaller"), errors[0]
+    assert not (tmp_path / "run").exists()

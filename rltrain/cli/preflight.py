@@ -169,6 +169,19 @@ def preflight(settings: RunSettings, trainer: Trainer, *, check_only: bool = Fal
                           "smaller model.hidden_sizes") from None
     size = trainer.update_size()  # the algorithm's own sizes (PPO's rollout_len=null resolved), not a guess
     check_budget(settings, size)
+    if trainer.capabilities.agent_configs:  # trainer=parallel: each agent runs its own share of the budget
+        runs = trainer.agent_runs()  # type: ignore[attr-defined]
+        for k, run in enumerate(runs):  # said in the parent's terms: the user sets the total, not a share
+            own, share = run.update_size(), run.settings.total_env_steps
+            where = (f"trainer=parallel: agent {k} of {len(runs)} gets {share} of "
+                     f"total_env_steps={settings.total_env_steps}")
+            if share < own.env_steps:
+                raise ConfigError(f"{where}, less than one update: {own.text} = {own.env_steps} env steps; raise "
+                                  "total_env_steps (the agents share it) or make the rollout smaller")
+            try:
+                check_budget(run.settings, own)  # an off-policy share within its algo.learning_starts
+            except ConfigError as err:
+                raise ConfigError(f"{where}: {err}") from None
     check_size(settings, size, spec)
     if not check_only and settings.logger.progress != "off":  # rltrain-check's table says it in any case
         line = budget_line(trainer)
