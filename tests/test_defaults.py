@@ -157,3 +157,21 @@ def test_evaluations_record_both_modes_and_say_which_is_the_headline(tmp_path, c
     one = run(compose_cfg(["total_env_steps=256", "eval.episodes=1", "eval.both_modes=false",
                            "eval.deterministic=false", *QUIET]), tmp_path / "one")
     assert one["final_eval_mode"] == "stochastic" and one["final_eval_return_deterministic"] is None
+
+
+@pytest.mark.parametrize(("algo", "modes"), [(["algo=td3", "env=pendulum", "algo.learning_starts=256"], 1),
+                                             (["algo=sac", "env=pendulum", "algo.learning_starts=256"], 2), ([], 2)])
+def test_a_policy_that_draws_nothing_is_evaluated_once_for_both_modes(tmp_path, monkeypatch, algo, modes):
+    """TD3's mu(s) acts the same in both modes: eval.both_modes evaluates it once (it ran the same episodes twice),
+    and both modes' means are that one; a sampling policy (SAC's, PPO's) is still evaluated in each mode."""
+    from rltrain.trainers import evaluation
+
+    calls = []
+    real = evaluation.evaluate
+    monkeypatch.setattr(evaluation, "evaluate", lambda *a, **k: calls.append(k["deterministic"]) or real(*a, **k))
+    s = run(compose_cfg([*algo, "experiment=none", "debug=smoke", "total_env_steps=512", "eval.episodes=1",
+                         *QUIET]), tmp_path / "run")
+    assert calls == [True, False][:modes], calls  # the final evaluation: the headline mode first
+    assert s["final_eval_return"] == s["final_eval_return_deterministic"]
+    if modes == 1:  # one evaluation: both columns are its mean
+        assert s["final_eval_return_stochastic"] == s["final_eval_return_deterministic"]

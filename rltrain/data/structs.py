@@ -366,6 +366,9 @@ class Policy(nn.Module, ABC):
 
     # exploration noise the collector adds to Box actions (SAC's algo.action_noise), or None
     action_noise: Any = None
+    # whether ``act(deterministic=False)`` draws anything: a deterministic actor's (TD3, DDPG) two modes are one,
+    # so evaluation (eval.both_modes) runs it once
+    samples: bool = True
 
     def initial_state(self, n: int) -> tuple[Tensor, ...] | None:
         """The core state of n envs at an episode's start; None for a feed-forward policy (the default)."""

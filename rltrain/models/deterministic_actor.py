@@ -68,6 +68,8 @@ class DeterministicHead(nn.Module):
 class DeterministicActor(Policy):
     """mu(s) over any observation: the encoder (flat MLP for vectors) then ``DeterministicHead``."""
 
+    samples = False  # act() returns mu(s) in either mode (exploration noise is the collector's)
+
     def __init__(self, spec: EnvSpec, settings: ModelSettings, *, flat_input: bool):
         super().__init__()
         check_box_actions(spec)

@@ -66,7 +66,9 @@ class Evaluation:
         # the headline mode first (the one best_eval and the sweepers follow), then the other with
         # eval.both_modes: a greedy policy can score far below the stochastic one it was trained as
         successes: list[bool] = []  # the headline mode's (goal tasks)
-        for deterministic in (ev.deterministic, not ev.deterministic)[: 2 if ev.both_modes else 1]:
+        # a policy that draws nothing (TD3's, DDPG's mu(s)) is one mode: evaluated once, its mean is both modes'
+        both = ev.both_modes and getattr(self.algo.policy, "samples", True)
+        for deterministic in (ev.deterministic, not ev.deterministic)[: 2 if both else 1]:
             capped: list[int] = []
             rets = evaluate(self.algo.policy, counted(self.s.env.make), episodes=ev.episodes,
                             eval_seed=self.eval_seed, deterministic=deterministic, device=self.device,
@@ -88,8 +90,10 @@ class Evaluation:
                                                      self.state.last_checkpoint))
             row.setdefault("eval/return_mean", mean)
             row.setdefault("eval/return_std", std)
-            if ev.both_modes:
+            if both:
                 row[f"eval/return_mean_{'deterministic' if deterministic else 'stochastic'}"] = mean
+            elif ev.both_modes:
+                row["eval/return_mean_deterministic"] = row["eval/return_mean_stochastic"] = mean
         if successes:
             row["eval/success_rate"] = float(np.mean(successes))
         self.state.last_eval_success = row.get("eval/success_rate")
