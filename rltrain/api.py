@@ -134,9 +134,11 @@ def load_policy(path: str | Path, *, device: str = "cpu",
 
     loaded = load(Path(path), device=device, allow_import=allow_import, opt_in="allow_import=True")
     if getattr(loaded.policy, "group_list", None) is not None:  # a multi-agent env's policies (models/agents.py)
-        return {agent: LoadedPolicy(policy, spec=policy.spec, config=loaded.config, checkpoint=loaded.checkpoint)
+        return {agent: LoadedPolicy(policy, spec=policy.spec, config=loaded.config, checkpoint=loaded.checkpoint,
+                                    env=loaded.env, step_imports=loaded.step_imports)
                 for agent, policy in loaded.policy.per_agent().items()}
-    return LoadedPolicy(loaded.policy, spec=loaded.spec, config=loaded.config, checkpoint=loaded.checkpoint)
+    return LoadedPolicy(loaded.policy, spec=loaded.spec, config=loaded.config, checkpoint=loaded.checkpoint,
+                        env=loaded.env, step_imports=loaded.step_imports)
 
 
 @dataclass
@@ -202,12 +204,15 @@ class LoadedPolicy:
     """A trained policy that acts on numpy observations: ``act(obs, state=None, deterministic=True)``.
 
     ``module``: the torch policy (``module.act`` on batched tensors); ``spec``: the env's spaces;
-    ``config``: the run's resolved config; ``checkpoint``: the file it came from."""
+    ``config``: the run's resolved config; ``checkpoint``: the file it came from. ``make_env()`` builds the env
+    as the run built it (its kwargs and wrappers: the observations ``act`` expects)."""
 
     module: torch.nn.Module = field(repr=False)
     spec: Any = field(repr=False)
     config: dict = field(repr=False)
     checkpoint: Path
+    env: Any = field(default=None, repr=False)  # the run's env factory (envs/make.py EnvFactory)
+    step_imports: list[str] = field(default_factory=list, repr=False)  # modules building the env imports
 
     def __post_init__(self) -> None:
         from rltrain.data.obs_checks import ObsCheck
@@ -228,6 +233,20 @@ class LoadedPolicy:
     @property
     def recurrent(self) -> bool:
         return bool(getattr(self.module, "recurrent", False))
+
+    def make_env(self, *, render_mode: str | None = None, allow_import: bool = False) -> Any:
+        """One env built as the run built its evaluation envs: the same id, ``env.kwargs`` and ``env.wrappers``
+        (Atari's preprocessing and frame stack, a time limit, a user's wrappers), so that its observations are
+        what ``act`` takes; a multi-agent run's PettingZoo env. ``render_mode``: e.g. ``"human"`` or
+        ``"rgb_array"``. An env or wrapper named by module (``env.id=my_env:MyEnv``) is imported only with
+        ``allow_import`` (importing runs its code); an id registered in this process is found as it is."""
+        if self.env is None:
+            raise ValueError("this policy was not loaded from a checkpoint (rltrain.load_policy): no env recorded")
+        if self.step_imports and not allow_import:
+            raise ConfigError(f"checkpoint={self.checkpoint}: {self.step_imports[0]} inside it names a module to "
+                              "import to build the env, which runs its code; pass allow_import=True if you trust "
+                              "this checkpoint")
+        return self.env.make(render_mode=render_mode)
 
     def initial_state(self, n: int = 1) -> tuple[torch.Tensor, ...] | None:
         """The state a recurrent policy starts ``n`` envs from (zeros); None for a feed-forward one."""

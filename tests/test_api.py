@@ -313,3 +313,38 @@ def test_a_dict_tuple_or_index_observation_that_does_not_fit_names_the_key_and_t
     for bad in (5, np.array([0, -3])):
         with pytest.raises(ValueError, match=r"value (5|-3) is outside Discrete\(4, start=-2\) \(values -2 to 1\)"):
             index.act(bad)
+
+
+def test_make_env_builds_the_env_the_policy_was_trained_on(tmp_path, monkeypatch):
+    """A run with env.kwargs and env.wrappers (a 3-frame stack, a 40-step limit): ``make_env`` builds that env, so
+    a notebook's loop steps it with ``act`` and gets the run's observations ([3, 4]) and episode length; an env
+    named by module is built only with the opt-in, as ``rltrain.evaluate`` steps it."""
+    import rltrain
+
+    monkeypatch.chdir(tmp_path)
+    result = rltrain.train(["algo=ppo", "env=cartpole", "algo.rollout_len=64", "env.max_episode_steps=40",
+                            "env.wrappers=[{FrameStackObservation: {stack_size: 3}}]", *TINY], run_dir=tmp_path / "fs")
+    policy = rltrain.load_policy(result.run_dir)
+    env = policy.make_env()
+    obs, _ = env.reset(seed=0)
+    assert obs.shape == (3, 4) == policy.spec.observation.shape
+    steps, done = 0, False
+    while not done:
+        obs, _, term, trunc, _ = env.step(int(policy.act(obs)[0]))
+        steps, done = steps + 1, term or trunc
+    assert steps <= 40 and (steps == 40) == trunc  # the run's time limit
+    env.close()
+    from rltrain.cli.export import export  # the exported file's description names the same build
+
+    record = json.loads(export(result.run_dir, fmt="onnx", out=tmp_path / "p.onnx").with_suffix(".json").read_text())
+    assert record["env"]["wrappers"] == [{"FrameStackObservation": {"stack_size": 3}}]
+    assert record["env"]["max_episode_steps"] == 40
+    shown = policy.make_env(render_mode="rgb_array")
+    shown.reset(seed=0)
+    assert shown.render().ndim == 3
+    shown.close()
+    moduled = rltrain.train(["algo=ppo", "env.id=tests.helpers.obs_envs:DictEnv", "algo.rollout_len=16",
+                             "algo.num_minibatches=2", *TINY], run_dir=tmp_path / "mod")
+    with pytest.raises(rltrain.errors.ConfigError, match="allow_import=True"):
+        rltrain.load_policy(moduled.run_dir).make_env()
+    assert rltrain.load_policy(moduled.run_dir).make_env(allow_import=True).reset(seed=0)[0] is not None

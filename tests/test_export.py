@@ -274,6 +274,7 @@ def test_cli_writes_the_named_file_refuses_to_overwrite_and_replaces_with_force(
     assert record["action"] == {"kind": "box", "shape": [1], "dtype": "float32", "low": [-2.0], "high": [2.0]}
     assert record["env_id"] == "Pendulum-v1" and record["files"] == {"export": "policy.pt2"}
     assert record["observation"] == {"shape": [3], "dtype": "float32"}
+    assert record["env"]["id"] == "Pendulum-v1" and {"kwargs", "wrappers", "max_episode_steps"} <= set(record["env"])
 
     before = default.stat().st_mtime_ns
     again = _cli(str(run_dir), cwd=tmp_path)

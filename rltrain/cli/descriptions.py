@@ -75,6 +75,13 @@ def describe(spec, *, fmt: str, target: Path, cfg: dict, source: dict, files: di
                                          for b in (spec.action_low, spec.action_high))
     record = {"files": {**files, fmt: target.name}, "env_id": spec.env_id, "algo": cfg["algo"]["_target_"],
               **source, "inputs": inputs, "outputs": outs, "action": action}
+    # the observations the file takes are the env's after the run's own wrappers (Atari's preprocessing and frame
+    # stack, a user's): a deployment has to build the env the same way (``LoadedPolicy.make_env`` does, in Python)
+    env = cfg.get("env") or {}
+    record["env"] = {"id": env.get("id"), "kwargs": env.get("kwargs") or {}, "wrappers": env.get("wrappers") or [],
+                     "max_episode_steps": env.get("max_episode_steps"),
+                     "note": "make the env with these kwargs and apply these wrappers in order (first innermost): "
+                             "the observations this file takes are theirs"}
     if n_obs == 1 and names[0] == "obs":
         record["observation"] = {"shape": inputs[0]["shape"][1:], "dtype": inputs[0]["dtype"]}
     if state_names:
