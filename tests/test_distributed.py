@@ -11,6 +11,7 @@ import csv
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -39,6 +40,39 @@ def test_nodelist_expansion():
     assert expand_nodelist("node01") == ["node01"]
     assert expand_nodelist("gpu[01-03,07],login1") == ["gpu01", "gpu02", "gpu03", "gpu07", "login1"]
     assert expand_nodelist("r[1-2]n[3-4]") == ["r1n3", "r1n4", "r2n3", "r2n4"]
+
+
+def test_the_local_rendezvous_holds_its_port_from_the_pick_to_close():
+    """The port of a local spawn is never free between the OS's pick and the end of the run: another socket cannot
+    bind it before ``serve`` (a rank that connects early waits in the backlog) nor after; ``close`` frees it."""
+    from datetime import timedelta
+
+    import torch.distributed as dist
+
+    from rltrain.trainers.rendezvous import LocalRendezvous
+
+    def bindable(port: int) -> bool:
+        with socket.socket() as other:
+            other.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # only a listener refuses it, not TIME_WAIT
+            try:
+                other.bind(("127.0.0.1", port))
+                return True
+            except OSError:
+                return False
+
+    with LocalRendezvous("127.0.0.1", 2, timeout_s=30) as rendezvous:
+        port = rendezvous.port
+        assert not bindable(port)
+        early = socket.create_connection(("127.0.0.1", port), timeout=5)  # queued, not refused
+        rendezvous.serve()
+        assert not bindable(port)
+        client = dist.TCPStore("127.0.0.1", port, 2, is_master=False, timeout=timedelta(seconds=30))
+        client.set("k", "v")
+        assert client.add("n", 2) == 2 and client.get("k") == b"v"
+        del client
+        early.close()
+    assert bindable(port)
+    LocalRendezvous("127.0.0.1", 2, timeout_s=30).close()  # never served: the socket alone is closed
 
 
 def test_a_rank_ends_its_watchdog_before_it_leaves_the_group():

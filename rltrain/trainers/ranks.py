@@ -23,7 +23,7 @@ from pathlib import Path
 from rltrain.envs.deadline import EnvFault
 from rltrain.errors import ConfigError
 from rltrain.run.signals import StopFlag, StopRequested
-from rltrain.trainers.rendezvous import LaunchInfo, free_port
+from rltrain.trainers.rendezvous import LaunchInfo, LocalRendezvous
 from rltrain.trainers.settings import RunSettings
 from rltrain.trainers.supervise import (
     HEAVY_MODULES,
@@ -213,20 +213,23 @@ def spawn_ranks(run_rank: Callable[..., dict], settings: RunSettings, run_dir: P
                 master_addr: str) -> tuple[dict[int, dict], list[RankFailure]]:
     """Start ``world_size`` local ranks, each running ``run_rank`` (a picklable module-level function), and
     supervise them to the end (see the module docstring)."""
-    port = free_port(master_addr)
-    stderr = RankStderr(run_dir, world_size)
-    jobs = [RankJob(LaunchInfo(rank=r, world_size=world_size, local_rank=r, master_addr=master_addr,
-                               master_port=port, source="local"), settings, str(run_dir), backend, timeout_s,
-                    stderr.path(r))
-            for r in range(world_size)]
-    # auto: fork (the ranks inherit torch and this module: nothing to import) while this process has no other
-    # thread and no CUDA context, else forkserver (imported once by the server, not per rank);
-    # daemon=False: a rank may start processes of its own (env.vectorization=async)
-    with WorkerGroup(start_method="auto", heartbeat_timeout_s=None, start_timeout_s=None, name="rltrain-rank",
-                     daemon=False, preload=HEAVY_MODULES) as group:
-        for job in jobs:
-            group.start(functools.partial(spawned_rank, run_rank), job)  # worker index == rank
-        return supervise_ranks(group, stop, timeout_s=timeout_s, stderr=stderr)
+    # this process holds the rendezvous port from the OS's pick to the end (closed after the group: the ranks are
+    # gone by then), so nothing can take it before the ranks join, as it could a port picked, freed and re-bound
+    with LocalRendezvous(master_addr, world_size, timeout_s) as rendezvous:
+        stderr = RankStderr(run_dir, world_size)
+        jobs = [RankJob(LaunchInfo(rank=r, world_size=world_size, local_rank=r, master_addr=master_addr,
+                                   master_port=rendezvous.port, source="local"), settings, str(run_dir), backend,
+                        timeout_s, stderr.path(r))
+                for r in range(world_size)]
+        # auto: fork (the ranks inherit torch and this module: nothing to import) while this process has no other
+        # thread and no CUDA context, else forkserver (imported once by the server, not per rank);
+        # daemon=False: a rank may start processes of its own (env.vectorization=async)
+        with WorkerGroup(start_method="auto", heartbeat_timeout_s=None, start_timeout_s=None, name="rltrain-rank",
+                         daemon=False, preload=HEAVY_MODULES) as group:
+            for job in jobs:
+                group.start(functools.partial(spawned_rank, run_rank), job)  # worker index == rank
+            rendezvous.serve()  # its server thread starts once every rank is forked
+            return supervise_ranks(group, stop, timeout_s=timeout_s, stderr=stderr)
 
 
 def report_failure(failure: RankFailure, run_dir: Path | None) -> str:

@@ -9,10 +9,15 @@ the node list, a port from the job id) so every task finds the same one without 
 rendezvous blocks inside C++ (no signal handler runs), and a client whose address answers but is no
 ``torch.distributed`` store (another service on ``MASTER_PORT``) waits there forever. It runs in a thread the
 rank watches: a stop request raises at once, a taken port or a peer that is not a store is one line.
+
+A local spawn's store is ``LocalRendezvous``: the spawning parent serves it on a port it has held since the OS
+picked it, so no other process can take that port before the ranks join (torchrun and SLURM ranks rendezvous
+on the MASTER_ADDR / MASTER_PORT their launcher set, as torch's ``env://`` does).
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import shutil
@@ -31,7 +36,8 @@ SLURM_PORT_BASE, SLURM_PORT_SPAN = 15000, 20000  # job ids map into [15000, 3500
 
 @dataclass(frozen=True)
 class LaunchInfo:
-    """One rank's place in the job. ``source`` is ``local`` (we spawned it), ``torchrun`` or ``slurm``."""
+    """One rank's place in the job. ``source`` is ``local`` (we spawned it; the spawning parent serves the store,
+    ``LocalRendezvous``), ``torchrun`` or ``slurm`` (rank 0, or torchrun's agent, serves it on MASTER_PORT)."""
 
     rank: int
     world_size: int
@@ -125,17 +131,71 @@ def _expand_one(item: str) -> list[str]:
     return out
 
 
+def _bound_socket(host: str) -> socket.socket:
+    """A TCP socket bound to a port the OS picks on ``host``; an address that is not this machine's (or no address
+    at all, e.g. ``256.1.1.1``) is a one-line error, not a socket traceback."""
+    s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    try:
+        s.bind((host, 0))
+    except OSError as err:  # socket.gaierror (no such name / address) is an OSError too
+        s.close()
+        reason = err.strerror or str(err)
+        raise ConfigError(f"trainer.master_addr={host}: cannot listen on it for the rendezvous ({reason}); "
+                          "use 127.0.0.1 or an address of this machine") from None
+    return s
+
+
 def free_port(host: str = "127.0.0.1") -> int:
-    """A TCP port free right now on ``host`` (the rendezvous port of a local spawn); an address that is not
-    this machine's (or no address at all, e.g. ``256.1.1.1``) is a one-line error, not a socket traceback."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        try:
-            s.bind((host, 0))
-        except OSError as err:  # socket.gaierror (no such name / address) is an OSError too
-            reason = err.strerror or str(err)
-            raise ConfigError(f"trainer.master_addr={host}: cannot listen on it for the rendezvous ({reason}); "
-                              "use 127.0.0.1 or an address of this machine") from None
+    """A TCP port free right now on ``host``, released on return: for a port handed to another program (torchrun's
+    ``--master_port``), which may lose it to anyone in between. The local spawn holds its own (``LocalRendezvous``)."""
+    with _bound_socket(host) as s:
         return int(s.getsockname()[1])
+
+
+class LocalRendezvous:
+    """The rendezvous store of a local spawn, served by the spawning parent on a port it holds from the OS's pick
+    to the end of the run. A port picked, released and bound again later by rank 0 could be taken in between by
+    any other process (another run on the node, a parallel test); this one never is free until ``close``.
+
+    ``serve`` must come after the ranks are started: the store's server is a C++ thread, and a rank forked after
+    it would inherit a copy of its locks without the thread (a forked rank inherits only the bare listening
+    socket: it never accepts on it, and the parent closes the store after every rank has ended). Ranks join it as
+    clients (``join_group``); the parent outlives them, so the store also outlives a rank that dies, and its
+    heartbeat counters still tell which one did.
+    """
+
+    def __init__(self, host: str, world_size: int, timeout_s: float):
+        self.host, self.world_size, self.timeout_s = host, world_size, timeout_s
+        self._sock: socket.socket | None = _bound_socket(host)
+        self._sock.listen()  # now: a rank that connects before ``serve`` waits in the backlog, not refused
+        self.port = int(self._sock.getsockname()[1])
+        self._store = None
+
+    def serve(self) -> None:
+        """Answer as a ``torch.distributed`` store on the socket held since ``__init__`` (the store owns it then)."""
+        import torch.distributed as dist
+
+        if self._sock is None:  # served already, or closed: the port may be anyone's by now
+            raise RuntimeError("LocalRendezvous.serve: the socket is no longer held (served or closed)")
+        self._store = dist.TCPStore(self.host, self.port, self.world_size, is_master=True, wait_for_workers=False,
+                                    timeout=timedelta(seconds=self.timeout_s), master_listen_fd=self._sock.fileno())
+        self._sock.detach()  # the store closes the descriptor when it ends; Python must not close it as well
+        self._sock = None
+
+    def close(self) -> None:
+        """Release the port: the socket if never served, else the store (its server stops when its last reference
+        goes). Safe to call twice."""
+        if self._sock is not None:
+            with contextlib.suppress(OSError):  # a store that failed to start may have closed it already
+                self._sock.close()
+            self._sock = None
+        self._store = None
+
+    def __enter__(self) -> LocalRendezvous:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
 
 
 # a port that accepts connections but whose store has not answered the handshake this long is not a store
@@ -152,11 +212,18 @@ def join_group(launch: LaunchInfo, *, backend: str, timeout_s: float, stop: Stop
     launch.export()  # env:// also reuses torchrun's own store (TORCHELASTIC_USE_AGENT_STORE)
     where = f"{launch.master_addr}:{launch.master_port}"
     outcome: dict = {}
+    local = launch.source == "local"  # the spawning parent serves the store (``LocalRendezvous``): every rank a client
 
     def join() -> None:
         try:
             timeout = timedelta(seconds=timeout_s)
-            store, rank, world_size = next(dist.rendezvous("env://", launch.rank, launch.world_size, timeout=timeout))
+            if local:
+                store = dist.TCPStore(launch.master_addr, launch.master_port, launch.world_size, is_master=False,
+                                      timeout=timeout)
+                rank, world_size = launch.rank, launch.world_size
+            else:
+                store, rank, world_size = next(dist.rendezvous("env://", launch.rank, launch.world_size,
+                                                               timeout=timeout))
             outcome["store"] = store  # the handshake with the store is done: what follows waits for the peers
             dist.init_process_group(backend, store=store, rank=rank, world_size=world_size, timeout=timeout)
             outcome["ok"] = True
@@ -166,13 +233,14 @@ def join_group(launch: LaunchInfo, *, backend: str, timeout_s: float, stop: Stop
     thread = threading.Thread(target=join, name="rltrain-rendezvous", daemon=True)
     thread.start()
     started, answering = time.monotonic(), None
-    serves_store = launch.is_main and os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True"
+    # no other service can answer where the parent holds the port, nor where this rank serves the store itself
+    squatter_free = local or (launch.is_main and os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True")
     while thread.is_alive():
         thread.join(0.2)
         if stop is not None:
             stop.check("the rendezvous")
         now = time.monotonic()
-        if not serves_store and answering is None and "store" not in outcome and \
+        if not squatter_free and answering is None and "store" not in outcome and \
                 _accepts(launch.master_addr, launch.master_port):
             answering = now
         if answering is not None and "store" not in outcome and thread.is_alive() and now - answering > NOT_A_STORE_S:
@@ -187,8 +255,9 @@ def join_group(launch: LaunchInfo, *, backend: str, timeout_s: float, stop: Stop
         return outcome["store"]
     text = str(err)
     if "EADDRINUSE" in text or "address already in use" in text.lower():
-        raise ConfigError(f"rendezvous: the port {where} is taken by another process; rerun (a local spawn picks a "
-                          "free one) or set MASTER_PORT to a free port") from None
+        # only where the user named the port (torchrun, SLURM): a local spawn's is held from its pick on
+        raise ConfigError(f"rendezvous: the port {where} (MASTER_ADDR:MASTER_PORT) is taken by another process; "
+                          "set MASTER_PORT to a free port") from None
     raise err
 
 

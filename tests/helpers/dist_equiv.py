@@ -51,7 +51,8 @@ def main(rank: int, port: int, out: str) -> None:
     from rltrain.trainers.rendezvous import LaunchInfo
 
     torch.set_num_threads(1)
-    sync = init_distributed(LaunchInfo(rank, 2, rank, "127.0.0.1", port, "local"), backend="gloo",
+    # started by the test, not by a spawning parent that serves the store: rank 0 serves it on PORT, as under torchrun
+    sync = init_distributed(LaunchInfo(rank, 2, rank, "127.0.0.1", port, "torchrun"), backend="gloo",
                             device=torch.device("cpu"), timeout_s=30)
     algo = make_ppo(N_PER_RANK, sync)
     metrics = algo.learn(rank_slice(make_rollout(2 * N_PER_RANK), rank), progress=0.0)
