@@ -500,3 +500,33 @@ def test_other_algorithms_under_actors(cli, tmp_path, orphan_watch, algo):
     assert out.returncode == 0, out.stderr[-3000:]
     s = summary(tmp_path / "run")
     assert s["status"] == "completed" and s["algo"] == algo and s["updates"] >= 2
+
+
+def test_a_rollout_delivered_as_read_only_views_is_the_learner_s_own():
+    """Ray hands a rollout's arrays out as read-only views of its object store (the local pipe unpickles fresh
+    ones): decoding makes it the learner's own, writable, so torch.from_numpy neither warns nor could write
+    through; a writable rollout is passed on as it is (no copy)."""
+    import dataclasses
+    import warnings
+
+    import torch
+
+    from rltrain.trainers.actors.actor import decode
+
+    T, n = 3, 2
+    owned = Rollout(obs={"a": np.zeros((T, n, 3), np.float32)}, actions=np.zeros((T, n), np.int64),
+                    log_probs=np.zeros((T, n), np.float32), rewards=np.ones((T, n), np.float32),
+                    terminated=np.zeros((T, n), bool), truncated=np.zeros((T, n), bool),
+                    next_obs={"a": np.zeros((T, n, 3), np.float32)}, policy_version=np.zeros(T, np.int64))
+    assert decode(owned, "none") is owned
+    views = dataclasses.replace(owned)
+    for f in dataclasses.fields(views):
+        value = getattr(views, f.name)
+        for array in (value.values() if isinstance(value, dict) else [value]):
+            if isinstance(array, np.ndarray):
+                array.flags.writeable = False
+    got = decode(views, "none")
+    assert got.rewards.flags.writeable and got.obs["a"].flags.writeable and got.actions.flags.writeable
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        torch.from_numpy(got.rewards)

@@ -102,7 +102,14 @@ def encode(rollout: Rollout, codec: str) -> object:
 
 def decode(payload: object, codec: str) -> Rollout:
     if codec == "none":
-        return payload  # type: ignore[return-value]
+        rollout: Rollout = payload  # type: ignore[assignment]
+        if not rollout.rewards.flags.writeable:  # Ray hands out read-only views of its object store: a rollout
+            #  that the learner owns, as a pipe's unpickled one is (torch.from_numpy warns on, and must never
+            #  write through, a read-only array)
+            import copy
+
+            rollout = copy.deepcopy(rollout)
+        return rollout
     if codec == "zlib":
         return pickle.loads(zlib.decompress(payload))  # type: ignore[arg-type]
     import lz4.frame
