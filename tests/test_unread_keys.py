@@ -153,3 +153,33 @@ def test_a_dqn_preset_run_recorded_before_the_unread_key_was_dropped_still_resum
     current = _plain(["algo=sac", "env=pendulum", "model.encoder=nature"])
     saved = {**current, "model": {**current["model"], "hidden_sizes": [120, 84]}}
     assert config_changes(upgrade_config(saved), current)[0]
+
+
+def test_every_algorithm_that_builds_from_the_model_group_gets_it():
+    """algo=rainbow (``Rainbow.__init__(..., **kwargs)``) dropped the whole model group: the factory read its
+    own signature only. Every algorithm with a model-family network now builds the MLP width asked for."""
+    import importlib
+
+    import torch
+
+    from rltrain.cli.build import algo_factory, takes_model
+    from rltrain.cli.schema import options
+    from rltrain.envs.make import EnvFactory, probe_env
+
+    checked = []
+    for name, info in options("algos").items():
+        module, _, attr = info["target"].rpartition(".")
+        cls = getattr(importlib.import_module(module), attr)
+        if not takes_model(cls):
+            continue
+        env = "cartpole" if "discrete" in cls.action_kinds else "pendulum"
+        plain = _plain([f"algo={name}", f"env={env}", "experiment=none", "model.hidden_sizes=[24]"])
+        if name in ("ippo", "mappo"):  # a PettingZoo env's agents (their own tests build them from the group)
+            continue
+        spec = probe_env(EnvFactory(id=plain["env"]["id"])).spec
+        algo = algo_factory(plain)(spec, num_envs=1, device=torch.device("cpu"))
+        widths = {n for p in algo.policy.parameters() for n in p.shape}  # Linear and fused (TwinMLP) weights alike
+        assert 24 in widths and 64 not in widths and 256 not in widths, (name, widths)
+        checked.append(name)
+    assert {"ppo", "dqn", "rainbow", "sac", "td3"} <= set(checked), checked
+

@@ -231,9 +231,24 @@ def algo_factory(cfg: dict):
     device[, sync])`` wherever the run needs the algorithm."""
     cls, settings = _algo_class_and_settings(cfg)
     params: dict[str, Any] = {"settings": settings}
-    if "model" in inspect.signature(cls.__init__).parameters:
+    if takes_model(cls):
         params["model"] = model_settings(cfg)
     return functools.partial(cls, **params)
+
+
+def takes_model(cls: type) -> bool:
+    """Whether the algorithm class builds from the model group: its ``__init__`` takes ``model``, or passes its
+    ``**kwargs`` on to a base class's that does (``Rainbow(DQN)``: reading its own signature alone dropped the
+    whole model group, silently)."""
+    for klass in cls.__mro__:
+        if "__init__" not in vars(klass):
+            continue
+        params = inspect.signature(vars(klass)["__init__"]).parameters
+        if "model" in params:
+            return True
+        if not any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
+            return False
+    return False
 
 
 def trainer_settings(cfg: dict) -> tuple[type, Any]:

@@ -14,13 +14,13 @@ each job says which of its settings it leaves unread.
 
 from __future__ import annotations
 
-import inspect
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
 import yaml
 
+from rltrain.cli.build import takes_model
 from rltrain.cli.presets import CONF
 from rltrain.errors import spelled
 from rltrain.models.settings import ModelSettings
@@ -78,7 +78,7 @@ def unread(algo_class: type, algo: Any, model: ModelSettings, spec: Any) -> dict
     own = getattr(algo, "unread_keys", None)
     found = {f"algo.{key}": why for key, why in
              (own(action_kind=getattr(spec, "action_kind", None)) if own else {}).items()}
-    if "model" in inspect.signature(algo_class.__init__).parameters:  # it builds from the model group
+    if takes_model(algo_class):  # it builds from the model group
         keys = model.unread_keys(observation, mlp_after_image=getattr(algo_class, "mlp_after_image", False))
         name = getattr(algo_class, "name", algo_class.__name__)
         keys |= {key: why.format(algo=name) for key, why in getattr(algo_class, "model_keys_unread", {}).items()}
