@@ -177,3 +177,47 @@ def test_the_opt_in_is_named_as_the_caller_spells_it(gone_run, tmp_path):
     newer = _crafted(gone_run, tmp_path / "newer.pt", lambda meta: meta["spaces"].update(format=99))
     with pytest.raises(ConfigError, match=r"recorded in format 99 by rltrain \S+; rltrain \S+ reads formats 1, 2"):
         rltrain.load_policy(newer)
+
+
+SCRIPT_ENV = '''
+import gymnasium as gym
+import numpy as np
+import rltrain
+
+
+class Seek(gym.Env):
+    observation_space = gym.spaces.Box(-1, 1, (2,), np.float32)
+    action_space = gym.spaces.Discrete(2)
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        self.t = 0
+        return np.zeros(2, np.float32), {}
+
+    def step(self, action):
+        self.t += 1
+        return np.zeros(2, np.float32), float(action), False, self.t >= 10, {}
+
+
+if __name__ == "__main__":
+    result = rltrain.train(["algo=ppo", "env.id=__main__:Seek", "total_env_steps=512", "algo.rollout_len=64",
+                            "eval.episodes=2", "logger=quiet"], run_dir="runs/seek")
+    print("evaluated", rltrain.evaluate("runs/seek", episodes=2, allow_import=True).mean)
+'''
+
+
+def test_an_env_defined_in_the_training_script_is_said_to_need_that_script(tmp_path):
+    """env.id=__main__:Seek trains and evaluates in the script that defines Seek; the start line says only such a
+    script can evaluate or resume the run, and rltrain-eval (another program) names why it cannot build it."""
+    (tmp_path / "train_it.py").write_text(SCRIPT_ENV)
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    res = subprocess.run([sys.executable, "train_it.py"], cwd=tmp_path, capture_output=True, text=True, timeout=300,
+                         env=env)
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert "evaluated " in res.stdout  # rltrain.evaluate in the script that defines Seek builds it
+    assert ("[rltrain] env.id=__main__:Seek is defined in the running script: only a script that defines it can "
+            "evaluate or resume this run") in res.stdout, res.stdout
+    other = subprocess.run([sys.executable, "-m", "rltrain.cli.evaluate", "runs/seek", "--allow-import"],
+                           cwd=tmp_path, capture_output=True, text=True, timeout=120, env=env)
+    assert other.returncode == 2 and len(other.stderr.strip().splitlines()) == 1, other.stderr
+    assert "__main__ is the running program" in other.stderr and "env.id=my_envs:Seek" in other.stderr

@@ -187,6 +187,10 @@ def preflight(settings: RunSettings, trainer: Trainer, *, check_only: bool = Fal
         line = budget_line(trainer)
         if line:
             print(f"[rltrain] {line}", flush=True)
+    if str(settings.env.id).startswith("__main__:"):  # works here; no other process can build it
+        print(f"[rltrain] env.id={settings.env.id} is defined in the running script: only a script that defines it "
+              "can evaluate or resume this run (rltrain.evaluate there; rltrain-eval cannot); a module "
+              f"(env.id=my_envs:{settings.env.id.partition(':')[2]}) is found by any process", flush=True)
     dist = getattr(getattr(algo, "policy", None), "dist", None)
     line = action_scale_line(spec) if getattr(dist, "clips_to_bounds", False) else None
     if line:

@@ -110,8 +110,11 @@ def _make_base(env_id: str, kwargs: dict[str, Any], max_episode_steps: int | Non
         if name in gym.registry:
             return _gym_make(name, kwargs, max_episode_steps)
         if "/" in name or not hasattr(module, name):  # an env id never registered, or a missing factory
+            script = ("; __main__ is the running program: an env defined in the script that trained is found only "
+                      "by a script that defines it (rltrain.evaluate there), or move it to a module: "
+                      f"env.id=my_envs:{name}") if module_name == "__main__" else ""
             raise ConfigError(f"env.id={env_id}: {module_name!r} registers no env {name!r} and has no "
-                              f"factory {name!r}{close_matches(name, gym.registry.keys())}")
+                              f"factory {name!r}{close_matches(name, gym.registry.keys())}{script}")
         env = _call_factory(getattr(module, name), env_id, kwargs)
         if pz.is_multiagent(env) or not max_episode_steps:  # a multi-agent env counts its own (envs/multiagent.py)
             return env
