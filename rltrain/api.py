@@ -132,7 +132,8 @@ def load_policy(path: str | Path, *, device: str = "cpu",
     (importing runs the module's code: only for checkpoints you trust)."""
     from rltrain.cli.loading import load_policy as load
 
-    loaded = load(Path(path), device=device, allow_import=allow_import, opt_in="allow_import=True")
+    # the lines name this function's arguments (path=, allow_import=True), not the command line's
+    loaded = load(Path(path), device=device, allow_import=allow_import, opt_in="allow_import=True", key="path")
     if getattr(loaded.policy, "group_list", None) is not None:  # a multi-agent env's policies (models/agents.py)
         return {agent: LoadedPolicy(policy, spec=policy.spec, config=loaded.config, checkpoint=loaded.checkpoint,
                                     env=loaded.env, step_imports=loaded.step_imports)
@@ -141,7 +142,7 @@ def load_policy(path: str | Path, *, device: str = "cpu",
                         env=loaded.env, step_imports=loaded.step_imports)
 
 
-@dataclass
+@dataclass(repr=False)
 class EvalResult:
     """What ``evaluate`` returns: each episode's return and where it came from.
 
@@ -166,6 +167,13 @@ class EvalResult:
         r = self.returns
         return float((r.mean(1) if r.ndim == 2 else r).std())
 
+    def __repr__(self) -> str:  # what a notebook shows: the numbers, not the array of every episode's return
+        extra = f", success_rate={self.success_rate:.2f}" if self.success_rate is not None else ""
+        extra += f", agents={self.agents}" if self.agents is not None else ""
+        return (f"EvalResult(episodes={len(self.returns)}, mean={self.mean:.2f}, std={self.std:.2f}{extra}, "
+                f"deterministic={self.deterministic}, seed={self.seed}, "
+                f"checkpoint={self.checkpoint})")
+
 
 def evaluate(path: str | Path, *, episodes: int = 10, deterministic: bool = True, seed: int | None = None,
              checkpoint: str = "final", device: str = "cpu", allow_import: bool = False) -> EvalResult:
@@ -181,10 +189,11 @@ def evaluate(path: str | Path, *, episodes: int = 10, deterministic: bool = True
     from rltrain.trainers.episodes import evaluate as run_episodes
     from rltrain.trainers.matches import evaluate_agents
 
-    check_episodes_and_seed(episodes, seed)
-    loaded = load(pick_checkpoint(Path(path), checkpoint), device=device, allow_import=allow_import,
-                  opt_in="allow_import=True")
-    refuse_stepping(loaded, opt_in="allow_import=True")
+    # every refusal names this function's arguments (episodes=, checkpoint=, path=), not rltrain-eval's flags
+    check_episodes_and_seed(episodes, seed, names=("episodes", "seed"))
+    loaded = load(pick_checkpoint(Path(path), checkpoint, name="checkpoint", key="path"), device=device,
+                  allow_import=allow_import, opt_in="allow_import=True", key="path")
+    refuse_stepping(loaded, opt_in="allow_import=True", key="path")
     seed = loaded.eval_seed if seed is None else seed
     common = {"episodes": episodes, "eval_seed": seed, "deterministic": deterministic,
               "device": torch.device(device)}
@@ -199,7 +208,7 @@ def evaluate(path: str | Path, *, episodes: int = 10, deterministic: bool = True
                       success_rate=sum(successes) / len(successes) if successes else None)
 
 
-@dataclass
+@dataclass(repr=False)
 class LoadedPolicy:
     """A trained policy that acts on numpy observations: ``act(obs, state=None, deterministic=True)``.
 
@@ -229,6 +238,11 @@ class LoadedPolicy:
                                 for b in (spec.action_low, spec.action_high)]
         self._device = next(self.module.parameters()).device
         self._generator = torch.Generator(device=self._device).manual_seed(0)
+
+    def __repr__(self) -> str:  # rltrain-eval's line for the policy: what was loaded, not only where from
+        from rltrain.cli.evaluate import describe_policy
+
+        return f"LoadedPolicy({describe_policy(self.module, self.spec, self.config)}, checkpoint={self.checkpoint})"
 
     @property
     def recurrent(self) -> bool:

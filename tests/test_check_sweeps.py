@@ -44,7 +44,7 @@ def test_check_takes_sampled_intervals_at_every_mix_of_their_ends(tmp_path, monk
     assert code == 0 and "8/8 job(s) valid" in said, said  # the 2**3 mixes of three intervals' ends
     assert "checked at every mix of their ends: algo.lr [0.0001, 0.01]" in said, said
     assert "algo.gae_lambda [0.9, 0.99]" in said, said
-    assert capsys.readouterr().out.count("[rltrain] model:") == 1  # every job is built, the first one shown
+    assert capsys.readouterr().out.count("[rltrain-check] model:") == 1  # every job is built, the first one shown
     code, said = _check(*OPTUNA, "seed=1", "algo.clip_coef=0.2", "algo.lr=interval(-1e-3, 1e-2)")  # no lr: -1e-3
     assert code == 2 and "algo.lr=-0.001" in said and "4/8 job(s) valid" in said, said
     # a limit two keys set together fails only at a mixed corner: few envs, many minibatches (a recurrent core's

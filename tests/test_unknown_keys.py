@@ -35,7 +35,7 @@ def test_every_other_librarys_name_points_at_a_real_key(algo, key, target):
     assert line.startswith(f"algo.{key}: unknown key; ") and "+" not in line.split(";")[1], line
     if target is not None:
         assert _has(cfg, target), target
-        assert f" is {target} here" in line, line
+        assert f" is {target} here" in line or f" is {target}=" in line, line  # =: the value to set
     else:
         assert "has no counterpart here" in line, line
 
@@ -47,6 +47,32 @@ def test_every_common_name_points_at_a_real_key(key):
     if target is not None:
         assert _has(cfg, target), target
     assert not _has(cfg, key) or target == key  # seed, device: top-level keys typed inside a group
+
+
+@pytest.mark.parametrize(("overrides", "line"), [
+    # a DDPG user's policy_delay is TD3's own key, not SB3 TD3's name for SAC's policy_frequency
+    (["algo=ddpg", "algo.policy_delay=2"], "algo.policy_delay: unknown key; policy_delay is a key of algo=td3, not "
+                                           "of algo=ddpg"),
+    # on a Q-learner SB3's n_steps is n-step returns, not PPO's rollout length
+    (["algo=dqn", "algo.n_steps=3"], "algo.n_steps: unknown key; SB3's n_steps is algo.n_step here (n-step returns)"),
+    (["algo=rainbow", "algo.n_steps=3"], "algo.n_steps: unknown key; SB3's n_steps is algo.n_step here"),
+    (["algo=td3", "algo.n_steps=3"], "algo.n_steps: unknown key; SB3's n_steps has no counterpart here: n-step "
+                                     "returns are algo.n_step of algo=dqn and algo=rainbow"),
+    (["algo=dqn", "algo.categorical=true"], "algo.categorical: unknown key; categorical DQN (C51) is "
+                                            "algo.distributional=c51 here"),
+    # another algorithm's alias whose key this algorithm has too: here, not "of algo=dqn"
+    (["algo=pqn", "algo.learning_rate=1e-3"], "algo.learning_rate: unknown key; SB3 / CleanRL's learning_rate is "
+                                              "algo.lr here"),
+    (["algo=ppo", "algo.n_step=3"], "algo.n_step: unknown key; n_step is a key of algo=dqn, algo=rainbow, not of "
+                                    "algo=ppo"),
+    # this algorithm's close keys come before another algorithm's
+    (["algo=sac", "algo.lr=1e-3"], "algo.lr: unknown key; did you mean 'q_lr'? (lr is a key of algo=ddpg, "
+                                   "algo=td3"),
+])
+def test_the_hint_is_about_the_algorithm_the_user_runs(overrides, line):
+    with pytest.raises(Exception) as err:
+        compose_cfg(overrides)
+    assert one_line(err.value).startswith(line), one_line(err.value)
 
 
 @pytest.mark.parametrize(("overrides", "line"), [

@@ -12,6 +12,8 @@ takes new keys, with ``+``.
 
 from __future__ import annotations
 
+import functools
+
 from rltrain.errors import close_matches
 
 # other library's name -> (rltrain's key, or None where rltrain has no counterpart; whose name; a note)
@@ -44,6 +46,8 @@ COMMON: dict[str, Alias] = {
 }
 
 _LR = ("algo.lr", "SB3 / CleanRL", "")
+# SB3's off-policy learners take n_steps for n-step returns, which only the DQN family has here
+_NO_NSTEP = (None, "SB3", ": n-step returns are algo.n_step of algo=dqn and algo=rainbow")
 PER_ALGO: dict[str, dict[str, Alias]] = {
     "ppo": {
         "learning_rate": _LR,
@@ -75,6 +79,12 @@ PER_ALGO: dict[str, dict[str, Alias]] = {
         "exploration_final_eps": ("algo.end_e", "SB3", ""),
         "optimize_memory_usage": ("algo.frame_stack", "SB3", " (frame stacks are stored once per frame on their "
                                   "own; 0 turns it off)"),
+        "n_steps": ("algo.n_step", "SB3", " (n-step returns)"),  # not PPO's rollout length on a Q-learner
+        "categorical": ("algo.distributional", "categorical DQN (C51)", "=c51"),
+    },
+    "pqn": {
+        "learning_rate": _LR,
+        "num_steps": ("algo.rollout_len", "CleanRL", ""),
     },
     "sac": {
         "learning_rate": ("algo.policy_lr", "SB3", " (and algo.q_lr: one per network)"),
@@ -85,6 +95,7 @@ PER_ALGO: dict[str, dict[str, Alias]] = {
         "target_network_frequency": (None, "CleanRL", ": the target critics move after every critic step, at "
                                      "algo.tau"),
         "policy_delay": ("algo.policy_frequency", "SB3 TD3", ""),
+        "n_steps": _NO_NSTEP,
         "use_sde": (None, "SB3", ": generalized state-dependent exploration is not implemented"),
     },
     "impala": {
@@ -119,11 +130,17 @@ PER_ALGO["td3"] = {
     "noise_clip": ("algo.target_noise_clip", "CleanRL", ""),
     "policy_frequency": ("algo.policy_delay", "CleanRL", ""),
     "n_critics": (None, "SB3", ": algo=td3 has two critics, algo=ddpg one"),
+    "n_steps": _NO_NSTEP,
 }
 PER_ALGO["ddpg"] = {k: v for k, v in PER_ALGO["td3"].items() if k in ("learning_rate", "train_freq", "action_noise",
-                                                                       "noise_std")}
+                                                                       "noise_std", "n_steps")}
 for _name in ("dqn", "sac", "td3", "ddpg"):
     PER_ALGO[_name].update(HER)
+PER_ALGO["rainbow"] = PER_ALGO["dqn"]  # DQN's settings with Rainbow's defaults
+
+# the algorithms a user of one most likely borrowed a name from, nearest first: a DDPG user's policy_delay is
+# TD3's, not SAC's; the rest follow in the order the tables list them
+FAMILIES = (("ddpg", "td3", "sac"), ("dqn", "rainbow", "pqn"), ("ppo", "a2c", "impala", "ippo", "mappo"))
 
 
 def alias(key: str, algo: str | None) -> Alias | None:
@@ -133,17 +150,20 @@ def alias(key: str, algo: str | None) -> Alias | None:
 
 def unknown_key(path: str, valid: list[str], *, algo: str | None = None) -> str:
     """One line for an unknown key ``path`` (``algo.n_steps``, ``total_timesteps``) of a group whose keys are
-    ``valid``: another library's name for a key, else the closest keys."""
+    ``valid``: another library's name for a key of this algorithm (or of every one), else the algorithm nearest
+    to ``algo`` that has the key or a key by that name, else the closest keys."""
     group, _, key = path.rpartition(".")
     listing = f"(valid: {', '.join(valid)})" if group else f"(top-level keys: {', '.join(valid)})"
     if not valid:
         listing = f"({group} takes no keys here)"
     found = alias(key, algo if group == "algo" else None)
-    if found is None and group == "algo":  # another algorithm's setting: say which one has it
-        other = next(((name, table[key]) for name, table in PER_ALGO.items() if key in table and table[key][0]), None)
-        if other is not None:
-            name, (target, source, note) = other
-            return f"{path}: unknown key; {source}'s {key} is {target} of algo={name}{note}"
+    if found is None and group == "algo":
+        elsewhere = _elsewhere(key, algo, valid)
+        close = close_matches(key, valid)
+        if elsewhere is not None and close and " is a key of " in elsewhere:  # this algorithm's keys first
+            return f"{path}: unknown key{close} ({elsewhere})"
+        if elsewhere is not None:
+            return f"{path}: unknown key; {elsewhere}"
     if found is not None:
         target, source, note = found
         if target is None:
@@ -151,8 +171,48 @@ def unknown_key(path: str, valid: list[str], *, algo: str | None = None) -> str:
         if source == "rltrain":  # a key rltrain itself moved
             return f"{path}: unknown key; {note} is {target}, one setting for every algorithm"
         if target != path:
-            return f"{path}: unknown key; {source}'s {key} is {target} here{note}"
+            return f"{path}: unknown key; {_names(key, found, 'here')}"
     return f"{path}: unknown key{close_matches(key, valid)} {listing}"
+
+
+def _names(key: str, found: Alias, where: str) -> str:
+    """``found`` in words: another library's name (``SB3's n_steps is algo.n_step here``) or a method's
+    (``categorical DQN (C51) is algo.distributional=c51 here``: its note is the value to set)."""
+    target, source, note = found
+    if note.startswith("="):
+        return f"{source} is {target}{note} {where}"
+    return f"{source}'s {key} is {target} {where}{note}"
+
+
+def _elsewhere(key: str, algo: str | None, valid: list[str]) -> str | None:
+    """The nearest other algorithm's word on ``key``: its own key of that name, or its alias (said as ``here``
+    when the alias's target is a key of this algorithm too); None: no algorithm has either."""
+    order = _nearest(algo)
+    keys = _algo_keys()
+    for name in order:
+        if key in keys.get(name, ()):
+            holders = [n for n in order if key in keys.get(n, ())]
+            named = ", ".join(f"algo={n}" for n in holders[:3]) + (", ..." if len(holders) > 3 else "")
+            return f"{key} is a key of {named}, not of algo={algo}" if algo else f"{key} is a key of {named}"
+        found = PER_ALGO.get(name, {}).get(key)
+        if found is not None and found[0] is not None:
+            here = found[0].removeprefix("algo.") in valid
+            return _names(key, found, "here" if here else f"of algo={name}")
+    return None
+
+
+def _nearest(algo: str | None) -> list[str]:
+    """Every other algorithm, those of ``algo``'s family first (``FAMILIES``)."""
+    family = next((f for f in FAMILIES if algo in f), ())
+    return [n for n in dict.fromkeys([*family, *PER_ALGO, *_algo_keys()]) if n != algo]
+
+
+@functools.cache
+def _algo_keys() -> dict[str, tuple[str, ...]]:
+    """Each algorithm's keys, as the schema reads them from its settings class (no module imported)."""
+    from rltrain.cli import schema
+
+    return {name: tuple(schema.defaults(*info["settings"])) for name, info in schema.options("algos").items()}
 
 
 def free_form_key(path: str) -> str:

@@ -358,8 +358,7 @@ def build_trainer(cfg: dict, run_dir: Path, *, check_only: bool = False, show: b
 
 
 def show_model(algo: Any, run_dir: Path | None, *, echo: bool) -> None:
-    """The built model in words (models/describe.py) in ``<run dir>/model.txt`` (None: not written, e.g.
-    ``rltrain-check``), and on stdout with progress on."""
+    """The model in words (models/describe.py), in ``<run dir>/model.txt`` (None: rltrain-check); echo: on stdout."""
     from rltrain.models.describe import describe_model, networks_of
 
     stacked = getattr(getattr(algo, "spec", None), "frame_stack", None)  # the env's own (EnvSpec.frame_stack)
@@ -371,8 +370,9 @@ def show_model(algo: Any, run_dir: Path | None, *, echo: bool) -> None:
     if run_dir is not None:
         Path(run_dir).mkdir(parents=True, exist_ok=True)
         Path(run_dir, "model.txt").write_text(text + "\n")
-    if echo:
-        print("[rltrain] model:\n" + "\n".join("  " + line for line in text.splitlines()), flush=True)
+    if echo:  # rltrain-check writes no run dir: its model under its own prefix, as all of its lines
+        tag = "rltrain" if run_dir is not None else "rltrain-check"
+        print(f"[{tag}] model:\n" + "\n".join(f"  {ln}" for ln in text.splitlines()), flush=True)
 
 
 def run(cfg: Any, run_dir: Path) -> dict:

@@ -214,8 +214,10 @@ def asks_multirun(argv: list[str]) -> bool:
     return bool(modes) and modes[-1].upper() == "MULTIRUN"
 
 
-def check(overrides: list[str], console: Console, *, multirun: bool = False) -> int:
-    """Validate the run (or with ``multirun``, every job of the sweep) ``overrides`` describe; 0 or 2."""
+def check(overrides: list[str], console: Console, *, multirun: bool = False, errors_to: Console | None = None) -> int:
+    """Validate the run (or with ``multirun``, every job of the sweep) ``overrides`` describe; 0 or 2. A job's
+    error goes to ``errors_to`` (the command line's stderr), else to ``console`` with the tables."""
+    errors_to = errors_to or console
     from rltrain.cli import sweep_plan as plan
     from rltrain.cli.unread import say_unread
 
@@ -232,7 +234,7 @@ def check(overrides: list[str], console: Console, *, multirun: bool = False) -> 
             plain, built = validate_job(cfg, show=num == 0)  # the first job is shown in full
             start_checks(plain, Path(output_dir(cfg, job, job_num=num if multirun else None)))
         except ConfigError as err:
-            console.print(f"[red]job {num} ({' '.join(job)}): error:[/red] {err}")
+            errors_to.print(f"[red]job {num} ({' '.join(job)}): error:[/red] {err}", highlight=False)
             errors += 1
             continue
         # what the run would say at start of the settings it leaves unread: a warning, the job stays valid
@@ -283,7 +285,10 @@ def main(argv: list[str] | None = None) -> None:
         args, line = resolve_experiment(args)  # experiment=auto / none exactly as `rltrain` resolves them
         if line:
             print(f"[rltrain-check] {line}", flush=True)
-        code = check(args, Console(), multirun=asks_multirun(argv))
+        # soft_wrap: a line is never broken at the terminal's width (80 columns when piped), so each message stays
+        # one line for grep; the tables still fit the width. Errors go to stderr, the report to stdout
+        code = check(args, Console(soft_wrap=True), multirun=asks_multirun(argv),
+                     errors_to=Console(stderr=True, soft_wrap=True))
     except (HydraException, OmegaConfBaseException) as err:
         print(f"rltrain-check: error: {one_line(err)}", file=sys.stderr)
         code = 2

@@ -85,11 +85,10 @@ def _evaluate(args: argparse.Namespace, stop: StopFlag) -> int:
         # nothing asked that steps the env: show the policy that loaded, and how to evaluate it
         spec = loaded.spec
         print(f"checkpoint: {loaded.checkpoint}")
-        params = sum(p.numel() for p in loaded.policy.parameters())
-        algo = loaded.config['algo']['_target_'].rpartition('.')[2]
         if getattr(loaded.policy, "group_list", None) is not None:  # a multi-agent env: each agent and its policy
             # the policies' own parameters, as training counts them: a self-play pool's past versions are copies
             params = sum(p.numel() for p in loaded.policy.groups.parameters())
+            algo = algo_of(loaded.config)
             pool = loaded.policy.pool
             kept = f" (and a self-play pool of {pool.size} past versions)" if pool is not None else ""
             print(f"policies: algo={algo}  env.id={spec.env_id}  {len(spec.agents)} agents in "
@@ -98,8 +97,7 @@ def _evaluate(args: argparse.Namespace, stop: StopFlag) -> int:
                 print(f"  {agent}: policy {loaded.policy.group_of(agent).name}  observation {s.observation.name}  "
                       f"action {s.describe()}")
         else:
-            print(f"policy: algo={algo}  env.id={spec.env_id}  observation {spec.observation.name}  action "
-                  f"{spec.describe()}  {params:,} parameters")
+            print(f"policy: {describe_policy(loaded.policy, spec, loaded.config)}")
         print(f"episodes: none run: stepping the env imports the module of {loaded.step_imports[0]}, which runs its "
               "code; pass --allow-import (and --episodes N) to evaluate it")
         return 0
@@ -107,12 +105,14 @@ def _evaluate(args: argparse.Namespace, stop: StopFlag) -> int:
     episodes = args.episodes or DEFAULT_EPISODES
     video_dir = loaded.checkpoint.parent.parent / "videos" if args.video else None
     seed = loaded.eval_seed if args.seed is None else args.seed
+    mode = "sampled" if args.stochastic else "greedy"  # which the numbers are of: the mode or a draw per step
     with stop.raising("the evaluation"):
         if getattr(loaded.policy, "group_list", None) is not None:  # a multi-agent env's policies (models/agents.py)
             if args.video:
                 raise ConfigError("--video records single-agent envs; this checkpoint is a multi-agent env's")
             lines = evaluate_agents_lines(loaded.policy, loaded.env, episodes=episodes, eval_seed=seed,
                                           deterministic=not args.stochastic, device=torch.device(args.device))
+            lines[0] += f"  actions: {mode}"
             print(f"checkpoint: {loaded.checkpoint}")
             print("\n".join(lines))
             return 0
@@ -123,10 +123,23 @@ def _evaluate(args: argparse.Namespace, stop: StopFlag) -> int:
     print(f"checkpoint: {loaded.checkpoint}")
     print(f"episodes: {episodes}  mean return: {rets.mean():.2f}  std: {rets.std():.2f}  "
           f"min: {rets.min():.2f}  max: {rets.max():.2f}"
-          + (f"  success rate: {sum(successes) / len(successes):.2f}" if successes else ""))
+          + (f"  success rate: {sum(successes) / len(successes):.2f}" if successes else "") + f"  actions: {mode}")
     if video_dir is not None:
         print(f"videos: {video_dir}")
     return 0
+
+
+def algo_of(config: dict) -> str:
+    """The class name of the checkpoint's algorithm (``PPO``); ``?`` for a config that records none."""
+    return str((config.get("algo") or {}).get("_target_", "?")).rpartition(".")[2]
+
+
+def describe_policy(policy, spec, config: dict) -> str:
+    """One policy in one line, as ``rltrain-eval`` shows it and ``LoadedPolicy``'s repr: its algorithm, env id,
+    spaces and parameter count."""
+    params = sum(p.numel() for p in policy.parameters())
+    return (f"algo={algo_of(config)}  env.id={spec.env_id}  observation {spec.observation.name}  action "
+            f"{spec.describe()}  {params:,} parameters")
 
 
 def evaluate_agents_lines(policies, env, *, episodes: int, eval_seed: int, deterministic: bool, device) -> list[str]:

@@ -43,11 +43,12 @@ class LoadedCheckpoint:
 
 
 def load_policy(path: Path, *, device: str = "cpu", allow_import: bool = False,
-                opt_in: str = CLI_OPT_IN) -> LoadedCheckpoint:
+                opt_in: str = CLI_OPT_IN, key: str = "checkpoint") -> LoadedCheckpoint:
     """The policy of a checkpoint file or run dir (its final, else latest, checkpoint), for the tools.
 
     ``allow_import``: the user's opt-in to importing what the checkpoint names (see the module docstring);
-    ``opt_in``: how the caller spells it, named in the refusal (``--allow-import``, ``allow_import=True``).
+    ``opt_in``: how the caller spells it, named in the refusal (``--allow-import``, ``allow_import=True``);
+    ``key``: how the caller names the path, in every line about it (``checkpoint=``; the Python API's ``path=``).
     """
     from rltrain.run.checkpoint import CheckpointManager, load_checkpoint
 
@@ -55,24 +56,24 @@ def load_policy(path: Path, *, device: str = "cpu", allow_import: bool = False,
     if path.is_dir():
         ckdir = path / "checkpoints" if (path / "checkpoints").is_dir() else path
         path = ckdir / "final.pt" if (ckdir / "final.pt").exists() else (CheckpointManager(ckdir).latest() or ckdir)
-    state, _ = load_checkpoint(path, key="checkpoint")  # no run dir: its envs sidecar is never unpickled
+    state, _ = load_checkpoint(path, key=key)  # no run dir: its envs sidecar is never unpickled
     try:
-        return _policy_from(state, path, device=device, allow_import=allow_import, opt_in=opt_in)
+        return _policy_from(state, path, device=device, allow_import=allow_import, opt_in=opt_in, key=key)
     except ConfigError as err:  # a setting inside the file: say which file
         if str(path) in str(err):
             raise
-        raise ConfigError(f"checkpoint={path}: inside it, {err}") from None
+        raise ConfigError(f"{key}={path}: inside it, {err}") from None
     except (KeyError, TypeError, ValueError, AttributeError, IndexError, RuntimeError) as err:
         # a crafted or foreign file: what is missing or malformed inside it, in one line
         detail = str(err).strip().splitlines()[0][:200] if str(err).strip() else ""
-        raise ConfigError(f"checkpoint={path}: not a usable rltrain checkpoint ({type(err).__name__}"
+        raise ConfigError(f"{key}={path}: not a usable rltrain checkpoint ({type(err).__name__}"
                           f"{': ' + detail if detail else ''})") from None
 
 
-def refuse_stepping(loaded: LoadedCheckpoint, opt_in: str = CLI_OPT_IN) -> None:
+def refuse_stepping(loaded: LoadedCheckpoint, opt_in: str = CLI_OPT_IN, key: str = "checkpoint") -> None:
     """Stepping the checkpoint's env imports what it names (``step_imports``): one line naming the opt-in."""
     if loaded.step_imports:
-        raise ConfigError(f"checkpoint={loaded.checkpoint}: {loaded.step_imports[0]} inside it names a module to "
+        raise ConfigError(f"{key}={loaded.checkpoint}: {loaded.step_imports[0]} inside it names a module to "
                           f"import to step the env, which runs its code; pass {opt_in} if you trust this "
                           "checkpoint (the policy itself loads without it)")
 
@@ -82,7 +83,7 @@ SPACE_RECORDS: dict[int, type[PolicySpaces] | type[AgentsPolicySpaces]] = {
     SPACES_FORMAT: PolicySpaces, AGENT_SPACES_FORMAT: AgentsPolicySpaces}
 
 
-def recorded_spaces(meta: dict, path: Path) -> PolicySpaces | AgentsPolicySpaces | None:
+def recorded_spaces(meta: dict, path: Path, key: str = "checkpoint") -> PolicySpaces | AgentsPolicySpaces | None:
     """The spaces a checkpoint records; None for one written before they were (it loads as it always did, from
     its env); a record in a format this version does not read is one line naming both versions."""
     record = meta.get("spaces")
@@ -90,7 +91,7 @@ def recorded_spaces(meta: dict, path: Path) -> PolicySpaces | AgentsPolicySpaces
         return None
     found = record.get("format") if isinstance(record, dict) else None
     if found not in SPACE_RECORDS:
-        raise ConfigError(f"checkpoint={path}: its spaces are recorded in format {found!r} by rltrain "
+        raise ConfigError(f"{key}={path}: its spaces are recorded in format {found!r} by rltrain "
                           f"{meta.get('rltrain', '(version not recorded)')}; rltrain {__version__} reads formats "
                           f"{', '.join(map(str, SPACE_RECORDS))}: load it with the version that wrote it, or a later "
                           "one")
@@ -102,7 +103,7 @@ RECORDER_WRAPPERS = ("RecordVideo", "HumanRendering")
 PATH_ARGUMENTS = ("folder", "path", "dir", "file", "prefix")
 
 
-def _drop_recorders(wrappers: list, path: Path) -> list:
+def _drop_recorders(wrappers: list, path: Path, key: str) -> list:
     """The checkpoint's ``env.wrappers`` without those that write files (one warning each): nothing stored in
     a checkpoint chooses where the tools write; ``rltrain-eval --video`` records into the run dir."""
     kept = []
@@ -110,7 +111,7 @@ def _drop_recorders(wrappers: list, path: Path) -> list:
         name, kwargs = (entry, {}) if isinstance(entry, str) else next(iter(entry.items()), ("", {}))
         args = kwargs if isinstance(kwargs, dict) else {}
         if name in RECORDER_WRAPPERS or any(part in str(k).lower() for k in args for part in PATH_ARGUMENTS):
-            print(f"rltrain: warning: checkpoint={path}: ignoring its env.wrappers entry {name} (it would write "
+            print(f"rltrain: warning: {key}={path}: ignoring its env.wrappers entry {name} (it would write "
                   "files where the checkpoint says; --video records into the run dir)", file=sys.stderr)
             continue
         kept.append(entry)
@@ -131,32 +132,33 @@ def _mismatch(recorded: PolicySpaces | AgentsPolicySpaces, built: PolicySpaces |
     return None
 
 
-def _policy_from(state: dict, path: Path, *, device: str, allow_import: bool, opt_in: str) -> LoadedCheckpoint:
+def _policy_from(state: dict, path: Path, *, device: str, allow_import: bool, opt_in: str,
+                 key: str) -> LoadedCheckpoint:
     from rltrain.algos.base import Algorithm, AlgoSettings
     from rltrain.models.sac_networks import holds_separate_encoders
 
     cfg = state["meta"]["config"]
     env = cfg["env"]
     if not isinstance(env.get("wrappers") or [], list):
-        raise ConfigError(f"checkpoint={path}: env.wrappers inside it is not a list")
-    env["wrappers"] = _drop_recorders(list(env.get("wrappers") or []), path)
+        raise ConfigError(f"{key}={path}: env.wrappers inside it is not a list")
+    env["wrappers"] = _drop_recorders(list(env.get("wrappers") or []), path, key)
     env_id = env.get("id")
     if not isinstance(env_id, str):
-        raise ConfigError(f"checkpoint={path}: env.id={env_id!r} inside it is not an env id")
+        raise ConfigError(f"{key}={path}: env.id={env_id!r} inside it is not an env id")
     wrappers = [w if isinstance(w, str) else next(iter(w), "") for w in env.get("wrappers") or []]
     stepping = [f"env.id={env_id}"] if ":" in env_id else []
     stepping += [f"env.wrappers entry {w}" for w in wrappers if ":" in str(w)]
-    recorded = recorded_spaces(state["meta"], path)
+    recorded = recorded_spaces(state["meta"], path, key)
     named = [f"model.imports entry {m}" for m in (cfg.get("model") or {}).get("imports") or []]
     named += [] if recorded else stepping  # an older checkpoint: its network is built from its env
     if named and not allow_import:
         older = "" if recorded or named[0] not in stepping else \
             " (it was written before checkpoints recorded their spaces, so its network is built from its env)"
-        raise ConfigError(f"checkpoint={path}: {named[0]} inside it names a module to import, which runs its "
+        raise ConfigError(f"{key}={path}: {named[0]} inside it names a module to import, which runs its "
                           f"code{older}; pass {opt_in} if you trust this checkpoint")
     cls = resolve_target(cfg["algo"], "checkpoint algo")
     if not (isinstance(cls, type) and issubclass(cls, Algorithm)):
-        raise ConfigError(f"checkpoint={path}: algo._target_={cfg['algo']['_target_']} inside it is not an "
+        raise ConfigError(f"{key}={path}: algo._target_={cfg['algo']['_target_']} inside it is not an "
                           "rltrain algorithm")
     if holds_separate_encoders(state["algo"]) and (cfg.get("model") or {}).get("shared", "auto") == "auto":
         # SAC on images written up to the shared critic encoder: build the layout the file holds
@@ -173,7 +175,7 @@ def _policy_from(state: dict, path: Path, *, device: str, allow_import: bool, op
     algo = algo_factory(acting)(spec, num_envs=env["num_envs"], device=pick_device(device))
     mismatch = None if recorded is None else _mismatch(recorded, algo.policy_spaces(recorded.action_mask))
     if mismatch:
-        raise ConfigError(f"checkpoint={path}: {mismatch}")
+        raise ConfigError(f"{key}={path}: {mismatch}")
     algo.policy.load_state_dict(state["algo"]["policy"])  # the acting weights only: no optimiser, no buffer
     return LoadedCheckpoint(algo.policy, cfg, path, int(state["meta"]["eval_seed"]), spec, factory,
                             [] if allow_import else stepping)
