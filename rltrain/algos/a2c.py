@@ -26,6 +26,7 @@ from rltrain.algos.base import (
     box_only,
     positive,
     set_lr,
+    within,
 )
 from rltrain.algos.sequences import evaluate_rollout
 from rltrain.data.returns import gae, nstep_returns
@@ -90,10 +91,10 @@ class A2CSettings(AlgoSettings):
     init_log_std: float = 0.0  # Box actions: initial log std of the Gaussian. Source: SB3 log_std_init=0.0
 
     def __post_init__(self) -> None:
+        super().__post_init__()  # gamma
         for key in ("rollout_len", "lr", "max_grad_norm", "optimizer_eps"):
             positive(f"algo.{key}", getattr(self, key))
-        if not 0 <= self.gamma <= 1 or not 0 <= self.gae_lambda <= 1:
-            raise ConfigError(f"algo.gamma={self.gamma} and algo.gae_lambda={self.gae_lambda} must lie in [0, 1]")
+        within("algo.gae_lambda", self.gae_lambda, 0, 1)
         check_optimizer(self.optimizer)
 
     def unread_keys(self, *, action_kind: str | None = None) -> dict[str, str]:

@@ -12,7 +12,7 @@ means for it.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import TYPE_CHECKING, ClassVar
 
 import numpy as np
@@ -65,6 +65,13 @@ class AlgoSettings:
     action_mask: str = "auto"  # invalid-action masking: auto (use the env's mask when it offers one, and say
     #                            so) | on (refuse an env without one) | off (ignore it); docs/guide/own-env.md.
     #                            Source: rltrain
+
+    def __post_init__(self) -> None:
+        """The checks every algorithm's settings share, on the fields a subclass has: a discount in [0, 1] (past 1
+        the returns grow without bound; below 0 they alternate in sign). A subclass's ``__post_init__`` calls this
+        first, then checks its own fields."""
+        if "gamma" in {f.name for f in fields(self)}:
+            within("algo.gamma", self.gamma, 0, 1)  # type: ignore[attr-defined]
 
     def unread_keys(self, *, action_kind: str | None = None) -> dict[str, str]:
         """The keys these values leave unread -> why (``errors.only_with``), e.g. ``{"n_quantiles": "only
@@ -203,6 +210,26 @@ def positive(name: str, value: float, *, allow_zero: bool = False) -> None:
         raise ConfigError(f"{name}={value} must be a finite number {'>= 0' if allow_zero else '> 0'}")
     if value < 0 or (value == 0 and not allow_zero):
         raise ConfigError(f"{name}={value} must be {'>= 0' if allow_zero else '> 0'}")
+
+
+def within(name: str, value: float, low: float, high: float, *, open_low: bool = False, why: str = "") -> None:
+    """Fail with the key name, its value and the range when ``value`` lies outside [low, high] (``open_low``:
+    (low, high]); nan lies in no range. ``why``: what a value outside it does, said after the range."""
+    inside = low < value <= high if open_low else low <= value <= high
+    if not inside:  # nan: every comparison is False
+        span = f"{'(' if open_low else '['}{low:g}, {high:g}]"
+        raise ConfigError(f"{name}={value} must lie in {span}" + (f": {why}" if why else ""))
+
+
+def check_epsilon_schedule(settings) -> None:
+    """An epsilon-greedy schedule (DQN's, PQN's): ``start_e`` and ``end_e`` are probabilities, and the decay over
+    the first ``exploration_fraction`` of the budget must end within the run. A rising epsilon (start_e < end_e)
+    is odd but a schedule all the same: allowed."""
+    within("algo.start_e", settings.start_e, 0, 1, why="a probability of acting at random")
+    within("algo.end_e", settings.end_e, 0, 1, why="a probability of acting at random")
+    within("algo.exploration_fraction", settings.exploration_fraction, 0, 1, open_low=True,
+           why=f"the share of total_env_steps over which epsilon goes from algo.start_e to algo.end_e; past 1 the "
+               f"run ends before epsilon reaches algo.end_e={settings.end_e}")
 
 
 def refuse_recurrent(where: str, core: str) -> None:

@@ -20,7 +20,6 @@ from dataclasses import dataclass, field
 from rltrain.algos.base import positive
 from rltrain.algos.off_policy import HindsightSettings
 from rltrain.algos.td3 import TD3
-from rltrain.errors import ConfigError
 from rltrain.models.settings import MLP
 
 
@@ -44,12 +43,9 @@ class DDPGSettings(HindsightSettings):
     #                                  state_dict: set by the CLI from checkpoint.replay_buffer
 
     def __post_init__(self) -> None:
-        for key in ("rollout_len", "batch_size", "tau", "lr", "train_frequency", "gradient_steps", "buffer_size"):
-            positive(f"algo.{key}", getattr(self, key))
-        for key in ("learning_starts", "exploration_noise"):
-            positive(f"algo.{key}", getattr(self, key), allow_zero=True)
-        if self.tau > 1:
-            raise ConfigError(f"algo.tau={self.tau} must lie in (0, 1]")
+        super().__post_init__()  # gamma, tau and the replay's sizes (HindsightSettings)
+        positive("algo.lr", self.lr)
+        positive("algo.exploration_noise", self.exploration_noise, allow_zero=True)
 
 
 class DDPG(TD3):

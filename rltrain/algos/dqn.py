@@ -25,7 +25,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from rltrain.algos.adam import clip_grad_norm, make_adam
-from rltrain.algos.base import Q_NETWORK_UNREAD, Sync, positive, refuse_recurrent
+from rltrain.algos.base import Q_NETWORK_UNREAD, Sync, check_epsilon_schedule, positive, refuse_recurrent, within
 from rltrain.algos.distributional import c51_projection, quantile_huber_loss
 from rltrain.algos.off_policy import HindsightSettings, OffPolicy, TargetNetwork
 from rltrain.algos.td_numpy import NumpyTDStep
@@ -98,23 +98,22 @@ class DQNSettings(HindsightSettings):
     adam_eps: float = 1e-8  # Adam's epsilon. Source: PyTorch / SB3
 
     def __post_init__(self) -> None:
-        for key in ("rollout_len", "lr", "batch_size", "tau", "target_network_frequency", "train_frequency",
-                    "gradient_steps", "exploration_fraction", "buffer_size"):
+        super().__post_init__()  # gamma, tau and the replay's sizes (HindsightSettings)
+        for key in ("lr", "target_network_frequency"):
             positive(f"algo.{key}", getattr(self, key))
-        positive("algo.learning_starts", self.learning_starts, allow_zero=True)
-        if not 0 <= self.end_e <= 1 or not 0 <= self.start_e <= 1 or self.tau > 1:
-            raise ConfigError(f"algo.start_e={self.start_e}, algo.end_e={self.end_e} must lie in [0, 1] and "
-                              f"algo.tau={self.tau} in (0, 1]")
+        if self.max_grad_norm is not None:  # a norm <= 0 would zero or flip every gradient; null turns clipping off
+            positive("algo.max_grad_norm", self.max_grad_norm)
+        check_epsilon_schedule(self)
         if self.frame_stack is not None and self.frame_stack < 0:
             raise ConfigError(f"algo.frame_stack={self.frame_stack}: K >= 2, 0 (whole stacks stored) or null "
                               "(inferred)")
         if self.loss not in ("mse", "huber"):
             raise ConfigError(f"algo.loss={self.loss!r}: choose mse or huber")
-        for key in ("n_step", "n_atoms", "n_quantiles", "priority_eps", "adam_eps"):
+        # noisy nets explore by their sigma: 0 would start them without noise (algo.noisy=false turns them off)
+        for key in ("n_step", "n_atoms", "n_quantiles", "priority_eps", "adam_eps", "noisy_sigma0"):
             positive(f"algo.{key}", getattr(self, key))
-        if not 0 <= self.priority_alpha <= 1 or not 0 <= self.priority_beta0 <= 1:
-            raise ConfigError(f"algo.priority_alpha={self.priority_alpha}, algo.priority_beta0="
-                              f"{self.priority_beta0} must lie in [0, 1]")
+        within("algo.priority_alpha", self.priority_alpha, 0, 1)
+        within("algo.priority_beta0", self.priority_beta0, 0, 1)
         if self.her and (self.prioritized or self.n_step > 1):
             # hindsight goals are drawn per sampled row, uniformly; priorities and n-step chains belong to the
             # stored goal's rewards, which relabelling changes

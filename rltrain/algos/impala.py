@@ -82,11 +82,10 @@ class IMPALASettings(AlgoSettings):
     #                            (the paper has discrete actions only)
 
     def __post_init__(self) -> None:
+        super().__post_init__()  # gamma
         for key in ("rollout_len", "num_epochs", "lr", "max_grad_norm", "rho_bar", "c_bar", "pg_rho_bar",
                     "optimizer_eps"):
             positive(f"algo.{key}", getattr(self, key))
-        if not 0 <= self.gamma <= 1:
-            raise ConfigError(f"algo.gamma={self.gamma} must lie in [0, 1]")
         if self.c_bar > self.rho_bar:
             # the paper assumes c_bar <= rho_bar (its fixed point analysis)
             raise ConfigError(f"algo.c_bar={self.c_bar} must not exceed algo.rho_bar={self.rho_bar}")

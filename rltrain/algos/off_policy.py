@@ -45,7 +45,7 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from rltrain.algos.base import Algorithm, AlgoSettings, Sync
+from rltrain.algos.base import Algorithm, AlgoSettings, Sync, positive, within
 from rltrain.data.hindsight import HindsightSampler, goal_keys_missing
 from rltrain.data.replay import Batch, ReplayBuffer, UnwrittenSteps
 from rltrain.data.structs import EnvSpec, Metrics, Rollout
@@ -62,6 +62,7 @@ class ReplaySettings(Protocol):
     learning_starts: int  # env steps of uniform-random warm-up before the first update
     train_frequency: int  # env steps between two rounds of updates
     gradient_steps: int  # gradient steps per round
+    tau: float  # the target networks' update rate: 1 a copy, less a Polyak average (TargetNetwork)
     checkpoint_buffer: bool  # put the replay buffer into state_dict
 
 
@@ -108,14 +109,28 @@ class TargetNetwork:
 
 @dataclass(frozen=True, kw_only=True)
 class HindsightSettings(AlgoSettings):
-    """Hindsight experience replay (data/hindsight.py) for any off-policy learner on a goal-conditioned task: its
-    settings dataclass subclasses this one (SAC, TD3, DDPG, DQN)."""
+    """Hindsight experience replay (data/hindsight.py) for any off-policy learner on a goal-conditioned task, and
+    the checks of the ``ReplaySettings`` fields every replay learner has: its settings dataclass subclasses this
+    one (SAC, TD3, DDPG, DQN) and calls ``super().__post_init__()`` first."""
 
     her: bool = False  # relabel sampled transitions with goals reached later in their episode ("future"
     #                    strategy; needs a Dict with achieved_goal / desired_goal and the env's compute_reward).
     #                    Source: Andrychowicz et al. 2017 (off by default, as SB3 without HerReplayBuffer)
     her_k: int = 4  # relabelled goals per real one: the first k / (k + 1) of each batch are relabelled.
     #                 Source: SB3 n_sampled_goal, Andrychowicz et al. 2017
+
+    def __post_init__(self) -> None:
+        super().__post_init__()  # gamma
+        s: ReplaySettings = self  # type: ignore[assignment]  # a subclass declares the replay's fields
+        for key in ("rollout_len", "buffer_size", "batch_size", "train_frequency", "gradient_steps"):
+            positive(f"algo.{key}", getattr(s, key))
+        positive("algo.learning_starts", s.learning_starts, allow_zero=True)
+        # 0 would leave the targets at their initial weights; past 1 the average overshoots the online network
+        within("algo.tau", s.tau, 0, 1, open_low=True)
+        if s.batch_size > s.buffer_size:  # OffPolicy._learn samples only once the replay holds a batch
+            raise ConfigError(f"algo.batch_size={s.batch_size} > algo.buffer_size={s.buffer_size}: the replay never "
+                              "holds one batch, so no gradient step would ever be taken; lower algo.batch_size (e.g. "
+                              f"{max(s.buffer_size // 2, 1)}) or raise algo.buffer_size (e.g. {2 * s.batch_size})")
 
     def unread_keys(self, *, action_kind: str | None = None) -> dict[str, str]:
         unread = super().unread_keys(action_kind=action_kind)

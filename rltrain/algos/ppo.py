@@ -36,6 +36,7 @@ from rltrain.algos.base import (
     box_only,
     positive,
     set_lr,
+    within,
 )
 from rltrain.algos.minibatches import ColumnMinibatches, Minibatch, RowMinibatches
 from rltrain.algos.sequences import join_successors, sequence_inputs, successor_rows, successor_values
@@ -107,13 +108,13 @@ class PPOSettings(AlgoSettings):
     #                                 + torch Adam (what CUDA always runs). Source: rltrain
 
     def __post_init__(self) -> None:
+        super().__post_init__()  # gamma
         for key in ("rollout_len", "update_epochs", "num_minibatches", "lr", "max_grad_norm", "clip_coef"):
             if getattr(self, key) is not None:  # None: resolved against env.num_envs by ``sizes``
                 positive(f"algo.{key}", getattr(self, key))
         if self.target_kl is not None:  # a KL is >= 0: a threshold <= 0 would end every update after one minibatch
             positive("algo.target_kl", self.target_kl)
-        if not 0 <= self.gamma <= 1 or not 0 <= self.gae_lambda <= 1:
-            raise ConfigError(f"algo.gamma={self.gamma} and algo.gae_lambda={self.gae_lambda} must lie in [0, 1]")
+        within("algo.gae_lambda", self.gae_lambda, 0, 1)
 
     def unread_keys(self, *, action_kind: str | None = None) -> dict[str, str]:
         return {**super().unread_keys(action_kind=action_kind), **box_only(action_kind, "init_log_std")}

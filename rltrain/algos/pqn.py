@@ -28,9 +28,11 @@ from rltrain.algos.base import (
     Algorithm,
     AlgoSettings,
     Sync,
+    check_epsilon_schedule,
     positive,
     refuse_recurrent,
     set_lr,
+    within,
 )
 from rltrain.data.returns import q_lambda_returns
 from rltrain.data.structs import EnvSpec, Metrics, Rollout, obs_map
@@ -57,13 +59,11 @@ class PQNSettings(AlgoSettings):
     layer_norm: bool = True  # LayerNorm in the network (the paper's key ingredient). Source: Gallici et al. 2024
 
     def __post_init__(self) -> None:
-        for key in ("rollout_len", "lr", "update_epochs", "num_minibatches", "max_grad_norm",
-                    "exploration_fraction"):
+        super().__post_init__()  # gamma
+        for key in ("rollout_len", "lr", "update_epochs", "num_minibatches", "max_grad_norm"):
             positive(f"algo.{key}", getattr(self, key))
-        if not 0 <= self.q_lambda <= 1 or not 0 <= self.gamma <= 1:
-            raise ConfigError(f"algo.q_lambda={self.q_lambda}, algo.gamma={self.gamma} must lie in [0, 1]")
-        if not 0 <= self.end_e <= 1 or not 0 <= self.start_e <= 1:
-            raise ConfigError(f"algo.start_e={self.start_e}, algo.end_e={self.end_e} must lie in [0, 1]")
+        within("algo.q_lambda", self.q_lambda, 0, 1)
+        check_epsilon_schedule(self)
 
 
 class PQN(Algorithm):

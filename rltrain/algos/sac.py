@@ -68,13 +68,19 @@ class SACSettings(HindsightSettings):
     #                               state_dict: set by the CLI from checkpoint.replay_buffer
 
     def __post_init__(self) -> None:
-        for key in ("rollout_len", "batch_size", "tau", "policy_lr", "q_lr", "alpha", "train_frequency",
-                    "gradient_steps", "policy_frequency", "buffer_size"):
+        super().__post_init__()  # gamma, tau and the replay's sizes (HindsightSettings)
+        for key in ("policy_lr", "q_lr", "alpha", "policy_frequency", "noise_dt"):
             positive(f"algo.{key}", getattr(self, key))
-        positive("algo.learning_starts", self.learning_starts, allow_zero=True)
-        if self.tau > 1:
-            raise ConfigError(f"algo.tau={self.tau} must lie in (0, 1]")
         positive("algo.action_noise", self.action_noise, allow_zero=True)
+        positive("algo.noise_theta", self.noise_theta, allow_zero=True)  # 0: a random walk, reset each episode
+        if not np.isfinite(self.target_entropy_scale):  # any finite target entropy is one alpha can track
+            raise ConfigError(f"algo.target_entropy_scale={self.target_entropy_scale} must be a finite number")
+        if self.noise_theta * self.noise_dt > 1:
+            # each step pulls the noise theta * dt of the way back to 0: past 1 it overshoots 0 every step (an
+            # alternating sign, not a smooth Ornstein-Uhlenbeck process), and past 2 it grows without bound
+            raise ConfigError(f"algo.noise_theta={self.noise_theta} x algo.noise_dt={self.noise_dt} = "
+                              f"{self.noise_theta * self.noise_dt:g} must be <= 1 (the share of the way back to 0 "
+                              "the noise moves each step); lower either (SB3's: 0.15 and 0.01)")
 
     def unread_keys(self, *, action_kind: str | None = None) -> dict[str, str]:
         """The Ornstein-Uhlenbeck noise's shape without the noise, the target entropy without tuning alpha."""

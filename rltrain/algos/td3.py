@@ -61,13 +61,15 @@ class TD3Settings(HindsightSettings):
     #                                  state_dict: set by the CLI from checkpoint.replay_buffer
 
     def __post_init__(self) -> None:
-        for key in ("rollout_len", "batch_size", "tau", "lr", "train_frequency", "gradient_steps", "buffer_size",
-                    "policy_delay"):
+        super().__post_init__()  # gamma, tau and the replay's sizes (HindsightSettings)
+        for key in ("lr", "policy_delay"):
             positive(f"algo.{key}", getattr(self, key))
-        for key in ("learning_starts", "target_policy_noise", "target_noise_clip", "exploration_noise"):
+        for key in ("target_policy_noise", "target_noise_clip", "exploration_noise"):
             positive(f"algo.{key}", getattr(self, key), allow_zero=True)
-        if self.tau > 1:
-            raise ConfigError(f"algo.tau={self.tau} must lie in (0, 1]")
+        if self.target_policy_noise > 0 and self.target_noise_clip == 0:  # the noise clipped to +-0: none at all
+            raise ConfigError(f"algo.target_noise_clip=0 clips the target smoothing noise (algo.target_policy_noise="
+                              f"{self.target_policy_noise}) to nothing; set algo.target_noise_clip > 0 (TD3's 0.5), "
+                              "or algo.target_policy_noise=0 to turn smoothing off")
 
     def unread_keys(self, *, action_kind: str | None = None) -> dict[str, str]:
         unread = super().unread_keys(action_kind=action_kind)

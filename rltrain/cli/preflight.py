@@ -4,7 +4,8 @@ Each refuses a run that would train nothing, train silently more than asked, han
 later with a traceback, and says so in one line with the arithmetic:
 
 - the budget: ``total_env_steps`` below one update (the loop would round it up), and an off-policy budget at
-  or below ``learning_starts`` (no gradient step would ever be taken);
+  or below ``learning_starts``, or too short to fill one batch, or a replay too small to hold one (no gradient
+  step would ever be taken);
 - the size: one update's rollout (env steps per update x bytes per step; a multi-agent env's: each policy
   group's rows x bytes per row, ``group_batches``) larger than the available memory,
   more envs per worker than a vector env can step, more env processes than the machine can schedule;
@@ -46,8 +47,10 @@ def check_envs(settings: RunSettings) -> None:
                           "distributed_simulator) or use fewer")
 
 
-def check_budget(settings: RunSettings, size: UpdateSize) -> None:
-    """``total_env_steps`` against one update (``size``) and against an off-policy ``learning_starts``."""
+def check_budget(settings: RunSettings, size: UpdateSize, *, replicas: int = 1, streams: int | None = None) -> None:
+    """``total_env_steps`` against one update (``size``), and an off-policy one against its ``learning_starts`` and
+    its replay (``check_replay``: ``replicas`` replay buffers, ``streams`` env streams writing each, None where
+    they vary from one update to the next)."""
     cls, hp, total = settings.algo_class, settings.algo_settings, settings.total_env_steps
     batch, text = size.env_steps, size.text
     if total < batch:
@@ -57,6 +60,52 @@ def check_budget(settings: RunSettings, size: UpdateSize) -> None:
     if not getattr(cls, "on_policy", True) and starts is not None and total <= starts:
         raise ConfigError(f"total_env_steps={total} <= algo.learning_starts={starts}: no gradient step would ever be "
                           f"taken; set total_env_steps above {starts} or lower algo.learning_starts")
+    if not getattr(cls, "on_policy", True) and hasattr(hp, "batch_size") and hasattr(hp, "buffer_size"):
+        check_replay(settings, size, replicas=replicas, streams=streams)
+
+
+def check_replay(settings: RunSettings, size: UpdateSize, *, replicas: int, streams: int | None) -> None:
+    """A replay learner takes its first gradient step once its replay holds ``algo.batch_size`` transitions whose
+    successor has arrived (``ReplayBuffer.ready``, read by ``OffPolicy._learn``; n-step returns and frame stacks
+    count the same ones). Refused where that can never happen: a replay whose rows, less the newest of each env
+    stream (its successor comes with the next step, or it is an episode's final observation), are fewer than a
+    batch (``algo.batch_size > algo.buffer_size`` is the settings' own check), and a budget whose transitions into
+    each replica's replay, less the newest of each stream, are fewer than a batch. The suggested budget passes the
+    warm-up, holds a batch with every stream's newest row held back, then runs ``algo.train_frequency`` env steps
+    to the first round."""
+    hp, total = settings.algo_settings, settings.total_env_steps
+    batch, capacity, every = hp.batch_size, hp.buffer_size, size.env_steps
+    # a buffer of at least (rollout_len + 1) rows per stream keeps each stream's newest row (behind at most every
+    # final row of the last rollout); below that, the rows held back depend on the episodes' ends: not refused
+    if streams and capacity >= streams * (size.rollout_len + 1) and batch > capacity - streams:
+        raise ConfigError(f"algo.batch_size={batch} > the {capacity - streams} transitions the replay can offer at "
+                          f"most: algo.buffer_size={capacity} rows less the newest of each env stream ({streams}), "
+                          "whose successor is not there yet, so no gradient step would ever be taken; lower "
+                          f"algo.batch_size (e.g. {max(capacity // 2, 1)}) or raise algo.buffer_size (e.g. "
+                          f"{2 * batch + streams})")
+    collected = size.whole_updates(total)[1] // replicas  # each replica's replay gets its share of the steps
+    # a fixed stream's newest transition waits for its successor unless it ended an episode: a run whose every env
+    # ended one on its last step could fill a batch there, but only to stop
+    if collected - (streams or 0) >= batch:
+        return
+    held = max(size.env_processes // replicas, 1) if streams is None else streams  # held back, at most
+    filled = -(-max(hp.learning_starts, replicas * (batch + held)) // every) * every  # in whole updates
+    where = "the replay" if replicas == 1 else f"each of the {replicas} replicas' replays"
+    # the largest batch this budget fills in time for a round: at the last whole update that leaves one
+    last = (size.whole_updates(total)[1] - hp.train_frequency) // every * every
+    fits = last // replicas - held if last >= hp.learning_starts else 0
+    smaller = f"algo.batch_size <= {fits}" if fits >= 1 else "a smaller algo.batch_size"
+    less = f" ({collected - streams} sampleable: the newest of each env stream ({streams}) waits for its successor)" \
+        if streams else ""
+    raise ConfigError(f"total_env_steps={total} puts {collected} transitions into {where}{less}, fewer than "
+                      f"algo.batch_size={batch}: no gradient step would ever be taken; set total_env_steps >= "
+                      f"{filled + hp.train_frequency} or {smaller}")
+
+
+def fixed_streams(trainer: Trainer) -> int | None:
+    """The env streams whose rollouts every update holds, one replica's: its learner's columns, or None where an
+    update merges the rollouts of whichever actors delivered (trainer.batch_rollouts)."""
+    return None if trainer.capabilities.batched_rollouts else trainer.learner_envs()
 
 
 def obs_bytes(space: ObsSpace) -> int:
@@ -168,7 +217,7 @@ def preflight(settings: RunSettings, trainer: Trainer, *, check_only: bool = Fal
         raise ConfigError(f"building the networks ran out of memory ({str(err).splitlines()[0][:160]}); use "
                           "smaller model.hidden_sizes") from None
     size = trainer.update_size()  # the algorithm's own sizes (PPO's rollout_len=null resolved), not a guess
-    check_budget(settings, size)
+    check_budget(settings, size, replicas=trainer.replicas(), streams=fixed_streams(trainer))
     if trainer.capabilities.agent_configs:  # trainer=parallel: each agent runs its own share of the budget
         runs = trainer.agent_runs()  # type: ignore[attr-defined]
         for k, run in enumerate(runs):  # said in the parent's terms: the user sets the total, not a share
@@ -179,7 +228,8 @@ def preflight(settings: RunSettings, trainer: Trainer, *, check_only: bool = Fal
                 raise ConfigError(f"{where}, less than one update: {own.text} = {own.env_steps} env steps; raise "
                                   "total_env_steps (the agents share it) or make the rollout smaller")
             try:
-                check_budget(run.settings, own)  # an off-policy share within its algo.learning_starts
+                # an off-policy share within its algo.learning_starts, and one that fills a batch
+                check_budget(run.settings, own, replicas=run.replicas(), streams=fixed_streams(run))
             except ConfigError as err:
                 raise ConfigError(f"{where}: {err}") from None
     check_size(settings, size, spec)
