@@ -344,7 +344,7 @@ def build_trainer(cfg: dict, run_dir: Path, *, check_only: bool = False, show: b
 
         # every agent's config checked and typed before any start (unknown / mistyped keys, values)
         extra["agents"] = [settings_from(a) for a in agent_configs(cfg, trainer)]
-    from rltrain.cli.preflight import preflight
+    from rltrain.cli.preflight import preflight, show_model
 
     settings = settings_from(cfg)
     if not check_only:  # settings the user set that this run leaves unread (rltrain-check says them per job)
@@ -355,24 +355,6 @@ def build_trainer(cfg: dict, run_dir: Path, *, check_only: bool = False, show: b
     algo = preflight(settings, trainer, check_only=check_only)  # budget, sizes against this machine, the algorithm
     show_model(algo, None if check_only else run_dir, echo=show and settings.logger.progress != "off")
     return trainer
-
-
-def show_model(algo: Any, run_dir: Path | None, *, echo: bool) -> None:
-    """The model in words (models/describe.py), in ``<run dir>/model.txt`` (None: rltrain-check); echo: on stdout."""
-    from rltrain.models.describe import describe_model, networks_of
-
-    stacked = getattr(getattr(algo, "spec", None), "frame_stack", None)  # the env's own (EnvSpec.frame_stack)
-    notes = [f"frame stack: {algo.frame_stack} frames (read from the env's FrameStackObservation; stored once "
-             "per frame in the replay)"] if algo.frame_stack else \
-        [f"frame stack: {stacked} frames (the env's FrameStackObservation: the policy reads them as "
-         "channels)"] if stacked else []
-    text = f"algo={algo.name}\n" + describe_model(networks_of(algo), notes)
-    if run_dir is not None:
-        Path(run_dir).mkdir(parents=True, exist_ok=True)
-        Path(run_dir, "model.txt").write_text(text + "\n")
-    if echo:  # rltrain-check writes no run dir: its model under its own prefix, as all of its lines
-        tag = "rltrain" if run_dir is not None else "rltrain-check"
-        print(f"[{tag}] model:\n" + "\n".join(f"  {ln}" for ln in text.splitlines()), flush=True)
 
 
 def run(cfg: Any, run_dir: Path) -> dict:

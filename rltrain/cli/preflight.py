@@ -14,12 +14,15 @@ later with a traceback, and says so in one line with the arithmetic:
 - the algorithm: constructed for that env, so its own checks (``algo.target_kl``, minibatch divisibility, the
   action space) fail here, also in ``rltrain-check``, not in the first worker. Where the trainer's loop runs
   in this process, this is the loop's own instance (built once per run); else a CPU copy for the checks.
+
+What the run then says of that algorithm (``show_model``: ``model.txt``, and the model block at start) is here too.
 """
 
 from __future__ import annotations
 
 import os
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -309,3 +312,21 @@ def agents_budget_line(total: int, agents: list[tuple[int, UpdateSize]], *, alwa
     agents_word = "agent" if len(agents) == 1 else "agents"
     return (f"budget: total_env_steps={total} over {len(agents)} {agents_word}, {split}: {each}, {reached} env "
             f"steps{fewer} in all; {100 * (reached - asked) / asked:.0f}% over")
+
+
+def show_model(algo: Algorithm, run_dir: Path | None, *, echo: bool) -> None:
+    """The model in words (models/describe.py), in ``<run dir>/model.txt`` (None: rltrain-check); echo: on stdout."""
+    from rltrain.models.describe import describe_model, networks_of
+
+    stacked = getattr(getattr(algo, "spec", None), "frame_stack", None)  # the env's own (EnvSpec.frame_stack)
+    notes = [f"frame stack: {algo.frame_stack} frames (read from the env's FrameStackObservation; stored once "
+             "per frame in the replay)"] if algo.frame_stack else \
+        [f"frame stack: {stacked} frames (the env's FrameStackObservation: the policy reads them as "
+         "channels)"] if stacked else []
+    text = f"algo={algo.name}\n" + describe_model(networks_of(algo), notes)
+    if run_dir is not None:
+        Path(run_dir).mkdir(parents=True, exist_ok=True)
+        Path(run_dir, "model.txt").write_text(text + "\n")
+    if echo:  # rltrain-check writes no run dir: its model under its own prefix, as all of its lines
+        tag = "rltrain" if run_dir is not None else "rltrain-check"
+        print(f"[{tag}] model:\n" + "\n".join(f"  {ln}" for ln in text.splitlines()), flush=True)
