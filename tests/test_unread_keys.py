@@ -162,7 +162,8 @@ def test_every_algorithm_that_builds_from_the_model_group_gets_it():
 
     import torch
 
-    from rltrain.cli.build import algo_factory, takes_model
+    from rltrain.algos.base import takes_model
+    from rltrain.cli.build import algo_factory
     from rltrain.cli.schema import options
     from rltrain.envs.make import EnvFactory, probe_env
 

@@ -11,6 +11,7 @@ means for it.
 
 from __future__ import annotations
 
+import inspect
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, fields
 from typing import TYPE_CHECKING, ClassVar
@@ -315,3 +316,18 @@ class ActorCriticState:
         self.optimizer.load_state_dict(state["optimizer"])
         if self.reward_scaler and "reward_scaler" in state:
             self.reward_scaler.load_state_dict(state["reward_scaler"])
+
+
+def takes_model(cls: type) -> bool:
+    """Whether the algorithm class builds from the model group: its ``__init__`` takes ``model``, or passes its
+    ``**kwargs`` on to a base class's that does (``Rainbow(DQN)``: reading its own signature alone dropped the
+    whole model group, silently)."""
+    for klass in cls.__mro__:
+        if "__init__" not in vars(klass):
+            continue
+        params = inspect.signature(vars(klass)["__init__"]).parameters
+        if "model" in params:
+            return True
+        if not any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
+            return False
+    return False

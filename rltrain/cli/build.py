@@ -12,7 +12,6 @@ from __future__ import annotations
 import dataclasses
 import functools
 import importlib
-import inspect
 import math
 import sys
 import types
@@ -23,7 +22,7 @@ from typing import Any
 
 import yaml
 
-from rltrain.algos.base import AlgoSettings
+from rltrain.algos.base import AlgoSettings, takes_model
 from rltrain.cli.aliases import unknown_key
 from rltrain.cli.multiagent import check_agents
 from rltrain.cli.rundir import check_fresh_run_dir, check_resume_config, claim_run_dir, writable_run_dir
@@ -234,21 +233,6 @@ def algo_factory(cfg: dict):
     if takes_model(cls):
         params["model"] = model_settings(cfg)
     return functools.partial(cls, **params)
-
-
-def takes_model(cls: type) -> bool:
-    """Whether the algorithm class builds from the model group: its ``__init__`` takes ``model``, or passes its
-    ``**kwargs`` on to a base class's that does (``Rainbow(DQN)``: reading its own signature alone dropped the
-    whole model group, silently)."""
-    for klass in cls.__mro__:
-        if "__init__" not in vars(klass):
-            continue
-        params = inspect.signature(vars(klass)["__init__"]).parameters
-        if "model" in params:
-            return True
-        if not any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
-            return False
-    return False
 
 
 def trainer_settings(cfg: dict) -> tuple[type, Any]:

@@ -20,7 +20,7 @@ from typing import Any
 
 import yaml
 
-from rltrain.cli.build import takes_model
+from rltrain.algos.base import takes_model
 from rltrain.cli.presets import CONF
 from rltrain.errors import spelled
 from rltrain.models.settings import ModelSettings
