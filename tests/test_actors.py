@@ -530,3 +530,26 @@ def test_a_rollout_delivered_as_read_only_views_is_the_learner_s_own():
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         torch.from_numpy(got.rewards)
+
+
+def test_a_multi_agent_rollout_delivered_read_only_is_the_learner_s_own_too():
+    """A multi-agent env's MultiRollout (a Rollout per policy group) has no rewards of its own: decoding reads its
+    groups' (it raised AttributeError under Ray, every multi-agent run behind Ray actors)."""
+    import dataclasses
+
+    from rltrain.data.agents import MultiRollout
+    from rltrain.trainers.actors.actor import decode
+
+    T, n = 2, 3
+    group = Rollout(obs=np.zeros((T, n, 2), np.float32), actions=np.zeros((T, n), np.int64),
+                    log_probs=np.zeros((T, n), np.float32), rewards=np.ones((T, n), np.float32),
+                    terminated=np.zeros((T, n), bool), truncated=np.zeros((T, n), bool),
+                    next_obs=np.zeros((T, n, 2), np.float32), policy_version=np.zeros(T, np.int64))
+    owned = MultiRollout(groups={"shared": group}, env_steps=T * n)
+    assert decode(owned, "none") is owned
+    for f in dataclasses.fields(group):
+        value = getattr(group, f.name)
+        if isinstance(value, np.ndarray):
+            value.flags.writeable = False
+    got = decode(owned, "none")
+    assert got is not owned and got.groups["shared"].rewards.flags.writeable and got.env_steps == T * n

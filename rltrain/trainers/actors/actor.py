@@ -103,7 +103,9 @@ def encode(rollout: Rollout, codec: str) -> object:
 def decode(payload: object, codec: str) -> Rollout:
     if codec == "none":
         rollout: Rollout = payload  # type: ignore[assignment]
-        if not rollout.rewards.flags.writeable:  # Ray hands out read-only views of its object store: a rollout
+        groups = getattr(rollout, "groups", None)  # a multi-agent env's MultiRollout: a Rollout per policy group
+        first = next(iter(groups.values())) if groups else rollout
+        if not first.rewards.flags.writeable:  # Ray hands out read-only views of its object store: a rollout
             #  that the learner owns, as a pipe's unpickled one is (torch.from_numpy warns on, and must never
             #  write through, a read-only array)
             import copy
