@@ -237,7 +237,8 @@ def test_check_prints_layout_seeds_batch_and_output_without_training(tmp_path):
     bad = subprocess.run([sys.executable, "-m", "rltrain.cli.check", "-m", "seed=1,2", "env.num_envs=4,0"],
                          cwd=tmp_path, capture_output=True, text=True, timeout=120, env={**ENV, "COLUMNS": "200"})
     assert bad.returncode == 2
-    assert "env.num_envs=0 must be a positive integer" in bad.stdout and "2/4 job(s) valid" in bad.stdout
+    # a job's error on stderr (one line, also piped), the count on stdout with the tables
+    assert "env.num_envs=0 must be a positive integer" in bad.stderr and "2/4 job(s) valid" in bad.stdout
 
 
 def test_parse_duration():

@@ -63,7 +63,8 @@ def check_budget(settings: RunSettings, size: UpdateSize, *, replicas: int = 1, 
     if not getattr(cls, "on_policy", True) and starts is not None and total <= starts:
         raise ConfigError(f"total_env_steps={total} <= algo.learning_starts={starts}: no gradient step would ever be "
                           f"taken; set total_env_steps above {starts} or lower algo.learning_starts")
-    if not getattr(cls, "on_policy", True) and hasattr(hp, "batch_size") and hasattr(hp, "buffer_size"):
+    replay = (getattr(hp, "batch_size", None), getattr(hp, "buffer_size", None))  # a replay learner's settings
+    if not getattr(cls, "on_policy", True) and None not in replay:
         check_replay(settings, size, replicas=replicas, streams=streams)
 
 
