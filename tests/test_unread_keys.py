@@ -6,7 +6,10 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from collections.abc import Iterable
+from pathlib import Path
 
+import yaml
 from omegaconf import OmegaConf
 
 from rltrain.algos.dqn import DQN, DQNSettings, RainbowSettings
@@ -14,6 +17,7 @@ from rltrain.algos.ippo import IPPOSettings
 from rltrain.algos.ppo import PPOSettings
 from rltrain.algos.sac import SAC, SACSettings
 from rltrain.algos.td3 import TD3Settings
+from rltrain.cli.presets import CONF
 from rltrain.data.structs import EnvSpec, ObsSpace
 from rltrain.errors import ConfigError
 from rltrain.models.settings import ModelSettings
@@ -123,7 +127,7 @@ def test_rltrain_and_rltrain_check_say_a_user_set_unread_key_at_start(cli, tmp_p
 def test_no_shipped_preset_sets_a_key_its_own_run_leaves_unread():
     from rltrain.cli.build import algo_settings, make_settings, model_settings, resolve_target
     from rltrain.cli.presets import presets
-    from rltrain.cli.unread import preset_keys, unread
+    from rltrain.cli.unread import unread
     from rltrain.envs.make import EnvFactory, probe_env
 
     found = {}
@@ -184,3 +188,24 @@ def test_every_algorithm_that_builds_from_the_model_group_gets_it():
         checked.append(name)
     assert {"ppo", "dqn", "rainbow", "sac", "td3"} <= set(checked), checked
 
+
+def preset_keys(name: str, conf: Path = CONF) -> set[str]:
+    """The dotted keys an experiment preset sets (``model.hidden_sizes``), with those of the experiments it
+    builds on (its ``defaults`` entries that are plain names); group choices (``override /algo``) are none."""
+    path = conf / "experiment" / f"{name}.yaml"
+    if not path.is_file():
+        return set()
+    doc = yaml.safe_load(path.read_text()) or {}
+    keys: set[str] = set()
+    for item in doc.get("defaults") or []:
+        if isinstance(item, str) and item != "_self_":
+            keys |= preset_keys(item, conf)
+    return keys | set(_dotted({k: v for k, v in doc.items() if k != "defaults"}))
+
+
+def _dotted(node: dict, prefix: str = "") -> Iterable[str]:
+    for key, value in node.items():
+        path = f"{prefix}{key}"
+        yield path
+        if isinstance(value, dict):
+            yield from _dotted(value, path + ".")

@@ -14,39 +14,13 @@ each job says which of its settings it leaves unread.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
-from pathlib import Path
+from collections.abc import Sequence
 from typing import Any
 
-import yaml
-
 from rltrain.algos.base import takes_model
-from rltrain.cli.presets import CONF
 from rltrain.errors import spelled
 from rltrain.models.settings import ModelSettings
 from rltrain.trainers.settings import RunSettings
-
-
-def preset_keys(name: str, conf: Path = CONF) -> set[str]:
-    """The dotted keys an experiment preset sets (``model.hidden_sizes``), with those of the experiments it
-    builds on (its ``defaults`` entries that are plain names); group choices (``override /algo``) are none."""
-    path = conf / "experiment" / f"{name}.yaml"
-    if not path.is_file():
-        return set()
-    doc = yaml.safe_load(path.read_text()) or {}
-    keys: set[str] = set()
-    for item in doc.get("defaults") or []:
-        if isinstance(item, str) and item != "_self_":
-            keys |= preset_keys(item, conf)
-    return keys | set(_dotted({k: v for k, v in doc.items() if k != "defaults"}))
-
-
-def _dotted(node: dict, prefix: str = "") -> Iterable[str]:
-    for key, value in node.items():
-        path = f"{prefix}{key}"
-        yield path
-        if isinstance(value, dict):
-            yield from _dotted(value, path + ".")
 
 
 def user_keys(overrides: Sequence[str]) -> set[str]:
