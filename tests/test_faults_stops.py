@@ -14,11 +14,9 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from types import SimpleNamespace
 
 import numpy as np
 import pytest
-import torch
 
 from rltrain.run.seeding import derive
 from tests.test_faults import SMOKE, _pythonpath, _summary
@@ -197,31 +195,17 @@ def test_the_default_cap_applies_only_where_the_env_has_no_time_limit(monkeypatc
     import gymnasium as gym
 
     from rltrain.trainers import episodes
+    from tests.helpers.stub_policies import StubPolicy
     from tests.helpers.stuck_envs import NeverEnds
-
-    class Policy:  # acts 0 on every env: enough to step them
-        training = False
-
-        def initial_state(self, n):
-            return None
-
-        def eval(self):
-            pass
-
-        def train(self, mode):
-            pass
-
-        def act(self, obs, deterministic=True, generator=None):
-            return SimpleNamespace(action=torch.zeros(obs.shape[0], dtype=torch.int64))
 
     monkeypatch.setattr(episodes, "NO_LIMIT_CAP", 30)
     capped: list[int] = []
-    rets = episodes.evaluate(Policy(), lambda **_: NeverEnds(), episodes=3, eval_seed=5, capped=capped)
+    rets = episodes.evaluate(StubPolicy(), lambda **_: NeverEnds(), episodes=3, eval_seed=5, capped=capped)
     assert rets.tolist() == [30.0] * 3 and sorted(capped) == [0, 1, 2]
-    limited = episodes.evaluate(Policy(), lambda **_: gym.wrappers.TimeLimit(NeverEnds(), 12), episodes=2,
+    limited = episodes.evaluate(StubPolicy(), lambda **_: gym.wrappers.TimeLimit(NeverEnds(), 12), episodes=2,
                                 eval_seed=5)
     assert limited.tolist() == [12.0, 12.0]  # the env's own limit ends them; no cap needed
-    assert np.all(episodes.evaluate(Policy(), lambda **_: NeverEnds(), episodes=2, eval_seed=5,
+    assert np.all(episodes.evaluate(StubPolicy(), lambda **_: NeverEnds(), episodes=2, eval_seed=5,
                                     max_episode_steps=7) == 7.0)
 
 

@@ -8,37 +8,14 @@ import os
 import subprocess
 import sys
 from pathlib import Path
-from types import SimpleNamespace
 
 import pytest
-import torch
 from omegaconf import OmegaConf
 
 from tests.conftest import compose_cfg
+from tests.helpers.stub_policies import StubPolicy
 
 ROOT = Path(__file__).resolve().parents[1]
-
-
-class RandomPolicy:
-    """Uniform random actions from the evaluation's generator: enough to play games to their end."""
-
-    training = False
-
-    def __init__(self, n: int):
-        self.n = n
-
-    def initial_state(self, n):
-        return None
-
-    def eval(self):
-        pass
-
-    def train(self, mode):
-        pass
-
-    def act(self, obs, deterministic=True, generator=None):
-        rows = next(iter(obs.values())).shape[0] if isinstance(obs, dict) else obs.shape[0]
-        return SimpleNamespace(action=torch.randint(self.n, (rows,), generator=generator))
 
 
 def test_a_game_of_several_lives_is_one_video(tmp_path):
@@ -50,7 +27,7 @@ def test_a_game_of_several_lives_is_one_video(tmp_path):
         return make_env("tests.helpers.lives_env:RenderedLives", {"lives": 3, "life_steps": 5},
                         wrappers=["EpisodicLife"], render_mode=render_mode)
 
-    rets = evaluate(RandomPolicy(3), make, episodes=2, eval_seed=0, video_dir=tmp_path / "v", real_scores=True)
+    rets = evaluate(StubPolicy(3), make, episodes=2, eval_seed=0, video_dir=tmp_path / "v", real_scores=True)
     assert len(rets) == 2
     assert len(list((tmp_path / "v").glob("*.mp4"))) == 2  # was 6: one per life
 
@@ -62,7 +39,7 @@ def test_an_atari_evaluation_records_one_video_per_game(tmp_path):
     from rltrain.trainers.episodes import evaluate
 
     factory = env_factory(OmegaConf.to_container(compose_cfg(["env=atari"]).env))
-    evaluate(RandomPolicy(4), factory.make, episodes=2, eval_seed=0, video_dir=tmp_path / "v",
+    evaluate(StubPolicy(4), factory.make, episodes=2, eval_seed=0, video_dir=tmp_path / "v",
              real_scores=factory.real_scores)
     assert len(list((tmp_path / "v").glob("*.mp4"))) == 2  # was 10: Breakout's 5 lives each
 
@@ -73,7 +50,7 @@ def test_an_ordinary_env_records_one_video_per_episode(tmp_path):
     from rltrain.envs.make import make_env
     from rltrain.trainers.episodes import evaluate
 
-    evaluate(RandomPolicy(2), lambda render_mode=None: make_env("CartPole-v1", render_mode=render_mode),
+    evaluate(StubPolicy(2), lambda render_mode=None: make_env("CartPole-v1", render_mode=render_mode),
              episodes=2, eval_seed=0, video_dir=tmp_path / "v")
     assert len(list((tmp_path / "v").glob("*.mp4"))) == 2
 
