@@ -81,7 +81,9 @@ def test_bad_input_is_refused_at_build_in_rltrain_and_rltrain_check(tmp_path, ov
 
 def test_legitimate_neighbours_of_the_refused_values_still_build(tmp_path):
     for overrides in (["env.max_episode_steps=5"], ["algo.target_kl=null"], ["max_wall_time=1h"],
-                      ["algo=dqn", "algo.learning_starts=2047"], ["total_env_steps=256"], ["target_return=475"],
+                      # the warm-up's last step, then a round every env step: one round in the last update
+                      ["algo=dqn", "algo.learning_starts=2047", "algo.train_frequency=1"], ["total_env_steps=256"],
+                      ["target_return=475"],
                       ["algo=ppo", "env.id=tests.helpers.obs_envs:UnboundedActions", "algo.rollout_len=16"]):
         build.build_trainer(build.prepare(compose_cfg([*SMOKE, *overrides])), tmp_path / "run")
 

@@ -72,6 +72,9 @@ RANGES = [
     (RainbowSettings, {"noisy_sigma0": -0.5}, "algo.noisy_sigma0=-0.5 must be > 0", {"noisy_sigma0": 0.1}),
     (RainbowSettings, {"noisy_sigma0": 0}, "algo.noisy_sigma0=0 must be > 0", {"noisy": False}),
     (DQNSettings, {"max_grad_norm": 0}, "algo.max_grad_norm=0 must be > 0", {"max_grad_norm": None}),
+    # a stack of one frame is the observation itself: refused as the message's own range says (0 stores it whole)
+    (DQNSettings, {"frame_stack": 1}, "algo.frame_stack=1: K >= 2, 0 (whole stacks stored) or null (inferred)",
+     {"frame_stack": 0}),
     (RainbowSettings, {"priority_alpha": 1.5}, "algo.priority_alpha=1.5 must lie in [0, 1]", {"priority_alpha": 0}),
     (RainbowSettings, {"priority_beta0": -0.5}, "algo.priority_beta0=-0.5 must lie in [0, 1]",
      {"priority_beta0": 1}),
@@ -105,12 +108,12 @@ NEVER_A_STEP = [
     (["algo=dqn", "algo.learning_starts=0", "algo.batch_size=10000", "algo.buffer_size=20000", "total_env_steps=3000"],
      "total_env_steps=3000 puts 3072 transitions into the replay (3068 sampleable: the newest of each env stream (4) "
      "waits for its successor), fewer than algo.batch_size=10000: no gradient step would ever be taken; set "
-     "total_env_steps >= 10368 or algo.batch_size <= 2812"),
+     "total_env_steps >= 10240 or algo.batch_size <= 3068"),
     # as many transitions as a batch: each env stream's newest waits for its successor, so the replay never has one
     (["algo=sac", "env=pendulum", "experiment=none", "algo.learning_starts=0", "total_env_steps=256"],
      "total_env_steps=256 puts 256 transitions into the replay (252 sampleable: the newest of each env stream (4) "
      "waits for its successor), fewer than algo.batch_size=256: no gradient step would ever be taken; set "
-     "total_env_steps >= 513 or a smaller algo.batch_size"),
+     "total_env_steps >= 512 or algo.batch_size <= 252"),
     (["algo=td3", "env=pendulum", "algo.learning_starts=0", "total_env_steps=256"],
      "(255 sampleable: the newest of each env stream (1) waits for its successor), fewer than algo.batch_size=256"),
     (["algo=ddpg", "env=pendulum", "algo.learning_starts=0", "total_env_steps=256"],
@@ -154,8 +157,8 @@ def test_a_run_that_could_never_take_a_gradient_step_is_refused_by_rltrain_and_r
 def test_the_values_the_lines_suggest_are_kept(tmp_path):
     """The budget or the batch a line names, accepted where the line's own run was refused."""
     base = ["algo=dqn", "algo.learning_starts=0", "algo.buffer_size=20000"]
-    for overrides, works in ((["algo.batch_size=10000", "total_env_steps=3000"], ["total_env_steps=10368"]),
-                             (["algo.batch_size=10000", "total_env_steps=3000"], ["algo.batch_size=2812"]),
+    for overrides, works in ((["algo.batch_size=10000", "total_env_steps=3000"], ["total_env_steps=10240"]),
+                             (["algo.batch_size=10000", "total_env_steps=3000"], ["algo.batch_size=3068"]),
                              (["algo.batch_size=20000", "total_env_steps=50000"], ["algo.batch_size=19996"]),
                              (["algo.batch_size=20000", "total_env_steps=50000"], ["algo.buffer_size=40004"])):
         with pytest.raises(ConfigError, match="no gradient step would ever be taken"):
@@ -170,9 +173,9 @@ def test_a_suggested_budget_takes_a_gradient_step(tmp_path):
     base = [*SMOKE, "algo=dqn", "experiment=none", "env.num_envs=1", "algo.rollout_len=1", "algo.learning_starts=0",
             "algo.batch_size=300", "algo.train_frequency=4", "log.every_env_steps=4", "eval.every_env_steps=0",
             "eval.episodes=1", "checkpoint.every_env_steps=0", "model.hidden_sizes=[16]"]
-    with pytest.raises(ConfigError, match=r"total_env_steps=299 puts 299 transitions .* set total_env_steps >= 305 "):
+    with pytest.raises(ConfigError, match=r"total_env_steps=299 puts 299 transitions .* set total_env_steps >= 304 "):
         build.run(compose_cfg([*base, "total_env_steps=299"]), tmp_path / "short")
-    build.run(compose_cfg([*base, "total_env_steps=305"]), tmp_path / "run")
+    build.run(compose_cfg([*base, "total_env_steps=304"]), tmp_path / "run")
     assert any(row.get("loss/q") not in (None, "") for row in read_metrics(tmp_path / "run" / "metrics.csv"))
 
 
@@ -183,5 +186,5 @@ def test_the_cli_says_it_in_one_line_exits_2_and_leaves_no_run_dir(tmp_path):
     assert [line for line in res.stderr.splitlines() if line.strip()] == [
         "rltrain: error: total_env_steps=3000 puts 3000 transitions into the replay (2996 sampleable: the newest of "
         "each env stream (4) waits for its successor), fewer than algo.batch_size=10000: no gradient step would ever "
-        "be taken; set total_env_steps >= 10132 or algo.batch_size <= 2868"]
+        "be taken; set total_env_steps >= 10128 or algo.batch_size <= 2872"]
     assert not (tmp_path / "run").exists() and not (tmp_path / "outputs").exists()

@@ -104,9 +104,12 @@ class DQNSettings(HindsightSettings):
         if self.max_grad_norm is not None:  # a norm <= 0 would zero or flip every gradient; null turns clipping off
             positive("algo.max_grad_norm", self.max_grad_norm)
         check_epsilon_schedule(self)
-        if self.frame_stack is not None and self.frame_stack < 0:
+        if self.frame_stack is not None and (self.frame_stack < 0 or self.frame_stack == 1):
+            # a 1-frame stack is the observation itself: no frames for rows to share, 0 stores it whole
+            one = " (a stack of 1 frame is the observation itself, stored whole as 0 does)" \
+                if self.frame_stack == 1 else ""
             raise ConfigError(f"algo.frame_stack={self.frame_stack}: K >= 2, 0 (whole stacks stored) or null "
-                              "(inferred)")
+                              f"(inferred){one}; set algo.frame_stack=null")
         if self.loss not in ("mse", "huber"):
             raise ConfigError(f"algo.loss={self.loss!r}: choose mse or huber")
         # noisy nets explore by their sigma: 0 would start them without noise (algo.noisy=false turns them off)
@@ -189,6 +192,10 @@ class DQN(OffPolicy):
         self.epsilon_set: float | None = None  # what explore() last wrote into the policy's epsilon buffer
         # hard copy (tau = 1) or Polyak average every target_network_frequency env steps
         self.sync_targets_every(s.target_network_frequency, TargetNetwork(self.policy, self.target, tau=s.tau))
+
+    @classmethod
+    def target_sync_key(cls) -> str | None:
+        return "target_network_frequency"  # the sync_targets_every above
 
     def _learn(self, rollout, progress: float, *, rollouts: int) -> Metrics:
         metrics = super()._learn(rollout, progress, rollouts=rollouts)

@@ -85,6 +85,30 @@ class UpdateSchedule:
         self.owed_steps += steps - rounds * self.train_frequency
         return rounds * self.gradient_steps
 
+    def first_round(self, *, per_call: int, learning_starts: int, batch_at: int) -> tuple[int, int, int]:
+        """Where a run's rounds start when each learn() brings ``per_call`` env steps and the replay first holds a
+        batch at ``batch_at`` env steps (``OffPolicy._learn``: the warm-up's steps owe nothing, nor do those of a
+        learn() that leaves less than a batch): (the env step of the first learn() that holds a batch, the one
+        its owed steps count from, the env step of the first learn() that runs a round)."""
+        ready = -(-max(learning_starts, batch_at) // per_call) * per_call
+        owed_from = max(ready - per_call, learning_starts)
+        return ready, owed_from, max(ready, -(-(owed_from + self.train_frequency) // per_call) * per_call)
+
+    def last_round(self, owed_from: int, *, per_call: int, end: int) -> int:
+        """The env step of the last learn() up to ``end`` (a whole number of learn() calls) that runs a round,
+        steps owed from ``owed_from`` (``first_round``; ``end`` at or past the first round)."""
+        owed = (end - owed_from) // self.train_frequency * self.train_frequency
+        return -(-(owed_from + owed) // per_call) * per_call
+
+
+def first_trained_sync(every: int, *, per_call: int, ready: int, first_round: int) -> int:
+    """The env step of the first learn() whose scheduled target update (``sync_targets_every(every)``) follows a
+    gradient step: updates run from the first learn() that holds a batch (``ready``), after its gradient steps,
+    in each learn() ``every`` env steps or more past the last one (``UpdateSchedule.first_round``'s figures)."""
+    step = -(-every // per_call) * per_call
+    first = max(step, ready)
+    return first + -(-max(first_round - first, 0) // step) * step
+
 
 class TargetNetwork:
     """A target network (Mnih et al. 2015): ``update()`` moves ``target``'s parameters toward ``online``'s,
@@ -200,6 +224,12 @@ class OffPolicy(Algorithm):
         # goal-conditioned tasks: batches relabelled with hindsight goals (algo.her), else the buffer's uniform ones
         self.hindsight = hindsight_sampler(spec, self.buffer, settings, self.name)
         self.uniform_batch = self.hindsight.sample if self.hindsight is not None else self.buffer.sample
+
+    @classmethod
+    def target_sync_key(cls) -> str | None:
+        """The settings field that sets the env steps between its scheduled target updates (``sync_targets_every``:
+        DQN's ``target_network_frequency``); None where its targets follow its gradient steps (SAC, TD3, DDPG)."""
+        return None
 
     def sync_targets_every(self, env_steps: int, *targets: TargetNetwork) -> None:
         """Update ``targets`` whenever ``env_steps`` env steps have passed since their last update (checked

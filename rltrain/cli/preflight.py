@@ -4,8 +4,9 @@ Each refuses a run that would train nothing, train silently more than asked, han
 later with a traceback, and says so in one line with the arithmetic:
 
 - the budget: ``total_env_steps`` below one update (the loop would round it up), and an off-policy budget at
-  or below ``learning_starts``, or too short to fill one batch, or a replay too small to hold one (no gradient
-  step would ever be taken);
+  or below ``learning_starts``, or too short to fill one batch or to reach the first round of updates after it,
+  or a replay too small to hold one (no gradient step would ever be taken); a warning where a scheduled target
+  network (DQN's) would take no trained weights before the run's last round;
 - the size: one update's rollout (env steps per update x bytes per step; a multi-agent env's: each policy
   group's rows x bytes per row, ``group_batches``) larger than the available memory,
   more envs per worker than a vector env can step, more env processes than the machine can schedule;
@@ -21,6 +22,7 @@ What the run then says of that algorithm (``show_model``: ``model.txt``, and the
 from __future__ import annotations
 
 import os
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -28,6 +30,7 @@ import numpy as np
 import torch
 
 from rltrain.algos.base import Algorithm
+from rltrain.algos.off_policy import OffPolicy, UpdateSchedule, first_trained_sync
 from rltrain.data.agents import AgentGroup, AgentsSpec
 from rltrain.data.memory import available_memory
 from rltrain.data.structs import EnvSpec, ObsSpace, storage_dtype
@@ -71,12 +74,15 @@ def check_budget(settings: RunSettings, size: UpdateSize, *, replicas: int = 1, 
 def check_replay(settings: RunSettings, size: UpdateSize, *, replicas: int, streams: int | None) -> None:
     """A replay learner takes its first gradient step once its replay holds ``algo.batch_size`` transitions whose
     successor has arrived (``ReplayBuffer.ready``, read by ``OffPolicy._learn``; n-step returns and frame stacks
-    count the same ones). Refused where that can never happen: a replay whose rows, less the newest of each env
-    stream (its successor comes with the next step, or it is an episode's final observation), are fewer than a
-    batch (``algo.batch_size > algo.buffer_size`` is the settings' own check), and a budget whose transitions into
-    each replica's replay, less the newest of each stream, are fewer than a batch. The suggested budget passes the
-    warm-up, holds a batch with every stream's newest row held back, then runs ``algo.train_frequency`` env steps
-    to the first round."""
+    count the same ones) and ``algo.train_frequency`` env steps are owed (``UpdateSchedule.first_round``: from the
+    warm-up's end or the learn() that first holds a batch). Refused where that can never happen: a replay whose
+    rows, less the newest of each env stream (its successor comes with the next step, or it is an episode's final
+    observation), are fewer than a batch (``algo.batch_size > algo.buffer_size`` is the settings' own check), and a
+    budget whose whole updates end before the first round, with each replica's replay holding its share of the
+    transitions less the newest of each fixed stream. An episode's end adds a row (its final observation) and
+    takes no transition away: it only counts where the ring wraps before the first round, which depends on how
+    many episodes end, not known at start. The suggested budget is the first round's env step with every
+    stream's newest row held back."""
     hp, total = settings.algo_settings, settings.total_env_steps
     batch, capacity, every = hp.batch_size, hp.buffer_size, size.env_steps
     # a buffer of at least (rollout_len + 1) rows per stream keeps each stream's newest row (behind at most every
@@ -87,23 +93,68 @@ def check_replay(settings: RunSettings, size: UpdateSize, *, replicas: int, stre
                           "whose successor is not there yet, so no gradient step would ever be taken; lower "
                           f"algo.batch_size (e.g. {max(capacity // 2, 1)}) or raise algo.buffer_size (e.g. "
                           f"{2 * batch + streams})")
-    collected = size.whole_updates(total)[1] // replicas  # each replica's replay gets its share of the steps
-    # a fixed stream's newest transition waits for its successor unless it ended an episode: a run whose every env
-    # ended one on its last step could fill a batch there, but only to stop
-    if collected - (streams or 0) >= batch:
+    reached = size.whole_updates(total)[1]
+    collected = reached // replicas  # each replica's replay gets its share of the steps
+    schedule, starts = UpdateSchedule(hp.train_frequency, hp.gradient_steps), hp.learning_starts
+    # a fixed stream's newest transition waits for its successor unless it ended an episode on that very step;
+    # where the streams vary from one update to the next, none is counted (refused only when nothing can train)
+    if schedule.first_round(per_call=every, learning_starts=starts,
+                            batch_at=replicas * (batch + (streams or 0)))[2] <= reached:
         return
     held = max(size.env_processes // replicas, 1) if streams is None else streams  # held back, at most
-    filled = -(-max(hp.learning_starts, replicas * (batch + held)) // every) * every  # in whole updates
+    _, owed_from, first = schedule.first_round(per_call=every, learning_starts=starts,
+                                               batch_at=replicas * (batch + held))
+    if collected - (streams or 0) >= batch:  # a batch in time, but not the steps a round is owed after it
+        since = f"algo.learning_starts={starts}" if owed_from == starts else \
+            f"env step {owed_from}, where the update that first leaves algo.batch_size={batch} sampleable starts"
+        fewer = f" or algo.train_frequency <= {reached - owed_from}" if reached > owed_from else ""
+        raise ConfigError(f"total_env_steps={total} ends at env step {reached}, before the first round of updates: "
+                          f"the env steps owed count from {since}, and algo.train_frequency={hp.train_frequency} "
+                          f"of them make it due in the update that reaches env step {first}: no gradient step would "
+                          f"ever be taken; set total_env_steps >= {first}{fewer}")
     where = "the replay" if replicas == 1 else f"each of the {replicas} replicas' replays"
-    # the largest batch this budget fills in time for a round: at the last whole update that leaves one
-    last = (size.whole_updates(total)[1] - hp.train_frequency) // every * every
-    fits = last // replicas - held if last >= hp.learning_starts else 0
+    # the largest batch this budget fills in time for a round: held in the last update at most train_frequency
+    # env steps (rounded up to one update) before the end, the warm-up over train_frequency steps before it
+    last = min(reached, ((reached - hp.train_frequency) // every + 1) * every)
+    fits = last // replicas - held if starts <= reached - hp.train_frequency else 0
     smaller = f"algo.batch_size <= {fits}" if fits >= 1 else "a smaller algo.batch_size"
     less = f" ({collected - streams} sampleable: the newest of each env stream ({streams}) waits for its successor)" \
         if streams else ""
     raise ConfigError(f"total_env_steps={total} puts {collected} transitions into {where}{less}, fewer than "
                       f"algo.batch_size={batch}: no gradient step would ever be taken; set total_env_steps >= "
-                      f"{filled + hp.train_frequency} or {smaller}")
+                      f"{first} or {smaller}")
+
+
+def target_sync_line(settings: RunSettings, size: UpdateSize, *, replicas: int, streams: int | None) -> str | None:
+    """A replay learner whose targets are updated on a schedule of env steps (``OffPolicy.target_sync_key``: DQN's
+    ``algo.target_network_frequency``) and whose run ends before a round of updates follows the first update
+    that carries trained weights: every TD target of the run comes from the initial network. Said at start (a
+    warning: the generic default, 10k env steps, is longer than a smoke test's budget); None where it syncs in
+    time or has no such schedule. Counted as ``check_replay`` suggests (every stream's newest row held back)."""
+    cls, hp = settings.algo_class, settings.algo_settings
+    key = cls.target_sync_key() if isinstance(cls, type) and issubclass(cls, OffPolicy) else None
+    if key is None:
+        return None
+    target_every, every = getattr(hp, key), size.env_steps
+    held = max(size.env_processes // replicas, 1) if streams is None else streams
+    schedule = UpdateSchedule(hp.train_frequency, hp.gradient_steps)
+    ready, owed_from, first = schedule.first_round(per_call=every, learning_starts=hp.learning_starts,
+                                                   batch_at=replicas * (hp.batch_size + held))
+    reached = size.whole_updates(settings.total_env_steps)[1]
+    if first > reached:  # no round at all: check_replay's refusal (or its best case) has said so
+        return None
+    synced = first_trained_sync(target_every, per_call=every, ready=ready, first_round=first)
+    last = schedule.last_round(owed_from, per_call=every, end=reached)
+    if synced < last:
+        return None
+    due = ((synced - owed_from) // hp.train_frequency + 1) * hp.train_frequency  # the round after that update
+    enough = -(-(owed_from + due) // every) * every
+    # a target updated right after the first round is updated every `first` env steps: in time for the last
+    other = f"algo.{key}={first} or " if last > first else ""
+    return (f"algo.{key}={target_every}: the target network first takes trained weights in the update that reaches "
+            f"env step {synced}, and the run's last round of updates comes at env step {last} (total_env_steps="
+            f"{settings.total_env_steps}), so every TD target comes from the initial, untrained network; set "
+            f"{other}total_env_steps >= {enough}")
 
 
 def fixed_streams(trainer: Trainer) -> int | None:
@@ -222,8 +273,9 @@ def preflight(settings: RunSettings, trainer: Trainer, *, check_only: bool = Fal
                           "smaller model.hidden_sizes") from None
     size = trainer.update_size()  # the algorithm's own sizes (PPO's rollout_len=null resolved), not a guess
     check_budget(settings, size, replicas=trainer.replicas(), streams=fixed_streams(trainer))
+    late = target_sync_line(settings, size, replicas=trainer.replicas(), streams=fixed_streams(trainer))
     if trainer.capabilities.agent_configs:  # trainer=parallel: each agent runs its own share of the budget
-        runs = trainer.agent_runs()  # type: ignore[attr-defined]
+        runs, late = trainer.agent_runs(), None  # type: ignore[attr-defined]
         for k, run in enumerate(runs):  # said in the parent's terms: the user sets the total, not a share
             own, share = run.update_size(), run.settings.total_env_steps
             where = (f"trainer=parallel: agent {k} of {len(runs)} gets {share} of "
@@ -236,7 +288,11 @@ def preflight(settings: RunSettings, trainer: Trainer, *, check_only: bool = Fal
                 check_budget(run.settings, own, replicas=run.replicas(), streams=fixed_streams(run))
             except ConfigError as err:
                 raise ConfigError(f"{where}: {err}") from None
+            line = target_sync_line(run.settings, own, replicas=run.replicas(), streams=fixed_streams(run))
+            late = late or (f"{where}: {line}" if line else None)
     check_size(settings, size, spec)
+    if late:  # a warning, on stderr as the run's others: the run goes on
+        print(f"{'rltrain-check' if check_only else 'rltrain'}: warning: {late}", file=sys.stderr, flush=True)
     if not check_only and settings.logger.progress != "off":  # rltrain-check's table says it in any case
         line = budget_line(trainer)
         if line:
