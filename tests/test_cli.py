@@ -96,6 +96,8 @@ BAD_INPUTS = [
     (["algo=dqn", "env=pendulum"], "algo=dqn needs a Discrete action space; env.id=Pendulum-v1 is Box"),
     (["algo=dqn", "trainer=distributed_simulator"],
      "algo=dqn is off-policy and its replay updates are not all-reduced"),
+    (["env=atari", "env.id=ALE/Tetris-v5", "target_return=${env.solved_return}"],
+     "target_return=${env.solved_return} is null: env.id=ALE/Tetris-v5 has no reference score"),
 ]
 
 

@@ -323,3 +323,31 @@ def test_logger_progress_takes_yaml_booleans_on_the_command_line_and_in_yaml(tmp
         with pytest.raises(ConfigError) as err:
             validate(plain(["experiment=none", f"logger.progress={typed}"]))
         assert str(err.value).startswith(line) and "\n" not in str(err.value), str(err.value)
+
+
+# -- env=atari's reference score is the game's own --------------------------------------------------------------
+def test_atari_solved_return_is_the_games_own_dqn_score():
+    """env=atari's env.solved_return follows env.id (DQN's score in Mnih et al. 2015 for that game), where it was
+    Breakout's 400 for every game; a target that reads it gets the game's number."""
+    from rltrain.cli.build import to_plain
+
+    ids = ("ALE/Pong-v5", "ALE/Breakout-v5", "SpaceInvadersNoFrameskip-v4")
+    scores = {env_id: compose_cfg(["env=atari", f"env.id={env_id}"]).env.solved_return for env_id in ids}
+    assert scores == {"ALE/Pong-v5": 18.9, "ALE/Breakout-v5": 401.2, "SpaceInvadersNoFrameskip-v4": 1976.0}
+    cfg = to_plain(compose_cfg(["env=atari", "env.id=ALE/Pong-v5", "target_return=${env.solved_return}"]))
+    assert (cfg["target_return"], cfg["env"]["solved_return"]) == (18.9, 18.9)  # config.yaml records the number
+
+
+@pytest.mark.parametrize("key", ["target_return", "eval.target_return"])
+def test_a_game_without_a_reference_score_is_null_and_a_target_reading_it_is_refused(key):
+    """A game outside the table has no conventional score: null, not another game's; a stop target that reads it
+    would never be reached, so it is refused in one line naming the game (a target of null stays allowed)."""
+    from rltrain.cli.build import to_plain
+    from rltrain.errors import ConfigError
+
+    cfg = compose_cfg(["env=atari", "env.id=ALE/Tetris-v5"])
+    assert cfg.env.solved_return is None
+    assert to_plain(cfg)["env"]["solved_return"] is None  # no target reads it: the run starts
+    with pytest.raises(ConfigError, match=re.escape(f"{key}=${{env.solved_return}} is null: env.id=ALE/Tetris-v5 "
+                                                    "has no reference score")):
+        to_plain(compose_cfg(["env=atari", "env.id=ALE/Tetris-v5", f"{key}=${{env.solved_return}}"]))

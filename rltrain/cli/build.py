@@ -25,6 +25,7 @@ import yaml
 from rltrain.algos.base import AlgoSettings, takes_model
 from rltrain.cli.aliases import unknown_key
 from rltrain.cli.multiagent import check_agents
+from rltrain.cli.resolvers import check_targets
 from rltrain.cli.rundir import check_fresh_run_dir, check_resume_config, claim_run_dir, writable_run_dir
 from rltrain.envs.make import EnvFactory, ProbedEnv, probe_env
 from rltrain.errors import ConfigError
@@ -39,10 +40,14 @@ SELECTORS = ("_target_", "_partial_")  # which class a group builds (Hydra's con
 
 
 def to_plain(cfg: Any) -> dict:
-    """DictConfig -> plain dict (resolved). Never send a DictConfig across a process boundary."""
+    """DictConfig -> plain dict (resolved; a target that resolves to null refused, ``check_targets``). Never send
+    a DictConfig across a process boundary."""
     from omegaconf import DictConfig, OmegaConf
 
-    return OmegaConf.to_container(cfg, resolve=True) if isinstance(cfg, DictConfig) else cfg  # type: ignore[return-value]
+    if not isinstance(cfg, DictConfig):
+        return cfg
+    check_targets(cfg)
+    return OmegaConf.to_container(cfg, resolve=True)  # type: ignore[return-value]
 
 
 def resolve_target(node: dict, group: str) -> type:

@@ -72,8 +72,10 @@ def validate_job(cfg, *, show: bool = True):
     from omegaconf import OmegaConf
 
     from rltrain.cli import build
+    from rltrain.cli.resolvers import check_targets
     from rltrain.run.device import pick_device
 
+    check_targets(cfg)  # as build.to_plain: a target_return that reads a null is refused
     plain = OmegaConf.to_container(OmegaConf.masked_copy(cfg, [k for k in cfg if k != "hydra"]), resolve=True)
     build.validate(plain)
     job = copy.deepcopy(plain)  # what prepare() adds: a root seed (drawn at start when null)

@@ -1,5 +1,6 @@
-"""The OmegaConf resolvers conf/train.yaml uses, registered with the schema before any composition
-(hydra_plugins/rltrain_plugins/schema.py), so they exist in every process that composes or resolves it.
+"""The OmegaConf resolvers the YAML uses (conf/train.yaml, conf/env/atari.yaml), registered with the schema before
+any composition (hydra_plugins/rltrain_plugins/schema.py), so they exist in every process that composes or
+resolves it.
 
 - ``${rltrain_job_dir:${hydra.job.num},${hydra.job.override_dirname}}``: a multirun job's directory name, its
   number then its overrides as plain text. Hydra escapes what its override grammar reserves (``env.id=pkg\\:Env``)
@@ -9,11 +10,16 @@
   the job number keeps the names unique.
 - ``${rltrain_help:docs}`` / ``${rltrain_help:preset}``: the computed parts of ``rltrain --help``: the
   documentation page of each part of the config, and the preset ``experiment=auto`` would add.
+- ``${rltrain_atari_score:${.id}}``: ``env=atari``'s ``env.solved_return``, the game's own reference score
+  (``ATARI_DQN_2015``), null for a game the table does not hold (``check_targets`` then refuses a
+  ``target_return`` that reads it).
 """
 
 from __future__ import annotations
 
 import re
+
+from rltrain.errors import ConfigError
 
 DROPPED = re.compile(r"[\\\[\]{}'\"]")
 UNSAFE = re.compile(r"[^A-Za-z0-9._=,+-]+")
@@ -39,6 +45,26 @@ DOCS = (
 )
 HELP = {"preset": ""}  # set by the rltrain command before Hydra composes its --help (cli/train.py)
 
+# DQN's score per game, the reference env=atari's env.solved_return reads: Mnih et al. 2015 ("Human-level control
+# through deep reinforcement learning", Nature 518), Extended Data Table 2, the "DQN" column (the professional
+# human tester's score beside it in a comment). Their protocol: no sticky actions, up to 30 no-ops at the start,
+# epsilon 0.05, games of at most 5 minutes; v5's sticky actions (env=atari's) make each game harder. A game
+# missing here has no conventional value in rltrain: null, never another game's number.
+ATARI_DQN_2015 = {
+    "Asterix": 6012.0,        # human 8503
+    "BeamRider": 6846.0,      # human 5775
+    "Breakout": 401.2,        # human 31.8
+    "Enduro": 301.8,          # human 309.6
+    "Freeway": 30.3,          # human 29.6
+    "MsPacman": 2311.0,       # human 15693
+    "Pong": 18.9,             # human 9.3
+    "Qbert": 10596.0,         # human 13455
+    "Seaquest": 5286.0,       # human 20182
+    "SpaceInvaders": 1976.0,  # human 1652
+}
+# the game in an ALE id: ALE/Pong-v5, and the gym-era Pong-v4, PongNoFrameskip-v4, PongDeterministic-v4
+ATARI_GAME = re.compile(r"(?:ALE/)?(?P<game>[A-Za-z]+?)(?:NoFrameskip|Deterministic)?-v\d+")
+
 
 def job_dir(num, overrides: str) -> str:
     """A multirun job's directory name: ``3_algo.lr=0.001,env.id=pkg-Env``. Past ``MAX_NAME`` characters the
@@ -61,8 +87,40 @@ def help_text(what: str) -> str:
     return HELP.get(what, "")
 
 
+def atari_score(env_id) -> float | None:
+    """The game's score in ``ATARI_DQN_2015``, or None for an id that names no game there."""
+    found = ATARI_GAME.fullmatch(str(env_id))
+    return ATARI_DQN_2015.get(found["game"]) if found else None
+
+
+TARGETS = ("target_return", "eval.target_return")
+
+
+def check_targets(cfg) -> None:
+    """A stop target that reads another key (``target_return=${env.solved_return}``) and finds null there would
+    train the whole budget without a word: refused in one line, naming what it read. A target set to null itself
+    is the usual "no target". ``cfg``: the composed DictConfig, before anything resolved it away."""
+    from omegaconf import OmegaConf
+
+    for key in TARGETS:
+        parent, _, leaf = key.rpartition(".")
+        node = OmegaConf.select(cfg, parent) if parent else cfg
+        if node is None or leaf not in node or not OmegaConf.is_interpolation(node, leaf):
+            continue
+        if OmegaConf.select(cfg, key) is not None:
+            continue
+        text = OmegaConf.to_container(node, resolve=False)[leaf]
+        why = ""
+        if "solved_return" in str(text):
+            why = (f": env.id={OmegaConf.select(cfg, 'env.id')} has no reference score (env=atari's games: "
+                   "docs/guide/pixels.md)")
+        raise ConfigError(f"{key}={text} is null{why}, so the run would never stop at it; set {key}=<a number>, "
+                          "or null to train the whole budget")
+
+
 def register() -> None:
     from omegaconf import OmegaConf
 
     OmegaConf.register_new_resolver("rltrain_job_dir", job_dir, replace=True)
     OmegaConf.register_new_resolver("rltrain_help", help_text, replace=True)
+    OmegaConf.register_new_resolver("rltrain_atari_score", atari_score, replace=True)

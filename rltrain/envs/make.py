@@ -233,7 +233,9 @@ class EnvFactory:
     max_episode_steps: int | None = None  # null keeps the env's registered time limit. Source: Gymnasium
     kwargs: dict = field(default_factory=dict)  # passed to gymnasium.make / your factory. Source: Gymnasium
     wrappers: list = field(default_factory=list)  # applied in order in every env, first innermost. Source: rltrain
-    solved_return: float | None = None  # the conventional "solved" score, for reference. Source: env presets
+    solved_return: float | None = None  # the conventional "solved" score, for reference and for
+    #                    target_return=${env.solved_return}; env=atari: the game's own DQN score (Mnih et al. 2015),
+    #                    null for a game outside its table (docs/guide/pixels.md). Source: env presets
     search_path: str | None = None  # where a module:Attr env.id is also looked for (the launch dir). Source: rltrain
     step_timeout_s: float | None = 60.0  # a step or reset slower than this fails the run naming the env (null:
     #                    no limit); far above a legitimate step, below parallel's heartbeat_timeout_s. Source: rltrain
