@@ -1,7 +1,8 @@
 """The tools and the Python API say what they did in their own words: the API's errors name its arguments (not
 the command lines' flags), a choice it does not know is refused (never read as ``final``), its objects show what
 they hold, ``rltrain-check``'s errors are one line on stderr whatever the terminal, ``rltrain-eval`` names the
-actions it took, and rltrain's own ``logging`` warnings read as its printed ones."""
+actions it took, and rltrain's own ``logging`` warnings read as its printed ones (and follow
+``hydra/job_logging``)."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ import pytest
 
 import rltrain
 from rltrain.errors import ConfigError
+from tests.conftest import run_cli
 
 TINY = ["algo=ppo", "env=cartpole", "experiment=none", "algo.rollout_len=64", "total_env_steps=256",
         "env.num_envs=2", "eval.every_env_steps=0", "eval.episodes=1", "logger=quiet", "logger.progress=off"]
@@ -110,7 +112,7 @@ logging.getLogger("some_library").warning("its own record")
 
 
 def test_rltrains_logging_warnings_read_as_its_printed_ones(tmp_path):
-    """Hydra's job logging as ``rltrain`` configures it (conf/train.yaml over Hydra's default), in a process of
+    """Hydra's job logging as ``rltrain`` configures it (conf/hydra/job_logging/rltrain.yaml), in a process of
     its own (it is global): a C51 support warning (algos/dqn.py) came out as ``[time][rltrain.algos.dqn][WARNING]
     - ...`` on stdout; another library's record keeps Hydra's format."""
     log = tmp_path / "train.log"
@@ -119,3 +121,31 @@ def test_rltrains_logging_warnings_read_as_its_printed_ones(tmp_path):
     assert "rltrain: warning" not in res.stdout and "[some_library][WARNING] - its own record" in res.stdout, res
     logged = log.read_text()
     assert "[rltrain.algos.dqn][WARNING] - algo.distributional=c51" in logged and "its own record" in logged, logged
+
+
+# a DQN-C51 smoke run whose support ends at +-0.1 while CartPole pays 1 per step: algos/dqn.py warns once, at once
+C51_AT_ITS_END = ["algo=dqn", "algo.distributional=c51", "algo.v_min=-0.1", "algo.v_max=0.1", "debug=smoke",
+                  "logger=quiet", "logger.progress=off"]
+
+
+def test_the_cli_says_rltrains_warnings_once_and_hydra_job_logging_disabled_silences_them(tmp_path):
+    """The real command: rltrain's own warning is one ``rltrain: warning:`` line on stderr and one line in
+    train.log (one file handler on it, not one of rltrain's beside Hydra's). ``hydra/job_logging=disabled``
+    silenced Hydra's records and not rltrain's (train.yaml merged rltrain's handlers into every choice): now it
+    silences both, on stderr and in train.log (which it does not write)."""
+    said = "algo.distributional=c51: the mean Q"
+    res = run_cli([*C51_AT_ITS_END, f"hydra.run.dir={tmp_path / 'run'}"], cwd=tmp_path)
+    assert res.returncode == 0, res.stderr[-2000:]
+    lines = [ln for ln in res.stderr.splitlines() if said in ln]
+    assert len(lines) == 1 and lines[0].startswith(f"rltrain: warning: {said}"), res.stderr
+    assert said not in res.stdout, res.stdout[-2000:]
+    logged = [ln for ln in (tmp_path / "run" / "train.log").read_text().splitlines() if said in ln]
+    assert len(logged) == 1 and f"[rltrain.algos.dqn][WARNING] - {said}" in logged[0], logged
+
+    quiet = run_cli([*C51_AT_ITS_END, f"hydra.run.dir={tmp_path / 'quiet'}", "hydra/job_logging=disabled"],
+                    cwd=tmp_path)
+    assert quiet.returncode == 0, quiet.stderr[-2000:]
+    assert (tmp_path / "quiet" / "summary.json").exists()  # the run itself is the same
+    assert said not in quiet.stderr and "rltrain: warning" not in quiet.stderr, quiet.stderr
+    assert said not in quiet.stdout, quiet.stdout[-2000:]
+    assert not (tmp_path / "quiet" / "train.log").exists()
