@@ -24,15 +24,15 @@ Sections (add yours: write ``def section_<name>(args) -> list[Row]`` and registe
 
 Both wall-clock and CPU-time (this process) rates are printed: on a shared machine wall time measures the
 neighbours too, CPU time is the cost of our own code. Timings are not asserted anywhere; compare ratios.
+The measurements the sections make rows of (the TrainLoop timed in this process, a whole ``rltrain`` process,
+the SB3 peer's script) are ``scripts/timed_runs.py``; this file holds the sections, the table and the flags.
 """
 
 from __future__ import annotations
 
 import argparse
 import functools
-import json
 import os
-import resource
 import statistics
 import subprocess
 import sys
@@ -42,8 +42,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from timed_runs import REPO, clock, measure_train, run_cli, run_peer  # noqa: E402  (the rows' measurements)
 
 ENV_ID, NUM_ENVS = "CartPole-v1", 4
 
@@ -61,10 +61,6 @@ class Row:
     extra: dict = field(default_factory=dict)
 
 
-def _clock() -> tuple[float, float]:
-    return time.perf_counter(), time.process_time()
-
-
 # -- env: the ceiling ------------------------------------------------------------------------------------
 def section_env(args) -> list[Row]:
     import numpy as np
@@ -77,10 +73,10 @@ def section_env(args) -> list[Row]:
     actions = np.random.default_rng(0).integers(0, 2, (steps // NUM_ENVS, NUM_ENVS))
     for a in actions[:500]:  # warm-up
         venv.step(a)
-    (w0, c0) = _clock()
+    (w0, c0) = clock()
     for a in actions:
         venv.step(a)
-    (w1, c1) = _clock()
+    (w1, c1) = clock()
     venv.close()
     n = len(actions) * NUM_ENVS
     args.ceiling = (n / (w1 - w0), n / (c1 - c0))
@@ -89,56 +85,6 @@ def section_env(args) -> list[Row]:
 
 
 # -- train: PPO at CleanRL's settings through the TrainLoop -----------------------------------------------
-def measure_train(overrides: list[str], *, warmup: int, measure: int) -> tuple[float, float, dict]:
-    """(wall SPS, CPU SPS, summary) of ``TrainLoop.run`` between the end of ``warmup`` steps and the end.
-
-    The loop is the real one (collector, learn, bookkeeping, logging); evaluation and checkpoints are
-    off during the measured span, and rollout starts are timestamped by wrapping ``collector.collect``.
-    """
-    import torch
-
-    from rltrain.cli.build import prepare, settings_from
-    from rltrain.run.device import pick_device
-    from rltrain.run.seeding import derive
-    from rltrain.run.signals import StopFlag
-    from rltrain.trainers.hooks import Placement
-    from rltrain.trainers.loop import TrainLoop
-    from tests.conftest import compose_cfg
-
-    with tempfile.TemporaryDirectory() as tmp:
-        cfg = compose_cfg([*overrides, "logger=quiet", "eval.every_env_steps=0", "checkpoint.every_env_steps=0",
-                           "eval.episodes=1", f"total_env_steps={warmup + measure}"])
-        s = settings_from(prepare(cfg))
-        torch.set_num_threads(s.torch_threads)
-        place = Placement(Path(tmp), derive(s.seed, s.env.num_envs), pick_device(s.device))
-        loop = TrainLoop(s, place, StopFlag())
-        marks: list[tuple[int, float, float]] = []
-        collect = loop.source.collect
-
-        def timed_collect(*a, **kw):
-            marks.append((loop.counters["env_steps"], *_clock()))
-            return collect(*a, **kw)
-
-        loop.source.collect = timed_collect  # type: ignore[method-assign]
-        loop.algo.learn = _wrap_end(loop.algo.learn, marks, loop)  # type: ignore[method-assign]
-        summary = loop.run()
-    start = next(m for m in marks if m[0] >= warmup)
-    end = marks[-1]
-    n = end[0] - start[0]
-    return n / (end[1] - start[1]), n / (end[2] - start[2]), summary
-
-
-def _wrap_end(learn: Callable, marks: list, loop) -> Callable:
-    """Marks the end of the last learn() too, so the measured span covers whole iterations."""
-
-    def timed_learn(rollout, **kw):
-        out = learn(rollout, **kw)
-        marks.append((loop.counters["env_steps"] + rollout.num_steps, *_clock()))
-        return out
-
-    return timed_learn
-
-
 def section_train(args) -> list[Row]:
     warmup, measure = (4096, 20_480) if args.quick else (10_240, 102_400)
     wall, cpu, _ = measure_train(["experiment=ppo_cleanrl"], warmup=warmup, measure=measure)
@@ -149,21 +95,6 @@ def section_train(args) -> list[Row]:
 
 
 # -- solve: whole-process time to a rolling-20 return of 475 ------------------------------------------------
-def run_cli(cli_args: list[str], cwd: Path) -> tuple[float, float, dict]:
-    """Run ``python -m rltrain <args>`` in ``cwd``; (wall s, child CPU s, summary.json)."""
-    before = resource.getrusage(resource.RUSAGE_CHILDREN)
-    t0 = time.perf_counter()
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
-    proc = subprocess.run([sys.executable, "-m", "rltrain", *cli_args, f"hydra.run.dir={cwd}/run"], cwd=cwd,
-                          capture_output=True, text=True, env=env, timeout=900)
-    wall = time.perf_counter() - t0
-    after = resource.getrusage(resource.RUSAGE_CHILDREN)
-    if proc.returncode != 0:
-        raise RuntimeError(f"rltrain {' '.join(cli_args)} failed:\n{proc.stderr[-2000:]}")
-    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
-    return wall, cpu, json.loads((cwd / "run" / "summary.json").read_text())
-
-
 def section_solve(args) -> list[Row]:
     seeds = [1] if args.quick else [1, 2, 3]
     rows, walls, cpus = [], [], []
@@ -226,16 +157,6 @@ def section_actors(args) -> list[Row]:
                         ratio=f"x{r['scaling_vs_1']:.2f} vs 1 actor{target}",
                         notes=f"{r['steps']} steps, {r['wall_s']:.1f} s wall"))
     return rows
-
-
-def run_peer(python: str, *cli: str, timeout: float = 3600) -> tuple[float, dict]:
-    """Run ``scripts/peers/sb3_ppo.py <cli>`` under the peer's Python: (wall s, its JSON result line)."""
-    t0 = time.perf_counter()
-    out = subprocess.run([python, str(REPO / "scripts" / "peers" / "sb3_ppo.py"), *cli], capture_output=True,
-                         text=True, timeout=timeout)
-    if out.returncode != 0:
-        raise RuntimeError(f"sb3_ppo.py {' '.join(cli)} failed:\n{out.stderr[-2000:]}")
-    return time.perf_counter() - t0, json.loads(out.stdout.strip().splitlines()[-1])
 
 
 def section_pixels(args) -> list[Row]:

@@ -91,6 +91,48 @@ def test_every_module_is_in_a_room_and_short():
     assert long == []
 
 
+def module_rule_breaks(root: Path) -> list[str]:
+    """docs/architecture.md's rules for the modules under ``root``: at most 400 lines, no ``utils.py`` (a module
+    is named after its role), and no two modules in one folder whose names differ by a suffix (``bench.py``
+    beside ``bench_table.py`` or ``bench2.py``: one role split in two, or two roles under one name)."""
+    found = []
+    for path in sorted(root.rglob("*.py")):
+        where = path.relative_to(root.parent)
+        if (n := len(path.read_text().splitlines())) > 400:
+            found.append(f"{where}: {n} lines (at most 400)")
+        if path.name == "utils.py":
+            found.append(f"{where}: no utils.py (name the module after its role)")
+    for folder in sorted({p.parent for p in root.rglob("*.py")}):
+        stems = sorted(p.stem for p in folder.glob("*.py"))
+        for a in stems:
+            for b in stems:
+                if b != a and b.startswith(a) and (b[len(a)] == "_" or b[len(a):].isdigit()):
+                    found.append(f"{(folder / b).relative_to(root.parent)}.py beside {a}.py: names that differ by "
+                                 "a suffix")
+    return found
+
+
+@pytest.mark.parametrize("root", [PKG, PKG.parent / "scripts", PKG.parent / "hydra_plugins"],
+                         ids=["rltrain", "scripts", "hydra_plugins"])
+def test_every_module_is_short_and_named_after_one_role(root):
+    """The benchmarks under scripts/ too: bench_throughput.py had grown to 427 lines."""
+    assert module_rule_breaks(root) == []
+
+
+def test_the_module_rules_catch_a_long_module_a_utils_and_a_suffix(tmp_path):
+    root = tmp_path / "scripts"
+    root.mkdir()
+    (root / "bench.py").write_text("x = 1\n" * 401)
+    (root / "bench_table.py").write_text("")
+    (root / "bench2.py").write_text("")
+    (root / "utils.py").write_text("")
+    (root / "benchmarks.py").write_text("")  # another word that starts alike: no suffix
+    assert module_rule_breaks(root) == [
+        "scripts/bench.py: 401 lines (at most 400)", "scripts/utils.py: no utils.py (name the module after its role)",
+        "scripts/bench2.py beside bench.py: names that differ by a suffix",
+        "scripts/bench_table.py beside bench.py: names that differ by a suffix"]
+
+
 @pytest.mark.parametrize("module", ["rltrain.trainers.loop", "rltrain.trainers.parallel",
                                     "rltrain.trainers.distributed", "rltrain.trainers.actors.learner"])
 def test_trainers_load_without_hydra(module):
