@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import functools
 import os
+import socket
 import sys
 import time
 import traceback
@@ -53,6 +54,8 @@ class RankJob:
     backend: str
     timeout_s: float
     stderr_path: str | None = None  # fd 2 appended there (``RankStderr``); None: left as it is
+    rendezvous_fd: int | None = None  # the parent's listening socket (``LocalRendezvous.fileno``): closed in a
+    #                                   forked rank, which inherits it and never accepts on it
 
 
 @dataclass(frozen=True)
@@ -93,12 +96,32 @@ def spawned_rank(run_rank: Callable[..., dict], ctx: WorkerContext, job: RankJob
     where the exception's type is known, and sent before the bootstrap sends ``Failed`` with the traceback."""
     if job.stderr_path:
         _stderr_to(job.stderr_path)
+    if job.rendezvous_fd is not None:
+        release_inherited(job.rendezvous_fd, job.launch.master_port)
     try:
         return run_rank(job.launch, job.settings, Path(job.run_dir), backend=job.backend, timeout_s=job.timeout_s,
                         stop=ContextStop(ctx))  # the parent's Stop -> the all-reduced stop bit -> same update
     except BaseException as err:  # noqa: B036 - classify everything, KeyboardInterrupt included; then re-raise
         ctx.send(replace(failure_of(job.launch.rank, err), traceback=""))
         raise
+
+
+def release_inherited(fd: int, port: int) -> None:
+    """Close the parent's rendezvous socket where this rank inherited it (a forked rank): the descriptor would
+    keep the port bound as long as the rank lives, past the parent's end. Only if ``fd`` is that very socket, a
+    TCP one bound to ``port``: a rank started otherwise (forkserver, spawn) has another file there, or none."""
+    try:
+        sock = socket.socket(fileno=fd)
+    except OSError:
+        return  # no socket at that number
+    try:
+        mine = sock.family in (socket.AF_INET, socket.AF_INET6) and sock.getsockname()[1] == port
+    except OSError:
+        mine = False
+    if mine:
+        sock.close()
+    else:
+        sock.detach()  # someone else's descriptor: left open
 
 
 def _stderr_to(path: str) -> None:
@@ -219,7 +242,7 @@ def spawn_ranks(run_rank: Callable[..., dict], settings: RunSettings, run_dir: P
         stderr = RankStderr(run_dir, world_size)
         jobs = [RankJob(LaunchInfo(rank=r, world_size=world_size, local_rank=r, master_addr=master_addr,
                                    master_port=rendezvous.port, source="local"), settings, str(run_dir), backend,
-                        timeout_s, stderr.path(r))
+                        timeout_s, stderr.path(r), rendezvous_fd=rendezvous.fileno())
                 for r in range(world_size)]
         # auto: fork (the ranks inherit torch and this module: nothing to import) while this process has no other
         # thread and no CUDA context, else forkserver (imported once by the server, not per rank);

@@ -159,9 +159,10 @@ class LocalRendezvous:
 
     ``serve`` must come after the ranks are started: the store's server is a C++ thread, and a rank forked after
     it would inherit a copy of its locks without the thread (a forked rank inherits only the bare listening
-    socket: it never accepts on it, and the parent closes the store after every rank has ended). Ranks join it as
+    socket, which it closes, and the parent closes the store after every rank has ended). Ranks join it as
     clients (``join_group``); the parent outlives them, so the store also outlives a rank that dies, and its
-    heartbeat counters still tell which one did.
+    heartbeat counters still tell which one did. A forked rank closes its inherited copy of the socket at start
+    (``ranks.release_inherited``, given ``fileno``), so no rank keeps the port bound past the parent.
     """
 
     def __init__(self, host: str, world_size: int, timeout_s: float):
@@ -181,6 +182,10 @@ class LocalRendezvous:
                                     timeout=timedelta(seconds=self.timeout_s), master_listen_fd=self._sock.fileno())
         self._sock.detach()  # the store closes the descriptor when it ends; Python must not close it as well
         self._sock = None
+
+    def fileno(self) -> int | None:
+        """The listening socket's descriptor while held (the number a forked rank inherits it at), else None."""
+        return self._sock.fileno() if self._sock is not None else None
 
     def close(self) -> None:
         """Release the port: the socket if never served, else the store (its server stops when its last reference
