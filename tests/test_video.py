@@ -38,7 +38,7 @@ def test_an_atari_evaluation_records_one_video_per_game(tmp_path):
     from rltrain.cli.build import env_factory
     from rltrain.trainers.episodes import evaluate
 
-    factory = env_factory(OmegaConf.to_container(compose_cfg(["env=atari"]).env))
+    factory = env_factory(OmegaConf.to_container(compose_cfg(["env=atari"]).env, resolve=True))
     evaluate(StubPolicy(4), factory.make, episodes=2, eval_seed=0, video_dir=tmp_path / "v",
              real_scores=factory.real_scores)
     assert len(list((tmp_path / "v").glob("*.mp4"))) == 2  # was 10: Breakout's 5 lives each
