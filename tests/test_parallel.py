@@ -135,7 +135,8 @@ def test_raising_and_killed_agents_are_reported_and_the_others_finish(cli, tmp_p
 
 def test_abort_stops_the_other_agents_with_a_checkpoint(cli, tmp_path, orphan_watch):
     out = cli(*SMOKE, "trainer.num_agents=2", "trainer.on_agent_failure=abort",
-              "trainer.agent_overrides=[{total_env_steps:10000000},{env.id:tests.helpers.faulty_envs:raising_cartpole}]",
+              "trainer.agent_overrides=[{total_env_steps:10000000},"
+              "{env.id:tests.helpers.faulty_envs:raising_cartpole_after_agent_0}]",
               "hydra.run.dir=run", timeout=600, env=ENV)
     assert out.returncode == 1, out.stderr
     s = summary(tmp_path / "run")

@@ -89,9 +89,9 @@ class SlowEnv(CountingEnv):
 class _FailAfter(gym.Wrapper):
     """Fails after ``after`` steps of this env: ``how="raise"`` raises, ``how="kill"`` SIGKILLs the process."""
 
-    def __init__(self, env: gym.Env, after: int, how: str):
+    def __init__(self, env: gym.Env, after: int, how: str, wait_for: str | None = None):
         super().__init__(env)
-        self.after, self.how, self.steps = after, how, 0
+        self.after, self.how, self.steps, self.wait_for = after, how, 0, wait_for
 
     def step(self, action):
         import os
@@ -99,6 +99,10 @@ class _FailAfter(gym.Wrapper):
 
         self.steps += 1
         if self.steps > self.after:
+            if self.wait_for:  # an order, not a time: fail only once another process has written a row there
+                deadline = time.monotonic() + 300
+                while time.monotonic() < deadline and not _has_rows(self.wait_for):
+                    time.sleep(0.05)
             if self.how == "raise":
                 raise RuntimeError(f"faulty env: failing on purpose after {self.after} steps")
             os.kill(os.getpid(), signal.SIGKILL)  # like the OOM killer: no traceback, no goodbye
@@ -108,6 +112,21 @@ class _FailAfter(gym.Wrapper):
 def raising_cartpole(after: int = 100) -> gym.Env:
     """CartPole whose step raises RuntimeError after ``after`` steps (parallel-agent failure tests)."""
     return _FailAfter(gym.make("CartPole-v1"), after, "raise")
+
+
+def raising_cartpole_after_agent_0(after: int = 100) -> gym.Env:
+    """``raising_cartpole`` that raises only once agent 0 of the trainer=parallel run in ``run/`` (relative to the
+    launch dir) has logged a row of its own: a test of what a failure does to the other agents must not race their
+    start on a loaded machine."""
+    return _FailAfter(gym.make("CartPole-v1"), after, "raise", wait_for="run/agent_0/metrics.csv")
+
+
+def _has_rows(path: str) -> bool:
+    try:
+        with open(path) as f:
+            return sum(1 for _ in f) >= 2  # the header and one row
+    except OSError:
+        return False
 
 
 def sigkill_cartpole(after: int = 100) -> gym.Env:
