@@ -38,7 +38,8 @@ CASES = {
     "qrdqn": ["algo=dqn", "algo.distributional=qr", "algo.dueling=true", "algo.n_quantiles=16",
               "algo.learning_starts=128", "algo.buffer_size=1000"],
     "pqn": ["algo=pqn", "algo.rollout_len=32"],
-    "sac": ["algo=sac", "env=pendulum", "algo.learning_starts=128", "algo.buffer_size=1000"],
+    "sac": ["algo=sac", "env=pendulum", "algo.learning_starts=128", "algo.buffer_size=1000",
+            "model.hidden_sizes=[32,32]"],
     # the actor on the critic's shared encoder (models/sac_networks.py)
     "sac_image": ["algo=sac", "env.id=tests.helpers.obs_envs:ImageEnv", "+env.kwargs.continuous=true",
                   "+env.kwargs.shape=[10,10,3]", "model.encoder=minatar", "model.cnn_features=16",
@@ -47,12 +48,12 @@ CASES = {
     # a Box observation of shape (): batches of [B], one number each
     "ppo_scalar": ["algo=ppo", "env.id=tests.helpers.obs_envs:ScalarEnv", "algo.rollout_len=32"],
     "sac_scalar": ["algo=sac", "env.id=tests.helpers.obs_envs:ScalarEnv", "+env.kwargs.continuous=true",
-                   "algo.learning_starts=128", "algo.buffer_size=1000"],
+                   "algo.learning_starts=128", "algo.buffer_size=1000", "model.hidden_sizes=[32,32]"],
     # float64 observations and actions (a custom env's Box(..., np.float64)): the file takes the env's own
     # observation and returns its own action dtype, cast inside the graph
     "ppo_float64": ["algo=ppo", "env.id=tests.helpers.space_envs:StrictDtypeEnv", "algo.init_log_std=1.0"],
     "sac_float64": ["algo=sac", "env.id=tests.helpers.space_envs:StrictDtypeEnv", "algo.learning_starts=128",
-                    "algo.buffer_size=1000"],
+                    "algo.buffer_size=1000", "model.hidden_sizes=[32,32]"],
     # a (2, 2) Box action, which the policy acts on as 4 values: the file returns [B, 2, 2] (a float64 one:
     # tests/test_multiagent_games.py)
     "td3_matrix": ["algo=td3", "env.id=tests.helpers.shaped_envs:MatrixEnv", "algo.learning_starts=128",
@@ -68,7 +69,7 @@ CASES = {
 RECURRENT = {core: ["algo=ppo", "env=cartpole_novel", f"model.core={core}", "model.core_size=16",
                     "algo.rollout_len=16"] for core in ("lstm", "gru")}
 FORMATS = ["export", "onnx", "torchscript"]
-SLOW = {"sac", "ppo_image"}  # their training runs take over 20 s on a busy machine
+SLOW = {"ppo_image"}  # its training run takes over 20 s on a busy machine
 
 # A fresh interpreter in which `import rltrain` raises, run from an empty directory without PYTHONPATH: only
 # torch / onnxruntime / numpy and the files. It steps each exported file T times over a batch of B envs (inputs
