@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import datetime
 import os
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -50,11 +51,29 @@ def train(overrides: list[str] | Any = (), *, run_dir: str | Path | None = None)
     ``rltrain.errors.ConfigError`` with the command line's one-line message."""
     from omegaconf import DictConfig
 
+    refuse_in_a_worker()
     if isinstance(overrides, DictConfig):
         return _train_config(overrides, run_dir)
     if isinstance(overrides, str):
         raise ConfigError(f"overrides={overrides!r}: pass a list of key=value strings (e.g. [{overrides!r}])")
     return _train_overrides(list(overrides), run_dir)
+
+
+def refuse_in_a_worker() -> None:
+    """A worker process that the multi-process trainers start with ``spawn`` or ``forkserver`` runs the calling
+    script again as ``__mp_main__`` (Python's multiprocessing does, to find what the script defines): a ``train``
+    call at the script's top level would start a second run inside each worker, which finds the run dir locked and
+    fails, and the worker is restarted, over and over. Refused there in one line naming the guard."""
+    import multiprocessing
+
+    # _inheriting: set by multiprocessing while a new process (a spawned worker, the forkserver) imports the
+    # script, the flag its own "bootstrapping phase" error reads
+    if getattr(multiprocessing.current_process(), "_inheriting", False) or (
+            multiprocessing.parent_process() is not None and
+            getattr(sys.modules.get("__main__"), "__name__", None) == "__mp_main__"):
+        raise ConfigError("rltrain.train() was called while a worker process started by a run was importing your "
+                          "script: put the call under `if __name__ == \"__main__\":` (the multi-process trainers "
+                          "start workers that import the main script, as Python's multiprocessing does)")
 
 
 def _train_overrides(overrides: list[str], run_dir: str | Path | None) -> RunResult:

@@ -348,3 +348,30 @@ def test_make_env_builds_the_env_the_policy_was_trained_on(tmp_path, monkeypatch
     with pytest.raises(rltrain.errors.ConfigError, match="allow_import=True"):
         rltrain.load_policy(moduled.run_dir).make_env()
     assert rltrain.load_policy(moduled.run_dir).make_env(allow_import=True).reset(seed=0)[0] is not None
+
+
+SCRIPT = """
+import rltrain
+{indent_open}result = rltrain.train(["algo=impala", "trainer=subprocess_actors", "trainer.num_actors=1", "debug=smoke",
+{indent}                        "total_env_steps=1024", "logger=quiet", "hydra.run.dir=runs/actors"])
+{indent}print("STATUS", result.summary["status"])
+"""
+
+
+@pytest.mark.parametrize("guarded", [False, True], ids=["top_level", "guarded"])
+def test_a_script_s_unguarded_train_call_is_named_in_the_workers_it_would_rerun(tmp_path, guarded):
+    """A script calling rltrain.train at its top level, with a trainer whose workers Python starts by importing
+    the script again (spawn / forkserver): each worker refuses to start a second run in one line naming the
+    ``if __name__ == "__main__":`` guard, and the run ends failed, where each worker used to start the run again
+    (a locked run dir, a traceback per restart, nothing naming the cause). Guarded, the same script trains."""
+    head = 'if __name__ == "__main__":\n    ' if guarded else ""
+    (tmp_path / "train_script.py").write_text(SCRIPT.format(indent_open=head, indent="    " if guarded else ""))
+    res = subprocess.run([sys.executable, "train_script.py"], capture_output=True, text=True, timeout=300,
+                         cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(REPO)})
+    guard = 'put the call under `if __name__ == "__main__":`'
+    if guarded:
+        assert res.returncode == 0 and "STATUS completed" in res.stdout, res.stderr[-3000:]
+        assert guard not in res.stderr
+    else:
+        assert guard in res.stderr, res.stderr[-3000:]
+        assert "STATUS failed" in res.stdout, res.stdout[-2000:]

@@ -87,10 +87,15 @@ def help_text(what: str) -> str:
     return HELP.get(what, "")
 
 
+def atari_game(env_id) -> str | None:
+    """The game an ALE id names (``ALE/Pong-v5``, ``PongNoFrameskip-v4`` -> ``Pong``), else None."""
+    found = ATARI_GAME.fullmatch(str(env_id))
+    return found["game"] if found and (str(env_id).startswith("ALE/") or found["game"] in ATARI_DQN_2015) else None
+
+
 def atari_score(env_id) -> float | None:
     """The game's score in ``ATARI_DQN_2015``, or None for an id that names no game there."""
-    found = ATARI_GAME.fullmatch(str(env_id))
-    return ATARI_DQN_2015.get(found["game"]) if found else None
+    return ATARI_DQN_2015.get(atari_game(env_id) or "")
 
 
 TARGETS = ("target_return", "eval.target_return")
@@ -112,8 +117,11 @@ def check_targets(cfg) -> None:
         text = OmegaConf.to_container(node, resolve=False)[leaf]
         why = ""
         if "solved_return" in str(text):
-            why = (f": env.id={OmegaConf.select(cfg, 'env.id')} has no reference score (env=atari's games: "
-                   "docs/guide/pixels.md)")
+            env_id = OmegaConf.select(cfg, "env.id")
+            # only an ALE id can be a game the table lacks; any other env says what its group sets (or not)
+            where = "env=atari knows ten games' scores: docs/guide/pixels.md" if atari_game(env_id) else \
+                "env.solved_return is null: its env group sets none"
+            why = f": env.id={env_id} has no reference score ({where})"
         raise ConfigError(f"{key}={text} is null{why}, so the run would never stop at it; set {key}=<a number>, "
                           "or null to train the whole budget")
 
