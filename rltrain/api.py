@@ -126,9 +126,23 @@ def _train_config(cfg: Any, run_dir: str | Path | None) -> RunResult:
 
 
 def _run(cfg: Any, run_dir: Path) -> RunResult:
-    from rltrain.cli.build import run
+    import logging
 
-    summary = run(cfg, run_dir)
+    from rltrain.cli.build import run
+    from rltrain.cli.train import LogLines
+
+    # no Hydra job logging here: where the caller configured no logging, rltrain's warnings read as on the command
+    # line (``rltrain: warning: ...`` on stderr) for this run, not as Python's bare last-resort message
+    logger, handler = logging.getLogger("rltrain"), logging.StreamHandler(sys.stderr)
+    handler.setFormatter(LogLines())
+    mine = not logger.hasHandlers()
+    if mine:
+        logger.addHandler(handler)
+    try:
+        summary = run(cfg, run_dir)
+    finally:
+        if mine:
+            logger.removeHandler(handler)
     policy = None
     if (run_dir / "checkpoints").is_dir():
         try:

@@ -148,21 +148,28 @@ TARGET = [*SMOKE, "algo=dqn", "experiment=none", "env.num_envs=1", "algo.rollout
           "log.every_env_steps=100", "model.hidden_sizes=[16]", "algo.target_network_frequency=200"]
 LATE = ("warning: algo.target_network_frequency=200: the target network first takes trained weights in the update "
         "that reaches env step 200, and the run's last round of updates comes at env step 200 (total_env_steps=203), "
-        "so every TD target comes from the initial, untrained network; set algo.target_network_frequency=104 or "
+        "so every TD target comes from the initial, untrained network; set e.g. algo.target_network_frequency=104 or "
         "total_env_steps >= 204")
 
 
-def test_a_target_network_that_would_never_take_trained_weights_is_a_warning_and_the_run_goes_on(tmp_path, capsys):
+def test_a_target_network_that_would_never_take_trained_weights_is_a_warning_and_the_run_goes_on(tmp_path, capsys,
+                                                                                                   caplog):
+    """``rltrain`` says it through rltrain's logger (Hydra's job logging shows it: test_tool_wording.py),
+    ``rltrain-check`` prints it; a value that works is named as an example (a shorter frequency can wait for a
+    later copy)."""
     summary = build.run(compose_cfg([*TARGET, "total_env_steps=203"]), tmp_path / "late")
     assert summary["status"] == "completed"  # a warning, not a refusal: the generic default is longer than smoke tests
-    assert [line for line in capsys.readouterr().err.splitlines() if "warning" in line] == [f"rltrain: {LATE}"]
+    said = [r for r in caplog.records if r.name.startswith("rltrain") and r.levelname == "WARNING"]
+    assert [f"{r.levelname.lower()}: {r.getMessage()}" for r in said] == [LATE]
+    assert "warning" not in capsys.readouterr().err
     resolved, _ = resolve_experiment([*TARGET, "total_env_steps=203"])
     assert check.check(resolved, Console(record=True, width=600)) == 0
     assert f"rltrain-check: {LATE}" in capsys.readouterr().err.splitlines()
     for name, works in (("budget", ["total_env_steps=204"]), ("frequency", ["total_env_steps=203",
                                                                             "algo.target_network_frequency=104"])):
+        caplog.clear()
         build.run(compose_cfg([*TARGET, *works]), tmp_path / name)
-        assert "target network" not in capsys.readouterr().err, name
+        assert "target network" not in capsys.readouterr().err + caplog.text, name
         counters = torch.load(tmp_path / name / "checkpoints" / "final.pt", weights_only=False)["algo"]["counters"]
         # a copy after a gradient step, and gradient steps after it: rounds at 104, 108, ... (one step each)
         synced = counters["last_target_sync"]
@@ -186,3 +193,74 @@ def test_her_k_typed_without_her_is_said_unread_by_every_replay_learner(algo):
     overrides = [*SMOKE, f"algo={algo}", *env, "algo.her_k=8"]
     settings = build.settings_from(build.prepare(compose_cfg(overrides)))
     assert "algo.her_k=8 is not read: only algo.her=true uses it (now false)" in unread_lines(settings, overrides)
+
+
+def _checked(overrides: list[str], capsys) -> tuple[int, str]:
+    """rltrain-check's exit code and its lines (table and stderr) for one job."""
+    resolved, _ = resolve_experiment(overrides)
+    console = Console(record=True, width=2000)
+    code = check.check(resolved, console)
+    return code, console.export_text().replace("\n", " ") + capsys.readouterr().err
+
+
+# (overrides, what the line says, overrides that each pass): CartPole's DQN preset, 4 envs x 1 step per update
+WARM_UP = [
+    (["algo=dqn", "total_env_steps=1000"],
+     "total_env_steps=1000 <= algo.learning_starts=1000: no gradient step would ever be taken; set total_env_steps >= "
+     "1128 or algo.learning_starts <= 872", [["total_env_steps=1128"], ["total_env_steps=1000",
+                                                                       "algo.learning_starts=872"]]),
+    (["algo=dqn", "trainer=parallel", "trainer.num_agents=2", "total_env_steps=2000"],
+     "trainer=parallel: agent 0 of 2 gets 1000 of total_env_steps=2000: total_env_steps=1000 <= "
+     "algo.learning_starts=1000: no gradient step would ever be taken; set total_env_steps >= 2256 (1128 for each "
+     "agent) or algo.learning_starts <= 872", [["total_env_steps=2256"], ["total_env_steps=2000",
+                                                                         "algo.learning_starts=872"]]),
+    # the whole run's 6000 would fill a batch; each agent's 3000 does not, and only the agents' checks speak
+    (["algo=dqn", "trainer=parallel", "trainer.num_agents=2", "algo.batch_size=5872", "total_env_steps=6000"],
+     "trainer=parallel: agent 0 of 2 gets 3000 of total_env_steps=6000: total_env_steps=3000 puts 3000 transitions "
+     "into the replay (2996 sampleable: the newest of each env stream (4) waits for its successor), fewer than "
+     "algo.batch_size=5872: no gradient step would ever be taken; set total_env_steps >= 12000 (6000 for each agent) "
+     "or algo.batch_size <= 2872", [["total_env_steps=12000"], ["total_env_steps=6000", "algo.batch_size=2872"]]),
+    # shares 667, 667, 666: the smallest is checked first, and what it suggests fits the others
+    (["algo=dqn", "trainer=parallel", "trainer.num_agents=3", "total_env_steps=2000"],
+     "trainer=parallel: agent 2 of 3 gets 666 of total_env_steps=2000: total_env_steps=666 <= "
+     "algo.learning_starts=1000: no gradient step would ever be taken; set total_env_steps >= 3384 (1128 for each "
+     "agent) or algo.learning_starts <= 540", [["total_env_steps=3384"]]),
+    (["algo=dqn", "trainer=parallel", "trainer.num_agents=2", "total_env_steps=2010"],
+     "trainer=parallel: agent 0 of 2 gets 1005 of total_env_steps=2010: total_env_steps=1005 ends at env step 1008, "
+     "before the first round of updates: the env steps owed count from algo.learning_starts=1000, and "
+     "algo.train_frequency=128 of them make it due in the update that reaches env step 1128: no gradient step would "
+     "ever be taken; set total_env_steps >= 2256 (1128 for each agent) or algo.train_frequency <= 8",
+     [["total_env_steps=2256"]]),
+]
+
+
+@pytest.mark.parametrize(("overrides", "message", "fixes"), WARM_UP, ids=[" ".join(o) for o, _, _ in WARM_UP])
+def test_a_refused_budget_names_values_that_pass_and_under_parallel_totals_that_give_each_agent_its_need(
+        overrides, message, fixes, capsys):
+    code, said = _checked(overrides, capsys)
+    assert code == 2 and message in said, said
+    for fix in fixes:
+        code, said = _checked([*overrides, *fix], capsys)
+        assert code == 0 and "error:" not in said, (fix, said)  # it trains (a target warning may follow: below)
+
+
+def test_the_budgets_the_target_network_warning_names_under_parallel_are_totals_that_silence_it(capsys):
+    """Each agent's 1128 syncs too late; 1256 each, 2512 in all, does not (nor does the 3 agents' 3768)."""
+    for agents, total, enough in ((2, 2256, "total_env_steps >= 2512 (1256 for each agent)"),
+                                  (3, 3383, "total_env_steps >= 3768 (1256 for each agent)")):
+        run = ["algo=dqn", "trainer=parallel", f"trainer.num_agents={agents}"]
+        code, said = _checked([*run, f"total_env_steps={total}"], capsys)
+        assert code == 0 and f"so every TD target comes from the initial, untrained network; set {enough}" in said, said
+        code, said = _checked([*run, f"total_env_steps={enough.split()[2]}"], capsys)
+        assert code == 0 and "target network" not in said, said
+
+
+def test_the_warm_up_the_line_names_is_the_largest_that_trains(capsys):
+    """Every value at or below it trains (the first round never comes later for a shorter warm-up); one more does
+    not, for one run and for the smallest of three agents' shares."""
+    for run, starts in ((["algo=dqn", "total_env_steps=1000"], 872), (["algo=dqn", "total_env_steps=5000"], 4872),
+                        (["algo=dqn", "trainer=parallel", "trainer.num_agents=3", "total_env_steps=2000"], 540)):
+        for value in (0, starts // 2, starts):
+            assert _checked([*run, f"algo.learning_starts={value}"], capsys)[0] == 0, (run, value)
+        code, said = _checked([*run, f"algo.learning_starts={starts + 1}"], capsys)
+        assert code == 2 and "before the first round of updates" in said, (run, said)

@@ -149,3 +149,36 @@ def test_the_cli_says_rltrains_warnings_once_and_hydra_job_logging_disabled_sile
     assert said not in quiet.stderr and "rltrain: warning" not in quiet.stderr, quiet.stderr
     assert said not in quiet.stdout, quiet.stdout[-2000:]
     assert not (tmp_path / "quiet" / "train.log").exists()
+
+
+# one env, one step per update, a target copied every 200 env steps: the run ends (203) before a round follows the
+# first trained copy (tests/test_replay_rounds.py), a start-up warning of cli/preflight.py
+TARGET_LATE = ["debug=smoke", "logger=quiet", "logger.progress=off", "algo=dqn", "experiment=none", "env.num_envs=1",
+               "algo.rollout_len=1", "algo.learning_starts=100", "algo.train_frequency=4", "eval.every_env_steps=0",
+               "eval.episodes=1", "checkpoint.every_env_steps=0", "model.hidden_sizes=[16]",
+               "algo.target_network_frequency=200", "total_env_steps=203"]
+API_RUN = "import sys, rltrain; rltrain.train(sys.argv[2:], run_dir=sys.argv[1])"
+
+
+def test_the_start_up_warnings_follow_hydra_job_logging_and_the_api_says_them_as_the_cli_does(tmp_path):
+    """The target-network warning went to stderr with print(): not in train.log, not silenced by
+    ``hydra/job_logging=disabled``. Now it is a record of rltrain's logger, as its other warnings; ``rltrain.train``
+    (no job logging, no handler of the caller's) says it as the command does, not as Python's bare message."""
+    said = "algo.target_network_frequency=200: the target network first takes trained weights"
+    res = run_cli([*TARGET_LATE, f"hydra.run.dir={tmp_path / 'run'}"], cwd=tmp_path)
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert [ln for ln in res.stderr.splitlines() if said in ln or "warning" in ln] == \
+        [ln for ln in res.stderr.splitlines() if ln.startswith(f"rltrain: warning: {said}")], res.stderr
+    assert len([ln for ln in res.stderr.splitlines() if said in ln]) == 1 and said not in res.stdout, res.stderr
+    logged = [ln for ln in (tmp_path / "run" / "train.log").read_text().splitlines() if said in ln]
+    assert len(logged) == 1 and f"[rltrain.cli.preflight][WARNING] - {said}" in logged[0], logged
+
+    quiet = run_cli([*TARGET_LATE, f"hydra.run.dir={tmp_path / 'quiet'}", "hydra/job_logging=disabled"], cwd=tmp_path)
+    assert quiet.returncode == 0 and (tmp_path / "quiet" / "summary.json").exists(), quiet.stderr[-2000:]
+    assert said not in quiet.stderr + quiet.stdout and not (tmp_path / "quiet" / "train.log").exists(), quiet.stderr
+
+    api = subprocess.run([sys.executable, "-c", API_RUN, str(tmp_path / "api"), *TARGET_LATE], cwd=tmp_path,
+                         capture_output=True, text=True, timeout=300)
+    assert api.returncode == 0, api.stderr[-2000:]
+    assert [ln for ln in api.stderr.splitlines() if said in ln] == [
+        ln for ln in api.stderr.splitlines() if ln.startswith(f"rltrain: warning: {said}")] != [], api.stderr

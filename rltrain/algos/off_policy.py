@@ -30,8 +30,11 @@ networks, their optimisers and ONE gradient step (``update(batch) -> stats``); t
 
 A subclass's ``update`` receives a sampled ``Batch`` and returns its statistics as one detached 1-D tensor in
 the order of ``stat_names`` (the metrics' names); the base averages them over the call's gradient steps and the
-workers. ``gradient_steps_taken`` counts every gradient step of the run, the current one included (policy
-delays read it). Every count is checkpointed, so a resumed run owes exactly what the uninterrupted one did.
+workers. A delayed actor (TD3's ``policy_delay``, SAC's ``policy_frequency``: ``actor_delay``) steps on every
+``actor_delay``-th gradient step only (``actor_steps_at``), and its ``delayed_stats`` (NaN in the other steps) are
+averaged over its own steps: a call without one leaves them out, and the row keeps their last value.
+``gradient_steps_taken`` counts every gradient step of the run, the current one included (policy delays read it).
+Every count is checkpointed, so a resumed run owes exactly what the uninterrupted one did.
 """
 
 from __future__ import annotations
@@ -188,6 +191,8 @@ class OffPolicy(Algorithm):
 
     on_policy = False
     stat_names: ClassVar[tuple[str, ...]]  # the metrics ``update`` returns, in order
+    delayed_stats: ClassVar[tuple[str, ...]] = ()  # those of them computed on actor steps only (``actor_steps_at``)
+    actor_delay = 1  # gradient steps per actor step (a subclass's ``actor_delay_key`` setting)
     # the most transitions (steps x envs) the loop collects in one go: bounds the collector's buffers (Atari
     # frames) and how long a stop request waits for the collection to end
     max_transitions_per_collect: ClassVar[int] = 256
@@ -230,6 +235,17 @@ class OffPolicy(Algorithm):
         """The settings field that sets the env steps between its scheduled target updates (``sync_targets_every``:
         DQN's ``target_network_frequency``); None where its targets follow its gradient steps (SAC, TD3, DDPG)."""
         return None
+
+    @classmethod
+    def actor_delay_key(cls) -> str | None:
+        """The settings field that sets the gradient steps per actor step (TD3's ``policy_delay``, SAC's
+        ``policy_frequency``: ``actor_steps_at``); None where every gradient step is the whole update (DQN, DDPG)."""
+        return None
+
+    def actor_steps_at(self, gradient_step: int) -> bool:
+        """Whether the ``gradient_step``-th gradient step of the run (counted from 1) steps the actor: every
+        ``actor_delay``-th, the first at ``actor_delay`` (Fujimoto et al. 2018's ``t mod d``)."""
+        return gradient_step % self.actor_delay == 0
 
     def sync_targets_every(self, env_steps: int, *targets: TargetNetwork) -> None:
         """Update ``targets`` whenever ``env_steps`` env steps have passed since their last update (checked
@@ -288,10 +304,11 @@ class OffPolicy(Algorithm):
         self.unwritten.write()  # the buffer now holds every transition so far
         if self.buffer.ready < self.batch_size:
             return metrics  # no batch to sample yet: these steps owe nothing
-        stats = []
+        stats, actor_steps = [], []
         for _ in range(self.schedule.owe(steps)):
             self.gradient_steps_taken += 1
             self.weight_writes += 1
+            actor_steps.append(self.actor_steps_at(self.gradient_steps_taken))
             stats.append(self.update(self.sample(progress)))
         if self._target_due():
             self.last_target_sync = self.env_steps
@@ -299,10 +316,21 @@ class OffPolicy(Algorithm):
             for target in self.targets:
                 target.update()
         if stats:
-            mean = self.sync.mean(torch.stack(stats).mean(0).cpu().numpy())
-            metrics.update({name: float(v) for name, v in zip(self.stat_names, mean, strict=True)})
+            metrics.update(self._mean_stats(torch.stack(stats).cpu().numpy(), actor_steps))
             metrics["train/updates_per_learn"] = float(len(stats))
         return metrics
+
+    def _mean_stats(self, stats: np.ndarray, actor_steps: list[bool]) -> Metrics:
+        """Each statistic's mean over the call's gradient steps [steps, stats] that computed it (a delayed one: the
+        actor steps), then over the workers; a delayed one no step computed is left out. The placeholders are
+        masked, never averaged, so a NaN the update did compute still reaches the loop's finite check; every worker
+        follows the same schedule, so all leave out the same."""
+        computed = np.ones(stats.shape, bool)
+        computed[:, [k for k, name in enumerate(self.stat_names) if name in self.delayed_stats]] = \
+            np.asarray(actor_steps)[:, None]
+        counts = computed.sum(0)
+        mean = self.sync.mean(np.where(computed, stats, 0).sum(0) / np.maximum(counts, 1))
+        return {name: float(v) for name, v, n in zip(self.stat_names, mean, counts, strict=True) if n}
 
     def _target_due(self) -> bool:
         return bool(self.targets) and self.env_steps - self.last_target_sync >= self.target_every

@@ -102,6 +102,8 @@ class SAC(OffPolicy):
     mlp_after_image = True  # each critic's MLP reads the image features with the action (sac_networks.py)
     model_keys_unread = {"critic_keys": ACTOR_CRITIC_ONLY}
     stat_names = ("loss/q", "loss/actor", "loss/alpha", "train/alpha", "train/entropy", "train/q_mean")
+    # computed on the policy_frequency-th critic steps only (OffPolicy.actor_steps_at); alpha is read every step
+    delayed_stats = ("loss/actor", "loss/alpha", "train/entropy")
     settings: SACSettings
 
     def __init__(self, spec: EnvSpec, settings: SACSettings = SACSettings(), *, num_envs: int,
@@ -110,7 +112,7 @@ class SAC(OffPolicy):
         refuse_recurrent("algo=sac (off-policy)", (model or ModelSettings()).core)
         super().__init__(spec, settings, num_envs=num_envs, device=device, sync=sync)
         s = settings
-        self.gamma, self.policy_frequency, self.autotune = s.gamma, s.policy_frequency, s.autotune
+        self.gamma, self.actor_delay, self.autotune = s.gamma, s.policy_frequency, s.autotune
 
         model = (model or ModelSettings()).with_mlp(*self.mlp)
         if not model.hidden_sizes:
@@ -136,8 +138,13 @@ class SAC(OffPolicy):
         self.log_alpha = torch.tensor(math.log(s.alpha), device=device, requires_grad=s.autotune)
         self.alpha_optimizer = make_adam([self.log_alpha], s.q_lr, eps=1e-8)
 
+    @classmethod
+    def actor_delay_key(cls) -> str | None:
+        return "policy_frequency"
+
     def update(self, batch: Batch) -> Tensor:
-        """One SAC step; returns detached [q_loss, actor_loss, alpha_loss, alpha, entropy, mean Q]."""
+        """One SAC step; returns detached [q_loss, actor_loss, alpha_loss, alpha, entropy, mean Q] (the
+        ``delayed_stats`` NaN where the actor does not step)."""
         b = batch
         obs, next_obs = b.obs, b.next_obs  # stored dtype (a dict of them for Dict spaces): encoders convert
         alpha = self.log_alpha.detach().exp()
@@ -163,10 +170,10 @@ class SAC(OffPolicy):
             features = features.detach()
 
         # 2. Actor (and alpha), possibly delayed: maximise E[min Q(s, a~pi) - alpha log pi(a|s)].
-        if self.gradient_steps_taken % self.policy_frequency != 0:
-            actor_loss = alpha_loss = entropy = torch.zeros((), device=self.device)
+        if not self.actor_steps_at(self.gradient_steps_taken):  # not computed: left out of the means
+            actor_loss = alpha_loss = entropy = torch.full((), torch.nan, device=self.device)
         else:
-            for _ in range(self.policy_frequency):  # compensate the delay (CleanRL)
+            for _ in range(self.actor_delay):  # compensate the delay (CleanRL)
                 a, logp = self.policy.sample_from(features)
                 min_q = self.critic.min_q(features, a)  # its gradient reaches the action only
                 actor_loss = (alpha * logp - min_q).mean()

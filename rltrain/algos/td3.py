@@ -18,7 +18,7 @@ observation the model family encodes, in SAC's two layouts (models/deterministic
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 
 import numpy as np
 import torch
@@ -90,6 +90,7 @@ class TD3(OffPolicy):
     mlp_after_image = True  # each critic's MLP reads the image features with the action (deterministic_actor.py)
     model_keys_unread = {"critic_keys": ACTOR_CRITIC_ONLY}
     stat_names = ("loss/q", "loss/actor", "train/q_mean")
+    delayed_stats = ("loss/actor",)  # computed on the policy_delay-th critic steps only (OffPolicy.actor_steps_at)
     settings: TD3Settings
     n_critics = 2  # clipped double-Q
 
@@ -102,7 +103,7 @@ class TD3(OffPolicy):
         super().__init__(spec, s, num_envs=num_envs, device=device, sync=sync)
         self.gamma = s.gamma
         # TD3's additions to DDPG; DDPGSettings has none of these fields (no delay, no smoothing)
-        self.delay = getattr(s, "policy_delay", 1)
+        self.actor_delay = getattr(s, "policy_delay", 1)
         self.smoothing = getattr(s, "target_policy_noise", 0.0)
         self.noise_clip = getattr(s, "target_noise_clip", 0.0)
 
@@ -134,8 +135,13 @@ class TD3(OffPolicy):
         self.q_optimizer = make_adam(self.q_params, s.lr, eps=1e-8)
         self.actor_optimizer = make_adam(self.actor_params, s.lr, eps=1e-8)
 
+    @classmethod
+    def actor_delay_key(cls) -> str | None:
+        """``policy_delay``; None for DDPG, whose settings have no delay (its actor steps with every critic step)."""
+        return "policy_delay" if "policy_delay" in {f.name for f in fields(cls.settings_class)} else None
+
     def update(self, batch: Batch) -> Tensor:
-        """One TD3 step; returns detached [q_loss, actor_loss, mean Q1(s, a)]."""
+        """One TD3 step; returns detached [q_loss, actor_loss (NaN: no actor step), mean Q1(s, a)]."""
         b = batch
 
         # 1. Critics: y = r + gamma * (1 - terminated) * min_i Q_target_i(s', clip(mu_target(s') + eps)),
@@ -161,8 +167,8 @@ class TD3(OffPolicy):
 
         # 2. Actor, every policy_delay critic steps: maximise Q1(s, mu(s)) (deterministic policy gradient,
         #    Silver et al. 2014), then every target network moves by tau.
-        actor_loss = torch.zeros((), device=self.device)
-        if self.gradient_steps_taken % self.delay == 0:
+        actor_loss = torch.full((), torch.nan, device=self.device)  # not computed: left out of the means
+        if self.actor_steps_at(self.gradient_steps_taken):
             if isinstance(features, Tensor) and features.requires_grad:
                 features = features.detach()  # the encoder is the critic's to train (DrQ-v2)
             actor_loss = -self.critic.heads(features, self.policy.action_from(features), first_only=True)[0].mean()

@@ -26,6 +26,12 @@ def agent_share(total: int, num_agents: int, k: int) -> int:
     return total // num_agents + (k < total % num_agents)
 
 
+def sets_budget(entry: list[str] | dict) -> bool:
+    """Whether an agent's ``trainer.agent_overrides`` entry sets its own ``total_env_steps`` (then its budget, not
+    a share of the total)."""
+    return any(o.partition("=")[0].lstrip("+~") == "total_env_steps" for o in override_list(entry))
+
+
 def override_list(entry: list[str] | dict) -> list[str]:
     """One agent's overrides: a list of Hydra override strings, or a dict ``{dotted.key: value}``.
 
@@ -97,7 +103,7 @@ def agent_configs(cfg: dict, trainer: ParallelSettings) -> list[dict]:
     out = []
     for k, base in enumerate(bases):
         c = copy.deepcopy(base)
-        if not any(o.partition("=")[0].lstrip("+~") == "total_env_steps" for o in per_agent[k]):
+        if not sets_budget(per_agent[k]):
             c["total_env_steps"] = agent_share(total, num_agents, k)
         c["seed"], c["seed_drawn"] = worker_root(int(cfg["seed"]), (k,)), False
         if scopes:

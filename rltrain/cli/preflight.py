@@ -21,8 +21,10 @@ What the run then says of that algorithm (``show_model``: ``model.txt``, and the
 
 from __future__ import annotations
 
+import logging
 import os
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -31,6 +33,7 @@ import torch
 
 from rltrain.algos.base import Algorithm
 from rltrain.algos.off_policy import OffPolicy, UpdateSchedule, first_trained_sync
+from rltrain.cli.replay_budget import at_least, check_actor_delay, check_replay, first_round, starts_that_train
 from rltrain.data.agents import AgentGroup, AgentsSpec
 from rltrain.data.memory import available_memory
 from rltrain.data.structs import EnvSpec, ObsSpace, storage_dtype
@@ -53,93 +56,49 @@ def check_envs(settings: RunSettings) -> None:
                           "distributed_simulator) or use fewer")
 
 
-def check_budget(settings: RunSettings, size: UpdateSize, *, replicas: int = 1, streams: int | None = None) -> None:
+def check_budget(settings: RunSettings, size: UpdateSize, *, replicas: int = 1, streams: int | None = None,
+                 ask: Callable[[int], str] = at_least) -> None:
     """``total_env_steps`` against one update (``size``), and an off-policy one against its ``learning_starts`` and
     its replay (``check_replay``: ``replicas`` replay buffers, ``streams`` env streams writing each, None where
-    they vary from one update to the next)."""
+    they vary from one update to the next). ``ask``: the words of a suggested budget (cli/replay_budget.py)."""
     cls, hp, total = settings.algo_class, settings.algo_settings, settings.total_env_steps
     batch, text = size.env_steps, size.text
     if total < batch:
         raise ConfigError(f"total_env_steps={total} is less than one update: {text} = {batch} env steps; set "
-                          f"total_env_steps >= {batch} or make the rollout smaller")
+                          f"{ask(batch)} or make the rollout smaller")
     starts = getattr(hp, "learning_starts", None)
-    if not getattr(cls, "on_policy", True) and starts is not None and total <= starts:
-        raise ConfigError(f"total_env_steps={total} <= algo.learning_starts={starts}: no gradient step would ever be "
-                          f"taken; set total_env_steps above {starts} or lower algo.learning_starts")
     replay = (getattr(hp, "batch_size", None), getattr(hp, "buffer_size", None))  # a replay learner's settings
+    if not getattr(cls, "on_policy", True) and starts is not None and total <= starts:
+        if None in replay:  # no replay to count: a budget past the warm-up
+            raise ConfigError(f"total_env_steps={total} <= algo.learning_starts={starts}: no gradient step would "
+                              f"ever be taken; set {ask(starts + 1)} or lower algo.learning_starts")
+        # the budget whose first round trains (check_replay's), the warm-up that lets this budget reach one
+        first = first_round(settings, size, replicas=replicas, streams=streams)[2]
+        lower = starts_that_train(settings, size, replicas=replicas, streams=streams)
+        fewer = f" or algo.learning_starts <= {lower}" if lower is not None else ""
+        raise ConfigError(f"total_env_steps={total} <= algo.learning_starts={starts}: no gradient step would ever be "
+                          f"taken; set {ask(first)}{fewer}")
     if not getattr(cls, "on_policy", True) and None not in replay:
-        check_replay(settings, size, replicas=replicas, streams=streams)
+        check_replay(settings, size, replicas=replicas, streams=streams, ask=ask)
+        check_actor_delay(settings, size, replicas=replicas, streams=streams, ask=ask)  # an actor that never steps
 
 
-def check_replay(settings: RunSettings, size: UpdateSize, *, replicas: int, streams: int | None) -> None:
-    """A replay learner takes its first gradient step once its replay holds ``algo.batch_size`` transitions whose
-    successor has arrived (``ReplayBuffer.ready``, read by ``OffPolicy._learn``; n-step returns and frame stacks
-    count the same ones) and ``algo.train_frequency`` env steps are owed (``UpdateSchedule.first_round``: from the
-    warm-up's end or the learn() that first holds a batch). Refused where that can never happen: a replay whose
-    rows, less the newest of each env stream (its successor comes with the next step, or it is an episode's final
-    observation), are fewer than a batch (``algo.batch_size > algo.buffer_size`` is the settings' own check), and a
-    budget whose whole updates end before the first round, with each replica's replay holding its share of the
-    transitions less the newest of each fixed stream. An episode's end adds a row (its final observation) and
-    takes no transition away: it only counts where the ring wraps before the first round, which depends on how
-    many episodes end, not known at start. The suggested budget is the first round's env step with every
-    stream's newest row held back."""
-    hp, total = settings.algo_settings, settings.total_env_steps
-    batch, capacity, every = hp.batch_size, hp.buffer_size, size.env_steps
-    # a buffer of at least (rollout_len + 1) rows per stream keeps each stream's newest row (behind at most every
-    # final row of the last rollout); below that, the rows held back depend on the episodes' ends: not refused
-    if streams and capacity >= streams * (size.rollout_len + 1) and batch > capacity - streams:
-        raise ConfigError(f"algo.batch_size={batch} > the {capacity - streams} transitions the replay can offer at "
-                          f"most: algo.buffer_size={capacity} rows less the newest of each env stream ({streams}), "
-                          "whose successor is not there yet, so no gradient step would ever be taken; lower "
-                          f"algo.batch_size (e.g. {max(capacity // 2, 1)}) or raise algo.buffer_size (e.g. "
-                          f"{2 * batch + streams})")
-    reached = size.whole_updates(total)[1]
-    collected = reached // replicas  # each replica's replay gets its share of the steps
-    schedule, starts = UpdateSchedule(hp.train_frequency, hp.gradient_steps), hp.learning_starts
-    # a fixed stream's newest transition waits for its successor unless it ended an episode on that very step;
-    # where the streams vary from one update to the next, none is counted (refused only when nothing can train)
-    if schedule.first_round(per_call=every, learning_starts=starts,
-                            batch_at=replicas * (batch + (streams or 0)))[2] <= reached:
-        return
-    held = max(size.env_processes // replicas, 1) if streams is None else streams  # held back, at most
-    _, owed_from, first = schedule.first_round(per_call=every, learning_starts=starts,
-                                               batch_at=replicas * (batch + held))
-    if collected - (streams or 0) >= batch:  # a batch in time, but not the steps a round is owed after it
-        since = f"algo.learning_starts={starts}" if owed_from == starts else \
-            f"env step {owed_from}, where the update that first leaves algo.batch_size={batch} sampleable starts"
-        fewer = f" or algo.train_frequency <= {reached - owed_from}" if reached > owed_from else ""
-        raise ConfigError(f"total_env_steps={total} ends at env step {reached}, before the first round of updates: "
-                          f"the env steps owed count from {since}, and algo.train_frequency={hp.train_frequency} "
-                          f"of them make it due in the update that reaches env step {first}: no gradient step would "
-                          f"ever be taken; set total_env_steps >= {first}{fewer}")
-    where = "the replay" if replicas == 1 else f"each of the {replicas} replicas' replays"
-    # the largest batch this budget fills in time for a round: held in the last update at most train_frequency
-    # env steps (rounded up to one update) before the end, the warm-up over train_frequency steps before it
-    last = min(reached, ((reached - hp.train_frequency) // every + 1) * every)
-    fits = last // replicas - held if starts <= reached - hp.train_frequency else 0
-    smaller = f"algo.batch_size <= {fits}" if fits >= 1 else "a smaller algo.batch_size"
-    less = f" ({collected - streams} sampleable: the newest of each env stream ({streams}) waits for its successor)" \
-        if streams else ""
-    raise ConfigError(f"total_env_steps={total} puts {collected} transitions into {where}{less}, fewer than "
-                      f"algo.batch_size={batch}: no gradient step would ever be taken; set total_env_steps >= "
-                      f"{first} or {smaller}")
-
-
-def target_sync_line(settings: RunSettings, size: UpdateSize, *, replicas: int, streams: int | None) -> str | None:
+def target_sync_line(settings: RunSettings, size: UpdateSize, *, replicas: int, streams: int | None,
+                     ask: Callable[[int], str] = at_least) -> str | None:
     """A replay learner whose targets are updated on a schedule of env steps (``OffPolicy.target_sync_key``: DQN's
     ``algo.target_network_frequency``) and whose run ends before a round of updates follows the first update
     that carries trained weights: every TD target of the run comes from the initial network. Said at start (a
     warning: the generic default, 10k env steps, is longer than a smoke test's budget); None where it syncs in
-    time or has no such schedule. Counted as ``check_replay`` suggests (every stream's newest row held back)."""
+    time or has no such schedule. Counted as ``check_replay`` suggests (every stream's newest row held back).
+    The frequencies that sync in time are no range (a shorter one can wait for a later multiple of itself past
+    the first round): the line names one, a copy right after the first round, as an example."""
     cls, hp = settings.algo_class, settings.algo_settings
     key = cls.target_sync_key() if isinstance(cls, type) and issubclass(cls, OffPolicy) else None
     if key is None:
         return None
     target_every, every = getattr(hp, key), size.env_steps
-    held = max(size.env_processes // replicas, 1) if streams is None else streams
     schedule = UpdateSchedule(hp.train_frequency, hp.gradient_steps)
-    ready, owed_from, first = schedule.first_round(per_call=every, learning_starts=hp.learning_starts,
-                                                   batch_at=replicas * (hp.batch_size + held))
+    ready, owed_from, first = first_round(settings, size, replicas=replicas, streams=streams)
     reached = size.whole_updates(settings.total_env_steps)[1]
     if first > reached:  # no round at all: check_replay's refusal (or its best case) has said so
         return None
@@ -150,11 +109,11 @@ def target_sync_line(settings: RunSettings, size: UpdateSize, *, replicas: int, 
     due = ((synced - owed_from) // hp.train_frequency + 1) * hp.train_frequency  # the round after that update
     enough = -(-(owed_from + due) // every) * every
     # a target updated right after the first round is updated every `first` env steps: in time for the last
-    other = f"algo.{key}={first} or " if last > first else ""
+    other = f"e.g. algo.{key}={first} or " if last > first else ""
     return (f"algo.{key}={target_every}: the target network first takes trained weights in the update that reaches "
             f"env step {synced}, and the run's last round of updates comes at env step {last} (total_env_steps="
             f"{settings.total_env_steps}), so every TD target comes from the initial, untrained network; set "
-            f"{other}total_env_steps >= {enough}")
+            f"{other}{ask(enough)}")
 
 
 def fixed_streams(trainer: Trainer) -> int | None:
@@ -272,27 +231,16 @@ def preflight(settings: RunSettings, trainer: Trainer, *, check_only: bool = Fal
         raise ConfigError(f"building the networks ran out of memory ({str(err).splitlines()[0][:160]}); use "
                           "smaller model.hidden_sizes") from None
     size = trainer.update_size()  # the algorithm's own sizes (PPO's rollout_len=null resolved), not a guess
-    check_budget(settings, size, replicas=trainer.replicas(), streams=fixed_streams(trainer))
-    late = target_sync_line(settings, size, replicas=trainer.replicas(), streams=fixed_streams(trainer))
-    if trainer.capabilities.agent_configs:  # trainer=parallel: each agent runs its own share of the budget
-        runs, late = trainer.agent_runs(), None  # type: ignore[attr-defined]
-        for k, run in enumerate(runs):  # said in the parent's terms: the user sets the total, not a share
-            own, share = run.update_size(), run.settings.total_env_steps
-            where = (f"trainer=parallel: agent {k} of {len(runs)} gets {share} of "
-                     f"total_env_steps={settings.total_env_steps}")
-            if share < own.env_steps:
-                raise ConfigError(f"{where}, less than one update: {own.text} = {own.env_steps} env steps; raise "
-                                  "total_env_steps (the agents share it) or make the rollout smaller")
-            try:
-                # an off-policy share within its algo.learning_starts, and one that fills a batch
-                check_budget(run.settings, own, replicas=run.replicas(), streams=fixed_streams(run))
-            except ConfigError as err:
-                raise ConfigError(f"{where}: {err}") from None
-            line = target_sync_line(run.settings, own, replicas=run.replicas(), streams=fixed_streams(run))
-            late = late or (f"{where}: {line}" if line else None)
+    if trainer.capabilities.agent_configs:  # trainer=parallel: each agent runs its own share; only they are checked
+        late = check_agents(settings, trainer)
+    else:
+        check_budget(settings, size, replicas=trainer.replicas(), streams=fixed_streams(trainer))
+        late = target_sync_line(settings, size, replicas=trainer.replicas(), streams=fixed_streams(trainer))
     check_size(settings, size, spec)
-    if late:  # a warning, on stderr as the run's others: the run goes on
-        print(f"{'rltrain-check' if check_only else 'rltrain'}: warning: {late}", file=sys.stderr, flush=True)
+    if late and check_only:  # a warning, on stderr as the tool's others: the run goes on
+        print(f"rltrain-check: warning: {late}", file=sys.stderr, flush=True)
+    elif late:  # rltrain's logger: stderr and train.log as Hydra's job logging says (or silenced)
+        logging.getLogger("rltrain.cli.preflight").warning(late)
     if not check_only and settings.logger.progress != "off":  # rltrain-check's table says it in any case
         line = budget_line(trainer)
         if line:
@@ -306,6 +254,42 @@ def preflight(settings: RunSettings, trainer: Trainer, *, check_only: bool = Fal
     if line:
         print(f"[rltrain] {line}", flush=True)
     return algo
+
+
+def budget_words(num_agents: int, *, own: bool) -> Callable[[int], str]:
+    """An agent's words for a budget of ``n``: ``num_agents`` x ``n`` in all (each agent's share at least ``n``),
+    or the agent's own ``total_env_steps`` (``own``: its ``trainer.agent_overrides`` entry sets it)."""
+    if own:
+        return lambda n: f"its total_env_steps >= {n}"
+    return lambda n: f"total_env_steps >= {num_agents * n} ({n} for each agent)"
+
+
+def check_agents(settings: RunSettings, trainer: Trainer) -> str | None:
+    """``trainer=parallel``'s budget checks, each agent's run on its own budget (``ParallelTrainer.agent_runs``), said
+    in the parent's terms: a budget is suggested as the total that gives each agent sharing it what it needs (the
+    last agents get ``total // num_agents``: ``num_agents`` x the need). The smallest share is checked first: what
+    its line suggests (a batch, a warm-up) fits every larger one. Returns the first target-network warning."""
+    from rltrain.cli.agents import sets_budget
+
+    runs, total, late = trainer.agent_runs(), settings.total_env_steps, None  # type: ignore[attr-defined]
+    K, entries = len(runs), trainer.agent_overrides or [[]] * len(runs)  # type: ignore[attr-defined]
+    for k in sorted(range(K), key=lambda k: runs[k].settings.total_env_steps):
+        run, own = runs[k], sets_budget(entries[k])
+        size, share = run.update_size(), run.settings.total_env_steps
+        where = f"trainer=parallel: agent {k} of {K} " + (f"runs its own total_env_steps={share} (its "
+                                                          "trainer.agent_overrides entry)" if own else
+                                                          f"gets {share} of total_env_steps={total}")
+        if share < size.env_steps:
+            raise ConfigError(f"{where}, less than one update: {size.text} = {size.env_steps} env steps; raise "
+                              "total_env_steps (the agents share it) or make the rollout smaller")
+        ask = budget_words(K, own=own)
+        try:  # an off-policy share within its algo.learning_starts, and one that fills a batch
+            check_budget(run.settings, size, replicas=run.replicas(), streams=fixed_streams(run), ask=ask)
+        except ConfigError as err:
+            raise ConfigError(f"{where}: {err}") from None
+        line = target_sync_line(run.settings, size, replicas=run.replicas(), streams=fixed_streams(run), ask=ask)
+        late = late or (f"{where}: {line}" if line else None)
+    return late
 
 
 def action_scale_line(spec: EnvSpec) -> str | None:
