@@ -106,7 +106,9 @@ def test_slurm_sbatch_refusal_is_one_line_and_leaves_no_sweep(tmp_path, override
 
 
 def test_slurm_job_out_of_requeues_ends_the_sweep_with_its_line(tmp_path):
-    res = run_cli(["-m", *SLURM, "hydra.launcher.timeout_min=1", "hydra.launcher.signal_delay_s=40",
+    # SLURM may send --signal up to 60 s before the time it names (sbatch(1)): a 1-minute job signalled 40 s before
+    # its end got SIGUSR2 1.7 s after its start, before training began. 2 minutes: the signal comes 20 s in or later
+    res = run_cli(["-m", *SLURM, "hydra.launcher.timeout_min=2", "hydra.launcher.signal_delay_s=40",
                    "hydra.launcher.max_num_timeout=0", "seed=1", "debug=smoke", "logger=quiet",
                    "total_env_steps=30000000", "eval.every_env_steps=0", "hydra.sweep.dir=sweep"],
                   cwd=tmp_path, timeout=240)
