@@ -14,7 +14,6 @@ import socket
 import subprocess
 import sys
 from pathlib import Path
-from tempfile import TemporaryDirectory
 
 import pytest
 
@@ -266,20 +265,30 @@ def test_an_actor_whose_env_fails_is_one_line_per_failure_with_tracebacks_in_err
     assert _summary(run_dir)["status"] == "failed"
 
 
-def test_a_forked_rank_does_not_keep_the_parents_rendezvous_port():
+def test_a_forked_rank_does_not_keep_the_parents_rendezvous_port(tmp_path):
     """The spawning parent holds the local rendezvous port (``LocalRendezvous``); a rank forked from it inherits the
     listening socket. Each rank closes that copy at start, so none keeps the port bound past the parent (a rank
     left over from a crashed parent would otherwise block the port for the next run); the parent's own socket,
-    which the store serves on, is untouched. The ranks here are forked: their parent is this process."""
-    from rltrain.run.signals import StopFlag
-    from rltrain.trainers.ranks import spawn_ranks
-    from tests.helpers.rank_probe import probe_rank
-
-    with TemporaryDirectory() as run_dir:
-        summaries, failures = spawn_ranks(probe_rank, None, Path(run_dir), StopFlag(), world_size=2, backend="gloo",
-                                          timeout_s=30, master_addr="127.0.0.1")
+    which the store serves on, is untouched. The spawn runs in a fresh interpreter, whose only thread makes the
+    ranks forked (``start_method="auto"``): a test process holding other threads would fork-server them instead."""
+    res = subprocess.run([sys.executable, "-c", SPAWN_PROBE, str(tmp_path)], capture_output=True, text=True,
+                         timeout=120, cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert res.returncode == 0, res.stderr[-3000:]
+    spawner, summaries, failures = json.loads(res.stdout.strip().splitlines()[-1])
     assert not failures, failures
-    assert sorted(summaries) == [0, 1]
+    assert sorted(summaries) == ["0", "1"]
     for summary in summaries.values():
-        assert summary["parent"] == os.getpid(), "the ranks were not forked: this test checks nothing"
+        assert summary["parent"] == spawner, "the ranks were not forked: this test checks nothing"
         assert summary["holds"] == [], summary
+
+
+SPAWN_PROBE = """
+import json, os, sys
+from pathlib import Path
+from rltrain.run.signals import StopFlag
+from rltrain.trainers.ranks import spawn_ranks
+from tests.helpers.rank_probe import probe_rank
+summaries, failures = spawn_ranks(probe_rank, None, Path(sys.argv[1]), StopFlag(), world_size=2, backend="gloo",
+                                  timeout_s=30, master_addr="127.0.0.1")
+print(json.dumps([os.getpid(), summaries, [str(f) for f in failures]]))
+"""
