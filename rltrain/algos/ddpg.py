@@ -57,3 +57,7 @@ class DDPG(TD3):
     settings: DDPGSettings  # type: ignore[assignment]
     n_critics = 1
     mlp = MLP((400, 300), "relu")  # SB3's DDPG (its TD3Policy), Lillicrap et al. 2016's 400-300
+
+    @classmethod
+    def actor_delay_key(cls) -> str | None:
+        return None  # no policy delay: the actor steps with every critic step

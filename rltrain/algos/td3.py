@@ -18,7 +18,7 @@ observation the model family encodes, in SAC's two layouts (models/deterministic
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
@@ -137,8 +137,7 @@ class TD3(OffPolicy):
 
     @classmethod
     def actor_delay_key(cls) -> str | None:
-        """``policy_delay``; None for DDPG, whose settings have no delay (its actor steps with every critic step)."""
-        return "policy_delay" if "policy_delay" in {f.name for f in fields(cls.settings_class)} else None
+        return "policy_delay"  # DDPG, which has none, says None
 
     def update(self, batch: Batch) -> Tensor:
         """One TD3 step; returns detached [q_loss, actor_loss (NaN: no actor step), mean Q1(s, a)]."""

@@ -32,8 +32,14 @@ import numpy as np
 import torch
 
 from rltrain.algos.base import Algorithm
-from rltrain.algos.off_policy import OffPolicy, UpdateSchedule, first_trained_sync
-from rltrain.cli.replay_budget import at_least, check_actor_delay, check_replay, first_round, starts_that_train
+from rltrain.cli.replay_budget import (
+    at_least,
+    check_actor_delay,
+    check_replay,
+    first_round,
+    starts_that_train,
+    target_sync_line,
+)
 from rltrain.data.agents import AgentGroup, AgentsSpec
 from rltrain.data.memory import available_memory
 from rltrain.data.structs import EnvSpec, ObsSpace, storage_dtype
@@ -81,39 +87,6 @@ def check_budget(settings: RunSettings, size: UpdateSize, *, replicas: int = 1, 
     if not getattr(cls, "on_policy", True) and None not in replay:
         check_replay(settings, size, replicas=replicas, streams=streams, ask=ask)
         check_actor_delay(settings, size, replicas=replicas, streams=streams, ask=ask)  # an actor that never steps
-
-
-def target_sync_line(settings: RunSettings, size: UpdateSize, *, replicas: int, streams: int | None,
-                     ask: Callable[[int], str] = at_least) -> str | None:
-    """A replay learner whose targets are updated on a schedule of env steps (``OffPolicy.target_sync_key``: DQN's
-    ``algo.target_network_frequency``) and whose run ends before a round of updates follows the first update
-    that carries trained weights: every TD target of the run comes from the initial network. Said at start (a
-    warning: the generic default, 10k env steps, is longer than a smoke test's budget); None where it syncs in
-    time or has no such schedule. Counted as ``check_replay`` suggests (every stream's newest row held back).
-    The frequencies that sync in time are no range (a shorter one can wait for a later multiple of itself past
-    the first round): the line names one, a copy right after the first round, as an example."""
-    cls, hp = settings.algo_class, settings.algo_settings
-    key = cls.target_sync_key() if isinstance(cls, type) and issubclass(cls, OffPolicy) else None
-    if key is None:
-        return None
-    target_every, every = getattr(hp, key), size.env_steps
-    schedule = UpdateSchedule(hp.train_frequency, hp.gradient_steps)
-    ready, owed_from, first = first_round(settings, size, replicas=replicas, streams=streams)
-    reached = size.whole_updates(settings.total_env_steps)[1]
-    if first > reached:  # no round at all: check_replay's refusal (or its best case) has said so
-        return None
-    synced = first_trained_sync(target_every, per_call=every, ready=ready, first_round=first)
-    last = schedule.last_round(owed_from, per_call=every, end=reached)
-    if synced < last:
-        return None
-    due = ((synced - owed_from) // hp.train_frequency + 1) * hp.train_frequency  # the round after that update
-    enough = -(-(owed_from + due) // every) * every
-    # a target updated right after the first round is updated every `first` env steps: in time for the last
-    other = f"e.g. algo.{key}={first} or " if last > first else ""
-    return (f"algo.{key}={target_every}: the target network first takes trained weights in the update that reaches "
-            f"env step {synced}, and the run's last round of updates comes at env step {last} (total_env_steps="
-            f"{settings.total_env_steps}), so every TD target comes from the initial, untrained network; set "
-            f"{other}{ask(enough)}")
 
 
 def fixed_streams(trainer: Trainer) -> int | None:

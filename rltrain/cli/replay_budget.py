@@ -1,7 +1,9 @@
 """A replay learner's budget, checked at start (cli/preflight.py ``check_budget``): where its first round of
 updates falls (``UpdateSchedule.first_round``, every env stream's newest row held back), the refusal of a budget
 that never reaches it (``check_replay``), and the values its refusals suggest: the budget that reaches that round
-and the largest ``algo.learning_starts`` that lets this budget reach one (``starts_that_train``).
+and the largest ``algo.learning_starts`` that lets this budget reach one (``starts_that_train``); a delayed actor
+whose first step the run's gradient steps never reach (``check_actor_delay``), and the warning for a scheduled
+target network that takes no trained weights before the last round (``target_sync_line``).
 
 A suggested budget is said through ``ask`` (``n`` -> the words that set it): one run's ``total_env_steps >= n``;
 under ``trainer=parallel`` the total that gives every agent ``n`` (cli/preflight.py ``preflight``).
@@ -11,7 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from rltrain.algos.off_policy import OffPolicy, UpdateSchedule
+from rltrain.algos.off_policy import OffPolicy, UpdateSchedule, first_trained_sync
 from rltrain.errors import ConfigError
 from rltrain.trainers.base import UpdateSize
 from rltrain.trainers.settings import RunSettings
@@ -20,6 +22,13 @@ from rltrain.trainers.settings import RunSettings
 def at_least(n: int) -> str:
     """One run's words for a budget of ``n`` env steps or more."""
     return f"total_env_steps >= {n}"
+
+
+def schedule_key(settings: RunSettings, which: str) -> str | None:
+    """The settings key an off-policy algorithm names for a schedule (``which``: ``target_sync_key`` or
+    ``actor_delay_key``, ``OffPolicy``'s classmethods); None for any other algorithm."""
+    cls = settings.algo_class
+    return getattr(cls, which)() if isinstance(cls, type) and issubclass(cls, OffPolicy) else None
 
 
 def held_back(size: UpdateSize, *, replicas: int, streams: int | None) -> int:
@@ -118,8 +127,8 @@ def check_actor_delay(settings: RunSettings, size: UpdateSize, *, replicas: int,
     steps at every delay-th gradient step of the run, the first at the delay-th (``OffPolicy.actor_steps_at``):
     refused where the run takes fewer (each replica the same), counted from ``first_round`` as ``check_replay``
     counts (every stream's newest row held back)."""
-    cls, hp, every = settings.algo_class, settings.algo_settings, size.env_steps
-    key = cls.actor_delay_key() if isinstance(cls, type) and issubclass(cls, OffPolicy) else None
+    hp, every = settings.algo_settings, size.env_steps
+    key = schedule_key(settings, "actor_delay_key")
     if key is None:
         return
     delay = getattr(hp, key)
@@ -133,3 +142,36 @@ def check_actor_delay(settings: RunSettings, size: UpdateSize, *, replicas: int,
                       f"{hp.gradient_steps} per algo.train_frequency={hp.train_frequency} env steps owed from env "
                       f"step {owed_from} to {reached}) and the actor steps once per {delay}, first at gradient step "
                       f"{delay}, so it would never be trained; set algo.{key} <= {taken} or {ask(enough)}")
+
+
+def target_sync_line(settings: RunSettings, size: UpdateSize, *, replicas: int, streams: int | None,
+                     ask: Callable[[int], str] = at_least) -> str | None:
+    """A replay learner whose targets are updated on a schedule of env steps (``OffPolicy.target_sync_key``: DQN's
+    ``algo.target_network_frequency``) and whose run ends before a round of updates follows the first update
+    that carries trained weights: every TD target of the run comes from the initial network. Said at start (a
+    warning: the generic default, 10k env steps, is longer than a smoke test's budget); None where it syncs in
+    time or has no such schedule. Counted as ``check_replay`` suggests (every stream's newest row held back).
+    The frequencies that sync in time are no range (a shorter one can wait for a later multiple of itself past
+    the first round): the line names one, a copy right after the first round, as an example."""
+    hp = settings.algo_settings
+    key = schedule_key(settings, "target_sync_key")
+    if key is None:
+        return None
+    target_every, every = getattr(hp, key), size.env_steps
+    schedule = UpdateSchedule(hp.train_frequency, hp.gradient_steps)
+    ready, owed_from, first = first_round(settings, size, replicas=replicas, streams=streams)
+    reached = size.whole_updates(settings.total_env_steps)[1]
+    if first > reached:  # no round at all: check_replay's refusal (or its best case) has said so
+        return None
+    synced = first_trained_sync(target_every, per_call=every, ready=ready, first_round=first)
+    last = schedule.last_round(owed_from, per_call=every, end=reached)
+    if synced < last:
+        return None
+    due = ((synced - owed_from) // hp.train_frequency + 1) * hp.train_frequency  # the round after that update
+    enough = -(-(owed_from + due) // every) * every
+    # a target updated right after the first round is updated every `first` env steps: in time for the last
+    other = f"e.g. algo.{key}={first} or " if last > first else ""
+    return (f"algo.{key}={target_every}: the target network first takes trained weights in the update that reaches "
+            f"env step {synced}, and the run's last round of updates comes at env step {last} (total_env_steps="
+            f"{settings.total_env_steps}), so every TD target comes from the initial, untrained network; set "
+            f"{other}{ask(enough)}")
