@@ -325,6 +325,8 @@ class OffPolicy(Algorithm):
         actor steps), then over the workers; a delayed one no step computed is left out. The placeholders are
         masked, never averaged, so a NaN the update did compute still reaches the loop's finite check; every worker
         follows the same schedule, so all leave out the same."""
+        if not self.delayed_stats:  # every step computed every statistic (DQN, DDPG): no mask to build
+            return dict(zip(self.stat_names, map(float, self.sync.mean(stats.mean(0))), strict=True))
         computed = np.ones(stats.shape, bool)
         computed[:, [k for k, name in enumerate(self.stat_names) if name in self.delayed_stats]] = \
             np.asarray(actor_steps)[:, None]
