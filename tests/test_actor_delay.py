@@ -107,3 +107,14 @@ def test_trainer_parallel_counts_each_agents_share(tmp_path):
     with pytest.raises(ConfigError, match=r"^trainer=parallel: agent 0 of 2 gets 200 of total_env_steps=400: "
                                           r"algo.policy_delay=151: the run takes 150 gradient steps"):
         build.run(compose_cfg(over), tmp_path / "run")
+
+
+def test_a_fixed_alpha_logs_no_alpha_loss_and_its_value(tmp_path):
+    """``algo.autotune=false`` has no alpha loss: the rows logged a constant 0 as ``loss/alpha`` (read as a
+    converged loss); they must leave the column out and log the fixed alpha as ``train/alpha``."""
+    build.run(compose_cfg([*RUN, "algo=sac", "algo.autotune=false", "algo.alpha=0.3", "total_env_steps=200"]),
+              tmp_path / "run")
+    rows = [r for r in read_metrics(tmp_path / "run" / "metrics.csv") if r.get("loss/q", "") != ""]
+    assert rows and all("loss/alpha" not in r or r["loss/alpha"] == "" for r in rows), rows[-1]
+    assert all(float(r["train/alpha"]) == pytest.approx(0.3) for r in rows)
+    assert all(float(r["loss/actor"]) != 0.0 for r in rows)

@@ -101,6 +101,7 @@ class SAC(OffPolicy):
     mlp = MLP((256, 256), "relu")  # SB3, Haarnoja et al. 2018: 256x256 ReLU, actor and each critic
     mlp_after_image = True  # each critic's MLP reads the image features with the action (sac_networks.py)
     model_keys_unread = {"critic_keys": ACTOR_CRITIC_ONLY}
+    # "loss/alpha" only with autotune (a fixed alpha has no loss: __init__ drops the name, update the value)
     stat_names = ("loss/q", "loss/actor", "loss/alpha", "train/alpha", "train/entropy", "train/q_mean")
     # computed on the policy_frequency-th critic steps only (OffPolicy.actor_steps_at); alpha is read every step
     delayed_stats = ("loss/actor", "loss/alpha", "train/entropy")
@@ -113,6 +114,8 @@ class SAC(OffPolicy):
         super().__init__(spec, settings, num_envs=num_envs, device=device, sync=sync)
         s = settings
         self.gamma, self.actor_delay, self.autotune = s.gamma, s.policy_frequency, s.autotune
+        if not s.autotune:
+            self.stat_names = tuple(name for name in self.stat_names if name != "loss/alpha")
 
         model = (model or ModelSettings()).with_mlp(*self.mlp)
         if not model.hidden_sizes:
@@ -143,8 +146,8 @@ class SAC(OffPolicy):
         return "policy_frequency"
 
     def update(self, batch: Batch) -> Tensor:
-        """One SAC step; returns detached [q_loss, actor_loss, alpha_loss, alpha, entropy, mean Q] (the
-        ``delayed_stats`` NaN where the actor does not step)."""
+        """One SAC step; returns detached [q_loss, actor_loss, alpha_loss, alpha, entropy, mean Q] (alpha_loss
+        only with autotune; the ``delayed_stats`` NaN where the actor does not step)."""
         b = batch
         obs, next_obs = b.obs, b.next_obs  # stored dtype (a dict of them for Dict spaces): encoders convert
         alpha = self.log_alpha.detach().exp()
@@ -195,11 +198,11 @@ class SAC(OffPolicy):
                     self.sync.grads([self.log_alpha])
                     self.alpha_optimizer.step()
                     alpha = self.log_alpha.detach().exp()
-                else:
-                    alpha_loss = torch.zeros((), device=self.device)
 
         # 3. Polyak-average the target critic (its encoder too).
         self.target.update()
+        if not self.autotune:  # a fixed alpha: no loss/alpha column (stat_names)
+            return torch.stack([q_loss.detach(), actor_loss.detach(), alpha, entropy, q1.detach().mean()])
         return torch.stack([q_loss.detach(), actor_loss.detach(), alpha_loss, alpha, entropy, q1.detach().mean()])
 
     def networks_state(self) -> dict:
