@@ -129,20 +129,26 @@ def _run(cfg: Any, run_dir: Path) -> RunResult:
     import logging
 
     from rltrain.cli.build import run
-    from rltrain.cli.train import LogLines
+    from rltrain.run.logs import LogLines, run_file_handler
 
-    # no Hydra job logging here: where the caller configured no logging, rltrain's warnings read as on the command
-    # line (``rltrain: warning: ...`` on stderr) for this run, not as Python's bare last-resort message
+    # no Hydra job logging here: rltrain's records go to <run dir>/train.log as on the command line and, where
+    # the caller configured no logging, read on stderr as there (``rltrain: warning: ...``), not as Python's bare
+    # last-resort message; both for this run only
     logger, handler = logging.getLogger("rltrain"), logging.StreamHandler(sys.stderr)
     handler.setFormatter(LogLines())
     mine = not logger.hasHandlers()
+    run_dir.mkdir(parents=True, exist_ok=True)
+    log_file = run_file_handler(str(run_dir / "train.log"))
+    logger.addHandler(log_file)
     if mine:
         logger.addHandler(handler)
     try:
         summary = run(cfg, run_dir)
     finally:
-        if mine:
-            logger.removeHandler(handler)
+        for added in (log_file, handler) if mine else (log_file,):
+            logger.removeHandler(added)
+        log_file.close()
+        (run_dir / "train.log").touch()  # as the command line's run dir has it, empty when nothing was logged
     policy = None
     if (run_dir / "checkpoints").is_dir():
         try:

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import errno
 import gc
-import logging
 import math
 import os
 import re
@@ -32,16 +31,6 @@ def _sweep_value(summary: dict) -> float:
     if value is None or not math.isfinite(float(value)):
         return FAILED_RETURN
     return float(value)
-
-
-class LogLines(logging.Formatter):
-    """A record of rltrain's own loggers (``rltrain.*``) on the terminal as rltrain's printed warnings read,
-    ``rltrain: warning: <message>``, not in Hydra's ``[time][logger][LEVEL] - `` format (conf/train.yaml
-    ``hydra.job_logging``)."""
-
-    def format(self, record: logging.LogRecord) -> str:
-        text = f"rltrain: {record.levelname.lower()}: {record.getMessage()}"
-        return text + "\n" + self.formatException(record.exc_info) if record.exc_info else text
 
 
 def prepare_job(cfg: DictConfig, launch_dir: str) -> None:

@@ -64,6 +64,7 @@ from multiprocessing.connection import Connection, wait
 from typing import Any
 
 from rltrain.errors import ConfigError
+from rltrain.run.logs import LogTargets
 from rltrain.run.signals import StopRequested
 from rltrain.trainers.messages import Done, Exited, Failed, Heartbeat, Started, Stop, Unresponsive
 from rltrain.trainers.worker import ContextStop, WorkerContext, _bootstrap
@@ -138,7 +139,8 @@ class WorkerGroup:
         parent_conn, child_conn = self.ctx.Pipe(duplex=True)
         proc = self.ctx.Process(target=_bootstrap, name=f"{self.name}-{index}", daemon=self.daemon,
                                 args=(target, index, child_conn, payload, self.heartbeat_s, self.graceful_sigterm,
-                                      os.getpid(), self.start_method != "forkserver"))
+                                      os.getpid(), self.start_method != "forkserver",
+                                      LogTargets.of_this_process()))
         # SIG_IGN survives fork and exec: the child ignores Ctrl-C from its very first instruction
         previous = signal.signal(signal.SIGINT, signal.SIG_IGN) if _main_thread() else None
         try:

@@ -24,6 +24,7 @@ from typing import Any
 
 from rltrain.envs.lifetime import die_with_parent
 from rltrain.errors import ConfigError
+from rltrain.run.logs import LogTargets
 from rltrain.run.signals import StopFlag
 from rltrain.trainers.messages import Done, Failed, Heartbeat, Started, Stop
 
@@ -162,10 +163,11 @@ class ContextStop(StopFlag):
 
 
 def _bootstrap(target: Callable[..., Any], index: int, conn: Connection, payload: Any, heartbeat_s: float,
-               graceful_sigterm: bool, parent_pid: int, direct_child: bool) -> None:
-    """Runs in the child: tie its life to the parent's, signals, threads, one torch thread, then
-    ``target(ctx, payload)``."""
+               graceful_sigterm: bool, parent_pid: int, direct_child: bool, logs: LogTargets) -> None:
+    """Runs in the child: tie its life to the parent's, signals, the parent's log targets (a spawned child has
+    none), threads, one torch thread, then ``target(ctx, payload)``."""
     die_with_parent(parent_pid, direct=direct_child)
+    logs.install()
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     ctx = WorkerContext(index, conn.send)
     if graceful_sigterm:  # also replaces the handlers a forked child inherited from its parent
