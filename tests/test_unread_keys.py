@@ -124,6 +124,29 @@ def test_rltrain_and_rltrain_check_say_a_user_set_unread_key_at_start(cli, tmp_p
     assert "2/2 job(s) valid" in check.stdout
 
 
+def test_a_parallel_agents_own_overrides_are_checked_for_unread_keys(cli, tmp_path):
+    """``trainer.agent_overrides`` were composed into each agent's settings without a word: agent 0's
+    ``algo.n_quantiles`` (no QR head there) was silent. An agent's own unread key is said naming the agent; a
+    command-line key is said once for the run, and again for an agent only where that agent says it otherwise."""
+    args = ["debug=smoke", "logger=quiet", "algo=dqn", "experiment=none", "total_env_steps=512",
+            "algo.learning_starts=64", "eval.every_env_steps=0", "eval.episodes=1", "checkpoint.every_env_steps=0",
+            "algo.n_atoms=31", "trainer=parallel", "trainer.num_agents=2",
+            'trainer.agent_overrides=[["algo.n_quantiles=51"],["algo.distributional=qr"]]']
+    res = cli(*args)
+    assert res.returncode == 0, res.stderr[-2000:]
+    said = [line for line in res.stdout.splitlines() if "is not read" in line]
+    assert said == [
+        "[rltrain] algo.n_atoms=31 is not read: only algo.distributional=c51 uses it (now none)",
+        "[rltrain] agent 0: algo.n_quantiles=51 is not read: only algo.distributional=qr uses it (now none)",
+        "[rltrain] agent 1: algo.n_atoms=31 is not read: only algo.distributional=c51 uses it (now qr)",
+    ], res.stdout[-3000:]
+    check = subprocess.run([sys.executable, "-m", "rltrain.cli.check", *args], cwd=tmp_path, capture_output=True,
+                           text=True, timeout=300)
+    assert check.returncode == 0, check.stdout[-2000:] + check.stderr[-2000:]
+    assert [line for line in check.stdout.splitlines() if "is not read" in line] == [
+        line.replace("[rltrain]", "[rltrain-check]") for line in said]
+
+
 def test_no_shipped_preset_sets_a_key_its_own_run_leaves_unread():
     from rltrain.cli.build import algo_settings, make_settings, model_settings, resolve_target
     from rltrain.cli.presets import presets

@@ -336,11 +336,11 @@ def build_trainer(cfg: dict, run_dir: Path, *, check_only: bool = False, show: b
     from rltrain.cli.preflight import preflight, show_model
 
     settings = settings_from(cfg)
+    trainer = trainer_cls(settings=settings, run_dir=Path(run_dir), trainer=trainer, **extra)
     if not check_only:  # settings the user set that this run leaves unread (rltrain-check says them per job)
         from rltrain.cli.unread import say_unread
 
-        say_unread(settings)
-    trainer = trainer_cls(settings=settings, run_dir=Path(run_dir), trainer=trainer, **extra)
+        say_unread(trainer)
     algo = preflight(settings, trainer, check_only=check_only)  # budget, sizes against this machine, the algorithm
     show_model(algo, None if check_only else run_dir, echo=show and settings.logger.progress != "off")
     return trainer

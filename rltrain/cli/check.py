@@ -240,7 +240,7 @@ def check(overrides: list[str], console: Console, *, multirun: bool = False, err
             errors += 1
             continue
         # what the run would say at start of the settings it leaves unread: a warning, the job stays valid
-        say_unread(built.settings, job, prefix=f"[rltrain-check] job {num}:" if multirun
+        say_unread(built, job, prefix=f"[rltrain-check] job {num}:" if multirun
                    else "[rltrain-check]")
         if num > 0:
             continue  # every job is validated; the first one is shown in full

@@ -20,6 +20,7 @@ from typing import Any
 from rltrain.algos.base import takes_model
 from rltrain.errors import spelled
 from rltrain.models.settings import ModelSettings
+from rltrain.trainers.base import Trainer
 from rltrain.trainers.settings import RunSettings
 
 
@@ -80,7 +81,26 @@ def job_overrides() -> list[str]:
     return [str(o) for o in HydraConfig.get().overrides.task]
 
 
-def say_unread(settings: RunSettings, overrides: Sequence[str] | None = None, *, prefix: str = "[rltrain]") -> None:
-    """Print ``unread_lines`` at start (``overrides``: None for the running job's own, ``job_overrides``)."""
-    for line in unread_lines(settings, job_overrides() if overrides is None else overrides):
+def agent_lines(agents: Sequence[RunSettings], per_agent: Sequence[Sequence[str]], overrides: Sequence[str],
+                said: Sequence[str]) -> list[str]:
+    """``trainer=parallel``: the unread keys of each agent's own settings (its ``trainer.agent_overrides`` entry over
+    the command line's overrides, cli/agents.py), ``agent k: <line>``, but for the lines the run's own
+    (``said``) already say: ``trainer.agent_overrides=[{algo.n_quantiles:51},{}]`` without
+    ``algo.distributional=qr`` in agent 0's, or a command-line key that an agent's ``algo=a2c`` leaves unread."""
+    return [f"agent {k}: {line}" for k, (agent, own) in enumerate(zip(agents, per_agent, strict=True))
+            for line in unread_lines(agent, [*overrides, *own]) if line not in said]
+
+
+def say_unread(trainer: Trainer, overrides: Sequence[str] | None = None, *, prefix: str = "[rltrain]") -> None:
+    """Print the run's ``unread_lines`` at start, and each parallel agent's own (``agent_lines``); ``overrides``:
+    None for the running job's own (``job_overrides``)."""
+    from rltrain.cli.agents import override_list
+    from rltrain.trainers.parallel import ParallelTrainer
+
+    overrides = job_overrides() if overrides is None else list(overrides)
+    lines = unread_lines(trainer.settings, overrides)
+    if isinstance(trainer, ParallelTrainer):
+        entries = trainer.agent_overrides or [[] for _ in trainer.agents]
+        lines += agent_lines(trainer.agents, [override_list(e) for e in entries], overrides, lines)
+    for line in lines:
         print(f"{prefix} {line}", flush=True)
