@@ -124,6 +124,26 @@ def test_a_resume_with_changed_settings_refuses_unless_allowed_and_then_uses_the
     assert float(rows[-1]["rollout/episode_length"]) == 8.0  # make_counting ends episodes at `length`
 
 
+def test_a_resume_does_not_compare_a_key_the_run_does_not_read(tmp_path):
+    """A resume refused a changed ``algo.n_quantiles`` in a DQN without a QR head: a key the run never reads, which
+    the start line already says is not read, cannot change what the run computes. It is not compared (run dir
+    and checkpoint alike; ``rltrain-check`` too); a key the run reads still is."""
+    run_dir = tmp_path / "run"
+    dqn = ["algo=dqn", "experiment=none", "algo.learning_starts=64", "eval.every_env_steps=0", "eval.episodes=1"]
+    assert _train(run_dir, *dqn, "algo.n_quantiles=51", "total_env_steps=1024").returncode == 0
+    more = [*dqn, "resume=auto", "total_env_steps=2048"]
+    check = subprocess.run([sys.executable, "-m", "rltrain.cli.check", *SMOKE, f"hydra.run.dir={run_dir}", *more,
+                            "algo.n_quantiles=200"], cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert check.returncode == 0, check.stdout[-2000:] + check.stderr[-2000:]
+    res = _train(run_dir, *more, "algo.n_quantiles=200")
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert "algo.n_quantiles=200 is not read: only algo.distributional=qr uses it (now none)" in res.stdout
+    summary = _summary(run_dir)
+    assert summary["resumed_from_env_steps"] == 1024 and not summary.get("resume_changes"), summary
+    res = _train(run_dir, *[*dqn, "resume=auto", "total_env_steps=3072"], "algo.lr=0.01")
+    assert res.returncode == 2 and "algo.lr: 0.0001 -> 0.01" in res.stderr, res.stderr
+
+
 def test_a_sweep_whose_jobs_all_crash_fails_and_counts_them(tmp_path):
     res = run_cli(["-m", *SMOKE, "seed=1,2", "env.id=tests.helpers.broken_envs:Raising", "env.num_envs=2",
                    f"hydra.sweep.dir={tmp_path / 'sweep'}"], cwd=tmp_path, timeout=300,

@@ -148,9 +148,9 @@ def test_a_parallel_agents_own_overrides_are_checked_for_unread_keys(cli, tmp_pa
 
 
 def test_no_shipped_preset_sets_a_key_its_own_run_leaves_unread():
+    from rltrain.algos.base import unread_keys as unread
     from rltrain.cli.build import algo_settings, make_settings, model_settings, resolve_target
     from rltrain.cli.presets import presets
-    from rltrain.cli.unread import unread
     from rltrain.envs.make import EnvFactory, probe_env
 
     found = {}

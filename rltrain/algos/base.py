@@ -14,7 +14,7 @@ from __future__ import annotations
 import inspect
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, fields
-from typing import TYPE_CHECKING, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 import torch
@@ -331,3 +331,22 @@ def takes_model(cls: type) -> bool:
         if not any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
             return False
     return False
+
+
+def unread_keys(algo_class: type, algo: Any, model: Any, spec: Any) -> dict[str, str]:
+    """Every ``algo`` and ``model`` key that a run of ``algo_class`` with these settings will not read -> why,
+    set or not: what the start line says of the user's keys (cli/unread.py) and what a resume does not compare
+    (run/resume_rules.py). ``model``: ``ModelSettings``; ``spec``: the env's (``EnvSpec``; a multi-agent
+    ``AgentsSpec`` has no one observation or action kind, so only what the settings alone decide is said there);
+    None: nothing about the env is known."""
+    observation = getattr(spec, "observation", None)
+    # a user's algorithm need not subclass AlgoSettings / Algorithm: it then says nothing of its own keys
+    own = getattr(algo, "unread_keys", None)
+    found = {f"algo.{key}": why for key, why in
+             (own(action_kind=getattr(spec, "action_kind", None)) if own else {}).items()}
+    if takes_model(algo_class):  # it builds from the model group
+        keys = model.unread_keys(observation, mlp_after_image=getattr(algo_class, "mlp_after_image", False))
+        name = getattr(algo_class, "name", algo_class.__name__)
+        keys |= {key: why.format(algo=name) for key, why in getattr(algo_class, "model_keys_unread", {}).items()}
+        found |= {f"model.{key}": why for key, why in keys.items()}
+    return found

@@ -341,6 +341,9 @@ def build_trainer(cfg: dict, run_dir: Path, *, check_only: bool = False, show: b
         from rltrain.cli.unread import say_unread
 
         say_unread(trainer)
+        # before anything is written (model.txt, config.yaml is overwritten with this run's); the keys this run
+        # does not read are not compared
+        check_resume_config(cfg, Path(run_dir), unread=settings.unread_keys())
     algo = preflight(settings, trainer, check_only=check_only)  # budget, sizes against this machine, the algorithm
     show_model(algo, None if check_only else run_dir, echo=show and settings.logger.progress != "off")
     return trainer
@@ -364,7 +367,6 @@ def run(cfg: Any, run_dir: Path) -> dict:
     # one owner per run dir (design 6): taken before anything is written; other ranks work under rank 0's lock
     with claim_run_dir(run_dir) if owner else contextlib.nullcontext():  # a dir another run holds: refused
         plain = to_plain(cfg)
-        check_resume_config(plain, run_dir)  # before config.yaml is overwritten with this run's
         if owner:
             check_fresh_run_dir(plain, run_dir)
         prepared = prepare(plain)

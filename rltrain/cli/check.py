@@ -11,6 +11,7 @@ Exit code 0 when every job is valid, 2 (one line per bad job) otherwise.
 from __future__ import annotations
 
 import sys
+from collections.abc import Collection
 from pathlib import Path
 
 from rich.console import Console
@@ -164,9 +165,10 @@ def show(console: Console, title: str, rows: list[tuple[str, str]]) -> None:
     console.print(table)
 
 
-def start_checks(plain: dict, run_dir: Path) -> None:
+def start_checks(plain: dict, run_dir: Path, *, unread: Collection[str] = ()) -> None:
     """What ``build.run`` checks at start beyond the config, without writing anything: the run dir can be
-    written, no live run holds it, and a resume fits (the recorded config, the checkpoint's settings)."""
+    written, no live run holds it, and a resume fits (the recorded config, the checkpoint's settings; the keys
+    the run does not read, ``unread``, not compared)."""
     import fcntl
     import os
     import tempfile
@@ -191,7 +193,7 @@ def start_checks(plain: dict, run_dir: Path) -> None:
             raise ConfigError(f"hydra.run.dir={run_dir}: another rltrain run is using this run dir") from None
         finally:
             os.close(fd)
-    check_resume_config(plain, run_dir)
+    check_resume_config(plain, run_dir, unread=unread)
     check_fresh_run_dir(plain, run_dir)
     resume = plain.get("resume") or "never"
     if resume == "never":
@@ -201,7 +203,7 @@ def start_checks(plain: dict, run_dir: Path) -> None:
     if path is None:
         return
     state, _ = load_checkpoint(path)
-    error = resume_mismatch(path, (state.get("meta") or {}).get("config") or {}, plain)
+    error = resume_mismatch(path, (state.get("meta") or {}).get("config") or {}, plain, unread=unread)
     if error:
         raise ConfigError(error)
 
@@ -234,7 +236,8 @@ def check(overrides: list[str], console: Console, *, multirun: bool = False, err
         try:
             cfg = compose(plan.as_launched(config, job) if multirun else job)  # what the job runs with
             plain, built = validate_job(cfg, show=num == 0)  # the first job is shown in full
-            start_checks(plain, Path(output_dir(cfg, job, job_num=num if multirun else None)))
+            start_checks(plain, Path(output_dir(cfg, job, job_num=num if multirun else None)),
+                         unread=built.settings.unread_keys())
         except ConfigError as err:
             errors_to.print(f"[red]job {num} ({' '.join(job)}): error:[/red] {err}", highlight=False)
             errors += 1

@@ -7,7 +7,7 @@ be written over the run the dir holds)."""
 from __future__ import annotations
 
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -16,10 +16,11 @@ import yaml
 from rltrain.errors import ConfigError, RunDirRefused
 
 
-def check_resume_config(cfg: dict, run_dir: Path) -> None:
+def check_resume_config(cfg: dict, run_dir: Path, *, unread: Collection[str] = ()) -> None:
     """``resume=auto`` in a run dir whose recorded run had other trainer / algo / model / env settings: one
     line listing them (a trainer that keeps its checkpoints elsewhere would otherwise restart from step 0
-    over the run's summary), unless ``resume_allow_changes`` names them."""
+    over the run's summary), unless ``resume_allow_changes`` names them or this run does not read them
+    (``unread``: ``RunSettings.unread_keys``)."""
     from rltrain.run.resume_rules import ALLOW_KEY, resume_mismatch, upgrade_config
 
     allow = cfg.get(ALLOW_KEY) or []
@@ -31,7 +32,7 @@ def check_resume_config(cfg: dict, run_dir: Path) -> None:
         saved = yaml.safe_load((run_dir / "config.yaml").read_text())
     except (OSError, yaml.YAMLError):
         return  # the checkpoint's own config is compared at resume
-    error = resume_mismatch("auto", upgrade_config(saved) if isinstance(saved, dict) else {}, cfg)
+    error = resume_mismatch("auto", upgrade_config(saved) if isinstance(saved, dict) else {}, cfg, unread=unread)
     if error:
         raise RunDirRefused(error.replace("resume=auto:", f"resume=auto in {run_dir}:", 1))
 

@@ -17,9 +17,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from rltrain.algos.base import takes_model
 from rltrain.errors import spelled
-from rltrain.models.settings import ModelSettings
 from rltrain.trainers.base import Trainer
 from rltrain.trainers.settings import RunSettings
 
@@ -44,29 +42,12 @@ def _value(cfg: dict, dotted: str) -> Any:
     return node
 
 
-def unread(algo_class: type, algo: Any, model: ModelSettings, spec: Any) -> dict[str, str]:
-    """Every ``algo`` and ``model`` key that a run of ``algo_class`` with these settings will not read -> why,
-    set or not. ``spec``: the env's (``EnvSpec``; a multi-agent ``AgentsSpec`` has no one observation or action
-    kind, so only what the settings alone decide is said there); None: nothing about the env is known."""
-    observation = getattr(spec, "observation", None)
-    # a user's algorithm need not subclass AlgoSettings / Algorithm: it then says nothing of its own keys
-    own = getattr(algo, "unread_keys", None)
-    found = {f"algo.{key}": why for key, why in
-             (own(action_kind=getattr(spec, "action_kind", None)) if own else {}).items()}
-    if takes_model(algo_class):  # it builds from the model group
-        keys = model.unread_keys(observation, mlp_after_image=getattr(algo_class, "mlp_after_image", False))
-        name = getattr(algo_class, "name", algo_class.__name__)
-        keys |= {key: why.format(algo=name) for key, why in getattr(algo_class, "model_keys_unread", {}).items()}
-        found |= {f"model.{key}": why for key, why in keys.items()}
-    return found
-
-
 def unread_lines(settings: RunSettings, overrides: Sequence[str]) -> list[str]:
     """One line per unread key of a run (its settings, the env probed) that the user set (``user_keys``; a key
     under it, ``model.key_encoders.image``, counts), e.g. ``algo.n_quantiles=51 is not read: only
     algo.distributional=qr uses it (now none)``."""
     mine = user_keys(overrides)
-    found = unread(settings.algo_class, settings.algo_settings, settings.model, settings.env_spec)
+    found = settings.unread_keys()
     return [f"{key}={spelled(_value(settings.config, key))} is not read: {why}" for key, why in found.items()
             if key in mine or any(k.startswith(key + ".") for k in mine)]
 

@@ -5,6 +5,7 @@ compared, since changing them changes no result."""
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from pathlib import Path
 
 
@@ -66,10 +67,13 @@ def _flat(node, prefix: str, out: dict) -> dict:
     return out
 
 
-def config_changes(saved: dict, current: dict, allow: tuple[str, ...] | list[str] = ()) -> tuple[list[str], list[str]]:
+def config_changes(saved: dict, current: dict, allow: Collection[str] = (), *,
+                   unread: Collection[str] = ()) -> tuple[list[str], list[str]]:
     """The settings that differ between a checkpoint's config and this run's: (refused, allowed), each as
     ``key: old -> new``. A key is allowed when ``allow`` names it or a group above it (``env.kwargs``, ``env``).
-    Keys a checkpoint older than them does not record are not compared."""
+    Keys a checkpoint older than them does not record are not compared, nor ``unread``: the keys this run will
+    not read (``RunSettings.unread_keys``; ``algo.n_quantiles`` without a QR head), whose value cannot change
+    what it computes, whatever the checkpoint's run read."""
     refused, allowed = [], []
     trainer = (current.get("trainer") or {}).get("_target_") if isinstance(current.get("trainer"), dict) else None
     placement = (*PLACEMENT_KEYS, *TRAINER_PLACEMENT.get(str(trainer), ()))
@@ -81,7 +85,7 @@ def config_changes(saved: dict, current: dict, allow: tuple[str, ...] | list[str
             old, new = was.get(key, _ABSENT), now.get(key, _ABSENT)
             field = key.split(".")[1]
             placed = any(key == p or key.startswith(f"{p}.") for p in placement)  # a key or a group of them
-            if old == new or placed or field not in saved[group]:  # or an older checkpoint's gap
+            if old == new or placed or key in unread or field not in saved[group]:  # or an older one's gap
                 continue
             before, after = ("(unset)" if v is _ABSENT else repr(v) for v in (old, new))
             line = f"{key}: {before} -> {after}"
@@ -90,10 +94,11 @@ def config_changes(saved: dict, current: dict, allow: tuple[str, ...] | list[str
     return refused, allowed
 
 
-def resume_mismatch(path: Path | str, saved: dict, current: dict) -> str | None:
+def resume_mismatch(path: Path | str, saved: dict, current: dict, *, unread: Collection[str] = ()) -> str | None:
     """One line listing every trainer / algorithm / model / env setting in which this run differs from the
-    checkpoint's (``meta.config``) and that ``resume_allow_changes`` does not name, else None."""
-    refused, _ = config_changes(saved, current, current.get(ALLOW_KEY) or ())
+    checkpoint's (``meta.config``) and that ``resume_allow_changes`` does not name, else None (``unread``: as
+    ``config_changes``)."""
+    refused, _ = config_changes(saved, current, current.get(ALLOW_KEY) or (), unread=unread)
     if not refused:
         return None
     keys = ",".join(line.split(":")[0] for line in refused)

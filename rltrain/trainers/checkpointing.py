@@ -84,11 +84,12 @@ class Checkpointing:
         # the envs sidecar is unpickled only if this user's key signed it, or the user opted in
         saved_state, envs_blob = load_checkpoint(path, run_dir=run_dir, trust_envs=s.resume_trust_envs)
         saved = saved_state["meta"].get("config") or {}
-        error = resume_mismatch(path, saved, s.config) or \
+        unread = s.unread_keys()
+        error = resume_mismatch(path, saved, s.config, unread=unread) or \
             self.hooks.check_resume(saved_state["meta"], path, algo=self.algo)
         if error:
             raise ConfigError(error)
-        _, self.state.resume_changes = config_changes(saved, s.config, s.resume_allow_changes)
+        _, self.state.resume_changes = config_changes(saved, s.config, s.resume_allow_changes, unread=unread)
         if any(c.startswith("env.") for c in self.state.resume_changes):
             envs_blob = None  # the pickled envs carry the old settings: build fresh ones with the new
         try:

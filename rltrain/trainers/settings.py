@@ -233,6 +233,12 @@ class RunSettings:
         """The algorithm's typed settings (e.g. ``PPOSettings``) inside ``algo``."""
         return self.algo.keywords["settings"]
 
+    def unread_keys(self) -> dict[str, str]:
+        """The ``algo`` / ``model`` keys this run will not read -> why (algos/base.py ``unread_keys``)."""
+        from rltrain.algos.base import unread_keys  # torch: not for every reader of the settings
+
+        return unread_keys(self.algo_class, self.algo_settings, self.model, self.env_spec)
+
     def replace(self, **changes) -> RunSettings:
         """A copy with ``changes``; ``config`` (the record) follows the top-level ones it mirrors."""
         config = dict(self.config)
