@@ -187,7 +187,11 @@ class EvalResult:
 
     ``returns``: [episodes] (float64), episode j from seed ``seed + j``; for a multi-agent env [episodes,
     agents], in ``agents`` order. ``success_rate``: the share of episodes whose last ``info["is_success"]``
-    was true, where the env reports one (goal tasks), else None."""
+    was true, where the env reports one (goal tasks), else None. ``vs_random`` (self-play, and a constant-sum
+    game such as a zero-sum one): the learner's return against uniformly random legal moves per episode, its
+    seat ``j % agents`` in episode j, with ``constant_sum`` the game's constant (0 for zero-sum); ``mean``,
+    ``std`` and ``outcomes`` then read it, as the run's ``final_eval_return`` does: the mean of ``returns``
+    over agents is that constant over their number whatever was learnt."""
 
     returns: np.ndarray
     checkpoint: Path
@@ -195,20 +199,33 @@ class EvalResult:
     deterministic: bool
     agents: tuple[str, ...] | None = None
     success_rate: float | None = None
+    vs_random: np.ndarray | None = None
+    constant_sum: float | None = None
 
     @property
     def mean(self) -> float:
-        return float(self.returns.mean())
+        return float((self.returns if self.vs_random is None else self.vs_random).mean())
 
     @property
     def std(self) -> float:
-        """Over episodes (for a multi-agent env, of the mean over agents)."""
-        r = self.returns
+        """Over episodes (for a multi-agent env, of the mean over agents; of ``vs_random`` where there is one)."""
+        r = self.returns if self.vs_random is None else self.vs_random
         return float((r.mean(1) if r.ndim == 2 else r).std())
+
+    @property
+    def outcomes(self) -> dict[str, float] | None:
+        """``{win, draw, loss}`` rates of ``vs_random`` (a return above, at or below the fair share of the
+        constant, as the run's ``eval_vs_random``), else None."""
+        if self.vs_random is None or self.constant_sum is None or not self.agents:
+            return None
+        from rltrain.trainers.matches import outcomes
+
+        return outcomes(self.vs_random, share=self.constant_sum / len(self.agents))
 
     def __repr__(self) -> str:  # what a notebook shows: the numbers, not the array of every episode's return
         extra = f", success_rate={self.success_rate:.2f}" if self.success_rate is not None else ""
         extra += f", agents={self.agents}" if self.agents is not None else ""
+        extra += f", vs random legal moves (constant-sum {self.constant_sum:g})" if self.vs_random is not None else ""
         return (f"EvalResult(episodes={len(self.returns)}, mean={self.mean:.2f}, std={self.std:.2f}{extra}, "
                 f"deterministic={self.deterministic}, seed={self.seed}, "
                 f"checkpoint={self.checkpoint})")
@@ -226,7 +243,7 @@ def evaluate(path: str | Path, *, episodes: int = 10, deterministic: bool = True
     from rltrain.cli.loading import load_policy as load
     from rltrain.cli.loading import refuse_stepping
     from rltrain.trainers.episodes import evaluate as run_episodes
-    from rltrain.trainers.matches import evaluate_agents
+    from rltrain.trainers.matches import evaluate_agents, headline_vs_random
 
     # every refusal names this function's arguments (episodes=, checkpoint=, path=), not rltrain-eval's flags
     check_episodes_and_seed(episodes, seed, names=("episodes", "seed"))
@@ -238,8 +255,11 @@ def evaluate(path: str | Path, *, episodes: int = 10, deterministic: bool = True
               "device": torch.device(device)}
     if getattr(loaded.policy, "group_list", None) is not None:  # a multi-agent env: [episodes, agents]
         rets = evaluate_agents(loaded.policy, loaded.env.make, max_steps=loaded.env.max_episode_steps, **common)
+        # self-play and constant-sum games: the headline the run's final evaluation gave (final_eval_return)
+        vs_random, constant = headline_vs_random(loaded.policy, loaded.env.make, rets,
+                                                 max_steps=loaded.env.max_episode_steps, **common)
         return EvalResult(np.asarray(rets, np.float64), loaded.checkpoint, seed, deterministic,
-                          agents=tuple(loaded.spec.agents))
+                          agents=tuple(loaded.spec.agents), vs_random=vs_random, constant_sum=constant)
     successes: list[bool] = []
     rets = run_episodes(loaded.policy, loaded.env.make, real_scores=loaded.env.real_scores, successes=successes,
                         **common)

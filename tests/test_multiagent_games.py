@@ -216,6 +216,23 @@ def test_a_zero_sum_game_without_self_play_is_evaluated_against_random_moves(tmp
     assert "is a zero-sum game" not in capsys.readouterr().out
 
 
+@pytest.mark.parametrize("args", [[], ["algo.self_play=true"]], ids=["zero_sum", "self_play"])
+def test_the_api_evaluation_of_a_zero_sum_game_repeats_the_runs_headline_against_random_moves(tmp_path, monkeypatch,
+                                                                                               args):
+    """``rltrain.evaluate`` repeats the run's final evaluation: in a zero-sum game (self-play or not) that is the
+    learner against random legal moves, not the mean over agents, which is 0 whatever was learnt."""
+    import rltrain
+
+    summary = _run([f"env.id={TURNS}", "algo=ippo", "algo.rollout_len=32", *args], tmp_path / "run", monkeypatch)
+    result = rltrain.evaluate(tmp_path / "run", episodes=4, allow_import=True)  # TINY's eval.episodes
+    assert result.returns.shape == (4, 2) and result.returns.sum(1) == pytest.approx(np.zeros(4))
+    assert result.constant_sum == 0.0 and result.vs_random is not None and result.vs_random.shape == (4,)
+    assert result.mean == pytest.approx(summary["final_eval_return"])
+    assert result.std == pytest.approx(summary["final_eval_return_std"])
+    assert result.outcomes == summary["eval_vs_random"]
+    assert "vs random legal moves (constant-sum 0)" in repr(result)
+
+
 # -- 4. agents acting in their own spaces: a Discrete start, float64 Box actions ------------------------------
 PICKY = "tests.helpers.agent_envs:picky"  # chooser: Discrete(3, start=-1); mover: a float64 Box; strict steps
 

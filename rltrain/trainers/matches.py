@@ -148,6 +148,22 @@ def evaluate_match(policies: AgentPolicies, make_env: Callable[..., Any], *, opp
     return np.array([r[spec.agents[s]] for r, s in zip(results, seat, strict=True)], np.float64), seat
 
 
+def headline_vs_random(policies: AgentPolicies, make_env: Callable[..., Any], rets: np.ndarray, *, episodes: int,
+                       eval_seed: int, **common: Any) -> tuple[np.ndarray | None, float | None]:
+    """Where a run's evaluation headlines the learner against random legal moves (``AgentsEvaluation``): under
+    self-play, and in a constant-sum game (``game_constant`` of the head-to-head ``rets`` [episodes, agents]),
+    whose mean over agents is the same whatever is learnt. Returns (the learner's return per episode against
+    random moves, seats alternating: ``evaluate_match``; the game's constant, 0 under self-play), else
+    (None, None)."""
+    spec = policies.spec
+    constant = 0.0 if policies.pool is not None else game_constant(
+        [dict(zip(spec.agents, r, strict=True)) for r in rets.tolist()], make_env, spec, seed=eval_seed)
+    if constant is None:
+        return None, None
+    return evaluate_match(policies, make_env, opponent="random", episodes=episodes, eval_seed=eval_seed,
+                          **common)[0], constant
+
+
 def random_action(spec: EnvSpec, obs: Any, rng: np.random.Generator) -> Any:
     """A uniformly random action, legal under the observation's action mask where it carries one (the
     evaluation opponent, the self-play check)."""
