@@ -203,6 +203,23 @@ def test_multirun_job_dirs_carry_no_escape_characters(cli, tmp_path):
                      f"seed={n + 1},total_env_steps=256" for n in (0, 1)], names
 
 
+def test_a_long_job_dir_name_is_cut_between_overrides_never_inside_a_value():
+    """A value cut short names another value (total_env_steps=20 for 2048): the name keeps whole overrides only,
+    a list value's commas not taken for the end of an override."""
+    from rltrain.cli.resolvers import MAX_NAME, job_dir
+
+    sweep = ("+env.kwargs.N=2,+env.kwargs.continuous_actions=False,+env.kwargs.max_cycles=25,algo.clip_coef=0.1,"
+             "algo.ent_coef=0.008516764670113516,algo.lr=0.0006466422717414558,seed=1")
+    assert job_dir(0, sweep) == ("0_+env.kwargs.N=2,+env.kwargs.continuous_actions=False,+env.kwargs.max_cycles=25,"
+                                 "algo.clip_coef=0.1,seed=1")
+    team = ("algo.policies={scout:fast,pilot:slow,clerk:slow},algo=ippo,env.id=my_envs\\:make_team,"
+            "logger.progress=off,total_env_steps=2048")
+    assert job_dir(0, team) == "0_algo.policies=scout-fast,pilot-slow,clerk-slow,algo=ippo,env.id=my_envs-make_team,"\
+                               "logger.progress=off"
+    listed = "model.hidden_sizes=[" + ",".join(["256"] * 30) + "],seed=4"
+    assert job_dir(2, listed).endswith(",seed=4") and len(job_dir(2, listed)) <= 2 + MAX_NAME
+
+
 def test_a_used_run_dir_keeps_its_record_and_refuses_a_fresh_start(smoke_run, cli, tmp_path):
     """A command refused at start leaves the finished run's config.yaml as it was (resume=auto compares against
     it); starting afresh over a run's checkpoints is refused in one line; resume=auto continues that run."""

@@ -68,16 +68,33 @@ ATARI_GAME = re.compile(r"(?:ALE/)?(?P<game>[A-Za-z]+?)(?:NoFrameskip|Determinis
 
 def job_dir(num, overrides: str) -> str:
     """A multirun job's directory name: ``3_algo.lr=0.001,env.id=pkg-Env``. Past ``MAX_NAME`` characters the
-    overrides are cut, but the seed stays in the name (an Optuna trial's long floats would otherwise leave the
-    dirs of a trial's seeds told apart by their number alone)."""
+    overrides are cut after the last whole one that fits, but the seed stays in the name (an Optuna trial's long
+    floats would otherwise leave the dirs of a trial's seeds told apart by their number alone)."""
     text = UNSAFE.sub("-", DROPPED.sub("", str(overrides))).strip("-")
     if len(text) <= MAX_NAME:
         return f"{num}_{text}"
-    seed = next((part for part in text.split(",") if part.startswith("seed=")), "")
-    cut = text[:MAX_NAME].rstrip("-,")
-    if not seed or seed in cut.split(","):
+    parts = OVERRIDE.split(text)
+    seed = next((part for part in parts if part.startswith("seed=")), "")
+    cut = _whole(parts, MAX_NAME)
+    if not seed or seed in OVERRIDE.split(cut):
         return f"{num}_{cut}"
-    return f"{num}_{text[:MAX_NAME - len(seed) - 1].rstrip('-,')},{seed}"
+    return f"{num}_{_whole([p for p in parts if p != seed], MAX_NAME - len(seed) - 1)},{seed}"
+
+
+OVERRIDE = re.compile(r",(?=[A-Za-z0-9_.+~-]+=)")  # the comma between two overrides, not one inside a list value
+
+
+def _whole(parts: list[str], width: int) -> str:
+    """The first whole overrides that fit in ``width`` characters: a value cut short names another value
+    (``total_env_steps=20`` for 2048, ``algo.ent_coef=0`` for 0.0085). Only a first override longer than
+    ``width`` by itself is cut."""
+    kept = ""
+    for part in parts:
+        joined = f"{kept},{part}" if kept else part
+        if len(joined) > width:
+            break
+        kept = joined
+    return kept or parts[0][:width].rstrip("-,")
 
 
 def help_text(what: str) -> str:
