@@ -240,6 +240,24 @@ def test_the_report_writes_nothing_it_was_not_asked_for(tmp_path, monkeypatch, c
     assert "![learning curves](../curves.png)" in (work / "md" / "r.md").read_text()  # the link finds the PNG
     assert _files(tmp_path) - before == {work / "curves.png", work / "md" / "r.md"}
 
+def test_a_figure_asked_for_a_column_no_run_has_is_a_warning_naming_the_near_columns(tmp_path, capsys):
+    """--plot / --out with a --column no metrics.csv has (an agent's column misspelt) wrote no figure and said
+    nothing: one warning line says so, with the columns it may have meant, also quoted in the markdown."""
+    sweep = _sweep_of_groups(tmp_path / "runs", 1)
+    for job in sweep.iterdir():  # a team's run: each agent's evaluation column
+        (job / "metrics.csv").write_text("env_steps,eval/return_mean,eval/return_mean/scout\n1000,1.0,2.0\n")
+    report.main([str(sweep), "--plot", str(tmp_path / "c.png"), "--column", "eval/return_mean/scuot"])
+    err = capsys.readouterr().err
+    assert not (tmp_path / "c.png").exists() and "wrote" not in err
+    assert ("rltrain-report: warning: no figure written: no run's metrics.csv has a value in column "
+            "'eval/return_mean/scuot' (--column); did you mean 'eval/return_mean/scout'") in err, err
+    report.main([str(sweep), "--out", str(tmp_path / "r.md"), "--column", "eval/return_mean/scout"])
+    assert "no figure written" not in capsys.readouterr().err and (tmp_path / "r.png").exists()
+    report.main([str(sweep), "--out", str(tmp_path / "q.md"), "--column", "nothing"])
+    text = (tmp_path / "q.md").read_text()
+    assert "> no figure written: no run's metrics.csv has a value in column 'nothing'" in text, text
+
+
 @pytest.mark.slow
 def test_report_on_a_real_multirun_labels_by_algo(tmp_path):
     res = run_cli(["-m", "algo=ppo,a2c", *SMOKE, f"hydra.sweep.dir={tmp_path / 'sweep'}"], cwd=tmp_path, timeout=300)

@@ -282,6 +282,22 @@ def few_seeds_warning(rows: list[dict]) -> str | None:
             f"{', '.join(few)}; run more seeds (seed=1,2,3,4,5) before comparing")
 
 
+def no_figure_warning(runs: list[dict], column: str) -> str:
+    """Why a figure asked for is not written: no run has a value in ``column``; the columns it may have meant."""
+    import csv
+    import difflib
+    from contextlib import suppress
+
+    columns: set[str] = set()
+    for run in runs:  # the header of each metrics.csv; one missing or unreadable names no column
+        with suppress(OSError, UnicodeDecodeError, csv.Error):
+            columns.update(next(csv.reader((run["dir"] / "metrics.csv").read_text().splitlines()[:1]), []))
+    close = difflib.get_close_matches(column, sorted(columns - {"env_steps"}), n=3, cutoff=0.5)
+    hint = f"; did you mean {', '.join(map(repr, close))}?" if close else ""
+    return (f"rltrain-report: warning: no figure written: no run's metrics.csv has a value in column {column!r} "
+            f"(--column){hint}")
+
+
 def markdown(rows: list[dict], title: str) -> str:
     lines = [f"# {title}", "", "Final eval return per configuration (seeds aggregated; n = completed/runs).", "",
              "| " + " | ".join(HEADER) + " |", "|" + "---|" * len(HEADER)]
@@ -365,6 +381,9 @@ def main(argv: list[str] | None = None) -> None:
     # a figure only where asked: the paths are run dirs (records of runs) or a sweep's, not the report's output
     png = args.plot or (args.out.with_suffix(".png") if args.out else None)
     written = plot(groups, png, args.column) if png else None
+    if png and not written:  # a figure was asked for: say why there is none, rather than end as if it were written
+        warnings.append(no_figure_warning(runs, args.column))
+        print(warnings[-1], file=sys.stderr)
     if args.out:
         text = markdown(rows, title) + "".join(f"\n> {warning.split(': ', 2)[2]}\n" for warning in warnings)
         link = os.path.relpath(png, args.out.parent) if written else ""  # --plot may put it elsewhere
