@@ -243,7 +243,7 @@ def evaluate(path: str | Path, *, episodes: int = 10, deterministic: bool = True
     from rltrain.cli.loading import load_policy as load
     from rltrain.cli.loading import refuse_stepping
     from rltrain.trainers.episodes import evaluate as run_episodes
-    from rltrain.trainers.matches import evaluate_agents, headline_vs_random
+    from rltrain.trainers.matches import evaluate_agents, headline_vs_random, step_cap
 
     # every refusal names this function's arguments (episodes=, checkpoint=, path=), not rltrain-eval's flags
     check_episodes_and_seed(episodes, seed, names=("episodes", "seed"))
@@ -254,15 +254,15 @@ def evaluate(path: str | Path, *, episodes: int = 10, deterministic: bool = True
     common = {"episodes": episodes, "eval_seed": seed, "deterministic": deterministic,
               "device": torch.device(device)}
     if getattr(loaded.policy, "group_list", None) is not None:  # a multi-agent env: [episodes, agents]
-        rets = evaluate_agents(loaded.policy, loaded.env.make, max_steps=loaded.env.max_episode_steps, **common)
+        cap = step_cap(loaded.eval_steps, loaded.env.max_episode_steps)  # where the run's evaluation cut them
+        rets = evaluate_agents(loaded.policy, loaded.env.make, max_steps=cap, **common)
         # self-play and constant-sum games: the headline the run's final evaluation gave (final_eval_return)
-        vs_random, constant = headline_vs_random(loaded.policy, loaded.env.make, rets,
-                                                 max_steps=loaded.env.max_episode_steps, **common)
+        vs_random, constant = headline_vs_random(loaded.policy, loaded.env.make, rets, max_steps=cap, **common)
         return EvalResult(np.asarray(rets, np.float64), loaded.checkpoint, seed, deterministic,
                           agents=tuple(loaded.spec.agents), vs_random=vs_random, constant_sum=constant)
     successes: list[bool] = []
     rets = run_episodes(loaded.policy, loaded.env.make, real_scores=loaded.env.real_scores, successes=successes,
-                        **common)
+                        max_episode_steps=loaded.eval_steps, **common)
     return EvalResult(np.asarray(rets, np.float64), loaded.checkpoint, seed, deterministic,
                       success_rate=sum(successes) / len(successes) if successes else None)
 

@@ -189,6 +189,15 @@ def test_evaluation_episodes_of_an_env_without_a_time_limit_end_at_the_cap(tmp_p
     assert proc.returncode == 0, err[-3000:]
     summary = _summary(run_dir)
     assert summary["status"] == "completed" and summary["final_eval_return"] == 50.0  # reward 1 per step
+    # the tools repeat that evaluation: cut where the run cut it, not at the no-limit cap (100000 steps each)
+    env = {**os.environ, "PYTHONPATH": _pythonpath()}
+    tool = subprocess.run([sys.executable, "-m", "rltrain.cli.evaluate", str(run_dir), "--episodes", "2",
+                           "--allow-import"], capture_output=True, text=True, timeout=120, env=env)
+    assert tool.returncode == 0 and "mean return: 50.00" in tool.stdout, tool.stdout + tool.stderr[-2000:]
+    api = subprocess.run([sys.executable, "-c", "import sys, rltrain; print(rltrain.evaluate(sys.argv[1], episodes=2, "
+                          "allow_import=True).returns.tolist())", str(run_dir)], capture_output=True, text=True,
+                         timeout=120, env=env)
+    assert api.returncode == 0 and api.stdout.strip() == "[50.0, 50.0]", api.stdout + api.stderr[-2000:]
 
 
 def test_the_default_cap_applies_only_where_the_env_has_no_time_limit(monkeypatch):

@@ -111,7 +111,8 @@ def _evaluate(args: argparse.Namespace, stop: StopFlag) -> int:
             if args.video:
                 raise ConfigError("--video records single-agent envs; this checkpoint is a multi-agent env's")
             lines = evaluate_agents_lines(loaded.policy, loaded.env, episodes=episodes, eval_seed=seed,
-                                          deterministic=not args.stochastic, device=torch.device(args.device))
+                                          deterministic=not args.stochastic, device=torch.device(args.device),
+                                          eval_steps=loaded.eval_steps)
             lines[0] += f"  actions: {mode}"
             print(f"checkpoint: {loaded.checkpoint}")
             print("\n".join(lines))
@@ -119,7 +120,8 @@ def _evaluate(args: argparse.Namespace, stop: StopFlag) -> int:
         successes: list[bool] = []
         rets = evaluate(loaded.policy, loaded.env.make, episodes=episodes, eval_seed=seed,
                         deterministic=not args.stochastic, device=torch.device(args.device), video_dir=video_dir,
-                        real_scores=loaded.env.real_scores, successes=successes)
+                        real_scores=loaded.env.real_scores, successes=successes,
+                        max_episode_steps=loaded.eval_steps)
     print(f"checkpoint: {loaded.checkpoint}")
     print(f"episodes: {episodes}  mean return: {rets.mean():.2f}  std: {rets.std():.2f}  "
           f"min: {rets.min():.2f}  max: {rets.max():.2f}"
@@ -142,14 +144,16 @@ def describe_policy(policy, spec, config: dict) -> str:
             f"{spec.describe()}  {params:,} parameters")
 
 
-def evaluate_agents_lines(policies, env, *, episodes: int, eval_seed: int, deterministic: bool, device) -> list[str]:
+def evaluate_agents_lines(policies, env, *, episodes: int, eval_seed: int, deterministic: bool, device,
+                          eval_steps: int | None = None) -> list[str]:
     """A multi-agent env's evaluation in words: the mean over agents and each agent's mean return (a constant-sum
     game's marked, with its policies against random legal moves beside); with self-play, the learner against
-    random legal moves (win / draw / loss) and against its latest pool version."""
-    from rltrain.trainers.matches import evaluate_agents, evaluate_match, game_constant, outcomes
+    random legal moves (win / draw / loss) and against its latest pool version. ``eval_steps``: the run's
+    ``eval.max_episode_steps``, where its own evaluation cut an episode."""
+    from rltrain.trainers.matches import evaluate_agents, evaluate_match, game_constant, outcomes, step_cap
 
     common = {"episodes": episodes, "eval_seed": eval_seed, "deterministic": deterministic, "device": device,
-              "max_steps": env.max_episode_steps}
+              "max_steps": step_cap(eval_steps, env.max_episode_steps)}
     lines, opponents = [], ("random", "latest")
     if policies.pool is None:
         agents = policies.spec.agents

@@ -41,6 +41,12 @@ class LoadedCheckpoint:
     # what stepping the env imports (``env.id=module:Attr``, ``env.wrappers`` entries): each needs the opt-in
     step_imports: list[str] = field(default_factory=list)
 
+    @property
+    def eval_steps(self) -> int | None:
+        """The run's ``eval.max_episode_steps``: where its evaluation cut an episode, so the tools cut theirs
+        there too (an env without a time limit of its own would otherwise run to the no-limit cap)."""
+        return (self.config.get("eval") or {}).get("max_episode_steps")
+
 
 def load_policy(path: Path, *, device: str = "cpu", allow_import: bool = False,
                 opt_in: str = CLI_OPT_IN, key: str = "checkpoint") -> LoadedCheckpoint:

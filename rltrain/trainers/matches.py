@@ -148,6 +148,13 @@ def evaluate_match(policies: AgentPolicies, make_env: Callable[..., Any], *, opp
     return np.array([r[spec.agents[s]] for r, s in zip(results, seat, strict=True)], np.float64), seat
 
 
+def step_cap(eval_steps: int | None, env_steps: int | None) -> int:
+    """Where an evaluation episode of a multi-agent env ends at the latest: ``eval.max_episode_steps``, else
+    ``env.max_episode_steps``, else ``NO_LIMIT_CAP`` (a game with no limit of its own still ends). The run's
+    evaluation and the tools' (``rltrain-eval``, ``rltrain.evaluate``) alike."""
+    return eval_steps or env_steps or NO_LIMIT_CAP
+
+
 def headline_vs_random(policies: AgentPolicies, make_env: Callable[..., Any], rets: np.ndarray, *, episodes: int,
                        eval_seed: int, **common: Any) -> tuple[np.ndarray | None, float | None]:
     """Where a run's evaluation headlines the learner against random legal moves (``AgentsEvaluation``): under
@@ -280,7 +287,7 @@ class AgentsEvaluation(Evaluation):
         agents = policies.spec.agents
         # every episode ends: eval.max_episode_steps, the env's limit, else the cap of an env that has none
         common = {"episodes": ev.episodes, "eval_seed": self.eval_seed, "device": self.device,
-                  "max_steps": ev.max_episode_steps or self.s.env.max_episode_steps or NO_LIMIT_CAP}
+                  "max_steps": step_cap(ev.max_episode_steps, self.s.env.max_episode_steps)}
         row: Metrics = {}
         summary: dict = {}
         share = 0.0  # a player's fair share of a constant-sum game's constant: a draw's return
