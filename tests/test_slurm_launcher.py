@@ -28,23 +28,34 @@ REFUSALS = [
 ]
 
 
+def _fake_slurm(bin_dir, said: str) -> None:
+    """An ``sbatch`` that refuses with ``said`` and an ``sinfo`` that lists two partitions, first on PATH."""
+    bin_dir.mkdir(exist_ok=True)
+    for name, script in (("sbatch", f"cat >&2 <<'EOF'\n{said}\nEOF\nexit 1"), ("sinfo", "printf 'debug\\ngpu\\n'")):
+        tool = bin_dir / name
+        tool.write_text(f"#!/bin/sh\n{script}\n")
+        tool.chmod(tool.stat().st_mode | stat.S_IXUSR)
+
+
 @pytest.mark.parametrize(("said", "key"), REFUSALS)
-def test_sbatch_refusal_names_what_sbatch_said_and_the_key(said, key):
+def test_sbatch_refusal_names_what_sbatch_said_and_the_key(said, key, tmp_path, monkeypatch):
+    _fake_slurm(tmp_path / "bin", said)
+    monkeypatch.setenv("PATH", f"{tmp_path / 'bin'}{os.pathsep}{os.environ['PATH']}")
     line = sbatch_refusal(said, params={"partition": "nosuch", "mem_gb": 100000, "cpus_per_task": 2,
                                         "tasks_per_node": 1, "nodes": 1, "gpus_per_node": None})
     assert "\n" not in line and key in line
     first = said.splitlines()[0].removeprefix("sbatch: error: ").removeprefix("Batch job submission failed: ")
     assert first in line  # what sbatch said, as it said it
+    # the cluster's partitions where the partition is what to change, and only there (sinfo waits out a dead
+    # controller's retries)
+    assert ("(this cluster's: debug, gpu)" in line) == (key == "hydra.launcher.partition"), line
 
 
 @needs_submitit
 @pytest.mark.parametrize(("said", "key"), REFUSALS)
 def test_an_sbatch_refusal_is_one_line_exit_2_and_leaves_no_sweep_dir(tmp_path, said, key):
     bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
-    sbatch = bin_dir / "sbatch"
-    sbatch.write_text(f"#!/bin/sh\ncat >&2 <<'EOF'\n{said}\nEOF\nexit 1\n")
-    sbatch.chmod(sbatch.stat().st_mode | stat.S_IXUSR)
+    _fake_slurm(bin_dir, said)
     env = {"PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}"}
     res = run_cli(["-m", "hydra/launcher=slurm", "seed=1,2", *TINY, "hydra.sweep.dir=sweep"], cwd=tmp_path, env=env,
                   timeout=120)

@@ -59,7 +59,9 @@ def sbatch_refusal(said: str, *, params: dict[str, Any]) -> str:
     low = " ".join(errors).lower()
     asked = ", ".join(f"hydra.launcher.{k}={params[k]}" for k in SIZE_KEYS if params.get(k) is not None)
     fix = next((f for fragment, f in REFUSALS if fragment in low), "check the hydra.launcher.* settings")
-    fix = fix.format(asked=asked, partitions=_partitions())
+    # sinfo only where the line names the partitions: with the controller down it takes SLURM's own retries
+    # (about 9 s) to say so, which every other refusal would wait out for nothing
+    fix = fix.format(asked=asked, partitions=_partitions() if "{partitions}" in fix else "")
     return f"sbatch refused the sweep's job array: {text}; {fix}. Nothing was submitted"
 
 
