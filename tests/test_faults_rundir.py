@@ -99,6 +99,19 @@ def test_a_refused_command_leaves_no_files(tmp_path, overrides):
     assert not run_dir.exists(), sorted(run_dir.rglob("*"))
 
 
+def test_a_command_refused_in_another_runs_dir_leaves_its_hydra_files(tmp_path):
+    """Hydra writes a command's ``.hydra/`` (config, overrides) into the run dir before the task starts: a command
+    refused there (a fresh start over a run's checkpoints, a resume with changed settings) put its own settings in
+    place of the run's, which ``rltrain-report`` and a reader then took for the run's. They are put back."""
+    run_dir = tmp_path / "run"
+    assert _train(run_dir, "total_env_steps=1024").returncode == 0
+    before = {p.name: p.read_bytes() for p in (run_dir / ".hydra").iterdir()}
+    for extra in (["algo.lr=0.5"], ["algo.lr=0.5", "resume=auto"]):
+        res = _train(run_dir, "total_env_steps=1024", *extra)
+        assert res.returncode == 2 and len(_stderr_lines(res)) == 1, res.stderr
+        assert {p.name: p.read_bytes() for p in (run_dir / ".hydra").iterdir()} == before, extra
+
+
 def test_a_resume_with_changed_settings_refuses_unless_allowed_and_then_uses_them(tmp_path):
     run_dir = tmp_path / "run"
     env = ["env.id=tests.helpers.faulty_envs:make_counting", "env.num_envs=2"]

@@ -102,6 +102,7 @@ def run_task(cfg: DictConfig) -> float:
         discard_fresh_run_dir,
         hand_over_signal,
         record_failure,
+        restore_hydra_files,
         stopped_by_signal,
     )
 
@@ -129,6 +130,8 @@ def run_task(cfg: DictConfig) -> float:
                 note = f"; traceback in {run_dir / 'error.txt'}"
             elif not (run_dir / "summary.json").exists():  # refused before anything ran: leave no files
                 discard_fresh_run_dir(run_dir)
+            if isinstance(err, RunDirRefused):  # another run's dir: its .hydra/ as it was before this command
+                restore_hydra_files(run_dir)
             full_traceback(err)
             print(f"rltrain: error: {err}{note}", file=sys.stderr)
             sys.exit(2)

@@ -92,6 +92,23 @@ def discard_fresh_run_dir(run_dir: Path | None) -> bool:
     return not fresh.exists()
 
 
+def restore_hydra_files(run_dir: Path) -> None:
+    """A command refused in another run's dir (``RunDirRefused``) leaves it as it was: Hydra wrote the refused
+    command's ``.hydra/`` files (config, overrides) over that run's before the task began, and ``rltrain-report``
+    and a reader of the dir take them for the run's own. Put back what ``on_run_start`` kept."""
+    kept = SweepCallback.kept_hydra
+    if kept is None or Path(run_dir).resolve() != SweepCallback.run_dir:
+        return
+    hydra_dir = Path(run_dir) / ".hydra"
+    for path in hydra_dir.glob("*") if hydra_dir.is_dir() else ():
+        if path.is_file() and path.name not in kept:  # written by this command alone
+            path.unlink(missing_ok=True)
+    for name, content in kept.items():
+        (hydra_dir / name).write_bytes(content)
+    if hydra_dir.is_dir() and not kept and not any(hydra_dir.iterdir()):
+        hydra_dir.rmdir()
+
+
 def stopped_before_training(err: BaseException, *, removed: bool) -> str:
     """The one line of a command stopped before its run had begun (``StopRequested`` out of start-up);
     ``removed``: the run dir this command had created is gone again."""
@@ -240,6 +257,8 @@ class SweepCallback(Callback):
 
     exit_code: int = 0  # read by cli.main: the exit code of the submitting process (``sweep_exit_code``)
     fresh_run_dir: Path | None = None  # the single run's dir, when this command created it
+    # an existing single run dir's .hydra/ files, {name: bytes}, as they were before Hydra rewrote them
+    kept_hydra: dict[str, bytes] | None = None
     run_dir: Path | None = None  # the single run's dir
     sweep_dir: Path | None = None  # a multirun's
 
@@ -251,6 +270,9 @@ class SweepCallback(Callback):
             # a dir this command creates is removed again if the command is refused (discard_fresh_run_dir)
             SweepCallback.fresh_run_dir = None if run_dir.exists() else run_dir.resolve()
             SweepCallback.run_dir = run_dir.resolve()
+            hydra_dir = run_dir / ".hydra"  # restore_hydra_files puts them back if the command is refused
+            SweepCallback.kept_hydra = None if SweepCallback.fresh_run_dir else {
+                p.name: p.read_bytes() for p in (hydra_dir.glob("*") if hydra_dir.is_dir() else ()) if p.is_file()}
             run_dir.mkdir(parents=True, exist_ok=True)
         except OSError as err:
             print(f"rltrain: error: hydra.run.dir={run_dir}: cannot create it ({err.strerror or err}); pick a "
