@@ -97,3 +97,7 @@ def test_box_bounds_far_from_a_gaussian_policys_scale_are_said_at_start(capsys, 
     assert "[-1, 1]" in action_scale_line(spec)  # a half-width of 0.01: a sliver is all it explores
     assert action_scale_line(EnvSpec("X", (3,), "box", (1,), action_low=(-float("inf"),),
                                      action_high=(float("inf"),))) is None
+    # a dimension with low == high holds one action: it neither asks for rescaling nor names the range
+    assert action_scale_line(EnvSpec("X", (3,), "box", (2,), action_low=(0.0, -5.0), action_high=(0.0, 5.0))) is None
+    assert "[10, 20]" in action_scale_line(EnvSpec("X", (3,), "box", (2,), action_low=(3.0, 10.0),
+                                                   action_high=(3.0, 20.0)))

@@ -216,7 +216,7 @@ def test_an_env_defined_in_the_training_script_is_said_to_need_that_script(tmp_p
     assert res.returncode == 0, res.stderr[-3000:]
     assert "evaluated " in res.stdout  # rltrain.evaluate in the script that defines Seek builds it
     assert ("[rltrain] env.id=__main__:Seek is defined in the running script: only a script that defines it can "
-            "evaluate or resume this run") in res.stdout, res.stdout
+            "evaluate or resume this run (rltrain.evaluate(..., allow_import=True) there") in res.stdout, res.stdout
     other = subprocess.run([sys.executable, "-m", "rltrain.cli.evaluate", "runs/seek", "--allow-import"],
                            cwd=tmp_path, capture_output=True, text=True, timeout=120, env=env)
     assert other.returncode == 2 and len(other.stderr.strip().splitlines()) == 1, other.stderr

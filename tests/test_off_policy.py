@@ -319,6 +319,25 @@ def test_squashed_gaussian_log_prob_is_torch_distributions_tanh_normal():
     torch.testing.assert_close(det.detach(), torch.tanh(mu.detach()) * scale + bias)
 
 
+def test_sac_trains_on_a_box_with_a_dimension_whose_bounds_are_equal():
+    """A Box dimension with low == high (a fixed joint: Box([0, -5], [0, 5])) holds one action. Its log(scale) was
+    log(0) = -inf, so every log-probability was +inf and the first update's losses NaN (the run stopped at a
+    "non-finite loss/q"); its density is now taken in the squashed space: finite, and the action stays fixed."""
+    spec = EnvSpec("Fixed", (3,), "box", (2,), action_low=(0.0, -5.0), action_high=(0.0, 5.0))
+    torch.manual_seed(0)
+    sac = SAC(spec, SACSettings(rollout_len=1, learning_starts=4, batch_size=4, buffer_size=100), num_envs=2,
+              device=CPU, model=SMALL)
+    rng, last, metrics = np.random.default_rng(0), None, {}
+    for _ in range(8):
+        rollout = stream(spec, 1, 2, rng, last)
+        rollout.actions[..., 0] = 0.0  # what the env was stepped with: inside its bounds
+        last = rollout.next_obs[-1]
+        metrics = {**metrics, **sac.learn(rollout, progress=0.5)}
+    assert sac.gradient_steps_taken > 0 and all(np.isfinite(v) for v in metrics.values()), metrics
+    action, logp = sac.policy.head(torch.zeros(5, 8))
+    assert torch.isfinite(logp).all() and (action[:, 0] == 0).all()
+
+
 def _batch(spec: EnvSpec, B: int, seed: int) -> Batch:
     rng = np.random.default_rng(seed)
     t = lambda x: torch.from_numpy(np.asarray(x, np.float32))  # noqa: E731

@@ -220,8 +220,9 @@ def preflight(settings: RunSettings, trainer: Trainer, *, check_only: bool = Fal
             print(f"[rltrain] {line}", flush=True)
     if str(settings.env.id).startswith("__main__:"):  # works here; no other process can build it
         print(f"[rltrain] env.id={settings.env.id} is defined in the running script: only a script that defines it "
-              "can evaluate or resume this run (rltrain.evaluate there; rltrain-eval cannot); a module "
-              f"(env.id=my_envs:{settings.env.id.partition(':')[2]}) is found by any process", flush=True)
+              "can evaluate or resume this run (rltrain.evaluate(..., allow_import=True) there; rltrain-eval "
+              f"cannot); a module (env.id=my_envs:{settings.env.id.partition(':')[2]}) is found by any process",
+              flush=True)
     dist = getattr(getattr(algo, "policy", None), "dist", None)
     line = action_scale_line(spec) if getattr(dist, "clips_to_bounds", False) else None
     if line:
@@ -273,6 +274,10 @@ def action_scale_line(spec: EnvSpec) -> str | None:
     low, high = np.asarray(spec.action_low, np.float64), np.asarray(spec.action_high, np.float64)
     if not low.size or not (np.isfinite(low).all() and np.isfinite(high).all()):
         return None
+    moves = high > low  # a dimension with low == high holds one action: nothing to explore or rescale there
+    if not moves.any():
+        return None
+    low, high = low[moves], high[moves]
     half = (high - low) / 2
     if (low <= 0).all() and (high >= 0).all() and (half >= 0.1).all() and (half <= 10).all():
         return None

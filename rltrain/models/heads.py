@@ -62,10 +62,18 @@ def squashed_gaussian_sample(mu: Tensor, raw_log_std: Tensor, scale: Tensor, bia
     #   log|da/du| = log scale + log(1 - tanh(u)^2) = log scale + 2 (log 2 - u - softplus(-2u))  (stable for large |u|)
     # the terms that do not depend on the sample summed once, outside the batch (a SAC update samples twice)
     if log_scale_sum is None:
-        log_scale_sum = float(torch.log(scale).sum())
+        log_scale_sum = sum_log_scale(scale)
     const = squashed_log_prob_const(mu.shape[-1], log_scale_sum)
     logp = (2.0 * (u + F.softplus(-2.0 * u)) - 0.5 * eps.square() - log_std).sum(-1) - const
     return torch.tanh(u) * scale + bias, logp
+
+
+def sum_log_scale(scale: Tensor) -> float:
+    """sum(log scale) over the dimensions whose bounds differ. A Box dimension with low == high (a fixed joint,
+    a reserved slot) holds one action, and log(0) = -inf made every log-probability +inf and SAC's losses NaN;
+    its density is taken in the squashed [-1, 1] space instead (scale 1, as SB3 measures every dimension), a
+    constant that moves no gradient."""
+    return float(torch.log(scale[scale > 0]).sum())
 
 
 def squashed_log_prob_const(act_dim: int, log_scale_sum: float) -> float:
@@ -84,11 +92,11 @@ class SquashedGaussianHead(nn.Module):
         self.log_std = nn.Linear(in_dim, act_dim)
         self.register_buffer("scale", (high - low) / 2.0)
         self.register_buffer("bias", (high + low) / 2.0)
-        self.log_scale_sum = float(torch.log(self.scale).sum())  # kept in step with ``scale`` (loading below)
+        self.log_scale_sum = sum_log_scale(self.scale)  # kept in step with ``scale`` (loading below)
 
     def _load_from_state_dict(self, *args, **kwargs) -> None:
         super()._load_from_state_dict(*args, **kwargs)
-        self.log_scale_sum = float(torch.log(self.scale).sum())
+        self.log_scale_sum = sum_log_scale(self.scale)
 
     def forward(self, features: Tensor, *, deterministic: bool = False,
                 generator: torch.Generator | None = None) -> tuple[Tensor, Tensor]:

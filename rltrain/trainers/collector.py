@@ -225,7 +225,8 @@ class RolloutCollector:
         if spec.action_kind == "discrete":
             return np.random.randint(0, spec.n_actions, n), np.full(n, -np.log(spec.n_actions), np.float32)
         action = np.random.uniform(self._low, self._high, (n, *spec.action_shape)).astype(np.float32)
-        logp = -np.log(self._high - self._low).sum()
+        width = self._high - self._low
+        logp = -np.log(width[width > 0]).sum()  # a dimension with low == high holds one action (heads.sum_log_scale)
         return action, np.full(n, logp, np.float32)
 
     def env_state(self) -> bytes | None:
