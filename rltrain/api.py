@@ -126,6 +126,13 @@ def _train_config(cfg: Any, run_dir: str | Path | None) -> RunResult:
 
 
 def _run(cfg: Any, run_dir: Path) -> RunResult:
+    from rltrain.run.process import callers_threads
+
+    with callers_threads():  # the run's thread settings end with it: the caller's process is not its own
+        return _run_here(cfg, run_dir)
+
+
+def _run_here(cfg: Any, run_dir: Path) -> RunResult:
     import logging
 
     from rltrain.cli.build import run
@@ -170,9 +177,11 @@ def load_policy(path: str | Path, *, device: str = "cpu",
     network (``model.imports``), and for a checkpoint written before the spaces were recorded, its env's module
     (importing runs the module's code: only for checkpoints you trust)."""
     from rltrain.cli.loading import load_policy as load
+    from rltrain.run.process import callers_threads
 
     # the lines name this function's arguments (path=, allow_import=True), not the command line's
-    loaded = load(Path(path), device=device, allow_import=allow_import, opt_in="allow_import=True", key="path")
+    with callers_threads():  # building the algorithm sets numpy's threads: the caller keeps its own
+        loaded = load(Path(path), device=device, allow_import=allow_import, opt_in="allow_import=True", key="path")
     if getattr(loaded.policy, "group_list", None) is not None:  # a multi-agent env's policies (models/agents.py)
         return {agent: LoadedPolicy(policy, spec=policy.spec, config=loaded.config, checkpoint=loaded.checkpoint,
                                     env=loaded.env, step_imports=loaded.step_imports)
@@ -247,8 +256,11 @@ def evaluate(path: str | Path, *, episodes: int = 10, deterministic: bool = True
 
     # every refusal names this function's arguments (episodes=, checkpoint=, path=), not rltrain-eval's flags
     check_episodes_and_seed(episodes, seed, names=("episodes", "seed"))
-    loaded = load(pick_checkpoint(Path(path), checkpoint, name="checkpoint", key="path"), device=device,
-                  allow_import=allow_import, opt_in="allow_import=True", key="path")
+    from rltrain.run.process import callers_threads
+
+    with callers_threads():  # building the algorithm sets numpy's threads: the caller keeps its own
+        loaded = load(pick_checkpoint(Path(path), checkpoint, name="checkpoint", key="path"), device=device,
+                      allow_import=allow_import, opt_in="allow_import=True", key="path")
     refuse_stepping(loaded, opt_in="allow_import=True", key="path")
     seed = loaded.eval_seed if seed is None else seed
     common = {"episodes": episodes, "eval_seed": seed, "deterministic": deterministic,

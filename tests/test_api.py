@@ -72,6 +72,29 @@ def test_train_takes_a_composed_dictconfig(tmp_path):
     assert result.summary["status"] == "completed" and (tmp_path / "run" / "summary.json").exists()
 
 
+def test_the_callers_torch_and_numpy_threads_are_left_as_they_were(tmp_path, monkeypatch):
+    """A run sets its process's torch threads (``torch_threads``, default 1) and numpy's OpenBLAS to one: through
+    the API that process is the caller's (a notebook's kernel), whose own torch / numpy work then ran on one core
+    after ``train``, ``load_policy`` or ``evaluate``. Each puts back what the caller had."""
+    import rltrain
+    from rltrain.models.numpy_mlp import blas_threads, set_blas_threads
+
+    threads, blas = torch.get_num_threads(), blas_threads()
+    monkeypatch.delenv("OPENBLAS_NUM_THREADS", raising=False)
+    try:
+        torch.set_num_threads(2)
+        set_blas_threads(2)
+        result = rltrain.train(["algo=ppo", *TINY], run_dir=tmp_path / "run")  # PPO's numpy update: OpenBLAS too
+        rltrain.load_policy(result.run_dir)
+        rltrain.evaluate(result.run_dir, episodes=1)
+        assert torch.get_num_threads() == 2 and "OPENBLAS_NUM_THREADS" not in os.environ
+        assert blas is None or blas_threads() == 2
+    finally:
+        torch.set_num_threads(threads)
+        if blas is not None:
+            set_blas_threads(blas)
+
+
 def test_bad_input_raises_the_clis_one_line(tmp_path):
     import rltrain
     from rltrain.errors import ConfigError

@@ -101,3 +101,17 @@ def test_a_finished_loop_is_freed_without_a_collection(tmp_path, monkeypatch):
         assert len(loops) == 1 and loops[0]() is None  # freed when the last reference went, no collection run
     finally:
         gc.enable()
+
+
+def test_a_final_evaluation_that_reaches_eval_target_return_says_when(tmp_path):
+    """The loop runs no periodic evaluation at the budget's last step: the final evaluation stands in for it. One
+    that reached ``eval.target_return`` left ``solved_at_env_steps`` null, which a sweep reading "steps to solve"
+    took for a run that never got there; it is the step the run ended at, as the periodic one would have said."""
+    from rltrain.cli import build
+
+    common = ["debug=smoke", "logger=quiet", "total_env_steps=512", "eval.episodes=1", "eval.every_env_steps=512"]
+    summary = build.run(compose_cfg([*common, "eval.target_return=1"]), tmp_path / "reached")
+    assert summary["final_eval_return"] >= 1 and summary["solved_at_env_steps"] == summary["total_env_steps"], summary
+    assert summary["solved_at_seconds"] > 0
+    summary = build.run(compose_cfg([*common, "eval.target_return=100000"]), tmp_path / "not")
+    assert summary["solved_at_env_steps"] is None, summary

@@ -26,6 +26,32 @@ import torch
 from torch import Tensor, nn
 
 _BLAS_SETTERS = ("scipy_openblas_set_num_threads64_", "scipy_openblas_set_num_threads", "openblas_set_num_threads")
+_BLAS_GETTERS = ("scipy_openblas_get_num_threads64_", "scipy_openblas_get_num_threads", "openblas_get_num_threads")
+
+
+def _blas_call(names: tuple[str, ...], *args: int) -> int | None:
+    """Call the first of ``names`` that numpy's OpenBLAS exports, in every such library; its last result, None
+    where none could be called."""
+    result = None
+    for path in glob.glob(os.path.join(os.path.dirname(np.__file__) + ".libs", "*openblas*")):
+        try:
+            lib = ctypes.CDLL(path)
+        except OSError:
+            continue
+        fn = next((f for f in (getattr(lib, name, None) for name in names) if f is not None), None)
+        if fn is not None:
+            result = int(fn(*args) or 0)  # a getter's count; a setter returns nothing (0)
+    return result
+
+
+def blas_threads() -> int | None:
+    """numpy's OpenBLAS thread count (None where it cannot be read): ``rltrain.train`` puts it back after a run."""
+    return _blas_call(_BLAS_GETTERS)
+
+
+def set_blas_threads(n: int) -> bool:
+    """Set numpy's OpenBLAS thread count (best effort; True when it worked)."""
+    return _blas_call(_BLAS_SETTERS, n) is not None
 
 
 def single_thread_blas() -> bool:
@@ -35,20 +61,7 @@ def single_thread_blas() -> bool:
     several times slower on a busy 2-core machine. Like ``torch.set_num_threads(1)`` for torch.
     """
     os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")  # for child processes started later
-    libs = glob.glob(os.path.join(os.path.dirname(np.__file__) + ".libs", "*openblas*"))
-    done = False
-    for path in libs:
-        try:
-            lib = ctypes.CDLL(path)
-        except OSError:
-            continue
-        for name in _BLAS_SETTERS:
-            fn = getattr(lib, name, None)
-            if fn is not None:
-                fn(1)
-                done = True
-                break
-    return done
+    return set_blas_threads(1)
 
 
 def flat_float32(obs: np.ndarray) -> np.ndarray:

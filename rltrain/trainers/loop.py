@@ -306,6 +306,9 @@ class TrainLoop:
                 self.stop.reason = f"{err.reason}{during(err)}"
             else:
                 final = (row["eval/return_mean"], row["eval/return_std"])
+                # at the budget's end it stands in for the periodic evaluation due there (the loop runs none at
+                # the last step): one that reaches eval.target_return says when, as that one would have
+                self._eval_reached_target(row, steps)
                 self.rows.log(steps, {**self.rows.row(state.last_learn, sps), **row})
         elif self.is_main and status == "interrupted" and state.last_learn:
             self.rows.log(steps, self.rows.row(state.last_learn, sps))
