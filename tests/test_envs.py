@@ -80,6 +80,23 @@ def test_known_namespaces_register_in_a_fresh_process():
     assert res.returncode == 0 and "PongNoFrameskip-v4 1" in res.stdout, res.stderr
 
 
+def test_minatar_steps_without_importing_its_screen_drawing_libraries():
+    """MinAtar's environment module imports pyplot and seaborn (and so scipy.stats) at its top to draw screens:
+    1.2 s of every MinAtar process's start. They are imported on first use only; anyone's own ``import seaborn``
+    afterwards gets the real module, and MinAtar's drawing code still reaches it."""
+    pytest.importorskip("minatar")
+    pytest.importorskip("seaborn")
+    code = ("import sys; from rltrain.envs.make import make_env\n"
+            "m = make_env('MinAtar/Breakout-v1'); m.reset(seed=0); m.step(0)\n"
+            "print(sorted(n for n in ('seaborn', 'scipy.stats', 'matplotlib.pyplot') if n in sys.modules))\n"
+            "import seaborn, minatar.environment as drawn\n"
+            "print(type(seaborn).__name__, callable(seaborn.color_palette), callable(drawn.sns.color_palette))")
+    res = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.splitlines() == ["[]", "module True True"], res.stdout + res.stderr
+    assert "Cannot import" not in res.stderr, res.stderr  # MinAtar's own warning when its imports fail
+
+
 def test_missing_namespace_package_names_the_extra(monkeypatch):
     monkeypatch.setitem(envplugins.NAMESPACES, "Nope", ("rltrain_absent_pkg.gym", "nope"))
     with pytest.raises(ConfigError) as err:
