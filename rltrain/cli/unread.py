@@ -75,12 +75,14 @@ def agent_lines(agents: Sequence[RunSettings], per_agent: Sequence[Sequence[str]
 def say_unread(trainer: Trainer, overrides: Sequence[str] | None = None, *, prefix: str = "[rltrain]") -> None:
     """Print the run's ``unread_lines`` at start, and each parallel agent's own (``agent_lines``); ``overrides``:
     None for the running job's own (``job_overrides``)."""
-    from rltrain.cli.agents import override_list
-    from rltrain.trainers.parallel import ParallelTrainer
-
     overrides = job_overrides() if overrides is None else list(overrides)
     lines = unread_lines(trainer.settings, overrides)
-    if isinstance(trainer, ParallelTrainer):
+    # the capability first: importing trainers.parallel (its supervision layer) costs every other run's start
+    if trainer.capabilities.agent_configs:
+        from rltrain.cli.agents import override_list
+        from rltrain.trainers.parallel import ParallelTrainer
+
+        assert isinstance(trainer, ParallelTrainer)  # the one trainer with agent configs
         entries = trainer.agent_overrides or [[] for _ in trainer.agents]
         lines += agent_lines(trainer.agents, [override_list(e) for e in entries], overrides, lines)
     for line in lines:
