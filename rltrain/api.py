@@ -126,7 +126,7 @@ def _train_config(cfg: Any, run_dir: str | Path | None) -> RunResult:
 
 
 def _run(cfg: Any, run_dir: Path) -> RunResult:
-    from rltrain.run.process import callers_threads
+    from rltrain.cli.loading import callers_threads
 
     with callers_threads():  # the run's thread settings end with it: the caller's process is not its own
         return _run_here(cfg, run_dir)
@@ -176,8 +176,8 @@ def load_policy(path: str | Path, *, device: str = "cpu",
     where ``my_env`` cannot be imported. ``allow_import``: import the modules the checkpoint names for its
     network (``model.imports``), and for a checkpoint written before the spaces were recorded, its env's module
     (importing runs the module's code: only for checkpoints you trust)."""
+    from rltrain.cli.loading import callers_threads
     from rltrain.cli.loading import load_policy as load
-    from rltrain.run.process import callers_threads
 
     # the lines name this function's arguments (path=, allow_import=True), not the command line's
     with callers_threads():  # building the algorithm sets numpy's threads: the caller keeps its own
@@ -256,7 +256,7 @@ def evaluate(path: str | Path, *, episodes: int = 10, deterministic: bool = True
 
     # every refusal names this function's arguments (episodes=, checkpoint=, path=), not rltrain-eval's flags
     check_episodes_and_seed(episodes, seed, names=("episodes", "seed"))
-    from rltrain.run.process import callers_threads
+    from rltrain.cli.loading import callers_threads
 
     with callers_threads():  # building the algorithm sets numpy's threads: the caller keeps its own
         loaded = load(pick_checkpoint(Path(path), checkpoint, name="checkpoint", key="path"), device=device,

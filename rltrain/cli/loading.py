@@ -12,7 +12,10 @@ in it chooses where the tools write files.
 
 from __future__ import annotations
 
+import contextlib
+import os
 import sys
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -185,3 +188,24 @@ def _policy_from(state: dict, path: Path, *, device: str, allow_import: bool, op
     algo.policy.load_state_dict(state["algo"]["policy"])  # the acting weights only: no optimiser, no buffer
     return LoadedCheckpoint(algo.policy, cfg, path, int(state["meta"]["eval_seed"]), spec, factory,
                             [] if allow_import else stepping)
+
+
+@contextlib.contextmanager
+def callers_threads() -> Iterator[None]:
+    """The Python API runs in the caller's process (a script, a notebook's kernel): a run there sets torch's
+    threads (``run.process.init_process``) and numpy's OpenBLAS to one (``numpy_mlp.single_thread_blas``, also
+    when a policy is loaded), so the caller's own torch / numpy work afterwards ran on one core. Put back what the
+    caller had."""
+    import torch
+
+    from rltrain.models.numpy_mlp import blas_threads, set_blas_threads
+
+    threads, blas, blas_env = torch.get_num_threads(), blas_threads(), os.environ.get("OPENBLAS_NUM_THREADS")
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
+        if blas is not None and blas != blas_threads():
+            set_blas_threads(blas)
+        if blas_env is None:  # set for the run's child processes only
+            os.environ.pop("OPENBLAS_NUM_THREADS", None)
