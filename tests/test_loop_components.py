@@ -115,3 +115,20 @@ def test_a_final_evaluation_that_reaches_eval_target_return_says_when(tmp_path):
     assert summary["solved_at_seconds"] > 0
     summary = build.run(compose_cfg([*common, "eval.target_return=100000"]), tmp_path / "not")
     assert summary["solved_at_env_steps"] is None, summary
+
+
+def test_evaluations_follow_their_own_cadence_not_the_log_rows(tmp_path):
+    """``eval.every_env_steps`` below ``log.every_env_steps`` (or the log off) evaluated only where a log row fell:
+    every 256 steps asked, every 1024 (or never) run, and ``best.pt`` and ``eval.target_return`` followed those.
+    Each due evaluation runs at its step and writes a row there."""
+    import csv
+
+    for log_every, rows_at in (("1024", [256, 512, 768, 1024, 1280, 1536, 1792, 2048]),
+                               ("0", [256, 512, 768, 1024, 1280, 1536, 1792, 2048])):
+        run_dir = tmp_path / f"log_{log_every}"
+        _loop(run_dir, Recording(), ["total_env_steps=2048", "eval.every_env_steps=256",
+                                     f"log.every_env_steps={log_every}"]).run()
+        with open(run_dir / "metrics.csv") as f:
+            rows = list(csv.DictReader(f))
+        assert [int(r["env_steps"]) for r in rows] == rows_at
+        assert all(r["eval/return_mean"] != "" for r in rows), rows  # every one of them evaluated

@@ -47,8 +47,9 @@ def _one_of(key: str, value: Any, valid: tuple, *, also: str = "") -> None:
 
 @dataclass(frozen=True, kw_only=True)
 class EvalSettings:
-    every_env_steps: int = 25_000  # periodic evaluation cadence in env steps; 0 disables (the final evaluation
-    #                                always runs). Source: rltrain
+    every_env_steps: int = 25_000  # periodic evaluation cadence in env steps, whatever log.every_env_steps (each
+    #                                evaluation writes a metrics row); 0 disables (the final evaluation always
+    #                                runs). Source: rltrain
     episodes: int = 10  # episodes per evaluation. Source: CleanRL (its evaluations run 10 episodes)
     deterministic: bool = True  # the headline mode (final_eval_return): greedy / mean actions; false samples.
     #                                Source: SB3 evaluate_policy(deterministic=True)
