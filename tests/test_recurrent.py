@@ -272,6 +272,18 @@ def test_off_policy_algorithms_refuse_a_recurrent_core(tmp_path, override, where
                               "is not implemented: use algo=ppo, a2c or impala); set model.core=identity")
 
 
+@pytest.mark.parametrize("override, where, why", [
+    (["algo=rainbow"], "algo=rainbow (off-policy)", "replay of sequences is not implemented"),
+    (["algo=pqn"], "algo=pqn", "its update learns from shuffled single steps, not sequences")])
+def test_a_recurrent_core_refusal_names_the_algorithm_typed_and_its_reason(tmp_path, override, where, why):
+    """algo=rainbow was refused as "algo=dqn", and PQN, which has no replay buffer, for "replay of sequences"."""
+    cfg = compose_cfg(["debug=smoke", "logger=quiet", "model.core=gru", *override])
+    with pytest.raises(ConfigError) as err:
+        run(cfg, tmp_path)
+    assert str(err.value) == (f"model.core=gru: {where} does not support a recurrent core ({why}: use algo=ppo, "
+                              "a2c or impala); set model.core=identity")
+
+
 @pytest.mark.parametrize("algo", ["a2c", "impala"])
 def test_single_step_learners_recompute_the_sequence_from_the_stored_state(algo):
     """A2C and IMPALA on a recurrent core: one unroll from Rollout.core_state; with unchanged weights the

@@ -233,12 +233,13 @@ def check_epsilon_schedule(settings) -> None:
                f"run ends before epsilon reaches algo.end_e={settings.end_e}")
 
 
-def refuse_recurrent(where: str, core: str) -> None:
-    """One line for the off-policy algorithms: a recurrent core needs replay of whole sequences (R2D2's
-    stored-state replay), which the replay buffer does not do; the on-policy learners take any core."""
+def refuse_recurrent(where: str, core: str, *, why: str = "replay of sequences is not implemented") -> None:
+    """One line for the learners without sequences: the off-policy ones need replay of whole sequences (R2D2's
+    stored-state replay), which the replay buffer does not do; ``why`` says it for one that has no replay (PQN);
+    PPO, A2C and IMPALA take any core."""
     if core != "identity":
-        raise ConfigError(f"model.core={core}: {where} does not support a recurrent core (replay of sequences "
-                          "is not implemented: use algo=ppo, a2c or impala); set model.core=identity")
+        raise ConfigError(f"model.core={core}: {where} does not support a recurrent core ({why}: use algo=ppo, "
+                          "a2c or impala); set model.core=identity")
 
 
 def set_lr(optimizer, lr: float, *, anneal: bool, progress: float) -> float:

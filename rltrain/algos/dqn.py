@@ -161,7 +161,7 @@ class DQN(OffPolicy):
                  device: torch.device, sync: Sync | None = None, model: ModelSettings | None = None):
         """``model``: the model group (encoder by observation space, cli/build.py); None: its defaults."""
         model = model or ModelSettings()
-        refuse_recurrent("algo=dqn (off-policy)", model.core)
+        refuse_recurrent(f"algo={self.name} (off-policy)", model.core)
         s = settings
         # the env's stack depth (EnvSpec.frame_stack, from its FrameStackObservation) unless the user sets one
         frame_stack = getattr(spec, "frame_stack", None) if s.frame_stack is None else (s.frame_stack or None)

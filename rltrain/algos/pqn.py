@@ -81,7 +81,8 @@ class PQN(Algorithm):
                  device: torch.device, sync: Sync | None = None, model: ModelSettings | None = None):
         super().__init__(spec, num_envs=num_envs, device=device, sync=sync)
         model = model or ModelSettings()
-        refuse_recurrent("algo=pqn", model.core)
+        # PQN has no replay: its update regresses shuffled single steps, so a core would see no sequence
+        refuse_recurrent("algo=pqn", model.core, why="its update learns from shuffled single steps, not sequences")
         s = self.settings = settings
         self.rollout_len = s.rollout_len
         if (num_envs * s.rollout_len) % s.num_minibatches:
