@@ -488,6 +488,21 @@ def test_signal_checkpoints_then_resume_continues(tmp_path, orphan_watch, signum
     assert "actor_0_gen_1" in seeds  # resumed actors are new processes with fresh, recorded seeds
 
 
+def test_an_actor_dropped_on_resume_and_added_back_gets_fresh_seeds(cli, tmp_path, orphan_watch):
+    """trainer.num_actors may change on resume: 2 -> 1 -> 2 actors. The actor added back is a new process, so a new
+    generation with seeds no earlier session used (actor_1_gen_0's would replay its first session's env streams),
+    and seeds.json still lists every generation the run started, earlier sessions' too."""
+    run = tmp_path / "run"
+    base = [*FAST, "hydra.run.dir=run", "trainer.start_method=fork"]
+    for actors, steps, resume in [(2, 256, []), (1, 512, ["resume=auto"]), (2, 768, ["resume=auto"])]:
+        out = cli(*base, f"trainer.num_actors={actors}", f"total_env_steps={steps}", *resume, timeout=180)
+        assert out.returncode == 0, out.stderr[-3000:]
+    seeds = json.loads((run / "seeds.json").read_text())["workers"]
+    assert {"actor_0_gen_0", "actor_0_gen_1", "actor_0_gen_2", "actor_1_gen_0", "actor_1_gen_1"} <= set(seeds)
+    env_seeds = [tuple(tree["env_seeds"]) for name, tree in seeds.items() if name.startswith("actor_")]
+    assert len(set(env_seeds)) == len(env_seeds)  # no two starts share an env stream
+
+
 @pytest.mark.parametrize("algo", ["impala", "dqn"])
 def test_other_algorithms_under_actors(cli, tmp_path, orphan_watch, algo):
     # impala: V-trace over lagged actor data; dqn: actors feed the learner's replay buffer (Ape-X style),

@@ -86,6 +86,11 @@ class SubprocessActorsTrainer(Trainer):
     def seed_trees(self) -> dict[str, SeedTree]:
         return {}  # recorded in train(): the actors' generations are known only after the resume
 
+    def planned_seed_trees(self) -> dict[str, SeedTree]:
+        # a fresh run's: the learner's torch and eval seeds (its envs are the actors'), each actor's first start
+        return {"learner": derive(self.settings.seed, 0),
+                **{f"actor_{k}_gen_0": self.actor_seeds(k, 0) for k in range(self.num_actors)}}
+
     def train(self, stop: StopFlag) -> dict:
         s = self.settings
         device = pick_device(self.learner_device)
@@ -116,8 +121,11 @@ class SubprocessActorsTrainer(Trainer):
         try:
             loop = TrainLoop(s, Placement(self.run_dir, trees["learner"], device, title="learner"), stop, parts)
             loop.resume()  # before the actors start: their generations (and seeds) come from the checkpoint
-            for k, gen in enumerate(pool.generations):
-                trees[f"actor_{k}_gen_{gen}"] = self.actor_seeds(k, gen)
+            # every generation the run has started, earlier sessions' too (each a new process with its own seeds,
+            # derived from (actor, generation) alone): seeds.json is rewritten whole, and must still list them
+            for k, last in enumerate(pool.generations):
+                for gen in range(last + 1):
+                    trees[f"actor_{k}_gen_{gen}"] = self.actor_seeds(k, gen)
             self.record_seeds(trees)
             version, env_steps = loop.counters["updates"], loop.counters["env_steps"]
             stats.version = version

@@ -60,6 +60,9 @@ class ActorPool:
         self.traceback_file = traceback_file  # where an actor's traceback goes (the terminal gets one line)
         self.on_failure, self.max_restarts, self.actor_timeout_s = on_failure, max_restarts, actor_timeout_s
         self.slots = [ActorSlot(k) for k in range(num_actors)]
+        # the last generation of each actor position past num_actors that an earlier session ran (a resume with
+        # fewer actors): kept in the checkpoint, so a later resume that adds that actor back seeds it afresh
+        self.retired: list[int] = []
         self.by_index: dict[int, ActorSlot] = {}
         self.placements: dict[str, dict] = {}  # actor_<k>_gen_<g> -> its node (where the event source names it)
         self.total_restarts = 0
@@ -71,13 +74,16 @@ class ActorPool:
 
     @property
     def generations(self) -> list[int]:
-        return [s.generation for s in self.slots]
+        """The last generation of every actor position the run has had, this session's first (the checkpoint's
+        record: each position's next start takes the generation after it, and with it a seed never used)."""
+        return [s.generation for s in self.slots] + self.retired
 
     def resume(self, generations: list[int]) -> None:
         """Continue a run whose actors had these generations: a resumed actor is a new process, hence a fresh
         generation (and seed)."""
         for slot in self.slots:
             slot.generation = generations[slot.actor_id] + 1 if slot.actor_id < len(generations) else 0
+        self.retired = list(generations[len(self.slots):])
 
     def start(self, make_spec: SpecMaker, weights: WeightsTransport) -> None:
         """Start every actor; the pool owns ``weights`` from now on (``stop`` closes it)."""
