@@ -22,7 +22,7 @@ import pytest
 import torch
 
 from rltrain.trainers.rendezvous import LaunchInfo, detect_launch, expand_nodelist, free_port
-from tests.conftest import REPO
+from tests.conftest import REPO, run_cli
 
 # 2 ranks x 2 envs x 64 steps = 256 env steps per update: 8 updates in 2048 steps
 FAST = ["trainer=distributed_simulator", "total_env_steps=2048", "algo.rollout_len=64", "env.num_envs=2",
@@ -157,6 +157,14 @@ def test_local_spawn_trains_identical_replicas_and_resumes(cli, tmp_path, no_lea
     r = cli(*FAST, "trainer.world_size=1", "total_env_steps=4096", "resume=auto", timeout=180, env=TEST_ENV)
     assert r.returncode == 2, r.stderr[-3000:]
     assert "global batch" in r.stderr and "1 x 2 x 64 = 128" in r.stderr and "env.num_envs=4" in r.stderr
+    # rltrain-check refuses it too (it said `valid`), and passes the resume that fits
+    check = run_cli([*FAST, "trainer.world_size=1", "total_env_steps=4096", "resume=auto"], cwd=tmp_path,
+                    env=TEST_ENV, module="rltrain.cli.check")
+    said = " ".join((check.stdout + check.stderr).split())  # rich wraps the line at the terminal's width
+    assert check.returncode == 2 and "global batch" in said and "env.num_envs=4" in said, said[-3000:]
+    check = run_cli([*FAST, "trainer.world_size=2", "total_env_steps=4096", "resume=auto"], cwd=tmp_path,
+                    env=TEST_ENV, module="rltrain.cli.check")
+    assert check.returncode == 0, check.stdout[-3000:]
 
 
 def test_episodes_are_counted_over_every_rank_as_env_steps_are(cli, tmp_path, no_leaks):

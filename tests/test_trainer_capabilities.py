@@ -56,3 +56,29 @@ def test_the_cli_never_tests_a_trainer_by_name_or_attribute():
                 consts = [c.value for c in [node.left, *node.comparators] if isinstance(c, ast.Constant)]
                 found += [f"{path.name}:{node.lineno} compares to {c!r}" for c in consts if c in names]
     assert found == []
+
+
+@pytest.mark.parametrize("overrides", [["trainer=parallel"], ["trainer=distributed_simulator"],
+                                       ["algo=impala", "trainer=subprocess_actors"]])
+def test_check_shows_the_seeds_each_worker_runs_with(tmp_path, monkeypatch, overrides):
+    """rltrain-check's seeds table gives every worker's seeds, as seeds.json will: a worker's tree hangs below the
+    root, so the root's own env seeds (the table showed them alone) are no worker's."""
+    from rich.console import Console
+
+    from rltrain.cli import check
+    from rltrain.cli.presets import resolve_experiment
+    from rltrain.run.seeding import derive
+
+    monkeypatch.chdir(tmp_path)
+    console = Console(record=True, width=400)
+    assert check.check(resolve_experiment([*SMOKE, *overrides, "hydra.run.dir=run"])[0], console) == 0
+    said = console.export_text()
+    table = said[said.index("root seed"):said.index("batch arithmetic")]
+    trainer = built(tmp_path, overrides)
+    trees = trainer.seed_trees() or {"learner": derive(1, 0), **{f"actor_{k}_gen_0": trainer.actor_seeds(k, 0)
+                                                                 for k in range(trainer.num_actors)}}
+    assert len(trees) > 1
+    for name, tree in trees.items():  # what the run records in seeds.json (a fresh run's first actors)
+        assert f"{name} " in table and f"torch {tree.torch_seed}" in table and f"eval {tree.eval_seed}" in table
+        assert all(str(s) in table for s in tree.env_seeds)
+    assert str(derive(1, 2).env_seeds[0]) not in table  # the root's own: no worker's

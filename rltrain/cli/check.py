@@ -13,11 +13,15 @@ from __future__ import annotations
 import sys
 from collections.abc import Collection
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from rich.console import Console
 from rich.table import Table
 
 from rltrain.errors import ConfigError
+
+if TYPE_CHECKING:
+    from rltrain.trainers.base import Trainer
 
 CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
 
@@ -145,15 +149,27 @@ def single_batch_rows(plain: dict, trainer) -> list[tuple[str, str]]:
     return rows
 
 
-def seed_rows(plain: dict) -> list[tuple[str, str]]:
-    from rltrain.run.seeding import derive
-
+def seed_rows(plain: dict, trainer: Trainer) -> list[tuple[str, str]]:
+    """The seeds the run uses: one process's tree, or each worker's (``Trainer.planned_seed_trees``: a worker's
+    tree hangs below the root, so the root's own env seeds are no worker's), as ``seeds.json`` will list them."""
     if plain["seed"] is None:
         return [("root seed", "null: drawn at start (recorded in seeds.json)")]
+    trees = trainer.planned_seed_trees()
+    if set(trees) != {"main"} and trees:
+        rows = [("root seed", f"{plain['seed']} (each worker's seeds below it)")]
+        for name, tree in trees.items():
+            envs = f"; envs {_seed_list(tree.env_seeds)}" if tree.env_seeds else ""
+            rows.append((name, f"torch {tree.torch_seed}{envs}; eval {tree.eval_seed}"))
+        return rows
+    from rltrain.run.seeding import derive
+
     tree = derive(int(plain["seed"]), int(plain["env"]["num_envs"]))
-    envs = ", ".join(map(str, tree.env_seeds[:8])) + (" ..." if len(tree.env_seeds) > 8 else "")
     return [("root seed", str(tree.root)), ("torch seed", str(tree.torch_seed)),
-            ("env seeds", envs), ("eval seed", str(tree.eval_seed))]
+            ("env seeds", _seed_list(tree.env_seeds)), ("eval seed", str(tree.eval_seed))]
+
+
+def _seed_list(seeds: tuple[int, ...]) -> str:
+    return ", ".join(map(str, seeds[:8])) + (" ..." if len(seeds) > 8 else "")
 
 
 def show(console: Console, title: str, rows: list[tuple[str, str]]) -> None:
@@ -165,10 +181,12 @@ def show(console: Console, title: str, rows: list[tuple[str, str]]) -> None:
     console.print(table)
 
 
-def start_checks(plain: dict, run_dir: Path, *, unread: Collection[str] = ()) -> None:
+def start_checks(plain: dict, run_dir: Path, *, unread: Collection[str] = (),
+                 trainer: Trainer | None = None) -> None:
     """What ``build.run`` checks at start beyond the config, without writing anything: the run dir can be
     written, no live run holds it, and a resume fits (the recorded config, the checkpoint's settings; the keys
-    the run does not read, ``unread``, not compared)."""
+    the run does not read, ``unread``, not compared; the process layout ``trainer`` checks, e.g. the distributed
+    trainer's global batch)."""
     import fcntl
     import os
     import tempfile
@@ -203,7 +221,9 @@ def start_checks(plain: dict, run_dir: Path, *, unread: Collection[str] = ()) ->
     if path is None:
         return
     state, _ = load_checkpoint(path)
-    error = resume_mismatch(path, (state.get("meta") or {}).get("config") or {}, plain, unread=unread)
+    meta = state.get("meta") or {}
+    error = resume_mismatch(path, meta.get("config") or {}, plain, unread=unread) or \
+        (trainer.resume_layout_error(meta, path) if trainer is not None else None)
     if error:
         raise ConfigError(error)
 
@@ -237,7 +257,7 @@ def check(overrides: list[str], console: Console, *, multirun: bool = False, err
             cfg = compose(plan.as_launched(config, job) if multirun else job)  # what the job runs with
             plain, built = validate_job(cfg, show=num == 0)  # the first job is shown in full
             start_checks(plain, Path(output_dir(cfg, job, job_num=num if multirun else None)),
-                         unread=built.settings.unread_keys())
+                         unread=built.settings.unread_keys(), trainer=built)
         except ConfigError as err:
             errors_to.print(f"[red]job {num} ({' '.join(job)}): error:[/red] {err}", highlight=False)
             errors += 1
@@ -250,7 +270,7 @@ def check(overrides: list[str], console: Console, *, multirun: bool = False, err
         trainer = str(cfg.hydra.runtime.choices.get("trainer"))
         show(console, f"process layout (trainer={trainer}, start method: "
              f"{plain['trainer'].get('start_method', 'n/a')})", built.describe())
-        show(console, "seeds", seed_rows(plain))
+        show(console, "seeds", seed_rows(plain, built))
         algo = cfg.hydra.runtime.choices.get("algo")
         show(console, f"batch arithmetic (algo={algo})", batch_rows(plain, built))
         where = output_dir(cfg, job, job_num=0 if multirun else None)

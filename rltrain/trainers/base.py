@@ -192,6 +192,12 @@ class Trainer(ABC):
         """(Re)write ``seeds.json`` with ``trees`` (a trainer calls it again when it starts a new worker)."""
         write_seeds(self.run_dir / "seeds.json", self.settings.seed, trees, drawn=self.settings.seed_drawn)
 
+    def resume_layout_error(self, meta: dict, path: Path) -> str | None:
+        """The line refusing to continue the checkpoint at ``path`` (``meta``: its record) with this run's process
+        layout, else None: a trainer whose workers must match the checkpoint's says so here, so ``rltrain-check``
+        refuses what the run will (cli/check.py)."""
+        return None
+
     def writes_summary(self) -> bool:
         """Whether this process writes the run's ``summary.json`` (False on distributed ranks > 0)."""
         return True
@@ -250,6 +256,11 @@ class Trainer(ABC):
     @abstractmethod
     def seed_trees(self) -> dict[str, SeedTree]:
         """The seed trees this run uses, by worker name (recorded in ``seeds.json``)."""
+
+    def planned_seed_trees(self) -> dict[str, SeedTree]:
+        """The seed trees a fresh run of these settings starts its workers with, by worker name, for
+        ``rltrain-check``'s seeds table; ``seed_trees`` unless a trainer records them only once it runs."""
+        return self.seed_trees()
 
     @abstractmethod
     def train(self, stop: StopFlag) -> dict:

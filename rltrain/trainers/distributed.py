@@ -301,6 +301,9 @@ class DistributedSimulatorTrainer(Trainer):
     def seed_trees(self) -> dict[str, SeedTree]:
         if self.launch is not None:  # torchrun / SLURM: rank 0 records them once the ranks agree on the seed
             return {}
+        return self.planned_seed_trees()
+
+    def planned_seed_trees(self) -> dict[str, SeedTree]:
         s = self.settings
         return {f"rank_{r}": derive(s.seed, s.env.num_envs, path=(r,)) for r in range(self.world_size)}
 
@@ -342,16 +345,19 @@ class DistributedSimulatorTrainer(Trainer):
                         "exit_code": failure.exit_code}
             return self._failed(report_failure(failure, self.run_dir), failure.rank, failure.exit_code)
 
+    def resume_layout_error(self, meta: dict, path: Path) -> str | None:
+        new = {"world_size": self.world_size, "num_envs": self.settings.env.num_envs,
+               "rollout_len": self.update_size().rollout_len}  # algo.rollout_len=null resolved
+        return layout_mismatch(meta, new, path)
+
     def _precheck_resume(self) -> None:
         """Refuse a mismatched resume before spawning anything (rank 0 checks again when joined)."""
-        s = self.settings
-        spec, rollout_len = s.resume, self.update_size().rollout_len  # algo.rollout_len=null resolved
+        spec = self.settings.resume
         if spec == "never":
             return
         path = CheckpointManager(self.run_dir / "checkpoints").latest() if spec == "auto" else Path(spec)
         if path is not None:
-            new = {"world_size": self.world_size, "num_envs": s.env.num_envs, "rollout_len": rollout_len}
-            error = layout_mismatch(load_checkpoint(path)[0]["meta"], new, path)
+            error = self.resume_layout_error(load_checkpoint(path)[0]["meta"], path)
             if error:
                 raise ConfigError(error)
 
