@@ -9,6 +9,7 @@ sweep whose jobs all crash fails as a whole and counts them.
 from __future__ import annotations
 
 import csv
+import json
 import os
 import signal
 import subprocess
@@ -155,6 +156,38 @@ def test_a_resume_does_not_compare_a_key_the_run_does_not_read(tmp_path):
     assert summary["resumed_from_env_steps"] == 1024 and not summary.get("resume_changes"), summary
     res = _train(run_dir, *[*dqn, "resume=auto", "total_env_steps=3072"], "algo.lr=0.01")
     assert res.returncode == 2 and "algo.lr: 0.0001 -> 0.01" in res.stderr, res.stderr
+
+
+def test_a_resume_whose_envs_start_afresh_does_not_replay_the_first_sessions_seeds(tmp_path):
+    """Envs that cannot continue from the checkpoint (``env.vectorization=async``, whose envs live in other
+    processes; another env count; a rank above 0) were reset with the run's env seeds again, so the resumed
+    session replayed the first one's episodes. They now start from seeds drawn from the run's and the resume
+    step: new to the run, and the same for the same resume."""
+    import shutil
+
+    run_dir, log = tmp_path / "run", tmp_path / "seeds.log"
+    env = ["env.id=tests.helpers.counting_env:SeedLogging", f"+env.kwargs.log={log}", "env.num_envs=2",
+           "env.vectorization=async", "eval.every_env_steps=0", "eval.episodes=1"]
+    assert _train(run_dir, *env, "total_env_steps=512").returncode == 0
+    tree = json.loads((run_dir / "seeds.json").read_text())["workers"]["main"]
+
+    def seeds(log) -> list[int]:  # the training envs' (not the env probe's 0, not the evaluation's)
+        return [s for s in map(int, log.read_text().split()) if s not in (0, tree["eval_seed"])] \
+            if log.exists() else []
+
+    first = seeds(log)
+    assert sorted(first) == sorted(tree["env_seeds"]), first  # reset once, seeded once per env
+    shutil.copytree(run_dir, tmp_path / "again")
+    res = _train(run_dir, *env, "total_env_steps=1024", "resume=auto")
+    assert res.returncode == 0, res.stderr[-3000:]
+    # built, the envs are reset with the run's seeds; the resume then resets them, unstepped, with new ones
+    resumed = seeds(log)[2:]
+    assert len(resumed) == 4 and sorted(resumed[:2]) == sorted(first), resumed
+    assert not set(resumed[2:]) & set(first), (first, resumed)
+    log.unlink()
+    assert _train(tmp_path / "again", *env, "total_env_steps=1024", "resume=auto").returncode == 0
+    again = seeds(log)  # the same resume, the same seeds (each env's own process writes its line: any order)
+    assert sorted(again[:2]) == sorted(resumed[:2]) and sorted(again[2:]) == sorted(resumed[2:]), (again, resumed)
 
 
 def test_a_sweep_whose_jobs_all_crash_fails_and_counts_them(tmp_path):

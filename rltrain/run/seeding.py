@@ -57,6 +57,15 @@ def derive(root: int, num_envs: int, *, path: tuple[int, ...] = ()) -> SeedTree:
     )
 
 
+def resumed_env_seeds(seeds: tuple[int, ...] | list[int], env_steps: int) -> list[int]:
+    """Env seeds for a session that resumes at ``env_steps`` without its envs' pickled state (another env count,
+    a distributed rank above 0, ``env.vectorization=async``, an env that does not pickle): reset with the run's
+    own ``seeds`` again, those envs would replay the first session's episodes. Drawn from the run's seeds and
+    the step, so the same resume draws the same seeds."""
+    node = np.random.SeedSequence([int(s) for s in seeds] + [int(env_steps)])
+    return [_as_int(child) for child in node.spawn(len(seeds))]
+
+
 def worker_root(root: int, path: tuple[int, ...]) -> int:
     """The root seed that, run sequentially, reproduces worker ``path`` of a multi-worker run."""
     return _as_int(np.random.SeedSequence(root, spawn_key=path + (1 << 20,)))

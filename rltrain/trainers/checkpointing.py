@@ -21,7 +21,7 @@ from rltrain.data.structs import EnvSpec
 from rltrain.errors import ConfigError
 from rltrain.run.checkpoint import CheckpointManager, load_checkpoint, sweep_temp_files
 from rltrain.run.resume_rules import config_changes, resume_mismatch
-from rltrain.run.seeding import capture_rng, derive, restore_rng, seed_process
+from rltrain.run.seeding import capture_rng, derive, restore_rng, resumed_env_seeds, seed_process
 from rltrain.trainers.finite import FiniteGuard
 from rltrain.trainers.hooks import LoopHooks, Placement, to_cpu
 from rltrain.trainers.settings import RunSettings
@@ -106,7 +106,9 @@ class Checkpointing:
         self.state.last_learn = dict(saved_state.get("last_learn") or {})  # none in a checkpoint before they were
         self.state.train_sps = saved_state.get("train_sps")
         self.state.eval_owed = saved_state.get("eval_owed")
-        self.source.load_state_dict(saved_state["collector"], envs_blob)
+        if not self.source.load_state_dict(saved_state["collector"], envs_blob):
+            # envs built afresh (not the checkpoint's): not reset with the first session's seeds again
+            self.source.reseed(resumed_env_seeds(self.place.seeds.env_seeds, self.state.counters["env_steps"]))
         self.hooks.on_resume(saved_state)
         restore_rng(saved_state["rng"])  # last: building the objects above consumed RNG draws
         note = self.algo.resume_note(saved_state["algo"])

@@ -254,8 +254,9 @@ class RolloutCollector:
             else torch.from_numpy(self.action_noise.x.copy()),
         }
 
-    def load_state_dict(self, state: dict, venv_blob: bytes | None) -> None:
-        """Restore episode bookkeeping; with ``venv_blob`` (pickled envs) also the envs mid-episode."""
+    def load_state_dict(self, state: dict, venv_blob: bytes | None) -> bool:
+        """Restore episode bookkeeping; with ``venv_blob`` (pickled envs) also the envs mid-episode. Whether the
+        envs continue where they were (else they stand reset, as built: ``reseed``)."""
         self.recent_returns.extend(state["recent_returns"])
         self.recent_lengths.extend(state["recent_lengths"])
         self.recent_successes.extend(state.get("recent_successes", []))
@@ -271,3 +272,11 @@ class RolloutCollector:
             self.ep_length = state["ep_length"].numpy().copy()
             if self.core_state is not None and state.get("core_state") is not None:
                 self.core_state = tuple(x.to(self.device) for x in state["core_state"])
+            return True
+        return False
+
+    def reseed(self, seeds: list[int]) -> None:
+        """Reset the envs, not yet stepped since they were built, with other ``seeds`` (a resume whose envs did not
+        continue: ``run.seeding.resumed_env_seeds``)."""
+        self.venv.seeds = list(seeds)
+        self.obs = self.venv.reset()

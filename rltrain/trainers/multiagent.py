@@ -243,9 +243,10 @@ class MultiAgentCollector:
                 "agent_returns": {a: list(d) for a, d in self.agent_returns.items()}, "episodes": self.episodes,
                 "rng": self.rng.bit_generator.state}
 
-    def load_state_dict(self, state: dict, venv_blob: bytes | None) -> None:
+    def load_state_dict(self, state: dict, venv_blob: bytes | None) -> bool:
         """Episode statistics always; with ``venv_blob`` (the pickled envs) also the envs mid-episode, the open
-        rows, core states, seats and opponents, so the run continues exactly."""
+        rows, core states, seats and opponents, so the run continues exactly. Whether the envs continue (else they
+        stand reset, as built: ``reseed``)."""
         self.recent_returns.extend(state["recent_returns"])
         self.recent_lengths.extend(state["recent_lengths"])
         for agent, returns in state["agent_returns"].items():
@@ -253,7 +254,7 @@ class MultiAgentCollector:
         self.episodes = int(state["episodes"])
         self.rng.bit_generator.state = state["rng"]
         if venv_blob is None:
-            return
+            return False
         self.venv.set_state(venv_blob)
         for name, r in self.rows.items():
             r.load_state_dict(state["rows"][name])
@@ -262,3 +263,9 @@ class MultiAgentCollector:
         self.acted_from = {name: to(c) for name, c in state["acted_from"].items()}
         self.seat, self.opponent = state["seat"].numpy().copy(), state["opponent"].numpy().copy()
         self.opponent_core = to(state["opponent_core"])
+        return True
+
+    def reseed(self, seeds: list[int]) -> None:
+        """Reset the envs, not yet stepped since they were built, with other ``seeds`` (``RolloutCollector.reseed``)."""
+        self.venv.seeds = list(seeds)
+        self.venv.reset()

@@ -91,11 +91,12 @@ class ActorSource:
         return {"recent_returns": list(self.recent_returns), "recent_lengths": list(self.recent_lengths),
                 "recent_successes": list(self.recent_successes), "episodes": self.episodes}
 
-    def load_state_dict(self, state: dict, venv_blob: bytes | None) -> None:
+    def load_state_dict(self, state: dict, venv_blob: bytes | None) -> bool:
         self.recent_returns.extend(state["recent_returns"])
         self.recent_lengths.extend(state["recent_lengths"])
         self.recent_successes.extend(state.get("recent_successes", []))
         self.episodes = int(state["episodes"])
+        return True  # nothing to reseed here: a resumed actor is a new generation with seeds of its own
 
     def env_state(self) -> bytes | None:
         return None  # the envs live in the actors; a resumed actor is a new generation with fresh episodes
