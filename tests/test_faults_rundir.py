@@ -156,6 +156,13 @@ def test_a_resume_does_not_compare_a_key_the_run_does_not_read(tmp_path):
     assert summary["resumed_from_env_steps"] == 1024 and not summary.get("resume_changes"), summary
     res = _train(run_dir, *[*dqn, "resume=auto", "total_env_steps=3072"], "algo.lr=0.01")
     assert res.returncode == 2 and "algo.lr: 0.0001 -> 0.01" in res.stderr, res.stderr
+    # rltrain-check says the same line, the key to allow included (its console read "[algo.lr]" as a style tag)
+    check = subprocess.run([sys.executable, "-m", "rltrain.cli.check", *SMOKE, f"hydra.run.dir={run_dir}", *dqn,
+                            "resume=auto", "total_env_steps=3072", "algo.lr=0.01", "model.hidden_sizes=[32]"],
+                           cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    said = " ".join((check.stdout + check.stderr).split())
+    assert check.returncode == 2 and "resume_allow_changes=[algo.lr,model.hidden_sizes]" in said, said[-2000:]
+    assert "model.hidden_sizes=[32] hydra.run.dir" in said or "model.hidden_sizes=[32])" in said, said[-2000:]
 
 
 def test_a_resume_whose_envs_start_afresh_does_not_replay_the_first_sessions_seeds(tmp_path):

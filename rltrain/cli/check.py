@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from rltrain.errors import ConfigError
@@ -177,7 +178,7 @@ def show(console: Console, title: str, rows: list[tuple[str, str]]) -> None:
     table.add_column(style="bold")
     table.add_column(overflow="fold")
     for k, v in rows:
-        table.add_row(k, v)
+        table.add_row(escape(k), escape(v))  # values as they are: "[x]" is no style tag here
     console.print(table)
 
 
@@ -259,7 +260,9 @@ def check(overrides: list[str], console: Console, *, multirun: bool = False, err
             start_checks(plain, Path(output_dir(cfg, job, job_num=num if multirun else None)),
                          unread=built.settings.unread_keys(), trainer=built)
         except ConfigError as err:
-            errors_to.print(f"[red]job {num} ({' '.join(job)}): error:[/red] {err}", highlight=False)
+            # escaped: rich reads "[trainer.num_agents]" (an error's fix, a list override) as a style tag and drops it
+            errors_to.print(f"[red]job {num} ({escape(' '.join(job))}): error:[/red] {escape(str(err))}",
+                            highlight=False)
             errors += 1
             continue
         # what the run would say at start of the settings it leaves unread: a warning, the job stays valid
