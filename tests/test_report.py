@@ -497,3 +497,15 @@ def test_an_off_policy_run_shows_no_eta_until_learning_starts(tmp_path):
     after = [line for s, line in zip(steps, lines, strict=True) if s >= 1024 + 256]
     assert before and all(line.endswith("eta - (learning starts at 1024)") for line in before)
     assert after and all(re.search(r"eta \d+s$", line) for line in after)
+
+
+def test_the_table_shows_a_groups_overrides_as_typed_brackets_included(capsys, monkeypatch):
+    """rich read ``[env.wrappers]``-like text in a cell as a style tag and dropped it: a group labelled
+    ``+env.wrappers=[clip]`` printed as ``+env.wrappers=``."""
+    from rltrain.cli.report import print_table
+
+    monkeypatch.setenv("COLUMNS", "300")
+    row = {"group": "+env.wrappers=[clip],algo=ppo", "n": 1, "runs": 1, "mean": 1.0, "median": 1.0, "iqm": 1.0,
+           "ci95_mean": None, "wall_time_s": 2.0, "failed": 0}
+    print_table([row], "t")
+    assert "+env.wrappers=[clip],algo=ppo" in capsys.readouterr().out

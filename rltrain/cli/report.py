@@ -307,13 +307,14 @@ def markdown(rows: list[dict], title: str) -> str:
 
 def print_table(rows: list[dict], title: str) -> None:
     from rich.console import Console
+    from rich.markup import escape
     from rich.table import Table
 
     table = Table(title=title)
     for i, h in enumerate(HEADER):
         table.add_column(h, justify="left" if i == 0 else "right", overflow="fold")
     for r in rows:
-        table.add_row(*table_cells(r))
+        table.add_row(*map(escape, table_cells(r)))  # a group's overrides as typed: "[x]" is no style tag
     Console().print(table)
 
 

@@ -44,7 +44,9 @@ class AgentsDisplay:
 
     def note(self, text: str) -> None:
         if self.mode == "rich":
-            self._live.console.print(text)  # type: ignore[union-attr]
+            from rich.markup import escape
+
+            self._live.console.print(escape(text))  # type: ignore[union-attr]
         elif self.mode == "plain":
             print(f"[parallel] {text}", flush=True)
 
@@ -69,6 +71,7 @@ class AgentsDisplay:
             self._live = None
 
     def _table(self):
+        from rich.markup import escape
         from rich.table import Table
 
         table = Table(title="rltrain parallel")
@@ -77,7 +80,7 @@ class AgentsDisplay:
         for k, r in enumerate(self.rows):
             table.add_row(f"agent_{k}", f"{r['steps']:,}/{r['total']:,}",
                           f"{100 * r['steps'] / max(r['total'], 1):.0f}", f"{r['sps']:,.0f}", _ret(r["ret"]),
-                          r["status"])
+                          escape(r["status"]))  # a failure's line as it is, "[...]" no style tag
         return table
 
 

@@ -97,11 +97,12 @@ class ProgressDisplay:
             return
         if self.mode == "rich":
             from rich.console import Console
+            from rich.markup import escape
             from rich.table import Table
 
             table = Table(title="rltrain summary", show_header=False)
-            for k, v in summary.items():
-                table.add_row(k, _fmt(v))
+            for k, v in summary.items():  # escaped: rich would read "[env.kwargs.length: 5 -> 8]" as a style tag
+                table.add_row(k, escape(_fmt(v)))
             Console().print(table)
         else:
             print("[summary] " + "  ".join(f"{k}={_fmt(v)}" for k, v in summary.items()), flush=True)
