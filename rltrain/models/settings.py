@@ -49,10 +49,12 @@ class ModelSettings:
     encoder: str = "auto"  # auto | mlp | nature | impala | minatar | grid | a name given to register_encoder.
     #                        Source: rltrain (auto: by observation space, see above)
     hidden_sizes: tuple[int, ...] | None = None  # MLP widths (vector inputs; after a Dict's concatenation);
-    #                        null: the algorithm's published width (its ``mlp``: PPO, A2C, IMPALA and DQN 64x64,
-    #                        SAC 256x256). Source: SB3 (MlpPolicy net_arch), Haarnoja et al. 2018 (SAC)
+    #                        null: the algorithm's published width (its ``mlp``: PPO, A2C, IMPALA, IPPO, MAPPO,
+    #                        DQN and Rainbow 64x64, SAC 256x256, TD3 and DDPG 400x300, PQN 120x84). Source: SB3
+    #                        (MlpPolicy net_arch), Haarnoja et al. 2018 (SAC), Fujimoto et al. 2018 (TD3)
     activation: str | None = None  # tanh | relu | elu | silu, of the MLP layers (CNNs use ReLU as their
-    #                        papers do); null: the algorithm's (PPO, A2C, IMPALA tanh; DQN, SAC relu). Source: SB3
+    #                        papers do); null: the algorithm's (PPO, A2C, IMPALA, IPPO tanh; DQN, Rainbow, PQN,
+    #                        SAC, TD3, DDPG, MAPPO relu). Source: SB3
     cnn_features: int | None = None  # width of a CNN's last Linear; null: the paper's (nature 512, impala 256,
     #                        minatar 128). Source: Mnih et al. 2015, Espeholt et al. 2018, Young & Tian 2019
     shared: bool | str = "auto"  # one torso for actor and critic: auto = shared for images and Dicts holding
