@@ -75,6 +75,10 @@ class RolloutCollector:
         if spec.action_kind == "box":
             self._low = np.asarray(spec.action_low, np.float32).reshape(spec.action_shape)
             self._high = np.asarray(spec.action_high, np.float32).reshape(spec.action_shape)
+            # the uniform warm-up policy's log-density, once: a dimension with low == high holds one action
+            # (heads.sum_log_scale)
+            width = self._high - self._low
+            self._uniform_logp = float(-np.log(width[width > 0]).sum())
 
     def collect(self, rollout_len: int, *, policy_version: int = 0, random_actions: bool = False) -> Rollout:
         """Step every env ``rollout_len`` times. ``random_actions`` samples the action space uniformly
@@ -225,9 +229,7 @@ class RolloutCollector:
         if spec.action_kind == "discrete":
             return np.random.randint(0, spec.n_actions, n), np.full(n, -np.log(spec.n_actions), np.float32)
         action = np.random.uniform(self._low, self._high, (n, *spec.action_shape)).astype(np.float32)
-        width = self._high - self._low
-        logp = -np.log(width[width > 0]).sum()  # a dimension with low == high holds one action (heads.sum_log_scale)
-        return action, np.full(n, logp, np.float32)
+        return action, np.full(n, self._uniform_logp, np.float32)
 
     def env_state(self) -> bytes | None:
         """The envs mid-episode (pickled by the vector env), or None when they cannot be pickled."""

@@ -165,8 +165,9 @@ class TrainLoop:
                 # an evaluation is due on its own grid, not only where a log row falls (eval.every_env_steps below
                 # log.every_env_steps, or log.every_env_steps=0, evaluated at the log rows only, or never): its
                 # step gets a row, which is where its columns are written
-                row_due = cadence.due("log", steps) or cadence.due("eval", steps)
-                if self.is_main and row_due and self._budget_left() and not state.solved:
+                log_due = cadence.due("log", steps)
+                if self.is_main and (log_due or cadence.due("eval", steps)) and self._budget_left() \
+                        and not state.solved:
                     sps = (steps - sps_steps) / max(now - sps_t - state.eval_s, 1e-9)
                     row = self.rows.row(learn_metrics, sps)
                     sps_t, sps_steps = now - state.eval_s, steps  # an evaluation below is not training time
@@ -175,7 +176,7 @@ class TrainLoop:
                         cadence.done("eval", steps)
                         self._eval_reached_target(row, steps)
                     self.rows.log(steps, row)
-                    if cadence.due("log", steps):
+                    if log_due:
                         cadence.done("log", steps)
                 # this session's training rate, in every checkpoint from here on: a resume that takes no step says it
                 state.train_sps = (steps - start_steps) / max(now - t0 - state.eval_s, 1e-9)
