@@ -156,17 +156,15 @@ def seed_rows(plain: dict, trainer: Trainer) -> list[tuple[str, str]]:
     if plain["seed"] is None:
         return [("root seed", "null: drawn at start (recorded in seeds.json)")]
     trees = trainer.planned_seed_trees()
-    if set(trees) != {"main"} and trees:
-        rows = [("root seed", f"{plain['seed']} (each worker's seeds below it)")]
-        for name, tree in trees.items():
-            envs = f"; envs {_seed_list(tree.env_seeds)}" if tree.env_seeds else ""
-            rows.append((name, f"torch {tree.torch_seed}{envs}; eval {tree.eval_seed}"))
-        return rows
-    from rltrain.run.seeding import derive
-
-    tree = derive(int(plain["seed"]), int(plain["env"]["num_envs"]))
-    return [("root seed", str(tree.root)), ("torch seed", str(tree.torch_seed)),
-            ("env seeds", _seed_list(tree.env_seeds)), ("eval seed", str(tree.eval_seed))]
+    if set(trees) == {"main"}:  # one process: its own tree
+        tree = trees["main"]
+        return [("root seed", str(tree.root)), ("torch seed", str(tree.torch_seed)),
+                ("env seeds", _seed_list(tree.env_seeds)), ("eval seed", str(tree.eval_seed))]
+    rows = [("root seed", f"{plain['seed']} (each worker's seeds below it)")]
+    for name, tree in trees.items():
+        envs = f"; envs {_seed_list(tree.env_seeds)}" if tree.env_seeds else ""
+        rows.append((name, f"torch {tree.torch_seed}{envs}; eval {tree.eval_seed}"))
+    return rows
 
 
 def _seed_list(seeds: tuple[int, ...]) -> str:

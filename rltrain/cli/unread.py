@@ -15,11 +15,13 @@ each job says which of its settings it leaves unread.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rltrain.errors import spelled
-from rltrain.trainers.base import Trainer
 from rltrain.trainers.settings import RunSettings
+
+if TYPE_CHECKING:
+    from rltrain.trainers.base import Trainer
 
 
 def user_keys(overrides: Sequence[str]) -> set[str]:
@@ -67,7 +69,8 @@ def agent_lines(agents: Sequence[RunSettings], per_agent: Sequence[Sequence[str]
     """``trainer=parallel``: the unread keys of each agent's own settings (its ``trainer.agent_overrides`` entry over
     the command line's overrides, cli/agents.py), ``agent k: <line>``, but for the lines the run's own
     (``said``) already say: ``trainer.agent_overrides=[{algo.n_quantiles:51},{}]`` without
-    ``algo.distributional=qr`` in agent 0's, or a command-line key that an agent's ``algo=a2c`` leaves unread."""
+    ``algo.distributional=qr`` in agent 0's, or a command-line ``algo.n_atoms`` that an agent's own
+    ``algo.distributional=qr`` leaves unread for another reason."""
     return [f"agent {k}: {line}" for k, (agent, own) in enumerate(zip(agents, per_agent, strict=True))
             for line in unread_lines(agent, [*overrides, *own]) if line not in said]
 
